@@ -1,0 +1,17 @@
+//! Domain types shared by every ember crate: ids, quantities, sandbox specs and
+//! states, and the execd wire types the agent and the clients both speak.
+//!
+//! This crate does no IO and depends on nothing but serde and thiserror, so the
+//! agent, the engine and the clients can all use it.
+#![forbid(unsafe_code)]
+
+pub mod execd;
+pub mod id;
+pub mod quantity;
+pub mod sandbox;
+
+pub use id::{IdError, SandboxId};
+pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};
+pub use sandbox::{
+    NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
+};
