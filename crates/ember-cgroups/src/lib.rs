@@ -1,1 +1,128 @@
+//! cgroup management for sandboxes, on cgroup v1 (tested on this project's
+//! machines) and v2 (what most hosts run), behind one [`Cgroups`] trait.
+//!
+//! Every sandbox gets `ember/<id>` in each hierarchy it uses. The engine only sees
+//! the trait; [`detect`] picks the implementation from the host's mounts.
 #![forbid(unsafe_code)]
+
+mod v1;
+mod v2;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+pub use v1::V1;
+pub use v2::V2;
+
+/// Limits applied to one sandbox's cgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpu_millis: u64,
+    pub pids: u64,
+}
+
+/// An IO error with the cgroup file that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Sys(#[from] ember_sys::SysError),
+    #[error("no usable cgroup hierarchy: {0}")]
+    NoHierarchy(String),
+    #[error("cgroup {name} still has processes after {tries} kill rounds")]
+    Busy { name: String, tries: u32 },
+}
+
+pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError {
+    let path = path.to_path_buf();
+    move |source| CgroupError::Io { op, path, source }
+}
+
+pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(io_err("write", path))
+}
+
+pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
+    std::fs::read_to_string(path).map_err(io_err("read", path))
+}
+
+/// Reads `key N` from a flat-keyed file such as `memory.events`.
+pub(crate) fn read_key(path: &Path, key: &str) -> Result<u64, CgroupError> {
+    Ok(read(path)?
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+/// Usage figures for inspect and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub memory_bytes: u64,
+    pub pids: u64,
+}
+
+/// One cgroup version's implementation. Methods are synchronous: they are a few
+/// small writes to cgroupfs, and the engine calls them from blocking threads.
+pub trait Cgroups: Send + Sync + std::fmt::Debug {
+    /// "v1" or "v2".
+    fn version(&self) -> &'static str;
+    /// Creates `ember/<name>` in every hierarchy and applies the limits.
+    fn create(&self, name: &str, limits: &Limits) -> Result<(), CgroupError>;
+    /// Moves `pid` into the sandbox's cgroups.
+    fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError>;
+    /// A descriptor that becomes readable when the OOM killer fires in the cgroup.
+    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError>;
+    /// How many processes the OOM killer has killed in the cgroup.
+    fn oom_kills(&self, name: &str) -> Result<u64, CgroupError>;
+    fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError>;
+    /// Pids currently in the cgroup.
+    fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError>;
+    fn usage(&self, name: &str) -> Result<Usage, CgroupError>;
+    /// Limits read back from the kernel (for the enforced-boundary report).
+    fn read_limits(&self, name: &str) -> Result<Limits, CgroupError>;
+    /// Kills every process in the cgroup and removes it from every hierarchy.
+    /// Idempotent: a cgroup that does not exist is already destroyed.
+    fn destroy(&self, name: &str) -> Result<(), CgroupError>;
+    /// Names of the sandbox cgroups that exist (to find orphans after a crash).
+    fn list(&self) -> Result<Vec<String>, CgroupError>;
+    /// Whether the sandbox's cgroup exists in any hierarchy.
+    fn exists(&self, name: &str) -> bool;
+}
+
+/// Picks v2 when the unified hierarchy has the controllers ember needs, else v1.
+pub fn detect(root: &Path) -> Result<Box<dyn Cgroups>, CgroupError> {
+    let controllers = root.join("cgroup.controllers");
+    if let Ok(c) = std::fs::read_to_string(&controllers) {
+        if ["memory", "pids", "cpu"].iter().all(|k| c.split_whitespace().any(|w| w == *k)) {
+            return Ok(Box::new(V2::new(root.to_path_buf())?));
+        }
+    }
+    Ok(Box::new(V1::from_mountinfo()?))
+}
+
+/// Retries `rmdir` briefly: a cgroup stays busy until its last task has exited,
+/// which the kernel finishes asynchronously after SIGKILL.
+pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
+    for _ in 0..500 {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(16) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Err(e) => return Err(io_err("rmdir", path)(e)),
+        }
+    }
+    Err(CgroupError::Busy { name: path.display().to_string(), tries: 500 })
+}
+
+pub(crate) fn parse_procs(s: &str) -> Vec<i32> {
+    s.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}

@@ -1,1 +1,100 @@
+//! Runtime classes: how a sandbox is started, re-adopted, inspected and destroyed.
+//!
+//! [`Runtime`] is the trait the engine drives; [`native::NativeRuntime`] is ember's
+//! default class (its own namespaces, cgroups, seccomp and rootfs, no external
+//! binary). OCI runtime classes (runsc, crun, runc) implement the same trait.
+//! Everything here is synchronous; the engine calls it from blocking threads.
 #![forbid(unsafe_code)]
+
+mod agent;
+pub mod native;
+
+pub use agent::ping_agent;
+
+use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("preparing {what} at {path}")]
+    Prepare {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cgroups of sandbox {id}")]
+    Cgroup {
+        id: SandboxId,
+        #[source]
+        source: ember_cgroups::CgroupError,
+    },
+    #[error("starting sandbox {id}")]
+    Spawn {
+        id: SandboxId,
+        #[source]
+        source: ember_sys::spawn::SpawnError,
+    },
+    #[error("agent of sandbox {id} did not become ready: {message}")]
+    AgentNotReady { id: SandboxId, message: String },
+    #[error("sandbox {id} is gone: {message}")]
+    Gone { id: SandboxId, message: String },
+    #[error("agent binary {path}: {message}")]
+    Agent { path: PathBuf, message: String },
+    #[error(transparent)]
+    Sys(#[from] ember_sys::SysError),
+    #[error(transparent)]
+    Seccomp(#[from] ember_sys::seccomp::SeccompError),
+}
+
+/// Where each part of a launch went, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchTiming {
+    pub cgroup_us: u64,
+    pub spawn_us: u64,
+    pub ready_us: u64,
+    pub total_us: u64,
+}
+
+/// A running sandbox init, as the runtime hands it to the engine.
+#[derive(Debug)]
+pub struct Launched {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// Start time of the init in clock ticks since boot (from `/proc/<pid>/stat`);
+    /// with the pid it identifies the process across daemon restarts.
+    pub start_time: u64,
+    /// The host-side unix socket the agent serves execd on.
+    pub agent_socket: PathBuf,
+    /// Readable when the OOM killer fires in the sandbox.
+    pub oom: Option<OwnedFd>,
+    pub timing: LaunchTiming,
+}
+
+/// One runtime class.
+pub trait Runtime: Send + Sync {
+    /// The class name templates and requests use ("native", "runsc", ...).
+    fn class(&self) -> &'static str;
+    /// Starts a sandbox and returns once its agent answers `/ping`.
+    fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError>;
+    /// Re-attaches to a sandbox started by an earlier daemon process.
+    fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError>;
+    /// Kills everything in the sandbox and removes its cgroups and host files.
+    /// Idempotent.
+    fn destroy(&self, id: &SandboxId, init: Option<&OwnedFd>) -> Result<(), RuntimeError>;
+    /// Freezes or thaws every process of the sandbox.
+    fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError>;
+    /// How many OOM kills the sandbox has seen.
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
+    /// What is enforced on the running sandbox, read back from the kernel.
+    fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError>;
+    /// Ids of sandboxes that have host resources (cgroups, dirs) left.
+    fn leftovers(&self) -> Result<Vec<String>, RuntimeError>;
+    /// Removes the host resources of a sandbox the engine has no record of.
+    fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError>;
+}
+
+/// Default time a sandbox init gets from release to exec, and the agent to answer.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);

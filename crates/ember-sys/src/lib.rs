@@ -2,5 +2,40 @@
 //! is `#![forbid(unsafe_code)]` and calls the safe functions here.
 //!
 //! Every `unsafe` block carries a `SAFETY:` comment naming the invariant it relies on.
+//!
+//! Layout:
+//! - [`spawn`]: clone3 into fresh namespaces and the parent/child handshake;
+//!   `child.rs` holds the code that runs between clone and exec (no allocation).
+//! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
+//! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
+//! - [`fd`]: eventfd and small fd helpers.
+//! - [`process`]: process control for the in-sandbox agent.
 
+mod child;
+pub mod fd;
+pub mod pidfd;
 pub mod process;
+pub mod seccomp;
+pub mod spawn;
+
+use std::io;
+
+/// A failed system call, with the operation and the path or id it acted on.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {target}")]
+pub struct SysError {
+    pub op: &'static str,
+    pub target: String,
+    #[source]
+    pub source: io::Error,
+}
+
+impl SysError {
+    pub fn new(op: &'static str, target: impl Into<String>, source: io::Error) -> Self {
+        SysError { op, target: target.into(), source }
+    }
+
+    pub(crate) fn last(op: &'static str, target: impl Into<String>) -> Self {
+        SysError::new(op, target, io::Error::last_os_error())
+    }
+}

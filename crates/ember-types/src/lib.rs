@@ -13,5 +13,5 @@ pub mod sandbox;
 pub use id::{IdError, SandboxId};
 pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};
 pub use sandbox::{
-    NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
+    BoundaryReport, NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
 };

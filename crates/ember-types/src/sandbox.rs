@@ -215,3 +215,26 @@ mod tests {
         assert_eq!(SandboxState::parse("nope"), None);
     }
 }
+
+/// What is actually enforced on a running sandbox, read back from the kernel
+/// (not copied from the request).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BoundaryReport {
+    pub runtime_class: String,
+    /// "shared host kernel (namespaces)" for native; a user-space kernel for gVisor.
+    pub kernel_boundary: String,
+    /// Namespaces the sandbox does not share with the host.
+    pub namespaces: Vec<String>,
+    /// `/proc/<pid>/uid_map` of the sandbox init, e.g. "0 1000000000 65536".
+    pub uid_map: String,
+    pub host_uid_of_root: Option<u32>,
+    pub seccomp: String,
+    pub no_new_privs: bool,
+    pub capabilities: Vec<String>,
+    pub cgroup_version: String,
+    pub memory_limit_bytes: u64,
+    pub cpu_millis: u64,
+    pub pids_limit: u64,
+    pub network_interfaces: Vec<String>,
+}

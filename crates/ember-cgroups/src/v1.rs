@@ -1,0 +1,182 @@
+//! cgroup v1: one directory per controller hierarchy (`memory`, `cpu`, `pids`,
+//! `freezer`), found through `/proc/self/mountinfo` so co-mounted layouts such as
+//! `cpu,cpuacct` work too.
+use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
+const GROUP: &str = "ember";
+
+#[derive(Debug)]
+pub struct V1 {
+    /// Mount point of each controller in [`CONTROLLERS`], same order.
+    roots: [PathBuf; 4],
+}
+
+impl V1 {
+    pub fn from_mountinfo() -> Result<V1, CgroupError> {
+        let mi = read(Path::new("/proc/self/mountinfo"))?;
+        let find = |ctrl: &str| -> Option<PathBuf> {
+            mi.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let mut r = right.split_whitespace();
+                if r.next()? != "cgroup" {
+                    return None;
+                }
+                let opts = r.nth(1)?;
+                let mnt = left.split_whitespace().nth(4)?;
+                opts.split(',').any(|o| o == ctrl).then(|| PathBuf::from(mnt))
+            })
+        };
+        let mut roots: [PathBuf; 4] = Default::default();
+        for (i, c) in CONTROLLERS.iter().enumerate() {
+            roots[i] = find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
+        }
+        Ok(V1 { roots })
+    }
+
+    fn dir(&self, ctrl: usize, name: &str) -> PathBuf {
+        self.roots[ctrl].join(GROUP).join(name)
+    }
+}
+
+const MEM: usize = 0;
+const CPU: usize = 1;
+const PIDS: usize = 2;
+const FREEZER: usize = 3;
+
+impl Cgroups for V1 {
+    fn version(&self) -> &'static str {
+        "v1"
+    }
+
+    fn create(&self, name: &str, l: &Limits) -> Result<(), CgroupError> {
+        for i in 0..CONTROLLERS.len() {
+            let d = self.dir(i, name);
+            std::fs::create_dir_all(&d).map_err(io_err("mkdir", &d))?;
+        }
+        let mem = self.dir(MEM, name);
+        write(&mem.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
+        // memsw = limit means no swap on top of the memory limit (absent when the
+        // kernel runs without swap accounting, and then there is nothing to cap).
+        let memsw = mem.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, &l.memory_bytes.to_string())?;
+        }
+        let _ = write(&mem.join("memory.swappiness"), "0");
+        let cpu = self.dir(CPU, name);
+        write(&cpu.join("cpu.cfs_period_us"), "100000")?;
+        write(&cpu.join("cpu.cfs_quota_us"), &(l.cpu_millis * 100).to_string())?;
+        write(&self.dir(PIDS, name).join("pids.max"), &l.pids.to_string())?;
+        Ok(())
+    }
+
+    fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        for i in 0..CONTROLLERS.len() {
+            write(&self.dir(i, name).join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError> {
+        let mem = self.dir(MEM, name);
+        let efd = ember_sys::fd::eventfd()?;
+        let oc = mem.join("memory.oom_control");
+        let ocf = std::fs::File::open(&oc).map_err(io_err("open", &oc))?;
+        let line = format!("{} {}", efd.as_raw_fd(), ocf.as_raw_fd());
+        write(&mem.join("cgroup.event_control"), &line)?;
+        Ok(efd)
+    }
+
+    fn oom_kills(&self, name: &str) -> Result<u64, CgroupError> {
+        read_key(&self.dir(MEM, name).join("memory.oom_control"), "oom_kill")
+    }
+
+    fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
+        let p = self.dir(FREEZER, name).join("freezer.state");
+        write(&p, if frozen { "FROZEN" } else { "THAWED" })?;
+        if frozen {
+            // FREEZING is transient; wait until every task is frozen.
+            for _ in 0..1000 {
+                if read(&p)?.trim() == "FROZEN" {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        Ok(())
+    }
+
+    fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {
+        Ok(parse_procs(&read(&self.dir(PIDS, name).join("cgroup.procs"))?))
+    }
+
+    fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
+        let m = read(&self.dir(MEM, name).join("memory.usage_in_bytes"))?;
+        let p = read(&self.dir(PIDS, name).join("pids.current"))?;
+        Ok(Usage { memory_bytes: m.trim().parse().unwrap_or(0), pids: p.trim().parse().unwrap_or(0) })
+    }
+
+    fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
+        let num = |p: PathBuf| -> Result<u64, CgroupError> { Ok(read(&p)?.trim().parse().unwrap_or(u64::MAX)) };
+        let quota = read(&self.dir(CPU, name).join("cpu.cfs_quota_us"))?.trim().parse::<i64>().unwrap_or(-1);
+        let period = num(self.dir(CPU, name).join("cpu.cfs_period_us"))?.max(1);
+        Ok(Limits {
+            memory_bytes: num(self.dir(MEM, name).join("memory.limit_in_bytes"))?,
+            cpu_millis: if quota < 0 { 0 } else { quota as u64 * 1000 / period },
+            pids: num(self.dir(PIDS, name).join("pids.max"))?,
+        })
+    }
+
+    fn destroy(&self, name: &str) -> Result<(), CgroupError> {
+        if !self.exists(name) {
+            return Ok(());
+        }
+        // Freeze first so nothing can fork while we kill, then thaw so the
+        // SIGKILLs are delivered.
+        let frozen = self.freeze(name, true).is_ok();
+        for round in 0..50u32 {
+            let procs = self.procs(name).unwrap_or_default();
+            if procs.is_empty() {
+                break;
+            }
+            for p in procs {
+                ember_sys::pidfd::kill(p, libc_sigkill())?;
+            }
+            if frozen && round == 0 {
+                let _ = self.freeze(name, false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let _ = self.freeze(name, false);
+        for i in 0..CONTROLLERS.len() {
+            rmdir_retry(&self.dir(i, name))?;
+        }
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<String>, CgroupError> {
+        let mut out = Vec::new();
+        for root in &self.roots {
+            let Ok(rd) = std::fs::read_dir(root.join(GROUP)) else { continue };
+            for e in rd.flatten() {
+                if e.path().is_dir() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if !out.contains(&n) {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        (0..CONTROLLERS.len()).any(|i| self.dir(i, name).exists())
+    }
+}
+
+pub(crate) fn libc_sigkill() -> i32 {
+    9
+}

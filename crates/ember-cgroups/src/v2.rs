@@ -1,0 +1,119 @@
+//! cgroup v2: one unified tree; `ember/<name>` with the memory, cpu and pids
+//! controllers enabled on `ember`. OOM kills are read from `memory.events`, whose
+//! modification is watched with inotify; `cgroup.kill` kills the whole group.
+use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+const GROUP: &str = "ember";
+
+#[derive(Debug)]
+pub struct V2 {
+    root: PathBuf,
+}
+
+impl V2 {
+    pub fn new(root: PathBuf) -> Result<V2, CgroupError> {
+        let g = root.join(GROUP);
+        std::fs::create_dir_all(&g).map_err(io_err("mkdir", &g))?;
+        // Enabling controllers for children fails if they are already enabled with
+        // processes in the group; both outcomes leave them usable.
+        let _ = write(&root.join("cgroup.subtree_control"), "+memory +cpu +pids");
+        write(&g.join("cgroup.subtree_control"), "+memory +cpu +pids")?;
+        Ok(V2 { root })
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(GROUP).join(name)
+    }
+}
+
+impl Cgroups for V2 {
+    fn version(&self) -> &'static str {
+        "v2"
+    }
+
+    fn create(&self, name: &str, l: &Limits) -> Result<(), CgroupError> {
+        let d = self.dir(name);
+        std::fs::create_dir_all(&d).map_err(io_err("mkdir", &d))?;
+        write(&d.join("memory.max"), &l.memory_bytes.to_string())?;
+        let swap = d.join("memory.swap.max");
+        if swap.exists() {
+            write(&swap, "0")?;
+        }
+        // One OOM kill ends the whole sandbox, as Kubernetes does on v2.
+        let _ = write(&d.join("memory.oom.group"), "1");
+        write(&d.join("cpu.max"), &format!("{} 100000", l.cpu_millis * 100))?;
+        write(&d.join("pids.max"), &l.pids.to_string())?;
+        Ok(())
+    }
+
+    fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        write(&self.dir(name).join("cgroup.procs"), &pid.to_string())
+    }
+
+    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError> {
+        let p = self.dir(name).join("memory.events");
+        Ok(ember_sys::fd::inotify_modify(&p.to_string_lossy())?)
+    }
+
+    fn oom_kills(&self, name: &str) -> Result<u64, CgroupError> {
+        read_key(&self.dir(name).join("memory.events"), "oom_kill")
+    }
+
+    fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
+        write(&self.dir(name).join("cgroup.freeze"), if frozen { "1" } else { "0" })
+    }
+
+    fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {
+        Ok(parse_procs(&read(&self.dir(name).join("cgroup.procs"))?))
+    }
+
+    fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
+        let d = self.dir(name);
+        Ok(Usage {
+            memory_bytes: read(&d.join("memory.current"))?.trim().parse().unwrap_or(0),
+            pids: read(&d.join("pids.current"))?.trim().parse().unwrap_or(0),
+        })
+    }
+
+    fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
+        let d = self.dir(name);
+        let num = |f: &str| -> Result<u64, CgroupError> { Ok(read(&d.join(f))?.trim().parse().unwrap_or(u64::MAX)) };
+        let cpu = read(&d.join("cpu.max"))?;
+        let mut it = cpu.split_whitespace();
+        let quota = it.next().and_then(|q| q.parse::<u64>().ok());
+        let period = it.next().and_then(|p| p.parse::<u64>().ok()).unwrap_or(100000).max(1);
+        Ok(Limits {
+            memory_bytes: num("memory.max")?,
+            cpu_millis: quota.map_or(0, |q| q * 1000 / period),
+            pids: num("pids.max")?,
+        })
+    }
+
+    fn destroy(&self, name: &str) -> Result<(), CgroupError> {
+        let d = self.dir(name);
+        if !d.exists() {
+            return Ok(());
+        }
+        let kill = d.join("cgroup.kill");
+        if kill.exists() {
+            write(&kill, "1")?;
+        } else {
+            for p in self.procs(name)? {
+                ember_sys::pidfd::kill(p, crate::v1::libc_sigkill())?;
+            }
+        }
+        rmdir_retry(&d)
+    }
+
+    fn list(&self) -> Result<Vec<String>, CgroupError> {
+        let g = self.root.join(GROUP);
+        let rd = std::fs::read_dir(&g).map_err(io_err("readdir", &g))?;
+        Ok(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        self.dir(name).exists()
+    }
+}

@@ -1,0 +1,284 @@
+//! The native runtime class: ember's own namespaces, cgroups, seccomp filter and
+//! overlay rootfs, with the static agent exec'd as the sandbox's PID 1.
+//!
+//! Launch, in steps: create the cgroups; bind the agent's listening socket in the
+//! sandbox's host dir; clone into new user/mount/pid/uts/ipc/net namespaces;
+//! write the id maps and attach to the cgroups while the child waits; the child
+//! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
+//! by fd; `GET /ping` over the socket marks it ready.
+mod boundary;
+pub mod rootfs;
+
+use crate::{LaunchTiming, Launched, Runtime, RuntimeError, READY_TIMEOUT};
+use ember_cgroups::{Cgroups, Limits};
+use ember_sys::spawn::{spawn_sandbox, LaunchFds, LaunchPlan};
+use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
+use rootfs::{cstr, RootfsPlan, ID_RANGE};
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Capabilities kept in the bounding set: what the agent needs to run commands
+/// as other users, signal them and manage files for them. No CAP_SYS_ADMIN, no
+/// CAP_NET_RAW (no raw sockets), no CAP_SYS_PTRACE, no CAP_MKNOD.
+pub const KEEP_CAPS: &[(u32, &str)] = &[
+    (0, "CAP_CHOWN"),
+    (1, "CAP_DAC_OVERRIDE"),
+    (3, "CAP_FOWNER"),
+    (4, "CAP_FSETID"),
+    (5, "CAP_KILL"),
+    (6, "CAP_SETGID"),
+    (7, "CAP_SETUID"),
+    (8, "CAP_SETPCAP"),
+    (10, "CAP_NET_BIND_SERVICE"),
+    (29, "CAP_AUDIT_WRITE"),
+    (31, "CAP_SETFCAP"),
+];
+
+/// Configuration of the native class, fixed at daemon start.
+#[derive(Clone, Debug)]
+pub struct NativeConfig {
+    /// `<data-dir>`; sandboxes live under `sandboxes/<id>`, templates under `templates/`.
+    pub data_dir: PathBuf,
+    /// The static `ember-agent` binary.
+    pub agent_path: PathBuf,
+    /// First host uid/gid of the range sandbox ids map to.
+    pub uid_base: u32,
+}
+
+pub struct NativeRuntime {
+    cfg: NativeConfig,
+    cgroups: Arc<dyn Cgroups>,
+    /// The agent binary, opened once: every sandbox execs this exact file.
+    agent_fd: OwnedFd,
+    seccomp: Vec<ember_sys::seccomp::BpfProgram>,
+    host_template: PathBuf,
+}
+
+impl NativeRuntime {
+    pub fn new(cfg: NativeConfig, cgroups: Arc<dyn Cgroups>) -> Result<NativeRuntime, RuntimeError> {
+        let agent = std::fs::File::open(&cfg.agent_path)
+            .map_err(|e| RuntimeError::Agent { path: cfg.agent_path.clone(), message: e.to_string() })?;
+        check_static(&cfg.agent_path)?;
+        let host_template = cfg.data_dir.join("templates/host/rootfs");
+        rootfs::write_host_template(&host_template, cfg.uid_base)?;
+        let sb = cfg.data_dir.join("sandboxes");
+        std::fs::create_dir_all(&sb).map_err(|source| RuntimeError::Prepare { what: "sandboxes dir", path: sb, source })?;
+        Ok(NativeRuntime {
+            seccomp: ember_sys::seccomp::default_filters()?,
+            agent_fd: agent.into(),
+            cfg,
+            cgroups,
+            host_template,
+        })
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.cfg.data_dir.join("sandboxes").join(id)
+    }
+
+    pub fn cgroups(&self) -> &Arc<dyn Cgroups> {
+        &self.cgroups
+    }
+
+    fn plan(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> LaunchPlan {
+        let hostname = format!("sbx-{}", id.short());
+        let lowers = [self.host_template.clone()];
+        let binds = [PathBuf::from("/usr")];
+        let rootfs = RootfsPlan {
+            sandbox_dir: dir,
+            lower_dirs: &lowers,
+            host_binds: &binds,
+            disk_bytes: spec.resources.disk_bytes,
+            hostname: &hostname,
+        };
+        let map = format!("0 {} {}\n", self.cfg.uid_base, ID_RANGE);
+        LaunchPlan {
+            hostname: cstr(&hostname),
+            fs_ops: rootfs.ops(),
+            new_root: cstr(rootfs.new_root()),
+            keep_caps: KEEP_CAPS.iter().fold(0u64, |m, (c, _)| m | 1 << c),
+            seccomp: self.seccomp.clone(),
+            argv: vec![cstr("ember-agent")],
+            env: agent_env(spec, &hostname),
+            uid_map: map.clone(),
+            gid_map: map,
+            exec_timeout: READY_TIMEOUT,
+        }
+    }
+
+    fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
+        move |source| RuntimeError::Cgroup { id: id.clone(), source }
+    }
+}
+
+/// The agent's environment: its control variables (`EMBER_AGENT_*`, stripped from
+/// commands) and the sandbox's own env.
+fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
+    let mut env = vec![
+        format!("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        format!("HOSTNAME={hostname}"),
+        "EMBER_AGENT_LISTEN_FD=3".to_string(),
+        format!("EMBER_AGENT_UID={}", spec.user.uid),
+        format!("EMBER_AGENT_GID={}", spec.user.gid),
+        format!("EMBER_AGENT_MEMORY_LIMIT_BYTES={}", spec.resources.memory_bytes),
+        format!("EMBER_AGENT_CPU_MILLIS={}", spec.resources.cpu_millis),
+    ];
+    if !spec.entrypoint.is_empty() {
+        let ep = serde_json::to_string(&spec.entrypoint).unwrap_or_default();
+        env.push(format!("EMBER_AGENT_ENTRYPOINT={ep}"));
+    }
+    for (k, v) in &spec.env {
+        if !k.starts_with("EMBER_AGENT_") {
+            env.push(format!("{k}={v}"));
+        }
+    }
+    env.into_iter().filter_map(|s| CString::new(s).ok()).collect()
+}
+
+/// Refuses a dynamically linked agent: it could not run in an image without the
+/// host's libc.
+fn check_static(path: &Path) -> Result<(), RuntimeError> {
+    let bytes = std::fs::read(path).map_err(|e| RuntimeError::Agent { path: path.into(), message: e.to_string() })?;
+    let err = |m: &str| RuntimeError::Agent { path: path.into(), message: m.to_string() };
+    if bytes.get(..4) != Some(b"\x7fELF") || bytes.get(4) != Some(&2) {
+        return Err(err("not a 64-bit ELF file"));
+    }
+    let u16at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u64at = |o: usize| bytes.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize);
+    let (phoff, phentsize, phnum) = (u64at(0x20), u16at(0x36), u16at(0x38));
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (phoff, phentsize, phnum) else {
+        return Err(err("truncated ELF header"));
+    };
+    for i in 0..phnum {
+        if bytes.get(phoff + i * phentsize..phoff + i * phentsize + 4) == Some(&3u32.to_le_bytes()) {
+            return Err(err("dynamically linked (has PT_INTERP); build it with scripts/build-agent.sh"));
+        }
+    }
+    Ok(())
+}
+
+impl Runtime for NativeRuntime {
+    fn class(&self) -> &'static str {
+        "native"
+    }
+
+    fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        let t0 = Instant::now();
+        let name = id.as_str();
+        let dir = self.sandbox_dir(name);
+        let prep = |what| {
+            let path = dir.clone();
+            move |source| RuntimeError::Prepare { what, path, source }
+        };
+        std::fs::create_dir_all(dir.join("mnt")).map_err(prep("sandbox dir"))?;
+        let limits = Limits {
+            memory_bytes: spec.resources.memory_bytes,
+            cpu_millis: spec.resources.cpu_millis,
+            pids: spec.resources.pids,
+        };
+        self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
+        let oom = self.cgroups.oom_notifier(name).map_err(Self::cg_err(id))?;
+        let t_cg = t0.elapsed();
+
+        let sock = dir.join("agent.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).map_err(prep("agent socket"))?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).map_err(prep("agent log"))?;
+        let plan = self.plan(id, spec, &dir);
+        let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
+        let cg = &self.cgroups;
+        let spawned = spawn_sandbox(&plan, fds, |pid| cg.attach(name, pid).map_err(|e| e.to_string()))
+            .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
+        drop(listener);
+        let t_spawn = t0.elapsed();
+        crate::ping_agent(&sock, READY_TIMEOUT)
+            .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
+        let total = t0.elapsed();
+        let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
+        Ok(Launched {
+            pid: spawned.pid,
+            pidfd: spawned.pidfd,
+            start_time,
+            agent_socket: sock,
+            oom: Some(oom),
+            timing: LaunchTiming {
+                cgroup_us: t_cg.as_micros() as u64,
+                spawn_us: (t_spawn - t_cg).as_micros() as u64,
+                ready_us: (total - t_spawn).as_micros() as u64,
+                total_us: total.as_micros() as u64,
+            },
+        })
+    }
+
+    fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError> {
+        let gone = |m: &str| RuntimeError::Gone { id: id.clone(), message: m.to_string() };
+        if boundary::start_time(pid) != Some(start_time) {
+            return Err(gone("its init process no longer exists"));
+        }
+        let pidfd = ember_sys::pidfd::pidfd_open(pid).map_err(|e| gone(&e.to_string()))?;
+        // The pid could have been reused between the check and the open.
+        if boundary::start_time(pid) != Some(start_time) || !self.cgroups.exists(id.as_str()) {
+            return Err(gone("its init process or cgroup no longer exists"));
+        }
+        let oom = self.cgroups.oom_notifier(id.as_str()).ok();
+        Ok(Launched {
+            pid,
+            pidfd,
+            start_time,
+            agent_socket: self.sandbox_dir(id.as_str()).join("agent.sock"),
+            oom,
+            timing: LaunchTiming::default(),
+        })
+    }
+
+    fn destroy(&self, id: &SandboxId, init: Option<&OwnedFd>) -> Result<(), RuntimeError> {
+        if let Some(fd) = init {
+            // Killing PID 1 of the pid namespace kills every process in it.
+            ember_sys::pidfd::pidfd_signal(fd, 9)?;
+        }
+        self.reap_leftover(id.as_str())
+    }
+
+    fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError> {
+        self.cgroups.freeze(id.as_str(), frozen).map_err(Self::cg_err(id))
+    }
+
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
+    }
+
+    fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError> {
+        boundary::report(self.class(), pid, self.cgroups.as_ref(), id)
+    }
+
+    fn leftovers(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut out = self.cgroups.list().map_err(|source| RuntimeError::Cgroup {
+            id: SandboxId::from_random([0; 16]),
+            source,
+        })?;
+        if let Ok(rd) = std::fs::read_dir(self.cfg.data_dir.join("sandboxes")) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
+        let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
+        self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id, source })?;
+        let dir = self.sandbox_dir(name);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(RuntimeError::Prepare { what: "remove sandbox dir", path: dir, source }),
+        }
+    }
+}

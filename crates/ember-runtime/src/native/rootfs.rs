@@ -1,0 +1,222 @@
+//! The sandbox's filesystem: the built-in `host` template's base layer and the
+//! mount plan the child runs before `pivot_root`.
+//!
+//! Layout of one sandbox (inside its own mount namespace; the host never sees
+//! these mounts, so nothing can leak into the host's mount table):
+//! - `<dir>/mnt`        tmpfs, sized by `disk_bytes`: the writable layer
+//! - `<dir>/mnt/upper`, `<dir>/mnt/work`  overlay upper and work dirs
+//! - `<dir>/mnt/root`   overlay of the template's lower dirs + upper: the new root
+//! - read-only, nosuid, nodev binds of the host's `/usr` (the `host` template only)
+//! - fresh `/proc`, a minimal `/dev`, then `pivot_root` into `mnt/root`.
+//!
+//! An OCI image template supplies its unpacked layers as further lower dirs; the
+//! rest of the plan is the same.
+use crate::RuntimeError;
+use ember_sys::spawn::FsOp;
+use std::ffi::CString;
+use std::os::unix::fs::{chown, symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// ids inside the sandbox map to `base..base+65536` on the host.
+pub const ID_RANGE: u32 = 65536;
+
+fn prep(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let path = path.to_path_buf();
+    move |source| RuntimeError::Prepare { what, path, source }
+}
+
+pub(crate) fn cstr(p: impl AsRef<Path>) -> CString {
+    CString::new(p.as_ref().as_os_str().as_encoded_bytes()).expect("paths built by ember have no NUL")
+}
+
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
+sandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\n\
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\ntty:x:5:\nsandbox:x:1000:\nnogroup:x:65534:\n";
+
+/// Writes the `host` template's base layer: a generated minimal `/etc` and the
+/// skeleton of a root filesystem whose `/usr` comes from the host at mount time.
+/// Nothing of the host's own `/etc`, `/root` or `/home` is copied except the
+/// public CA bundle and os-release. Owned by the sandbox id range so overlay can
+/// copy files up inside the user namespace.
+pub fn write_host_template(dir: &Path, uid_base: u32) -> Result<(), RuntimeError> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(prep("old host template", dir))?;
+    }
+    let dirs: &[(&str, u32)] = &[
+        ("", 0o755),
+        ("usr", 0o755),
+        ("etc", 0o755),
+        ("etc/ssl", 0o755),
+        ("etc/ssl/certs", 0o755),
+        ("home", 0o755),
+        ("home/sandbox", 0o755),
+        ("root", 0o700),
+        ("tmp", 0o1777),
+        ("var", 0o755),
+        ("var/tmp", 0o1777),
+        ("run", 0o755),
+        ("proc", 0o555),
+        ("dev", 0o755),
+        ("opt", 0o755),
+        ("mnt", 0o755),
+        ("workspace", 0o755),
+    ];
+    for (d, mode) in dirs {
+        let p = dir.join(d);
+        std::fs::create_dir_all(&p).map_err(prep("template dir", &p))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).map_err(prep("chmod", &p))?;
+    }
+    for link in ["bin", "sbin", "lib", "lib64", "lib32", "libx32"] {
+        let host = Path::new("/").join(link);
+        if let Ok(target) = std::fs::read_link(&host) {
+            symlink(&target, dir.join(link)).map_err(prep("template symlink", &host))?;
+        }
+    }
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("etc/passwd", PASSWD.into()),
+        ("etc/group", GROUP.into()),
+        ("etc/hosts", b"127.0.0.1\tlocalhost\n::1\tlocalhost\n".to_vec()),
+        ("etc/resolv.conf", b"# no network: this sandbox has only loopback\n".to_vec()),
+        ("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n".to_vec()),
+        ("etc/hostname", b"sandbox\n".to_vec()),
+        ("etc/ssl/certs/ca-certificates.crt", std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default()),
+        ("etc/os-release", std::fs::read("/etc/os-release").unwrap_or_default()),
+    ];
+    for (f, data) in files {
+        let p = dir.join(f);
+        std::fs::write(&p, data).map_err(prep("template file", &p))?;
+    }
+    chown_tree(dir, uid_base)?;
+    let home = dir.join("home/sandbox");
+    chown(&home, Some(uid_base + 1000), Some(uid_base + 1000)).map_err(prep("chown", &home))
+}
+
+fn chown_tree(dir: &Path, base: u32) -> Result<(), RuntimeError> {
+    std::os::unix::fs::lchown(dir, Some(base), Some(base)).map_err(prep("chown", dir))?;
+    if dir.is_symlink() || !dir.is_dir() {
+        return Ok(());
+    }
+    for e in std::fs::read_dir(dir).map_err(prep("readdir", dir))?.flatten() {
+        chown_tree(&e.path(), base)?;
+    }
+    Ok(())
+}
+
+/// Inputs of one sandbox's mount plan.
+pub struct RootfsPlan<'a> {
+    pub sandbox_dir: &'a Path,
+    pub lower_dirs: &'a [PathBuf],
+    /// Host directories bound read-only at the same path (`/usr` for `host`).
+    pub host_binds: &'a [PathBuf],
+    pub disk_bytes: u64,
+    pub hostname: &'a str,
+}
+
+const MS_NOSUID: u64 = 0x2;
+const MS_NODEV: u64 = 0x4;
+const MS_NOEXEC: u64 = 0x8;
+
+impl RootfsPlan<'_> {
+    pub fn mnt(&self) -> PathBuf {
+        self.sandbox_dir.join("mnt")
+    }
+
+    pub fn new_root(&self) -> PathBuf {
+        self.mnt().join("root")
+    }
+
+    /// The operations the child runs, in order.
+    pub fn ops(&self) -> Vec<FsOp> {
+        let mnt = self.mnt();
+        let root = self.new_root();
+        let lower = self.lower_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+        let mut ops = vec![
+            mount("tmpfs", &mnt, "tmpfs", MS_NOSUID | MS_NODEV, &format!("size={},mode=0755", self.disk_bytes)),
+            mkdir(mnt.join("upper"), 0o755),
+            mkdir(mnt.join("work"), 0o755),
+            mkdir(&root, 0o755),
+            mount(
+                "overlay",
+                &root,
+                "overlay",
+                MS_NOSUID,
+                &format!("lowerdir={lower},upperdir={}/upper,workdir={}/work,userxattr", mnt.display(), mnt.display()),
+            ),
+        ];
+        for b in self.host_binds {
+            let target = root.join(b.strip_prefix("/").unwrap_or(b));
+            ops.push(FsOp::BindReadOnly { source: cstr(b), target: cstr(target) });
+        }
+        ops.push(mount("proc", root.join("proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
+        ops.extend(mask_proc(&root));
+        ops.extend(dev_ops(&root.join("dev")));
+        let hn = self.hostname;
+        ops.push(write(root.join("etc/hostname"), format!("{hn}\n").into_bytes(), 0o644));
+        ops.push(write(
+            root.join("etc/hosts"),
+            format!("127.0.0.1\tlocalhost {hn}\n::1\tlocalhost {hn}\n").into_bytes(),
+            0o644,
+        ));
+        ops
+    }
+}
+
+/// Hides host-wide kernel information in `/proc`, as Docker's defaults do.
+fn mask_proc(root: &Path) -> Vec<FsOp> {
+    let mut ops = Vec::new();
+    for f in ["kcore", "keys", "timer_list", "sched_debug", "latency_stats"] {
+        if Path::new("/proc").join(f).is_file() {
+            ops.push(FsOp::Bind { source: cstr("/dev/null"), target: cstr(root.join("proc").join(f)) });
+        }
+    }
+    for d in ["acpi", "scsi", "asound"] {
+        if Path::new("/proc").join(d).is_dir() {
+            ops.push(mount("tmpfs", root.join("proc").join(d), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555"));
+        }
+    }
+    for ro in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
+        let p = root.join("proc").join(ro);
+        if Path::new("/proc").join(ro).exists() {
+            ops.push(FsOp::BindReadOnly { source: cstr(&p), target: cstr(&p) });
+        }
+    }
+    ops
+}
+
+/// A minimal `/dev`: device nodes cannot be created in a user namespace, so the
+/// host's harmless ones are bound onto empty files.
+fn dev_ops(dev: &Path) -> Vec<FsOp> {
+    let mut ops = vec![mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755")];
+    for d in ["null", "zero", "full", "random", "urandom", "tty"] {
+        ops.push(write(dev.join(d), Vec::new(), 0o666));
+        ops.push(FsOp::Bind { source: cstr(Path::new("/dev").join(d)), target: cstr(dev.join(d)) });
+    }
+    ops.push(mkdir(dev.join("pts"), 0o755));
+    ops.push(mount("devpts", dev.join("pts"), "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"));
+    ops.push(FsOp::Symlink { target: cstr("pts/ptmx"), link: cstr(dev.join("ptmx")) });
+    ops.push(mkdir(dev.join("shm"), 0o1777));
+    ops.push(mount("tmpfs", dev.join("shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=67108864"));
+    for (name, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        ops.push(FsOp::Symlink { target: cstr(target), link: cstr(dev.join(name)) });
+    }
+    ops
+}
+
+fn mount(src: &str, target: impl AsRef<Path>, fstype: &str, flags: u64, data: &str) -> FsOp {
+    FsOp::Mount {
+        source: Some(cstr(src)),
+        target: cstr(target),
+        fstype: Some(cstr(fstype)),
+        flags,
+        data: (!data.is_empty()).then(|| cstr(data)),
+    }
+}
+
+fn mkdir(p: impl AsRef<Path>, mode: u32) -> FsOp {
+    FsOp::Mkdir { path: cstr(p), mode }
+}
+
+fn write(p: impl AsRef<Path>, contents: Vec<u8>, mode: u32) -> FsOp {
+    FsOp::WriteFile { path: cstr(p), contents, mode }
+}

@@ -1,0 +1,218 @@
+//! The code that runs in the cloned child between clone3 and exec.
+//!
+//! It runs in a copy of a multi-threaded process, so it only makes raw system
+//! calls on data the parent prepared: no allocation, no locks, no panics. Any
+//! failure is reported as `(step, errno)` on the error pipe, then `_exit(127)`.
+use crate::spawn::{ChildFds, ExecArgs, FsOp, LaunchPlan};
+use std::ffi::CStr;
+
+const STEPS: &[&str] = &[
+    "wait for parent",
+    "setgroups/setresgid/setresuid",
+    "sethostname",
+    "make mounts private",
+    "mount",
+    "bind read-only",
+    "bind",
+    "mkdir",
+    "symlink",
+    "write file",
+    "chown",
+    "pivot_root",
+    "bring up lo",
+    "unshare cgroup namespace",
+    "drop capabilities",
+    "set up stdio",
+    "seccomp",
+    "exec agent",
+];
+
+pub(crate) fn step_name(step: u32) -> &'static str {
+    STEPS.get(step as usize).copied().unwrap_or("unknown")
+}
+
+fn fail(fds: &ChildFds, step: usize) -> ! {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    let errno = unsafe { *libc::__errno_location() };
+    let mut buf = [0u8; 8];
+    buf[..4].copy_from_slice(&(step as u32).to_ne_bytes());
+    buf[4..].copy_from_slice(&errno.to_ne_bytes());
+    // SAFETY: writes 8 bytes from a live stack buffer; then exits without running
+    // any of the parent's destructors or atexit handlers.
+    unsafe {
+        libc::write(fds.err_w, buf.as_ptr().cast(), 8);
+        libc::_exit(127)
+    }
+}
+
+macro_rules! check {
+    ($fds:expr, $step:expr, $e:expr) => {
+        if ($e) < 0 {
+            fail($fds, $step)
+        }
+    };
+}
+
+fn opt_ptr(c: &Option<std::ffi::CString>) -> *const libc::c_char {
+    c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
+pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> ! {
+    // SAFETY: every call below is a raw syscall on descriptors and C strings the
+    // parent prepared and keeps alive (this is a fork-style copy of its memory).
+    unsafe {
+        libc::close(fds.sync_w);
+        libc::close(fds.err_r);
+        let mut b = [0u8; 1];
+        if libc::read(fds.sync_r, b.as_mut_ptr().cast(), 1) != 1 {
+            libc::_exit(127);
+        }
+        libc::close(fds.sync_r);
+        check!(fds, 1, libc::setgroups(0, std::ptr::null()));
+        check!(fds, 1, libc::setresgid(0, 0, 0));
+        check!(fds, 1, libc::setresuid(0, 0, 0));
+        let h = plan.hostname.as_bytes();
+        check!(fds, 2, libc::sethostname(h.as_ptr().cast(), h.len()));
+        check!(fds, 3, libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()));
+        for op in &plan.fs_ops {
+            run_fs_op(fds, op);
+        }
+        pivot(fds, &plan.new_root);
+        lo_up(fds);
+        check!(fds, 13, libc::unshare(libc::CLONE_NEWCGROUP));
+        drop_caps(fds, plan.keep_caps, args.cap_last);
+        stdio(fds);
+        for prog in &plan.seccomp {
+            if seccompiler::apply_filter(prog).is_err() {
+                fail(fds, 16);
+            }
+        }
+        libc::syscall(
+            libc::SYS_execveat,
+            fds.exe,
+            c"".as_ptr(),
+            args.argv.as_ptr(),
+            args.envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+        fail(fds, 17)
+    }
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// SAFETY (caller): runs in the cloned child; `op` lives in the parent's copied memory.
+unsafe fn run_fs_op(fds: &ChildFds, op: &FsOp) {
+    // SAFETY: raw syscalls on NUL-terminated strings owned by `op`.
+    unsafe {
+        match op {
+            FsOp::Mount { source, target, fstype, flags, data } => check!(
+                fds,
+                4,
+                libc::mount(opt_ptr(source), target.as_ptr(), opt_ptr(fstype), *flags as libc::c_ulong, opt_ptr(data).cast())
+            ),
+            FsOp::BindReadOnly { source, target } => {
+                check!(fds, 5, libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()));
+                let attr = MountAttr {
+                    attr_set: 0x1 | 0x2 | 0x4, // MOUNT_ATTR_RDONLY | NOSUID | NODEV
+                    attr_clr: 0,
+                    propagation: 0,
+                    userns_fd: 0,
+                };
+                check!(
+                    fds,
+                    5,
+                    libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, target.as_ptr(), libc::AT_RECURSIVE, &attr as *const MountAttr, std::mem::size_of::<MountAttr>())
+                );
+            }
+            FsOp::Bind { source, target } => check!(
+                fds,
+                6,
+                libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
+            ),
+            FsOp::Mkdir { path, mode } => {
+                if libc::mkdir(path.as_ptr(), *mode) < 0 && *libc::__errno_location() != libc::EEXIST {
+                    fail(fds, 7)
+                }
+            }
+            FsOp::Symlink { target, link } => check!(fds, 8, libc::symlink(target.as_ptr(), link.as_ptr())),
+            FsOp::WriteFile { path, contents, mode } => write_file(fds, path, contents, *mode),
+            FsOp::Chown { path, uid, gid } => check!(fds, 10, libc::lchown(path.as_ptr(), *uid, *gid)),
+        }
+    }
+}
+
+unsafe fn write_file(fds: &ChildFds, path: &CStr, contents: &[u8], mode: u32) {
+    // SAFETY: open/write/close on a path and a buffer owned by the plan.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, mode);
+        check!(fds, 9, fd);
+        let mut off = 0;
+        while off < contents.len() {
+            let n = libc::write(fd, contents[off..].as_ptr().cast(), contents.len() - off);
+            check!(fds, 9, n);
+            off += n as usize;
+        }
+        libc::close(fd);
+    }
+}
+
+/// pivot_root(".", "."): stacks the old root on top of the new one and detaches
+/// it, so no directory for the old root is needed in the sandbox tree.
+unsafe fn pivot(fds: &ChildFds, new_root: &CStr) {
+    // SAFETY: chdir/pivot_root/umount2 on C strings owned by the plan.
+    unsafe {
+        check!(fds, 11, libc::chdir(new_root.as_ptr()));
+        check!(fds, 11, libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()));
+        check!(fds, 11, libc::umount2(c".".as_ptr(), libc::MNT_DETACH));
+        check!(fds, 11, libc::chdir(c"/".as_ptr()));
+    }
+}
+
+unsafe fn lo_up(fds: &ChildFds) {
+    // SAFETY: ifreq is plain data; the ioctls read and write that one struct.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        check!(fds, 12, s);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        ifr.ifr_name[0] = b'l' as libc::c_char;
+        ifr.ifr_name[1] = b'o' as libc::c_char;
+        check!(fds, 12, libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr));
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        check!(fds, 12, libc::ioctl(s, libc::SIOCSIFFLAGS, &mut ifr));
+        libc::close(s);
+    }
+}
+
+unsafe fn drop_caps(fds: &ChildFds, keep: u64, last: u32) {
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        for cap in 0..=last.min(63) {
+            if keep & (1u64 << cap) == 0 {
+                check!(fds, 14, libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0));
+            }
+        }
+        check!(fds, 14, libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0));
+    }
+}
+
+/// fd 0 = /dev/null, 1 and 2 = the agent log, 3 = the listening socket; every
+/// other descriptor is marked close-on-exec.
+unsafe fn stdio(fds: &ChildFds) {
+    // SAFETY: open/dup2/close_range on descriptors this process owns.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        check!(fds, 15, null);
+        check!(fds, 15, libc::dup2(null, 0));
+        check!(fds, 15, libc::dup2(fds.log, 1));
+        check!(fds, 15, libc::dup2(fds.log, 2));
+        check!(fds, 15, libc::dup2(fds.listen, 3));
+        check!(fds, 15, libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as u32));
+    }
+}
