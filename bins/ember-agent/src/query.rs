@@ -39,15 +39,13 @@ fn decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 + 0 || b[i] == b'%' && i + 2 < b.len() + 1 => {
-                match (hex(b.get(i + 1)), hex(b.get(i + 2))) {
+            b'%' => match (hex(b.get(i + 1)), hex(b.get(i + 2))) {
                     (Some(h), Some(l)) => {
                         out.push(h << 4 | l);
                         i += 2;
                     }
                     _ => out.push(b'%'),
-                }
-            }
+                },
             c => out.push(c),
         }
         i += 1;

@@ -1,1 +1,115 @@
+//! ember's service core. It owns the sandboxes: creates them through a
+//! [`Runtime`], supervises each with a monitor task (exit, OOM, expiry), persists
+//! their records, re-adopts or reaps them after a restart, and counts what it
+//! does. It knows no HTTP: the API layer parses requests into the calls below and
+//! maps [`EngineError`] to status codes.
+//!
+//! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
+//! sandbox), `recover.rs` (restart convergence), `ops.rs` (get, list, delete,
+//! pause, renew, metadata), `store.rs` (records on disk).
 #![forbid(unsafe_code)]
+
+mod create;
+mod error;
+mod metrics;
+mod monitor;
+mod ops;
+pub mod record;
+mod recover;
+mod store;
+pub mod templates;
+
+pub use create::CreateSandbox;
+pub use error::EngineError;
+pub use metrics::Metrics;
+pub use ops::ListFilter;
+pub use record::{LaunchRecord, SandboxRecord};
+
+use ember_runtime::Runtime;
+use ember_types::SandboxId;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+/// Engine configuration, validated by the binary and fixed at start.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub data_dir: PathBuf,
+    /// How long ended sandboxes stay visible before their record is dropped.
+    pub retention: Duration,
+    /// Upper bound on a sandbox's TTL, if any.
+    pub max_ttl: Option<Duration>,
+}
+
+/// A request to the monitor of one sandbox.
+pub(crate) enum Control {
+    Stop { reason: ember_types::TerminationReason, done: oneshot::Sender<()> },
+}
+
+/// One sandbox known to the engine.
+pub(crate) struct Entry {
+    /// A std Mutex: it is only held to read or update fields, never across an
+    /// await, and the sections are short.
+    pub record: Mutex<SandboxRecord>,
+    pub agent_socket: PathBuf,
+    pub ctl: mpsc::Sender<Control>,
+    /// Wakes the monitor when the expiry changed.
+    pub wake: Notify,
+}
+
+impl Entry {
+    pub fn snapshot(&self) -> SandboxRecord {
+        self.record.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn update<T>(&self, f: impl FnOnce(&mut SandboxRecord) -> T) -> T {
+        f(&mut self.record.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    runtime: Arc<dyn Runtime>,
+    store: store::Store,
+    /// A std Mutex: map lookups and inserts only, never held across an await.
+    sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
+    metrics: Metrics,
+}
+
+impl Engine {
+    /// Opens the state dir, re-adopts or reaps what an earlier process left, and
+    /// starts the background tasks. Must run inside a tokio runtime.
+    pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
+        let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
+        let engine = Arc::new(Engine { cfg, runtime, store, sandboxes: Mutex::new(HashMap::new()), metrics: Metrics::new() });
+        recover::recover(&engine).await?;
+        tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
+        Ok(engine)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn runtime_class(&self) -> &'static str {
+        self.runtime.class()
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        let id = SandboxId::try_from(id.to_string()).map_err(|_| EngineError::NotFound(id.to_string()))?;
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| EngineError::NotFound(id.to_string()))
+    }
+
+    fn persist(&self, e: &Entry) {
+        if let Err(err) = self.store.save(&e.snapshot()) {
+            tracing::error!(error = %err, "persisting sandbox record failed");
+        }
+    }
+}

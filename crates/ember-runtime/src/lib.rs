@@ -10,6 +10,17 @@ mod agent;
 pub mod native;
 
 pub use agent::ping_agent;
+pub use ember_sys::pidfd::ExitStatus as ExitKind;
+
+/// Reaps the sandbox init behind `pidfd` if it has exited.
+pub fn try_wait(pidfd: &OwnedFd) -> Option<ExitKind> {
+    ember_sys::pidfd::pidfd_try_wait(pidfd).ok().flatten()
+}
+
+/// Empties a notification descriptor (OOM eventfd or inotify) after it fired.
+pub fn drain_fd(fd: &OwnedFd) {
+    ember_sys::fd::drain(fd)
+}
 
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use std::os::fd::OwnedFd;

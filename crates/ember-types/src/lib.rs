@@ -5,6 +5,7 @@
 //! agent, the engine and the clients can all use it.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod execd;
 pub mod id;
 pub mod quantity;

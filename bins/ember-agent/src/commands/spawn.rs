@@ -1,0 +1,221 @@
+//! Turning a `RunCommandRequest` into a running process: identity,
+//! environment, working directory, program, and the spawn itself.
+use crate::config::AgentConfig;
+use crate::error::{ApiError, ApiResult};
+use crate::paths;
+use crate::reaper::Reaper;
+use crate::users::{User, UserDb};
+use ember_sys::process::{self as sys, Credentials, ExitKind};
+use ember_types::execd::RunCommandRequest;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Everything needed to start one command.
+#[derive(Debug)]
+pub struct Plan {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: BTreeMap<OsString, OsString>,
+    pub cwd: PathBuf,
+    /// `None`: keep the agent's own identity.
+    pub creds: Option<Credentials>,
+}
+
+/// A started command.
+pub struct Spawned {
+    pub pid: i32,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub exit: oneshot::Receiver<ExitKind>,
+}
+
+/// Checks made before any stream starts; failures are JSON 400s.
+pub fn validate(req: &RunCommandRequest) -> ApiResult<()> {
+    match (&req.command, &req.argv) {
+        (Some(_), Some(_)) => return Err(ApiError::bad_request("exactly one of command and argv is allowed")),
+        (None, None) => return Err(ApiError::bad_request("one of command and argv is required")),
+        (Some(c), None) if c.trim().is_empty() => return Err(ApiError::bad_request("command is empty")),
+        (None, Some(a)) if a.first().is_none_or(|p| p.is_empty()) => {
+            return Err(ApiError::bad_request("argv must start with a program"))
+        }
+        _ => {}
+    }
+    if req.gid.is_some() && req.uid.is_none() {
+        return Err(ApiError::bad_request("gid requires uid"));
+    }
+    Ok(())
+}
+
+/// What the status endpoint shows as the command's `content`.
+pub fn content(req: &RunCommandRequest) -> String {
+    match (&req.command, &req.argv) {
+        (Some(c), _) => c.clone(),
+        (None, Some(argv)) => argv.join(" "),
+        (None, None) => String::new(),
+    }
+}
+
+/// Resolves a validated request into a plan. An `Err` is a start failure,
+/// reported to the client inside the stream (`init` then `error`).
+pub fn plan(config: &AgentConfig, req: &RunCommandRequest) -> Result<Plan, String> {
+    let db = UserDb::load();
+    let (uid, gid) = identity(config, req, &db);
+    let user = db.user_by_uid(uid);
+    let switch = (uid, gid) != (sys::getuid(), sys::getgid());
+    let env = command_env(config, user, switch, req);
+    let var = |k: &str| env.get(&OsString::from(k)).map(|v| v.to_string_lossy().into_owned());
+    let home = PathBuf::from(var("HOME").unwrap_or_else(|| "/".to_string()));
+    let cwd = match req.cwd.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => {
+            let cwd = paths::expand(c, var, &home).map_err(|e| format!("resolve cwd {c}: {e}"))?;
+            if !cwd.is_dir() {
+                return Err(format!("chdir {}: no such directory", cwd.display()));
+            }
+            cwd
+        }
+        None if home.is_dir() => home,
+        None => PathBuf::from("/"),
+    };
+    let (program, args) = match (&req.command, &req.argv) {
+        (Some(command), _) => {
+            let shell = find_shell(&var("PATH").unwrap_or_else(|| DEFAULT_PATH.to_string()))
+                .ok_or_else(|| "no shell to run the command: neither bash nor sh is in PATH".to_string())?;
+            (shell, vec!["-c".to_string(), command.clone()])
+        }
+        (None, Some(argv)) => (PathBuf::from(&argv[0]), argv[1..].to_vec()),
+        (None, None) => return Err("nothing to run".to_string()),
+    };
+    let creds = switch.then(|| Credentials { uid, gid, groups: db.groups_of(user, gid) });
+    Ok(Plan { program, args, env, cwd, creds })
+}
+
+/// The uid/gid to run as: the request's, else the agent's default, else the
+/// agent's own. A missing gid is the user's primary group, else the uid.
+fn identity(config: &AgentConfig, req: &RunCommandRequest, db: &UserDb) -> (u32, u32) {
+    let (uid, gid) = match (req.uid, config.default_identity) {
+        (Some(uid), _) => (uid, req.gid),
+        (None, Some(d)) => (d.uid, d.gid),
+        (None, None) => return (sys::getuid(), sys::getgid()),
+    };
+    (uid, gid.or_else(|| db.user_by_uid(uid).map(|u| u.gid)).unwrap_or(uid))
+}
+
+/// The sandbox env, then the user's identity vars, a default PATH, the
+/// `EXECD_ENVS` file and the request's envs, each overriding the previous.
+fn command_env(
+    config: &AgentConfig,
+    user: Option<&User>,
+    switched: bool,
+    req: &RunCommandRequest,
+) -> BTreeMap<OsString, OsString> {
+    let mut env: BTreeMap<OsString, OsString> = config.base_env.iter().cloned().collect();
+    let mut set = |k: &str, v: OsString| env.insert(OsString::from(k), v);
+    match user {
+        Some(u) => {
+            set("HOME", u.home.clone().into_os_string());
+            set("USER", u.name.clone().into());
+            set("LOGNAME", u.name.clone().into());
+        }
+        None if switched => {
+            set("HOME", "/".into());
+            env.remove(&OsString::from("USER"));
+            env.remove(&OsString::from("LOGNAME"));
+        }
+        None => {}
+    }
+    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    if let Some(file) = &config.execd_envs {
+        for (k, v) in read_env_file(file, config) {
+            env.insert(k.into(), v.into());
+        }
+    }
+    for (k, v) in req.envs.iter().flatten() {
+        env.insert(k.into(), v.into());
+    }
+    env
+}
+
+/// `KEY=VALUE` lines; blanks and `#` comments skipped; `$VAR` in values
+/// expanded from the sandbox env. Re-read per command: `set_env` appends to it.
+fn read_env_file(file: &Path, config: &AgentConfig) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), paths::expand_vars(v, |n| config.env_var(n))))
+        .collect()
+}
+
+fn find_shell(path: &str) -> Option<PathBuf> {
+    ["bash", "sh"].iter().find_map(|name| {
+        path.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(name)).find(|p| {
+            p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// Starts the plan in a new process group with stdin on /dev/null.
+pub fn spawn(reaper: &Reaper, plan: Plan) -> Result<Spawned, String> {
+    let mut cmd = Command::new(&plan.program);
+    cmd.args(&plan.args)
+        .env_clear()
+        .envs(&plan.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    match plan.creds {
+        Some(creds) => sys::set_credentials(&mut cmd, creds, plan.cwd),
+        None => {
+            cmd.current_dir(&plan.cwd);
+        }
+    }
+    let (mut child, exit) =
+        reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
+    let pid = child.id() as i32;
+    let pipes = (child.stdout.take(), child.stderr.take());
+    let wrap = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    match (wrap(pipes.0.map(OwnedFd::from)), wrap(pipes.1.map(OwnedFd::from))) {
+        (Some(stdout), Some(stderr)) => Ok(Spawned { pid, stdout, stderr, exit }),
+        _ => {
+            reaper.signal_group(pid, sys::SIGKILL);
+            Err("cannot watch the command's output pipes".to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> RunCommandRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn validation() {
+        assert!(validate(&req(r#"{"command":"true"}"#)).is_ok());
+        assert!(validate(&req(r#"{"argv":["true"]}"#)).is_ok());
+        assert!(validate(&req(r#"{"command":"true","argv":["x"]}"#)).is_err());
+        assert!(validate(&req(r#"{}"#)).is_err());
+        assert!(validate(&req(r#"{"argv":[]}"#)).is_err());
+        assert!(validate(&req(r#"{"command":"true","gid":5}"#)).is_err());
+    }
+
+    #[test]
+    fn shells_are_found_on_path() {
+        let sh = find_shell("/nonexistent:/bin:/usr/bin").unwrap();
+        assert!(sh.ends_with("bash") || sh.ends_with("sh"));
+        assert_eq!(find_shell("/nonexistent"), None);
+    }
+}

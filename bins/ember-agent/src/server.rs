@@ -1,0 +1,79 @@
+//! The HTTP front door: the route table and the listener loop. Handlers only
+//! parse requests and call into `commands`, `files` and `metrics`.
+use crate::commands::registry::Registry;
+use crate::config::{AgentConfig, ListenAddr};
+use crate::error::{ApiError, ErrorCode};
+use crate::metrics::Sampler;
+use crate::reaper::Reaper;
+use crate::{commands, files, metrics};
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, Uri};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use std::io;
+use std::sync::Arc;
+
+/// Shared state of every handler. Cheap to clone: all `Arc`s.
+#[derive(Clone)]
+pub struct App {
+    pub config: Arc<AgentConfig>,
+    pub reaper: Arc<Reaper>,
+    pub registry: Arc<Registry>,
+    pub sampler: Arc<Sampler>,
+}
+
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/ping", get(|| async {}))
+        .route("/command", post(commands::run_command).delete(commands::interrupt))
+        .route("/command/status/{id}", get(commands::status))
+        .route("/command/{id}/logs", get(commands::logs))
+        .route("/files", delete(files::ops::remove_files))
+        .route("/files/info", get(files::info))
+        .route("/files/permissions", post(files::ops::chmod))
+        .route("/files/mv", post(files::ops::rename))
+        .route("/files/replace", post(files::ops::replace))
+        .route("/files/search", get(files::walk::search))
+        // Uploads stream to disk, so no body limit applies to them.
+        .route("/files/upload", post(files::upload::upload).layer(DefaultBodyLimit::disable()))
+        .route("/files/download", get(files::download::download))
+        .route("/directories/list", get(files::walk::list))
+        .route("/directories", post(files::ops::mkdir).delete(files::ops::remove_dirs))
+        .route("/metrics", get(metrics::get))
+        .route("/metrics/watch", get(metrics::watch))
+        .fallback(not_supported)
+        .method_not_allowed_fallback(not_supported)
+        .with_state(app)
+}
+
+async fn not_supported(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(ErrorCode::NotSupported, format!("{method} {} is not supported", uri.path()))
+}
+
+/// Binds the configured address (or adopts the inherited socket) and serves
+/// forever. With TCP, prints `listening on ADDR` first so tests learn the port.
+pub async fn serve(config: &AgentConfig, app: Router) -> io::Result<()> {
+    use axum::serve::ListenerExt;
+    match &config.listen {
+        ListenAddr::Tcp(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await?;
+            println!("listening on {}", l.local_addr()?);
+            // Small event frames must not wait for Nagle's algorithm.
+            let l = l.tap_io(|s| {
+                let _ = s.set_nodelay(true);
+            });
+            axum::serve(l, app).await
+        }
+        ListenAddr::Unix(path) => {
+            // A stale socket file from an earlier run would make bind fail.
+            let _ = std::fs::remove_file(path);
+            axum::serve(tokio::net::UnixListener::bind(path)?, app).await
+        }
+        ListenAddr::Fd(fd) => {
+            let fd = ember_sys::process::take_inherited_fd(*fd)?;
+            let std_listener = std::os::unix::net::UnixListener::from(fd);
+            std_listener.set_nonblocking(true)?;
+            axum::serve(tokio::net::UnixListener::from_std(std_listener)?, app).await
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Create: request → validated spec → record (write-ahead) → launch → monitor.
+use crate::record::{now_ms, LaunchRecord, SandboxRecord};
+use crate::{templates, Engine, EngineError, Entry};
+use ember_types::{parse_cpu_millis, parse_memory_bytes, NetworkMode, SandboxId, SandboxSpec, SandboxState, UserSpec};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, Notify};
+
+/// A create request, transport-independent. Every field is optional; the
+/// template fills in what is missing.
+#[derive(Clone, Debug, Default)]
+pub struct CreateSandbox {
+    pub template: Option<String>,
+    pub image_uri: Option<String>,
+    pub memory: Option<String>,
+    pub cpu: Option<String>,
+    pub pids: Option<u64>,
+    pub disk: Option<String>,
+    pub ttl_secs: Option<u64>,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub entrypoint: Vec<String>,
+    pub user: Option<UserSpec>,
+    pub runtime_class: Option<String>,
+}
+
+const MIN_MEMORY: u64 = 16 << 20;
+const MIN_DISK: u64 = 1 << 20;
+
+impl Engine {
+    /// Resolves the template and validates every field into a [`SandboxSpec`].
+    pub fn resolve(&self, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
+        let name = req.template.clone().or_else(|| req.image_uri.clone()).unwrap_or_else(|| "host".into());
+        let t = templates::builtin(&name).ok_or(EngineError::UnknownTemplate(name))?;
+        let mut res = t.resources.clone();
+        if let Some(m) = &req.memory {
+            res.memory_bytes = parse_memory_bytes(m).map_err(|e| EngineError::invalid("memory", e.to_string()))?;
+        }
+        if res.memory_bytes < MIN_MEMORY {
+            return Err(EngineError::invalid("memory", "at least 16Mi is needed for the agent and a command"));
+        }
+        if let Some(c) = &req.cpu {
+            res.cpu_millis = parse_cpu_millis(c).map_err(|e| EngineError::invalid("cpu", e.to_string()))?;
+        }
+        if let Some(p) = req.pids {
+            if !(8..=1 << 22).contains(&p) {
+                return Err(EngineError::invalid("pids", "between 8 and 4194304"));
+            }
+            res.pids = p;
+        }
+        if let Some(d) = &req.disk {
+            res.disk_bytes = parse_memory_bytes(d).map_err(|e| EngineError::invalid("disk", e.to_string()))?;
+        }
+        if res.disk_bytes < MIN_DISK {
+            return Err(EngineError::invalid("disk", "at least 1Mi"));
+        }
+        if let (Some(ttl), Some(max)) = (req.ttl_secs, self.cfg.max_ttl) {
+            if ttl > max.as_secs() {
+                return Err(EngineError::invalid("timeout", format!("at most {} seconds", max.as_secs())));
+            }
+        }
+        if req.ttl_secs == Some(0) {
+            return Err(EngineError::invalid("timeout", "must be at least 1 second"));
+        }
+        let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
+        if class != self.runtime.class() {
+            return Err(EngineError::invalid("runtimeClass", format!("{class:?} is not available; installed: native")));
+        }
+        for k in req.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(EngineError::invalid("env", format!("bad variable name {k:?}")));
+            }
+        }
+        Ok(SandboxSpec {
+            template: t.name,
+            runtime_class: class,
+            resources: res,
+            ttl_secs: req.ttl_secs,
+            env: req.env.clone(),
+            metadata: req.metadata.clone(),
+            entrypoint: req.entrypoint.clone(),
+            user: req.user.unwrap_or(t.user),
+            network: NetworkMode::None,
+        })
+    }
+
+    /// Creates a sandbox and returns once its agent answers. The record is
+    /// persisted as Pending before anything is started, so a crash mid-create is
+    /// found and reaped on restart.
+    pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+        let t0 = Instant::now();
+        let spec = self.resolve(&req)?;
+        let id = SandboxId::from_random(random16());
+        let now = now_ms();
+        let rec = SandboxRecord {
+            id: id.clone(),
+            spec: spec.clone(),
+            state: SandboxState::Pending,
+            reason: None,
+            message: None,
+            image_uri: req.image_uri.clone(),
+            created_at_ms: now,
+            expires_at_ms: spec.ttl_secs.map(|t| now + t as i64 * 1000),
+            last_transition_ms: now,
+            pid: None,
+            start_time: None,
+            launch: None,
+            deleting: false,
+        };
+        self.store.save(&rec)?;
+        let rt = self.runtime.clone();
+        let (lid, lspec) = (id.clone(), spec.clone());
+        let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let launched = match launched {
+            Ok(l) => l,
+            Err(source) => {
+                self.metrics.create_failures.inc();
+                let rt = self.runtime.clone();
+                let name = id.to_string();
+                let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
+                let _ = self.store.remove(id.as_str());
+                return Err(EngineError::Runtime { id, source });
+            }
+        };
+        let micros = t0.elapsed().as_micros() as u64;
+        let t = launched.timing;
+        let phases = BTreeMap::from([
+            ("cgroup".to_string(), t.cgroup_us),
+            ("spawn".to_string(), t.spawn_us),
+            ("agentReady".to_string(), t.ready_us),
+        ]);
+        let (tx, rx) = mpsc::channel(4);
+        let mut rec = rec;
+        rec.pid = Some(launched.pid);
+        rec.start_time = Some(launched.start_time);
+        rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });
+        rec.transition(SandboxState::Running, None);
+        let entry = Arc::new(Entry {
+            record: Mutex::new(rec.clone()),
+            agent_socket: launched.agent_socket.clone(),
+            ctl: tx,
+            wake: Notify::new(),
+        });
+        self.store.save(&rec)?;
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
+        self.observe_launch(&spec, "cold", micros);
+        crate::monitor::spawn(self.clone(), entry, launched, rx);
+        Ok(rec)
+    }
+
+    fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
+        let labels = crate::metrics::LaunchLabels {
+            template: spec.template.clone(),
+            launch: kind.into(),
+            runtime_class: spec.runtime_class.clone(),
+        };
+        self.metrics.launch_seconds.get_or_create(&labels).observe(micros as f64 / 1e6);
+        self.metrics.created.get_or_create(&labels).inc();
+    }
+}
+
+/// 16 random bytes for an id, from the kernel's CSPRNG.
+pub(crate) fn random16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    if b == [0; 16] {
+        // /dev/urandom unavailable: fall back to time and pid, still unique here.
+        let n = now_ms() as u128 ^ ((std::process::id() as u128) << 64) ^ Instant::now().elapsed().as_nanos();
+        b = n.to_le_bytes();
+    }
+    b
+}

@@ -1,0 +1,40 @@
+//! The engine's errors. Each variant says what failed and on which sandbox; the
+//! API layer maps them to `{code, message}` and a status in one place.
+use ember_types::{SandboxId, SandboxState};
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("sandbox {id} is {state}, not Running")]
+    NotRunning { id: SandboxId, state: SandboxState },
+    #[error("sandbox {id} is {state}, not Paused")]
+    NotPaused { id: SandboxId, state: SandboxState },
+    #[error("invalid {field}: {message}")]
+    InvalidRequest { field: &'static str, message: String },
+    #[error("unknown template or image {0:?}: the built-in template is \"host\" (OCI images are not supported yet)")]
+    UnknownTemplate(String),
+    #[error("sandbox {0} has no expiration (manual cleanup); it cannot be renewed")]
+    NoExpiration(SandboxId),
+    #[error("sandbox {id}: {source}")]
+    Runtime {
+        id: SandboxId,
+        #[source]
+        source: ember_runtime::RuntimeError,
+    },
+    #[error("state file {path}")]
+    Store {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        EngineError::InvalidRequest { field, message: message.into() }
+    }
+}

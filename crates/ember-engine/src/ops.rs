@@ -1,0 +1,196 @@
+//! Operations on existing sandboxes: get, list, remove, pause/resume, renew,
+//! metadata, agent access, and the retention sweep.
+use crate::record::{now_ms, SandboxRecord};
+use crate::{Control, Engine, EngineError};
+use ember_types::{BoundaryReport, SandboxState, TerminationReason};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Weak;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// `state` values are OR-ed, `metadata` pairs AND-ed (OpenSandbox semantics).
+#[derive(Clone, Debug, Default)]
+pub struct ListFilter {
+    pub states: Vec<SandboxState>,
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Engine {
+    pub fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
+        Ok(self.entry(id)?.snapshot())
+    }
+
+    /// Matching sandboxes, oldest first.
+    pub fn list(&self, f: &ListFilter) -> Vec<SandboxRecord> {
+        let entries: Vec<_> = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let mut out: Vec<SandboxRecord> = entries
+            .iter()
+            .map(|e| e.snapshot())
+            .filter(|r| !r.deleting)
+            .filter(|r| f.states.is_empty() || f.states.contains(&r.state))
+            .filter(|r| f.metadata.iter().all(|(k, v)| r.spec.metadata.get(k) == Some(v)))
+            .collect();
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        out
+    }
+
+    /// Kills the sandbox, removes every host resource and forgets it.
+    pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        let entry = self.entry(id)?;
+        entry.update(|r| r.deleting = true);
+        self.persist(&entry);
+        if !entry.snapshot().state.is_terminal() {
+            let (done, wait) = oneshot::channel();
+            if entry.ctl.send(Control::Stop { reason: TerminationReason::Killed, done }).await.is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+            }
+        }
+        let rec = entry.snapshot();
+        if !rec.state.is_terminal() {
+            // No monitor answered (it never started, or it died): reap directly.
+            let rt = self.runtime.clone();
+            let rid = rec.id.clone();
+            tokio::task::spawn_blocking(move || rt.reap_leftover(rid.as_str()))
+                .await
+                .map_err(|e| EngineError::Internal(e.to_string()))?
+                .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
+        }
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
+        self.store.remove(rec.id.as_str())
+    }
+
+    /// The agent's socket, for exec and file traffic; only while Running.
+    pub fn agent_socket(&self, id: &str) -> Result<PathBuf, EngineError> {
+        let e = self.entry(id)?;
+        let r = e.snapshot();
+        if r.state != SandboxState::Running {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        }
+        Ok(e.agent_socket.clone())
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<(), EngineError> {
+        self.set_frozen(id, true).await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<(), EngineError> {
+        self.set_frozen(id, false).await
+    }
+
+    async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), EngineError> {
+        let e = self.entry(id)?;
+        let r = e.snapshot();
+        let (from, to) = if frozen {
+            (SandboxState::Running, SandboxState::Paused)
+        } else {
+            (SandboxState::Paused, SandboxState::Running)
+        };
+        if r.state != from {
+            return Err(if frozen {
+                EngineError::NotRunning { id: r.id, state: r.state }
+            } else {
+                EngineError::NotPaused { id: r.id, state: r.state }
+            });
+        }
+        let rt = self.runtime.clone();
+        let rid = r.id.clone();
+        tokio::task::spawn_blocking(move || rt.freeze(&rid, frozen))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
+        e.update(|r| r.transition(to, None));
+        self.persist(&e);
+        Ok(())
+    }
+
+    /// Sets an absolute expiry (it may shorten the life, as in OpenSandbox).
+    pub fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
+        let e = self.entry(id)?;
+        let r = e.snapshot();
+        if r.state.is_terminal() {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        }
+        if r.expires_at_ms.is_none() {
+            return Err(EngineError::NoExpiration(r.id));
+        }
+        if expires_at_ms <= now_ms() {
+            return Err(EngineError::invalid("expiresAt", "must be in the future"));
+        }
+        if let Some(max) = self.cfg.max_ttl {
+            if expires_at_ms > now_ms() + max.as_millis() as i64 {
+                return Err(EngineError::invalid("expiresAt", format!("at most {} seconds from now", max.as_secs())));
+            }
+        }
+        e.update(|r| r.expires_at_ms = Some(expires_at_ms));
+        self.persist(&e);
+        e.wake.notify_one();
+        Ok(e.snapshot())
+    }
+
+    /// JSON merge-patch of the metadata: `None` deletes a key.
+    pub fn patch_metadata(&self, id: &str, patch: BTreeMap<String, Option<String>>) -> Result<SandboxRecord, EngineError> {
+        if let Some(k) = patch.keys().find(|k| k.starts_with("opensandbox.io/") || k.is_empty()) {
+            return Err(EngineError::invalid("metadata", format!("key {k:?} is reserved or empty")));
+        }
+        let e = self.entry(id)?;
+        e.update(|r| {
+            for (k, v) in patch {
+                match v {
+                    Some(v) => r.spec.metadata.insert(k, v),
+                    None => r.spec.metadata.remove(&k),
+                };
+            }
+        });
+        self.persist(&e);
+        Ok(e.snapshot())
+    }
+
+    /// What is enforced on a running sandbox, read back from the kernel.
+    pub async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
+        let r = self.entry(id)?.snapshot();
+        let Some(pid) = r.pid.filter(|_| !r.state.is_terminal()) else {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        };
+        let rt = self.runtime.clone();
+        let rid = r.id.clone();
+        tokio::task::spawn_blocking(move || rt.boundary(&rid, pid))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|source| EngineError::Runtime { id: r.id, source })
+    }
+
+    /// Refreshes the per-state gauge (called before metrics are encoded).
+    pub fn refresh_gauges(&self) {
+        let recs = self.list(&ListFilter::default());
+        for s in [SandboxState::Pending, SandboxState::Running, SandboxState::Paused, SandboxState::Stopping, SandboxState::Terminated, SandboxState::Failed] {
+            let n = recs.iter().filter(|r| r.state == s).count() as i64;
+            self.metrics.sandboxes.get_or_create(&crate::metrics::StateLabels { state: s.as_str().into() }).set(n);
+        }
+    }
+
+    fn sweep(&self) {
+        let cutoff = now_ms() - self.cfg.retention.as_millis() as i64;
+        let old: Vec<_> = self
+            .list(&ListFilter::default())
+            .into_iter()
+            .filter(|r| r.state.is_terminal() && r.last_transition_ms < cutoff)
+            .collect();
+        for r in old {
+            self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&r.id);
+            let _ = self.store.remove(r.id.as_str());
+        }
+    }
+}
+
+/// Drops records of sandboxes that ended longer ago than the retention.
+pub(crate) async fn gc_loop(engine: Weak<Engine>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        match engine.upgrade() {
+            Some(e) => e.sweep(),
+            None => return,
+        }
+    }
+}
+

@@ -1,0 +1,59 @@
+//! A sandbox's persisted record: its spec, where it is in its lifecycle, and the
+//! handles a restarted daemon needs to find it again.
+use ember_types::{SandboxId, SandboxSpec, SandboxState, TerminationReason};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchRecord {
+    /// "cold" or "warm".
+    pub kind: String,
+    /// Server-side request-to-ready time.
+    pub micros: u64,
+    pub phases: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub spec: SandboxSpec,
+    pub state: SandboxState,
+    pub reason: Option<TerminationReason>,
+    pub message: Option<String>,
+    pub image_uri: Option<String>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub last_transition_ms: i64,
+    /// Host pid of the sandbox init, and its start time: together they identify
+    /// the process across daemon restarts (a pid alone can be reused).
+    pub pid: Option<i32>,
+    pub start_time: Option<u64>,
+    pub launch: Option<LaunchRecord>,
+    /// Set before a removal starts, so a restart finishes it instead of
+    /// re-adopting the sandbox.
+    pub deleting: bool,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SandboxRecord {
+    /// Moves to `to`, checking the transition is legal; terminal states take the
+    /// reason with them.
+    pub fn transition(&mut self, to: SandboxState, reason: Option<TerminationReason>) -> bool {
+        if self.state.check_transition(to).is_err() {
+            return false;
+        }
+        self.state = to;
+        if reason.is_some() {
+            self.message = reason.as_ref().map(|r| r.to_string());
+            self.reason = reason;
+        }
+        self.last_transition_ms = now_ms();
+        true
+    }
+}

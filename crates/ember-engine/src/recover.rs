@@ -1,0 +1,86 @@
+//! Convergence after a restart (including `kill -9` of the daemon): every record
+//! is re-adopted or reaped, and every host resource without a record is reaped.
+//! The same path runs on every start, so a restart converges instead of replaying.
+use crate::record::SandboxRecord;
+use crate::{Engine, EngineError, Entry};
+use ember_types::{SandboxState, TerminationReason};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, Notify};
+
+pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
+    let mut known = Vec::new();
+    for (stem, rec) in engine.store.load_all() {
+        match rec {
+            Ok(rec) => {
+                known.push(rec.id.to_string());
+                recover_one(engine, rec).await;
+            }
+            Err(why) => {
+                tracing::warn!(file = %stem, why = %why, "unreadable sandbox record; reaping its resources");
+                let _ = engine.store.remove(&stem);
+            }
+        }
+    }
+    let rt = engine.runtime.clone();
+    let leftovers = tokio::task::spawn_blocking(move || rt.leftovers())
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?
+        .unwrap_or_default();
+    for name in leftovers.into_iter().filter(|n| !known.contains(n)) {
+        tracing::warn!(sandbox = %name, "reaping resources of a sandbox with no record");
+        let rt = engine.runtime.clone();
+        let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
+    }
+    Ok(())
+}
+
+async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
+    let live = matches!(rec.state, SandboxState::Running | SandboxState::Paused);
+    if live && !rec.deleting {
+        if let (Some(pid), Some(st)) = (rec.pid, rec.start_time) {
+            let rt = engine.runtime.clone();
+            let id = rec.id.clone();
+            let adopted = tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await;
+            if let Ok(Ok(launched)) = adopted {
+                tracing::info!(sandbox = %rec.id, pid, "re-adopted sandbox");
+                let (tx, rx) = mpsc::channel(4);
+                let entry = Arc::new(Entry {
+                    record: Mutex::new(rec.clone()),
+                    agent_socket: launched.agent_socket.clone(),
+                    ctl: tx,
+                    wake: Notify::new(),
+                });
+                engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
+                crate::monitor::spawn(engine.clone(), entry, launched, rx);
+                return;
+            }
+        }
+    }
+    // Not adoptable: whatever is left of it goes.
+    let rt = engine.runtime.clone();
+    let id = rec.id.clone();
+    let ooms = tokio::task::spawn_blocking(move || {
+        let ooms = rt.oom_kills(&id).unwrap_or(0);
+        let _ = rt.reap_leftover(id.as_str());
+        ooms
+    })
+    .await
+    .unwrap_or(0);
+    if rec.deleting {
+        let _ = engine.store.remove(rec.id.as_str());
+        return;
+    }
+    if !rec.state.is_terminal() {
+        let reason = match rec.state {
+            SandboxState::Pending => TerminationReason::RuntimeError("daemon restarted while the sandbox was being created".into()),
+            _ if ooms > 0 => TerminationReason::OOMKilled,
+            _ => TerminationReason::Killed,
+        };
+        tracing::info!(sandbox = %rec.id, reason = %reason, "sandbox did not survive the restart");
+        rec.transition(reason.terminal_state(), Some(reason));
+    }
+    let _ = engine.store.save(&rec);
+    let (tx, _rx) = mpsc::channel(1);
+    let entry = Arc::new(Entry { record: Mutex::new(rec.clone()), agent_socket: Default::default(), ctl: tx, wake: Notify::new() });
+    engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id, entry);
+}

@@ -1,0 +1,88 @@
+//! Persisted sandbox records: one file per sandbox under `<data>/state/sandboxes`.
+//!
+//! Format: a header line `EMBER-STATE v1 <fnv64 of the body>` and the JSON body.
+//! Written to a temp file and renamed into place, so a crash leaves either the old
+//! or the new record, never a torn one; a record whose checksum does not match is
+//! reported, not trusted. No fsync: a record describes processes that do not
+//! survive a host crash, while a daemon crash (the case this guards) keeps the
+//! page cache.
+use crate::error::EngineError;
+use crate::record::SandboxRecord;
+use std::path::{Path, PathBuf};
+
+const VERSION: &str = "v1";
+
+pub struct Store {
+    dir: PathBuf,
+}
+
+fn fnv64(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100000001b3))
+}
+
+fn store_err(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
+    let path = path.to_path_buf();
+    move |source| EngineError::Store { path, source }
+}
+
+impl Store {
+    pub fn open(dir: PathBuf) -> Result<Store, EngineError> {
+        std::fs::create_dir_all(&dir).map_err(store_err(&dir))?;
+        Ok(Store { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    pub fn save(&self, r: &SandboxRecord) -> Result<(), EngineError> {
+        let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
+        data.extend_from_slice(&body);
+        let path = self.path(r.id.as_str());
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &data).map_err(store_err(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(store_err(&path))
+    }
+
+    pub fn remove(&self, id: &str) -> Result<(), EngineError> {
+        match std::fs::remove_file(self.path(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(store_err(&self.path(id))(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every record on disk: `(file stem, record or why it could not be read)`.
+    pub fn load_all(&self) -> Vec<(String, Result<SandboxRecord, String>)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return vec![] };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let p = e.path();
+            let Some(stem) = p.file_stem().map(|s| s.to_string_lossy().into_owned()) else { continue };
+            match p.extension().and_then(|x| x.to_str()) {
+                Some("json") => out.push((stem, load(&p))),
+                // A temp file is a write that never got renamed: the old record stands.
+                Some("tmp") => {
+                    let _ = std::fs::remove_file(&p);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+fn load(p: &Path) -> Result<SandboxRecord, String> {
+    let data = std::fs::read(p).map_err(|e| e.to_string())?;
+    let nl = data.iter().position(|&b| b == b'\n').ok_or("no header")?;
+    let header = String::from_utf8_lossy(&data[..nl]);
+    let body = &data[nl + 1..];
+    let mut parts = header.split_whitespace();
+    if parts.next() != Some("EMBER-STATE") || parts.next() != Some(VERSION) {
+        return Err(format!("unknown header {header:?}"));
+    }
+    if parts.next() != Some(format!("{:016x}", fnv64(body)).as_str()) {
+        return Err("checksum mismatch".into());
+    }
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}

@@ -1,0 +1,149 @@
+//! Wire types of ember's lifecycle API, which is OpenSandbox's lifecycle API
+//! (`/v1/sandboxes`, server 1.1.1) plus ember's own optional fields. Shared by the
+//! daemon's API layer and the clients, so both sides agree on one shape.
+//!
+//! Rules the OpenSandbox SDK enforces and these types keep: optional keys are
+//! omitted, never `null`; `entrypoint` is always present on a sandbox.
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `{code, message}`: every error the API returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSpec {
+    pub uri: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<serde_json::Value>,
+}
+
+/// ember's resource fields (`resources`), besides OpenSandbox's `resourceLimits`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourcesSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+}
+
+/// `POST /v1/sandboxes`. Unknown OpenSandbox fields are accepted and ignored
+/// where ember has no equivalent yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateSandboxRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// Seconds until expiry; absent or `null` means manual cleanup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_limits: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<BTreeMap<String, String>>,
+    // ember's own optional fields.
+    /// A template name (same as `templateId`, or `image.uri` naming a template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+    /// Default identity of commands: `{"uid":1000,"gid":1000}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<crate::UserSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_at: Option<String>,
+}
+
+/// How the sandbox was launched and what it took, measured by the server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchInfo {
+    /// "cold" (built now) or "warm" (claimed from a pool).
+    pub kind: String,
+    /// Server-side time from request to ready agent, in microseconds.
+    pub micros: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, u64>,
+}
+
+/// A sandbox as `GET /v1/sandboxes/{id}` and create return it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    pub id: String,
+    pub status: SandboxStatus,
+    pub entrypoint: Vec<String>,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageSpec>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    // ember's own fields.
+    pub template: String,
+    pub runtime_class: String,
+    pub resources: crate::Resources,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<LaunchInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pagination {
+    pub page: u32,
+    pub page_size: u32,
+    pub total_items: u64,
+    pub total_pages: u32,
+    pub has_next_page: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SandboxList {
+    pub items: Vec<SandboxInfo>,
+    pub pagination: Pagination,
+}
+
+/// `GET /v1/sandboxes/{id}/endpoints/{port}`: `endpoint` has no scheme.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewRequest {
+    pub expires_at: String,
+}
