@@ -1,1 +1,91 @@
+//! ember's HTTP API. One API, OpenSandbox-shaped from the start: the lifecycle
+//! routes use OpenSandbox 1.1.1's paths, status codes and JSON (mounted under
+//! `/v1` and bare, as upstream), with ember's own optional fields added. Exec and
+//! file calls go to the agent through the proxy route, which speaks execd.
+//!
+//! Handlers only parse requests into [`ember_engine::Engine`] calls; errors become
+//! `{code, message}` in `error.rs`. Layout: `sandboxes.rs` (lifecycle),
+//! `proxy.rs` (agent proxy), `system.rs` (health, version, metrics),
+//! `middleware.rs` (request id, API key).
 #![forbid(unsafe_code)]
+
+mod convert;
+pub mod error;
+mod middleware;
+mod proxy;
+mod sandboxes;
+mod system;
+
+use axum::extract::{FromRequest, Request};
+use axum::routing::{any, get, patch, post};
+use axum::Router;
+use ember_engine::Engine;
+use error::ApiError;
+use std::future::Future;
+use std::sync::Arc;
+
+/// API configuration, fixed at start.
+#[derive(Clone, Debug, Default)]
+pub struct ApiConfig {
+    /// When set, every route but /health and /version requires it.
+    pub api_key: Option<String>,
+    /// `host:port` put in endpoint answers; defaults to the request's Host.
+    pub public_host: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub engine: Arc<Engine>,
+    pub cfg: Arc<ApiConfig>,
+}
+
+/// A JSON body whose rejection is a `{code, message}` 400, not axum's plain text.
+pub struct ApiJson<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(e) => Err(ApiError::bad_request(format!("invalid request body: {}", e.body_text()))),
+        }
+    }
+}
+
+fn lifecycle() -> Router<ApiState> {
+    Router::new()
+        .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::remove))
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/renew-expiration", post(sandboxes::renew))
+        .route("/sandboxes/{id}/metadata", patch(sandboxes::patch_metadata))
+        .route("/sandboxes/{id}/endpoints/{port}", get(sandboxes::endpoint))
+        .route("/sandboxes/{id}/boundary", get(sandboxes::boundary))
+        .route("/sandboxes/{id}/proxy/{port}", any(proxy::proxy_root))
+        .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(proxy::proxy))
+}
+
+pub fn router(state: ApiState) -> Router {
+    let v1 = lifecycle().route("/metrics/events", post(system::metrics_event));
+    Router::new()
+        .nest("/v1", v1)
+        .merge(lifecycle())
+        .route("/health", get(system::health))
+        .route("/version", get(system::version))
+        .route("/metrics", get(system::metrics))
+        .fallback(system::not_found)
+        .method_not_allowed_fallback(system::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::auth))
+        .layer(axum::middleware::from_fn(middleware::request_id))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}

@@ -1,1 +1,158 @@
+//! A client of ember's HTTP API. It speaks only the public routes (lifecycle
+//! under `/v1`, execd through the proxy route), so it works against any ember
+//! daemon, and the CLI built on it has no other way in.
 #![forbid(unsafe_code)]
+
+mod execd;
+
+use bytes::Bytes;
+use ember_types::api::{CreateSandboxRequest, ErrorBody, SandboxInfo, SandboxList};
+use ember_types::BoundaryReport;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid url {0:?}: only http://host:port is supported")]
+    Url(String),
+    #[error("cannot reach ember at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("{code}: {message} (HTTP {status})")]
+    Api { status: u16, code: String, message: String },
+    #[error("unexpected reply from {path}: {message}")]
+    Protocol { path: String, message: String },
+    #[error("local file {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    api_key: Option<String>,
+    http: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Client {
+    /// `url` is `http://host:port` (the daemon's address).
+    pub fn new(url: &str, api_key: Option<String>) -> Result<Client, ClientError> {
+        let base = url.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") || base.len() <= 7 {
+            return Err(ClientError::Url(url.into()));
+        }
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(conn);
+        Ok(Client { base, api_key, http })
+    }
+
+    pub(crate) async fn send(&self, method: Method, path: &str, body: Bytes, content_type: Option<&str>) -> Result<Response<Incoming>, ClientError> {
+        let mut b = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        if let Some(ct) = content_type {
+            b = b.header("content-type", ct);
+        }
+        if let Some(k) = &self.api_key {
+            b = b.header("open-sandbox-api-key", k);
+        }
+        let req = b.body(Full::new(body)).map_err(|e| ClientError::Url(e.to_string()))?;
+        self.http
+            .request(req)
+            .await
+            .map_err(|e| ClientError::Connect { url: self.base.clone(), message: error_chain(&e) })
+    }
+
+    /// Turns a non-2xx reply into [`ClientError::Api`].
+    pub(crate) async fn check(path: &str, resp: Response<Incoming>) -> Result<Response<Incoming>, ClientError> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = read_body(path, resp).await?;
+        Err(match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(e) => ClientError::Api { status: status.as_u16(), code: e.code, message: e.message },
+            Err(_) => ClientError::Api {
+                status: status.as_u16(),
+                code: status.canonical_reason().unwrap_or("ERROR").to_string(),
+                message: String::from_utf8_lossy(&body).into_owned(),
+            },
+        })
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<(T, hyper::HeaderMap), ClientError> {
+        let ct = body.as_ref().map(|_| "application/json");
+        let resp = self.send(method, path, body.unwrap_or_default().into(), ct).await?;
+        let resp = Self::check(path, resp).await?;
+        let headers = resp.headers().clone();
+        let bytes = read_body(path, resp).await?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol { path: path.into(), message: e.to_string() })?;
+        Ok((v, headers))
+    }
+
+    /// Creates a sandbox; returns it and the server-side launch time in µs.
+    pub async fn create_sandbox(&self, req: &CreateSandboxRequest) -> Result<(SandboxInfo, u64), ClientError> {
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol { path: "create".into(), message: e.to_string() })?;
+        let (info, h): (SandboxInfo, _) = self.json(Method::POST, "/v1/sandboxes", Some(body)).await?;
+        let micros = h.get("x-ember-launch-micros").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0);
+        Ok((info, micros))
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}"), None).await?.0)
+    }
+
+    /// Every sandbox, following pagination; `query` is e.g. `state=Running`.
+    pub async fn list_sandboxes(&self, query: &str) -> Result<Vec<SandboxInfo>, ClientError> {
+        let mut out = Vec::new();
+        for page in 1.. {
+            let path = format!("/v1/sandboxes?pageSize=200&page={page}&{query}");
+            let (l, _): (SandboxList, _) = self.json(Method::GET, &path, None).await?;
+            out.extend(l.items);
+            if !l.pagination.has_next_page {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn delete_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/sandboxes/{id}");
+        let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn boundary(&self, id: &str) -> Result<BoundaryReport, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/boundary"), None).await?.0)
+    }
+
+    /// Raw GET returning status and body (health, metrics, anything).
+    pub async fn get_raw(&self, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
+        let resp = self.send(Method::GET, path, Bytes::new(), None).await?;
+        let status = resp.status();
+        Ok((status, read_body(path, resp).await?))
+    }
+}
+
+pub(crate) async fn read_body(path: &str, resp: Response<Incoming>) -> Result<Bytes, ClientError> {
+    resp.into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| ClientError::Protocol { path: path.into(), message: e.to_string() })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,161 @@
+//! Command-line grammar.
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "ember", version, about = "ember: isolated sandboxes for long-running AI agents")]
+pub struct Cli {
+    /// The daemon's address.
+    #[arg(long, global = true, env = "EMBER_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// API key, when the daemon requires one.
+    #[arg(long, global = true, env = "EMBER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run the daemon (embedded single-node mode).
+    Serve(ServeArgs),
+    /// Manage sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Run a command in a sandbox, streaming its output; exits with its code.
+    Exec(ExecArgs),
+    /// Copy a file into or out of a sandbox (`ID:/path` names the sandbox side).
+    Cp { src: String, dst: String },
+    /// Create a sandbox, run one command in it, remove it.
+    Run {
+        #[command(flatten)]
+        create: CreateArgs,
+        #[command(flatten)]
+        exec: ExecOpts,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Measure ember beside a reference in the same run.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on; a non-loopback address needs --api-key.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    #[arg(long, env = "EMBER_DATA_DIR", default_value = "/var/lib/ember")]
+    pub data_dir: PathBuf,
+    /// The static agent binary (default: `ember-agent` next to this executable).
+    #[arg(long, env = "EMBER_AGENT_BIN")]
+    pub agent: Option<PathBuf>,
+    /// First host uid/gid of the range sandbox ids are mapped to.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    pub uid_base: u32,
+    /// How long ended sandboxes stay listed.
+    #[arg(long, default_value = "10m")]
+    pub retention: String,
+    /// Longest TTL a sandbox may ask for.
+    #[arg(long)]
+    pub max_ttl: Option<String>,
+    /// host:port put in endpoint answers (default: the request's Host header).
+    #[arg(long)]
+    pub public_host: Option<String>,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct CreateArgs {
+    #[arg(long)]
+    pub template: Option<String>,
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Memory limit, e.g. 512Mi.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores, e.g. 1 or 0.5.
+    #[arg(long)]
+    pub cpus: Option<String>,
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Size of the writable layer, e.g. 1Gi.
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// Time to live, e.g. 10m (default: until removed).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Environment variable for every command, K=V (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Metadata label, K=V (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    #[arg(long)]
+    pub runtime: Option<String>,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct ExecOpts {
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// uid[:gid] to run as (default: the sandbox's user).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Kill the command after this long, e.g. 30s.
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// Extra environment for this command, K=V (repeatable).
+    #[arg(long = "exec-env", value_name = "K=V")]
+    pub env: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub opts: ExecOpts,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum SandboxCmd {
+    /// Create a sandbox and print its id.
+    Create {
+        #[command(flatten)]
+        args: CreateArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only sandboxes in this state (repeatable).
+        #[arg(long)]
+        state: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox, with the boundary actually enforced on it.
+    Inspect {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove sandboxes.
+    Rm { ids: Vec<String> },
+}
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Cold create-to-ready and exec round trip, beside crun in the same run.
+    Create {
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Skip the crun reference (it needs `crun` installed).
+        #[arg(long)]
+        no_crun: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,93 @@
+//! Client verbs. Each one is a thin wrapper over an ember-client call.
+mod files;
+mod sandbox;
+
+use crate::cli::{Cli, Cmd, ExecOpts};
+use anyhow::{bail, Context};
+use ember_client::Client;
+use ember_types::execd::RunCommandRequest;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let client = || Client::new(&cli.url, cli.api_key.clone()).context("EMBER_URL");
+    match cli.cmd {
+        Cmd::Serve(args) => crate::serve::run(args, cli.api_key.clone()).await,
+        Cmd::Sandbox(c) => sandbox::run(&client()?, c).await,
+        Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
+        Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
+        Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
+    }
+}
+
+/// `10m`, `30s`, `1h`, `250ms`, or plain seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().with_context(|| format!("duration {s:?}: expected e.g. 30s, 10m, 1h"))?;
+    Ok(match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        "d" => Duration::from_secs(n * 86400),
+        _ => bail!("duration {s:?}: unknown unit {unit:?}"),
+    })
+}
+
+pub fn parse_kv(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').with_context(|| format!("{what} {kv:?} is not K=V"))?;
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+pub fn exec_request(opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<RunCommandRequest> {
+    let (uid, gid) = match &opts.user {
+        None => (None, None),
+        Some(u) => {
+            let (a, b) = u.split_once(':').map_or((u.as_str(), None), |(a, b)| (a, Some(b)));
+            (Some(a.parse().context("--user uid")?), b.map(|g| g.parse().context("--user gid")).transpose()?)
+        }
+    };
+    let env = parse_kv(&opts.env, "--exec-env")?;
+    Ok(RunCommandRequest {
+        argv: Some(argv),
+        cwd: opts.cwd.clone(),
+        timeout: opts.timeout.as_deref().map(parse_duration).transpose()?.map(|d| d.as_millis() as u64),
+        uid,
+        gid,
+        envs: (!env.is_empty()).then_some(env),
+        ..Default::default()
+    })
+}
+
+/// Streams a command's output to our stdout/stderr; returns its exit code.
+pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<i32> {
+    let req = exec_request(opts, argv)?;
+    let out = client
+        .exec(id, &req, |ev| {
+            let text = ev.text.as_deref().unwrap_or("");
+            let line = if text == "\n" { "" } else { text };
+            match ev.kind.as_str() {
+                "stdout" => {
+                    let mut o = std::io::stdout().lock();
+                    let _ = writeln!(o, "{line}");
+                    let _ = o.flush();
+                }
+                "stderr" => eprintln!("{line}"),
+                _ => {}
+            }
+        })
+        .await?;
+    if let Some(e) = out.error {
+        bail!("command did not start: {e}");
+    }
+    Ok(out.exit_code.unwrap_or(255))
+}

@@ -1,0 +1,73 @@
+//! `ember serve`: builds the runtime, engine and API from flags and serves until
+//! SIGINT/SIGTERM. Sandboxes keep running across a daemon restart and are
+//! re-adopted by the next `ember serve` on the same data dir.
+use crate::cli::ServeArgs;
+use crate::commands::parse_duration;
+use anyhow::{bail, Context};
+use ember_api::{ApiConfig, ApiState};
+use ember_engine::{Engine, EngineConfig};
+use ember_runtime::native::{NativeConfig, NativeRuntime};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+
+    let addr: SocketAddr = args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
+    if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
+        bail!("listening on non-loopback {addr} needs an API key (--api-key or EMBER_API_KEY)");
+    }
+    let agent = match args.agent {
+        Some(p) => p,
+        None => default_agent()?,
+    };
+    let retention = parse_duration(&args.retention).context("--retention")?;
+    let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
+
+    let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref()).context("cgroups")?;
+    let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
+    let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
+    let engine = Engine::start(
+        EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl },
+        Arc::new(runtime),
+    )
+    .await
+    .context("engine")?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");
+    // One line on stdout so scripts (and tests binding port 0) learn the address.
+    println!("ember listening on http://{local}");
+    let state = ApiState {
+        engine,
+        cfg: Arc::new(ApiConfig { api_key: api_key.filter(|k| !k.is_empty()), public_host: args.public_host }),
+    };
+    ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
+    tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
+    Ok(0)
+}
+
+fn default_agent() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the ember executable")?;
+    let dir = exe.parent().context("executable has no directory")?;
+    for cand in [dir.join("ember-agent"), dir.join("../ember-agent")] {
+        if cand.exists() {
+            return Ok(cand);
+        }
+    }
+    bail!("no ember-agent next to {}; build it with scripts/build-agent.sh or pass --agent", exe.display())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

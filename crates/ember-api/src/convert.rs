@@ -1,0 +1,71 @@
+//! Wire ↔ engine conversions and RFC 3339 times.
+use crate::error::ApiError;
+use ember_engine::{CreateSandbox, SandboxRecord};
+use ember_types::api::{CreateSandboxRequest, ImageSpec, LaunchInfo, SandboxInfo, SandboxStatus};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+pub fn rfc3339(ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+pub fn parse_rfc3339_ms(s: &str) -> Result<i64, ApiError> {
+    let t = OffsetDateTime::parse(s, &Rfc3339)
+        .map_err(|e| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "SANDBOX::INVALID_EXPIRATION", format!("expiresAt {s:?}: {e}")))?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
+    SandboxInfo {
+        id: r.id.to_string(),
+        status: SandboxStatus {
+            state: r.state.as_str().to_string(),
+            reason: r.reason.as_ref().map(|x| x.code()),
+            message: r.message.clone(),
+            last_transition_at: Some(rfc3339(r.last_transition_ms)),
+        },
+        entrypoint: r.spec.entrypoint.clone(),
+        created_at: rfc3339(r.created_at_ms),
+        expires_at: r.expires_at_ms.map(rfc3339),
+        image: Some(ImageSpec { uri: r.image_uri.clone().unwrap_or_else(|| r.spec.template.clone()), auth: None }),
+        metadata: r.spec.metadata.clone(),
+        template: r.spec.template.clone(),
+        runtime_class: r.spec.runtime_class.clone(),
+        resources: r.spec.resources.clone(),
+        launch: r.launch.as_ref().map(|l| LaunchInfo { kind: l.kind.clone(), micros: l.micros, phases: l.phases.clone() }),
+    }
+}
+
+/// OpenSandbox's create body and ember's extra fields → one engine request.
+pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiError> {
+    if req.snapshot_id.is_some() {
+        return Err(ApiError::not_supported("creating from snapshotId is not supported yet"));
+    }
+    let limits = req.resource_limits.unwrap_or_default();
+    let res = req.resources.unwrap_or_default();
+    let template = req.template.or(req.template_id);
+    let image_uri = req.image.map(|i| i.uri);
+    if template.is_some() && image_uri.is_some() && template != image_uri {
+        return Err(ApiError::bad_request("give either a template or an image, not both"));
+    }
+    if let Some(k) = limits.keys().find(|k| !["cpu", "memory"].contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!("resourceLimits.{k} is not supported (cpu and memory are)")));
+    }
+    Ok(CreateSandbox {
+        template,
+        image_uri,
+        memory: res.memory.or_else(|| limits.get("memory").cloned()),
+        cpu: res.cpu.or_else(|| limits.get("cpu").cloned()),
+        pids: res.pids,
+        disk: res.disk,
+        ttl_secs: req.timeout,
+        env: req.env.unwrap_or_default().into_iter().filter_map(|(k, v)| Some((k, v?))).collect(),
+        metadata: req.metadata.unwrap_or_default(),
+        entrypoint: req.entrypoint.unwrap_or_default(),
+        user: req.user,
+        runtime_class: req.runtime_class,
+    })
+}

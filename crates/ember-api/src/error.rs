@@ -1,0 +1,70 @@
+//! API errors: `{code, message}` with a stable code and the right status. Engine
+//! errors become HTTP errors in exactly one place, [`From<EngineError>`].
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use ember_engine::EngineError;
+use ember_types::api::ErrorBody;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "SANDBOX::INVALID_PARAMETER", message)
+    }
+
+    pub fn not_supported(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "SANDBOX::API_NOT_SUPPORTED", message)
+    }
+}
+
+/// The error and its sources, `: `-separated, for the message.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        use StatusCode as S;
+        let (status, code) = match &e {
+            EngineError::NotFound(_) => (S::NOT_FOUND, "SANDBOX::NOT_FOUND"),
+            EngineError::NotRunning { .. } => (S::CONFLICT, "SANDBOX::NOT_RUNNING"),
+            EngineError::NotPaused { .. } => (S::CONFLICT, "SANDBOX::NOT_PAUSED"),
+            EngineError::InvalidRequest { .. } => (S::BAD_REQUEST, "SANDBOX::INVALID_PARAMETER"),
+            EngineError::UnknownTemplate(_) => (S::BAD_REQUEST, "SANDBOX::UNKNOWN_TEMPLATE"),
+            EngineError::NoExpiration(_) => (S::CONFLICT, "SANDBOX::NO_EXPIRATION"),
+            EngineError::Runtime { .. } => (S::INTERNAL_SERVER_ERROR, "SANDBOX::RUNTIME_ERROR"),
+            EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
+            EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %chain(&e), "request failed");
+        }
+        ApiError::new(status, code, chain(&e))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { code: self.code.to_string(), message: self.message };
+        (self.status, axum::Json(body)).into_response()
+    }
+}

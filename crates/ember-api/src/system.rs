@@ -1,0 +1,34 @@
+//! Health, version, Prometheus metrics, SDK telemetry, and the structured 404/405.
+use crate::error::ApiError;
+use crate::ApiState;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+pub async fn health() -> Response {
+    Json(serde_json::json!({ "status": "healthy" })).into_response()
+}
+
+pub async fn version() -> Response {
+    Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") })).into_response()
+}
+
+pub async fn metrics(State(st): State<ApiState>) -> Response {
+    st.engine.refresh_gauges();
+    let body = st.engine.metrics().encode();
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// The SDK's fire-and-forget create telemetry: accepted and dropped.
+pub async fn metrics_event() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "GENERAL::METHOD_NOT_ALLOWED", "method not allowed on this route")
+}

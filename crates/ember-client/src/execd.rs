@@ -1,0 +1,86 @@
+//! execd calls through the daemon's proxy route: commands and files.
+use crate::{read_body, Client, ClientError};
+use bytes::Bytes;
+use ember_types::execd::{FrameDecoder, RunCommandRequest, StreamEvent, EXECD_PORT};
+use http_body_util::BodyExt;
+use hyper::Method;
+
+fn proxy(id: &str, path: &str) -> String {
+    format!("/v1/sandboxes/{id}/proxy/{EXECD_PORT}{path}")
+}
+
+/// What a finished command reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    /// Exit code: 0 on `execution_complete`, `error.evalue` otherwise; `None` if
+    /// the stream ended with neither.
+    pub exit_code: Option<i32>,
+    /// The OS message when the command could not start.
+    pub error: Option<String>,
+}
+
+impl Client {
+    /// Runs a command and calls `on_event` for every streamed event.
+    pub async fn exec(&self, id: &str, req: &RunCommandRequest, mut on_event: impl FnMut(&StreamEvent)) -> Result<ExecOutcome, ClientError> {
+        let path = proxy(id, "/command");
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+        let resp = self.send(Method::POST, &path, body.into(), Some("application/json")).await?;
+        let mut body = Self::check(&path, resp).await?.into_body();
+        let mut dec = FrameDecoder::default();
+        let mut out = ExecOutcome { exit_code: None, error: None };
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+            let Ok(data) = frame.into_data() else { continue };
+            dec.push(&data);
+            while let Some(ev) = dec.next_event() {
+                let ev = ev.map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+                match ev.kind.as_str() {
+                    "execution_complete" => out.exit_code = Some(0),
+                    "error" => {
+                        out.exit_code = ev.exit_code();
+                        if out.exit_code.is_none() {
+                            out.error = ev.error.as_ref().map(|e| e.evalue.clone());
+                        }
+                    }
+                    _ => {}
+                }
+                on_event(&ev);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` to `remote` inside the sandbox (multipart upload, as execd takes it).
+    pub async fn upload(&self, id: &str, remote: &str, data: Bytes, mode: u32) -> Result<(), ClientError> {
+        let path = proxy(id, "/files/upload");
+        let boundary = "ember-upload-7d1f0a2c9b";
+        let meta = serde_json::json!({ "path": remote, "mode": ember_types::execd::mode_to_wire(mode) }).to_string();
+        let name = remote.rsplit('/').next().unwrap_or("file");
+        let mut body = Vec::with_capacity(data.len() + 512);
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{meta}\r\n").as_bytes());
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+        body.extend_from_slice(&data);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let resp = self.send(Method::POST, &path, body.into(), Some(&ct)).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    /// Reads the file at `remote` inside the sandbox.
+    pub async fn download(&self, id: &str, remote: &str) -> Result<Bytes, ClientError> {
+        let q: String = url_encode(remote);
+        let path = proxy(id, &format!("/files/download?path={q}"));
+        let resp = self.send(Method::GET, &path, Bytes::new(), None).await?;
+        let resp = Self::check(&path, resp).await?;
+        read_body(&path, resp).await
+    }
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
