@@ -90,8 +90,7 @@ impl AgentConfig {
         let cpu_millis = opt_u64("EMBER_AGENT_CPU_MILLIS")?.filter(|m| *m > 0);
         let grace = Duration::from_millis(opt_u64("EMBER_AGENT_GRACE_MS")?.unwrap_or(0));
         let execd_envs = var("EXECD_ENVS").filter(|p| !p.is_empty()).map(PathBuf::from);
-        let base_env =
-            env.into_iter().filter(|(k, _)| !k.to_string_lossy().starts_with(CONTROL_PREFIX)).collect();
+        let base_env = env.into_iter().filter(|(k, _)| !k.to_string_lossy().starts_with(CONTROL_PREFIX)).collect();
         Ok(AgentConfig {
             listen,
             is_pid1,

@@ -83,10 +83,6 @@ impl ApiError {
         };
         ApiError::new(code, format!("{op} {path}: {err}"))
     }
-
-    pub fn status(&self) -> StatusCode {
-        self.code.status()
-    }
 }
 
 impl IntoResponse for ApiError {
@@ -111,15 +107,15 @@ mod tests {
     #[test]
     fn io_errors_map_to_404_or_500() {
         let nf = ApiError::io("open", "/x", &io::Error::from(io::ErrorKind::NotFound));
-        assert_eq!(nf.status(), StatusCode::NOT_FOUND);
+        assert_eq!(nf.code.code.status(), StatusCode::NOT_FOUND);
         assert_eq!(nf.code.wire(), "FILE_NOT_FOUND");
         let other = ApiError::io("open", "/x", &io::Error::from(io::ErrorKind::PermissionDenied));
-        assert_eq!(other.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(other.code.code.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]
     fn bad_json_is_a_400() {
         let e = parse_json::<Vec<u32>>(b"{").unwrap_err();
-        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.code.status(), StatusCode::BAD_REQUEST);
     }
 }

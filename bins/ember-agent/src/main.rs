@@ -1,1 +1,47 @@
-fn main() {}
+//! ember-agent: PID 1 of every ember sandbox, speaking the OpenSandbox execd
+//! HTTP protocol natively (shared/docs/opensandbox-protocol.md §3).
+//!
+//! Layout: `config` (flags and env, frozen at start), `lifecycle` (boot,
+//! signals, shutdown), `server` (routes, listener), `reaper` (the only
+//! waitpid), `commands/` (run, interrupt, status, logs), `files/` (file and
+//! directory routes), `metrics`, `stream` (event framing), and the helpers
+//! `error`, `query`, `paths`, `users`. Every syscall the agent needs beyond
+//! std goes through `ember_sys::process`.
+#![forbid(unsafe_code)]
+
+mod commands;
+mod config;
+mod error;
+mod files;
+mod lifecycle;
+mod metrics;
+mod paths;
+mod query;
+mod reaper;
+mod server;
+mod stream;
+mod users;
+
+use config::AgentConfig;
+
+fn main() {
+    let config = match AgentConfig::from_parts(std::env::args().skip(1), std::env::vars_os(), std::process::id()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ember-agent: {e}");
+            std::process::exit(2);
+        }
+    };
+    // One thread serves everything: the agent is mostly idle and must stay
+    // small. File IO goes to a few blocking threads, started on demand.
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_io().enable_time().max_blocking_threads(8).build();
+    let code = match runtime {
+        Ok(rt) => rt.block_on(lifecycle::run(config)),
+        Err(e) => {
+            eprintln!("ember-agent: cannot start the runtime: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

@@ -7,7 +7,9 @@ pub struct Query(Vec<(String, String)>);
 
 impl Query {
     pub fn parse(raw: Option<&str>) -> Query {
-        let Some(raw) = raw else { return Query::default() };
+        let Some(raw) = raw else {
+            return Query::default();
+        };
         let pairs = raw
             .split('&')
             .filter(|p| !p.is_empty())
@@ -40,12 +42,12 @@ fn decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' => match (hex(b.get(i + 1)), hex(b.get(i + 2))) {
-                    (Some(h), Some(l)) => {
-                        out.push(h << 4 | l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                },
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;

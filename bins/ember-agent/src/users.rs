@@ -82,10 +82,7 @@ impl UserDb {
 }
 
 fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
-    text.lines()
-        .map(str::trim_end)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| l.split(':').collect())
+    text.lines().map(str::trim_end).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| l.split(':').collect())
 }
 
 fn parse_passwd(text: &str) -> Vec<User> {
@@ -106,9 +103,9 @@ fn parse_group(text: &str) -> Vec<Group> {
     records(text)
         .filter(|f| f.len() >= 3)
         .filter_map(|f| {
-            let members = f.get(3).map_or_else(Vec::new, |m| {
-                m.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()
-            });
+            let members = f
+                .get(3)
+                .map_or_else(Vec::new, |m| m.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect());
             Some(Group { name: f[0].to_string(), gid: f[2].parse().ok()?, members })
         })
         .collect()

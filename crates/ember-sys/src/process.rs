@@ -176,8 +176,7 @@ pub struct Credentials {
 pub fn set_credentials(cmd: &mut Command, creds: Credentials, cwd: PathBuf) {
     use std::os::unix::ffi::OsStrExt;
     // Allocated here, before fork: the child may not allocate.
-    let cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes())
-        .unwrap_or_else(|_| c"/".to_owned());
+    let cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_else(|_| c"/".to_owned());
     let groups: Vec<libc::gid_t> = creds.groups.clone();
     let hook = move || -> io::Result<()> {
         // SAFETY: raw syscalls only (async-signal-safe, no allocation): the

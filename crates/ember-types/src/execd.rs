@@ -162,6 +162,35 @@ pub struct FileMetadata {
     pub mode: Option<u32>,
 }
 
+/// One move of `POST /files/mv`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFileItem {
+    pub src: String,
+    pub dest: String,
+}
+
+/// One file's edit in `POST /files/replace`: every `old` (non-empty)
+/// becomes `new`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceFileContentItem {
+    pub old: String,
+    pub new: String,
+}
+
+/// One file's result of `POST /files/replace?verbose=true`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceFileContentResult {
+    #[serde(rename = "replacedCount")]
+    pub replaced_count: u64,
+}
+
+/// The `{code, message}` body of every execd error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub code: String,
+    pub message: String,
+}
+
 /// `GET /metrics`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
@@ -211,6 +240,12 @@ mod tests {
         let mut e = StreamEvent::new("error", None, 1);
         e.error = Some(ExecError { ename: "CommandExecError".into(), evalue: "3".into(), traceback: vec![] });
         assert_eq!(e.exit_code(), Some(3));
+    }
+
+    #[test]
+    fn replace_result_uses_camel_case() {
+        let r = ReplaceFileContentResult { replaced_count: 2 };
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"replacedCount":2}"#);
     }
 
     #[test]

@@ -93,7 +93,9 @@ impl LineLog {
         self.bytes += line.len() + 1;
         self.lines.push_back(line.to_string());
         while self.bytes > self.cap {
-            let Some(old) = self.lines.pop_front() else { break };
+            let Some(old) = self.lines.pop_front() else {
+                break;
+            };
             self.bytes -= old.len() + 1;
             self.first += 1;
         }

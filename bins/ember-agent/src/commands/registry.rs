@@ -84,7 +84,9 @@ impl Registry {
     /// Marks a command finished with its exit code and error text.
     pub fn finish(&self, id: &str, exit_code: i32, error: Option<String>) {
         let mut inner = self.lock();
-        let Some(r) = inner.records.get_mut(id) else { return };
+        let Some(r) = inner.records.get_mut(id) else {
+            return;
+        };
         if r.finished_at.is_some() {
             return;
         }
@@ -136,8 +138,7 @@ impl Inner {
                 self.records.remove(&old);
             }
         }
-        let mut total: usize =
-            self.finished.iter().filter_map(|id| self.records.get(id)).map(|r| r.log.bytes()).sum();
+        let mut total: usize = self.finished.iter().filter_map(|id| self.records.get(id)).map(|r| r.log.bytes()).sum();
         for id in &self.finished {
             if total <= FINISHED_LOG_BUDGET {
                 break;

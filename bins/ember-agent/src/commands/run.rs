@@ -65,12 +65,11 @@ struct Pipe {
     rx: Option<pipe::Receiver>,
     split: LineSplitter,
     buf: Vec<u8>,
-    kind: &'static str,
 }
 
 impl Pipe {
-    fn new(rx: pipe::Receiver, kind: &'static str) -> Pipe {
-        Pipe { rx: Some(rx), split: LineSplitter::default(), buf: vec![0; 16 * 1024], kind }
+    fn new(rx: pipe::Receiver) -> Pipe {
+        Pipe { rx: Some(rx), split: LineSplitter::default(), buf: vec![0; 16 * 1024] }
     }
 
     async fn read(&mut self) -> std::io::Result<usize> {
@@ -110,7 +109,7 @@ impl Run {
 
     async fn pump(&self, sp: Spawned, sink: &mut Sink) -> ExitKind {
         let Spawned { pid, stdout, stderr, exit: mut exit_rx } = sp;
-        let (mut out, mut err) = (Pipe::new(stdout, "stdout"), Pipe::new(stderr, "stderr"));
+        let (mut out, mut err) = (Pipe::new(stdout), Pipe::new(stderr));
         // A foreground command is killed once when its client goes away.
         let mut abandon = sink.tx.is_some();
         let mut exit = None;

@@ -158,9 +158,10 @@ fn read_env_file(file: &Path, config: &AgentConfig) -> Vec<(String, String)> {
 
 fn find_shell(path: &str) -> Option<PathBuf> {
     ["bash", "sh"].iter().find_map(|name| {
-        path.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(name)).find(|p| {
-            p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
     })
 }
 
@@ -180,8 +181,7 @@ pub fn spawn(reaper: &Reaper, plan: Plan) -> Result<Spawned, String> {
             cmd.current_dir(&plan.cwd);
         }
     }
-    let (mut child, exit) =
-        reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
+    let (mut child, exit) = reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
     let pid = child.id() as i32;
     let pipes = (child.stdout.take(), child.stderr.take());
     let wrap = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());

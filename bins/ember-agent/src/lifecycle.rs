@@ -1,0 +1,117 @@
+//! Boot and shutdown: the PID 1 duties around the HTTP server.
+//!
+//! Boot: 1. become a subreaper unless PID 1; 2. register SIGCHLD before any
+//! child exists; 3. start the reaper and the entrypoint; 4. serve.
+//! Shutdown (SIGTERM/SIGINT, or the entrypoint exiting): SIGTERM everyone,
+//! wait up to 2 s for them to go, SIGKILL the rest, exit.
+use crate::commands;
+use crate::commands::registry::Registry;
+use crate::commands::run::{Run, DRAIN};
+use crate::config::AgentConfig;
+use crate::metrics::Sampler;
+use crate::reaper::{Reaper, Remaining};
+use crate::server::{self, App};
+use ember_sys::process::{self as sys, ExitKind};
+use ember_types::execd::RunCommandRequest;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long processes get between SIGTERM and SIGKILL at shutdown.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs the agent to its end and returns the process exit code.
+pub async fn run(config: AgentConfig) -> i32 {
+    if !config.is_pid1 {
+        // Orphans of our commands get reparented to us, not to the host's init.
+        if let Err(e) = sys::set_child_subreaper() {
+            eprintln!("ember-agent: cannot become a subreaper: {e}");
+        }
+    }
+    let signals = (signal(SignalKind::child()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    let (Ok(sigchld), Ok(mut sigterm), Ok(mut sigint)) = signals else {
+        eprintln!("ember-agent: cannot install signal handlers");
+        return 1;
+    };
+    let app = App {
+        sampler: Arc::new(Sampler::new(&config)),
+        config: Arc::new(config),
+        reaper: Arc::new(Reaper::default()),
+        registry: Arc::new(Registry::default()),
+    };
+    let reaper = app.reaper.clone();
+    tokio::spawn(async move { reaper.run(sigchld).await });
+    let mut entrypoint = start_entrypoint(&app);
+    let entry_exit = async {
+        match &mut entrypoint {
+            Some(handle) => handle.await.unwrap_or(ExitKind::Exited(1)),
+            None => std::future::pending().await,
+        }
+    };
+    let code = tokio::select! {
+        r = server::serve(&app.config, server::router(app.clone())) => {
+            eprintln!("ember-agent: server stopped: {}", r.err().map_or("no error".to_string(), |e| e.to_string()));
+            1
+        }
+        _ = sigterm.recv() => 0,
+        _ = sigint.recv() => 0,
+        exit = entry_exit => exit.code(),
+    };
+    stop_everything(&app).await;
+    code
+}
+
+/// Starts `EMBER_AGENT_ENTRYPOINT` as the default user, its output kept in
+/// its command log. The handle resolves when it exits.
+fn start_entrypoint(app: &App) -> Option<JoinHandle<ExitKind>> {
+    let argv = app.config.entrypoint.clone()?;
+    let req = RunCommandRequest {
+        argv: Some(argv),
+        // The image's working directory is the agent's own.
+        cwd: std::env::current_dir().ok().map(|d| d.display().to_string()),
+        ..Default::default()
+    };
+    match commands::start(app, &req) {
+        Ok((id, spawned)) => {
+            let run = Run {
+                registry: app.registry.clone(),
+                reaper: app.reaper.clone(),
+                id,
+                started: Instant::now(),
+                timeout: None,
+                drain: Some(DRAIN),
+                grace: Duration::ZERO,
+            };
+            Some(tokio::spawn(run.watch(spawned, None)))
+        }
+        Err((_, msg)) => {
+            eprintln!("ember-agent: entrypoint: {msg}");
+            Some(tokio::spawn(async { ExitKind::Exited(127) }))
+        }
+    }
+}
+
+/// SIGTERM, up to [`STOP_GRACE`] to exit, then SIGKILL. As PID 1 that is
+/// every process of the sandbox; otherwise the commands we started.
+async fn stop_everything(app: &App) {
+    let pid1 = app.config.is_pid1;
+    let signal_all = |sig| {
+        if pid1 {
+            let _ = sys::kill_all(sig);
+        } else {
+            app.reaper.signal_all_groups(sig);
+        }
+    };
+    signal_all(sys::SIGTERM);
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        let gone = if pid1 { app.reaper.reap() == Remaining::None } else { app.reaper.tracked() == 0 };
+        if gone {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal_all(sys::SIGKILL);
+}
