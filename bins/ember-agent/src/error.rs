@@ -107,10 +107,10 @@ mod tests {
     #[test]
     fn io_errors_map_to_404_or_500() {
         let nf = ApiError::io("open", "/x", &io::Error::from(io::ErrorKind::NotFound));
-        assert_eq!(nf.code.code.status(), StatusCode::NOT_FOUND);
+        assert_eq!(nf.code.status(), StatusCode::NOT_FOUND);
         assert_eq!(nf.code.wire(), "FILE_NOT_FOUND");
         let other = ApiError::io("open", "/x", &io::Error::from(io::ErrorKind::PermissionDenied));
-        assert_eq!(other.code.code.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(other.code.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

@@ -17,9 +17,54 @@ use tokio::time::{sleep_until, Instant};
 
 /// execd's keep-alive period while a command runs.
 const PING_EVERY: Duration = Duration::from_secs(3);
-/// After the command exits, how long to wait for its pipes to reach EOF. Only
-/// a descendant that kept them open (`sleep 100 &`) makes us wait this long.
+/// After the command exits, how long its pipes may stay idle before we stop
+/// waiting for EOF. Only a descendant that kept them open (`sleep 100 &`)
+/// makes us wait this long.
 pub const DRAIN: Duration = Duration::from_millis(100);
+/// The most output read after the exit, however busy the pipes stay.
+const DRAIN_CAP: Duration = Duration::from_secs(5);
+
+/// A deadline that nothing reaches.
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 86_400)
+}
+
+/// When to stop reading output after the exit: once the pipes were idle
+/// for the drain period, or at the cap.
+struct Drain {
+    idle: Option<Duration>,
+    idle_until: Instant,
+    cap: Instant,
+}
+
+impl Drain {
+    fn inactive() -> Drain {
+        Drain { idle: None, idle_until: far(), cap: far() }
+    }
+
+    /// `None`: read to EOF, however long it takes.
+    fn start(idle: Option<Duration>) -> Drain {
+        let now = Instant::now();
+        match idle {
+            Some(d) => Drain { idle, idle_until: now + d, cap: now + DRAIN_CAP },
+            None => Drain::inactive(),
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.idle.is_some()
+    }
+
+    fn on_data(&mut self) {
+        if let Some(d) = self.idle {
+            self.idle_until = Instant::now() + d;
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.idle_until.min(self.cap)
+    }
+}
 
 /// One command being watched.
 pub struct Run {
@@ -80,10 +125,17 @@ impl Pipe {
     }
 
     /// Feeds a read result to the splitter; EOF or an error closes the pipe.
-    fn take(&mut self, r: std::io::Result<usize>, lines: &mut Vec<String>) {
+    /// Returns whether bytes arrived.
+    fn take(&mut self, r: std::io::Result<usize>, lines: &mut Vec<String>) -> bool {
         match r {
-            Ok(n) if n > 0 => self.split.push(&self.buf[..n], lines),
-            _ => self.close(lines),
+            Ok(n) if n > 0 => {
+                self.split.push(&self.buf[..n], lines);
+                true
+            }
+            _ => {
+                self.close(lines);
+                false
+            }
         }
     }
 
@@ -114,29 +166,36 @@ impl Run {
         let mut abandon = sink.tx.is_some();
         let mut exit = None;
         let mut kill_at = self.timeout.map(|t| self.started + t);
-        let mut drain_until = None;
+        let mut drain = Drain::inactive();
         let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
-        let far = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
         let mut lines = Vec::new();
         while exit.is_none() || out.open() || err.open() {
             let mut kind = "stdout";
+            let mut data = false;
+            // Biased, rare events first so a flood of output cannot starve
+            // the timeout or the exit; stdout before stderr for stable order;
+            // the drain deadline last so pending output wins over it.
             tokio::select! {
-                r = out.read(), if out.open() => out.take(r, &mut lines),
-                r = err.read(), if err.open() => { kind = "stderr"; err.take(r, &mut lines) }
+                biased;
                 e = &mut exit_rx, if exit.is_none() => {
                     // The reaper never drops a sender of a live child.
                     exit = Some(e.unwrap_or(ExitKind::Exited(255)));
-                    drain_until = self.drain.map(|d| Instant::now() + d);
+                    drain = Drain::start(self.drain);
                 }
-                _ = sleep_until(drain_until.unwrap_or(far)), if drain_until.is_some() => break,
-                _ = sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && exit.is_none() => {
+                _ = sleep_until(kill_at.unwrap_or_else(far)), if kill_at.is_some() && exit.is_none() => {
                     kill_at = None;
                     self.reaper.signal_group(pid, SIGKILL);
                 }
+                _ = sink.closed(), if sink.tx.is_some() => sink.tx = None,
                 _ = ping.tick(), if sink.tx.is_some() => {
                     sink.send(frame(&event("ping", Some("pong".into())))).await;
                 }
-                _ = sink.closed(), if sink.tx.is_some() => sink.tx = None,
+                r = out.read(), if out.open() => data = out.take(r, &mut lines),
+                r = err.read(), if err.open() => { kind = "stderr"; data = err.take(r, &mut lines) }
+                _ = sleep_until(drain.deadline()), if drain.active() => break,
+            }
+            if data {
+                drain.on_data();
             }
             self.emit(kind, &mut lines, sink).await;
             if abandon && sink.tx.is_none() && exit.is_none() {
