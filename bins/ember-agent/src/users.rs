@@ -72,7 +72,7 @@ impl UserDb {
         let mut gids = vec![primary];
         if let Some(user) = user {
             for g in &self.groups {
-                if g.members.iter().any(|m| *m == user.name) && !gids.contains(&g.gid) {
+                if g.members.contains(&user.name) && !gids.contains(&g.gid) {
                     gids.push(g.gid);
                 }
             }

@@ -102,3 +102,104 @@ fn sigterm_stops_running_commands_and_exits_zero() {
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
 }
+
+/// One request over a unix socket, `Connection: close`.
+fn unix_request(path: &std::path::Path, method: &str, target: &str, body: &str) -> common::Response {
+    let mut s = std::os::unix::net::UnixStream::connect(path).expect("connect unix socket");
+    let req = format!(
+        "{method} {target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    common::parse_response(&raw)
+}
+
+fn wait_for_socket(path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        assert!(Instant::now() < deadline, "agent never listened on {}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn listens_on_a_unix_path() {
+    let sock = common::temp_dir("unix").join("agent.sock");
+    let mut child = std::process::Command::new(common::BIN)
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    let r = unix_request(&sock, "GET", "/ping", "");
+    assert_eq!(r.status, 200);
+    let _ = ember_sys::process::kill(child.id() as i32, ember_sys::process::SIGTERM);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn serves_an_inherited_listening_fd_and_keeps_it_from_commands() {
+    let sock = common::temp_dir("fd").join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // bash moves the listener from stdin to fd 3 (dup2 clears close-on-exec),
+    // as the runtime hands it over, then becomes the agent.
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", r#"exec 3<&0 0</dev/null; exec "$0""#, common::BIN])
+        .env("EMBER_AGENT_LISTEN_FD", "3")
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(listener)))
+        .spawn()
+        .unwrap();
+    wait_for_socket(&sock);
+    assert_eq!(unix_request(&sock, "GET", "/ping", "").status, 200);
+    let r = unix_request(&sock, "POST", "/command", r#"{"command":"readlink /proc/$$/fd/3 || echo closed"}"#);
+    let ev = common::events(&r.body);
+    assert_eq!(texts(&ev, "stdout"), vec!["closed"], "commands must not inherit the listener");
+    let _ = ember_sys::process::kill(child.id() as i32, ember_sys::process::SIGTERM);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The agent as PID 1 of a new pid namespace (needs root and unshare).
+fn start_pid1() -> Option<Agent> {
+    let unshare = std::path::Path::new("/usr/bin/unshare");
+    if ember_sys::process::getuid() != 0 || !unshare.exists() {
+        eprintln!("skipped: needs root and /usr/bin/unshare");
+        return None;
+    }
+    let mut cmd = std::process::Command::new(unshare);
+    cmd.args(["--pid", "--fork", "--mount-proc", common::BIN, "--listen", "tcp:127.0.0.1:0"]);
+    Some(Agent::spawn(cmd))
+}
+
+/// The host pid of the agent under unshare (unshare's only child).
+fn pid1_host_pid(agent: &Agent) -> i32 {
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", agent.pid())).unwrap();
+    children.split_whitespace().next().expect("unshare's child").parse().unwrap()
+}
+
+#[test]
+fn as_pid1_runs_as_1000_reaps_orphans_and_stops_everyone() {
+    let Some(mut agent) = start_pid1() else { return };
+    assert_eq!(texts(&agent.run(r#"{"command":"echo $$; id -u"}"#), "stdout")[1], "1000");
+    // The subshell exits at once, orphaning its sleep to PID 1: the agent.
+    agent.run(r#"{"command":"(sleep 0.2 &); true"}"#);
+    std::thread::sleep(Duration::from_millis(600));
+    let zombies = agent.run(r#"{"command":"cat /proc/[0-9]*/stat | grep -c ') Z ' || true"}"#);
+    assert_eq!(texts(&zombies, "stdout"), vec!["0"], "orphans must be reaped");
+    // One process ignores SIGTERM (the ignore survives exec): it takes the
+    // SIGKILL after the 2 s grace.
+    agent.run(r#"{"command":"sleep 60","background":true}"#);
+    let ev = agent.run(r#"{"command":"trap '' TERM; echo ready; exec sleep 60","background":true}"#);
+    let logs = format!("/command/{}/logs", ev[0]["text"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while agent.get(&logs).text() != "ready\n" {
+        assert!(Instant::now() < deadline, "the trap was never set");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t = Instant::now();
+    let _ = ember_sys::process::kill(pid1_host_pid(&agent), ember_sys::process::SIGTERM);
+    assert_eq!(agent.wait_exit(Duration::from_secs(10)), Some(0));
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(5), "{took:?}");
+}

@@ -8,6 +8,9 @@ use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The agent binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_ember-agent");
+
 pub struct Agent {
     pub child: Child,
     pub port: u16,
@@ -22,13 +25,15 @@ impl Agent {
 
     /// Starts the agent with extra environment variables.
     pub fn start_with(env: &[(&str, &str)]) -> Agent {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ember-agent"))
-            .args(["--listen", "tcp:127.0.0.1:0"])
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ember-agent");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--listen", "tcp:127.0.0.1:0"]).envs(env.iter().copied());
+        Agent::spawn(cmd)
+    }
+
+    /// Spawns `cmd`, which must run the agent with `--listen tcp:127.0.0.1:0`
+    /// (possibly through a wrapper such as unshare), and reads its port.
+    pub fn spawn(mut cmd: Command) -> Agent {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn ember-agent");
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
         stdout.read_line(&mut line).expect("read the listening line");
