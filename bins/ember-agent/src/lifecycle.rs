@@ -64,7 +64,8 @@ pub async fn run(config: AgentConfig) -> i32 {
 }
 
 /// Starts `EMBER_AGENT_ENTRYPOINT` as the default user, its output kept in
-/// its command log. The handle resolves when it exits.
+/// the log of the command named "entrypoint" (`/command/entrypoint/logs`).
+/// The handle resolves when it exits.
 fn start_entrypoint(app: &App) -> Option<JoinHandle<ExitKind>> {
     let argv = app.config.entrypoint.clone()?;
     let req = RunCommandRequest {
@@ -73,7 +74,7 @@ fn start_entrypoint(app: &App) -> Option<JoinHandle<ExitKind>> {
         cwd: std::env::current_dir().ok().map(|d| d.display().to_string()),
         ..Default::default()
     };
-    match commands::start(app, &req) {
+    match commands::start(app, &req, Some("entrypoint")) {
         Ok((id, spawned)) => {
             let run = Run {
                 registry: app.registry.clone(),

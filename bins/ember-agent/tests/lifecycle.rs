@@ -72,8 +72,18 @@ fn command_env_strips_control_vars_and_merges_execd_envs() {
 
 #[test]
 fn entrypoint_exit_ends_the_agent_with_its_code() {
-    let mut agent = Agent::start_with(&[("EMBER_AGENT_ENTRYPOINT", r#"["sh","-c","sleep 0.3; exit 7"]"#)]);
+    let mut agent = Agent::start_with(&[("EMBER_AGENT_ENTRYPOINT", r#"["sh","-c","echo booted; sleep 0.5; exit 7"]"#)]);
     assert_eq!(agent.get("/ping").status, 200);
+    let st = agent.get("/command/status/entrypoint").json();
+    assert_eq!(
+        (st["running"].as_bool(), st["content"].as_str()),
+        (Some(true), Some("sh -c echo booted; sleep 0.5; exit 7"))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while agent.get("/command/entrypoint/logs").text() != "booted\n" {
+        assert!(Instant::now() < deadline, "entrypoint output not logged");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(agent.wait_exit(Duration::from_secs(10)), Some(7));
 }
 

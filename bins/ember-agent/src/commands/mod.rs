@@ -30,15 +30,15 @@ use tokio::time::Instant;
 /// output pipe is left to fill (backpressure).
 const STREAM_BUFFER: usize = 64;
 
-/// Starts a command and registers it. `Err` carries the id and the message
-/// of a start failure, already recorded as finished.
-pub fn start(app: &App, req: &RunCommandRequest) -> Result<(String, Spawned), (String, String)> {
+/// Starts a command and registers it, under `name` if given. `Err` carries
+/// the id and the message of a start failure, already recorded as finished.
+pub fn start(app: &App, req: &RunCommandRequest, name: Option<&str>) -> Result<(String, Spawned), (String, String)> {
     let content = spawn::content(req);
     let spawned = spawn::plan(&app.config, req).and_then(|plan| spawn::spawn(&app.reaper, plan));
     match spawned {
-        Ok(sp) => Ok((app.registry.create(content, Some(sp.pid)), sp)),
+        Ok(sp) => Ok((app.registry.create(name, content, Some(sp.pid)), sp)),
         Err(msg) => {
-            let id = app.registry.create(content, None);
+            let id = app.registry.create(name, content, None);
             // 127 is the shell's "could not run": the status must say something.
             app.registry.finish(&id, 127, Some(msg.clone()));
             Err((id, msg))
@@ -53,7 +53,7 @@ pub async fn run_command(State(app): State<App>, body: Bytes) -> Response {
         Err(e) => return e.into_response(),
     };
     let started = Instant::now();
-    let (id, spawned) = match start(&app, &req) {
+    let (id, spawned) = match start(&app, &req, None) {
         Ok(ok) => ok,
         Err((id, msg)) => {
             let err = error_event("CommandExecError", msg.clone(), vec![msg]);

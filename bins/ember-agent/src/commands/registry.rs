@@ -53,14 +53,19 @@ struct Inner {
 impl Registry {
     /// Registers a command, running as the group led by `pid` or already
     /// failed to start (`None`), and returns its id.
-    pub fn create(&self, content: String, pid: Option<i32>) -> String {
+    /// `name` fixes the id (the entrypoint's is "entrypoint") instead of a
+    /// fresh random one.
+    pub fn create(&self, name: Option<&str>, content: String, pid: Option<i32>) -> String {
         let mut inner = self.lock();
-        let id = loop {
-            inner.seq += 1;
-            let id = new_id(inner.seq);
-            if !inner.records.contains_key(&id) {
-                break id;
-            }
+        let id = match name {
+            Some(n) => n.to_string(),
+            None => loop {
+                inner.seq += 1;
+                let id = new_id(inner.seq);
+                if !inner.records.contains_key(&id) {
+                    break id;
+                }
+            },
         };
         let record = Record {
             content,
@@ -166,7 +171,7 @@ mod tests {
     #[test]
     fn lifecycle_and_status_shape() {
         let reg = Registry::default();
-        let id = reg.create("echo hi".into(), Some(42));
+        let id = reg.create(None, "echo hi".into(), Some(42));
         assert_eq!(reg.lookup(&id), Lookup::Running(42));
         let s = serde_json::to_value(reg.status(&id).unwrap()).unwrap();
         assert_eq!(s["running"], true);
@@ -182,10 +187,10 @@ mod tests {
     #[test]
     fn finished_commands_are_bounded() {
         let reg = Registry::default();
-        let first = reg.create("a".into(), None);
+        let first = reg.create(None, "a".into(), None);
         reg.finish(&first, 0, None);
         for _ in 0..MAX_FINISHED {
-            let id = reg.create("b".into(), None);
+            let id = reg.create(None, "b".into(), None);
             reg.finish(&id, 0, None);
         }
         assert!(reg.status(&first).is_none());
