@@ -11,6 +11,7 @@
 
 mod commands;
 mod config;
+mod envfile;
 mod error;
 mod files;
 mod lifecycle;

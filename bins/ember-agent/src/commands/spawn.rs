@@ -2,9 +2,9 @@
 //! environment, working directory, program, and the spawn itself.
 use crate::config::AgentConfig;
 use crate::error::{ApiError, ApiResult};
-use crate::paths;
 use crate::reaper::Reaper;
 use crate::users::{User, UserDb};
+use crate::{envfile, paths};
 use ember_sys::process::{self as sys, Credentials, ExitKind};
 use ember_types::execd::RunCommandRequest;
 use std::collections::BTreeMap;
@@ -134,7 +134,7 @@ fn command_env(
     }
     env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
     if let Some(file) = &config.execd_envs {
-        for (k, v) in read_env_file(file, config) {
+        for (k, v) in envfile::read(file, |n| config.env_var(n)) {
             env.insert(k.into(), v.into());
         }
     }
@@ -142,18 +142,6 @@ fn command_env(
         env.insert(k.into(), v.into());
     }
     env
-}
-
-/// `KEY=VALUE` lines; blanks and `#` comments skipped; `$VAR` in values
-/// expanded from the sandbox env. Re-read per command: `set_env` appends to it.
-fn read_env_file(file: &Path, config: &AgentConfig) -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), paths::expand_vars(v, |n| config.env_var(n))))
-        .collect()
 }
 
 fn find_shell(path: &str) -> Option<PathBuf> {
