@@ -94,6 +94,22 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// A JSON request body. Unlike axum's `Json`, every failure (unreadable or
+/// oversized body, bad JSON, wrong shape; any content type is accepted) is
+/// an execd `{code, message}` 400.
+pub struct JsonBody<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let body = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("error reading request body: {}", e.body_text())))?;
+        parse_json(&body).map(JsonBody)
+    }
+}
+
 /// Parses a JSON request body, mapping any failure to a 400.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body)

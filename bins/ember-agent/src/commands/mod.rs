@@ -8,11 +8,10 @@ pub mod registry;
 pub mod run;
 pub mod spawn;
 
-use crate::error::{parse_json, ApiError, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiResult, ErrorCode, JsonBody};
 use crate::query::Query;
 use crate::server::App;
 use crate::stream::{error_event, event, event_stream, fixed_stream, frame};
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -47,11 +46,10 @@ pub fn start(app: &App, req: &RunCommandRequest, name: Option<&str>) -> Result<(
 }
 
 /// `POST /command`.
-pub async fn run_command(State(app): State<App>, body: Bytes) -> Response {
-    let req: RunCommandRequest = match parse_json(&body).and_then(|r| spawn::validate(&r).map(|_| r)) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
+pub async fn run_command(State(app): State<App>, JsonBody(req): JsonBody<RunCommandRequest>) -> Response {
+    if let Err(e) = spawn::validate(&req) {
+        return e.into_response();
+    }
     let started = Instant::now();
     let (id, spawned) = match start(&app, &req, None) {
         Ok(ok) => ok,

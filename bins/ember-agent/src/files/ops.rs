@@ -1,10 +1,9 @@
 //! The small file mutations: delete, chmod/chown, move, mkdir, rm -rf and
 //! search-and-replace.
 use super::{apply_permission, wire_mode, with_fs};
-use crate::error::{parse_json, ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::query::Query;
 use crate::server::App;
-use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -38,8 +37,7 @@ pub async fn remove_files(State(app): State<App>, RawQuery(q): RawQuery) -> ApiR
 }
 
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
-pub async fn chmod(State(app): State<App>, body: Bytes) -> ApiResult<()> {
-    let req: BTreeMap<String, FileMetadata> = parse_json(&body)?;
+pub async fn chmod(State(app): State<App>, JsonBody(req): JsonBody<BTreeMap<String, FileMetadata>>) -> ApiResult<()> {
     with_fs(&app, move |fs| {
         for (raw, perm) in &req {
             let mode = wire_mode(raw, perm.mode)?;
@@ -54,8 +52,7 @@ pub async fn chmod(State(app): State<App>, body: Bytes) -> ApiResult<()> {
 
 /// `POST /files/mv` `[{src, dest}]`: the destination's parent is created;
 /// an existing destination is refused.
-pub async fn rename(State(app): State<App>, body: Bytes) -> ApiResult<()> {
-    let req: Vec<RenameFileItem> = parse_json(&body)?;
+pub async fn rename(State(app): State<App>, JsonBody(req): JsonBody<Vec<RenameFileItem>>) -> ApiResult<()> {
     with_fs(&app, move |fs| {
         for item in &req {
             let (src, dest) = (fs.resolve(&item.src)?, fs.resolve(&item.dest)?);
@@ -87,8 +84,7 @@ fn move_path(src: &Path, dest: &Path) -> io::Result<()> {
 
 /// `POST /directories` `{path: {mode, owner?, group?}}`: mkdir -p, then the
 /// mode (default 755) and owner (default: the command user) of the leaf.
-pub async fn mkdir(State(app): State<App>, body: Bytes) -> ApiResult<()> {
-    let req: BTreeMap<String, FileMetadata> = parse_json(&body)?;
+pub async fn mkdir(State(app): State<App>, JsonBody(req): JsonBody<BTreeMap<String, FileMetadata>>) -> ApiResult<()> {
     with_fs(&app, move |fs| {
         for (raw, perm) in &req {
             let mode = wire_mode(raw, perm.mode)?.unwrap_or(DEFAULT_MODE);
@@ -125,9 +121,12 @@ pub async fn remove_dirs(State(app): State<App>, RawQuery(q): RawQuery) -> ApiRe
 
 /// `POST /files/replace[?verbose=true]` `{path: {old, new}}`: replaces every
 /// occurrence, byte-wise, keeping the file's inode, mode and owner.
-pub async fn replace(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> ApiResult<Response> {
+pub async fn replace(
+    State(app): State<App>,
+    RawQuery(q): RawQuery,
+    JsonBody(req): JsonBody<BTreeMap<String, ReplaceFileContentItem>>,
+) -> ApiResult<Response> {
     let verbose = Query::parse(q.as_deref()).get("verbose") == Some("true");
-    let req: BTreeMap<String, ReplaceFileContentItem> = parse_json(&body)?;
     if let Some((raw, _)) = req.iter().find(|(_, item)| item.old.is_empty()) {
         return Err(ApiError::bad_request(format!("old content must not be empty ({raw})")));
     }
