@@ -253,3 +253,11 @@ fn a_descendant_holding_stdout_does_not_hold_the_stream() {
     assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
     assert_eq!(kinds(&ev), vec!["init", "stdout", "execution_complete"]);
 }
+
+#[test]
+fn closing_stdout_does_not_end_the_command() {
+    let agent = Agent::start();
+    let ev = agent.run(r#"{"command":"echo a; exec 1>&-; sleep 0.3; echo b >&2"}"#);
+    assert_eq!(kinds(&ev), vec!["init", "stdout", "stderr", "execution_complete"]);
+    assert_eq!((texts(&ev, "stdout"), texts(&ev, "stderr")), (vec!["a"], vec!["b"]));
+}
