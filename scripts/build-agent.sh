@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds ember-agent as a statically linked binary and prints its path.
+# Builds ember-agent as a statically linked binary, keeps it as
+# target/<profile>/ember-agent-static and prints that path.
 #
 #   scripts/build-agent.sh [--release]
 #
@@ -50,4 +51,8 @@ if [[ $code -ne 2 || "$out" != *usage* ]]; then
   exit 1
 fi
 
-echo "$bin"
+# A later plain `cargo build`/`cargo test` rewrites target/<profile>/ember-agent
+# as a dynamic binary, so the static one is kept under its own name, which
+# `ember serve` and the tests look for.
+cp -f "$bin" "$target_dir/$profile/ember-agent-static"
+echo "$target_dir/$profile/ember-agent-static"

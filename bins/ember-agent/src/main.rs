@@ -33,6 +33,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(e) = ember_sys::process::set_non_dumpable() {
+        eprintln!("ember-agent: cannot mark itself non-dumpable: {e}");
+    }
     // One thread serves everything: the agent is mostly idle and must stay
     // small. File IO goes to a few blocking threads, started on demand.
     let runtime =

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Longest TTL a sandbox may ask for.
     #[arg(long)]
     pub max_ttl: Option<String>,
+    /// Parent cgroup of this daemon's sandboxes; daemons sharing a host need
+    /// different ones.
+    #[arg(long, default_value = "ember")]
+    pub cgroup_parent: String,
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,

@@ -26,7 +26,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let retention = parse_duration(&args.retention).context("--retention")?;
     let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
 
-    let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref()).context("cgroups")?;
+    let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
     let engine = Engine::start(
@@ -52,7 +52,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
 fn default_agent() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the ember executable")?;
     let dir = exe.parent().context("executable has no directory")?;
-    for cand in [dir.join("ember-agent"), dir.join("../ember-agent")] {
+    for cand in [dir.join("ember-agent-static"), dir.join("ember-agent")] {
         if cand.exists() {
             return Ok(cand);
         }

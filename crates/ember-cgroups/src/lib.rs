@@ -96,17 +96,24 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn list(&self) -> Result<Vec<String>, CgroupError>;
     /// Whether the sandbox's cgroup exists in any hierarchy.
     fn exists(&self, name: &str) -> bool;
+    /// Removes the (empty) parent group itself; used by tests and uninstall.
+    fn remove_group(&self) -> Result<(), CgroupError>;
 }
 
 /// Picks v2 when the unified hierarchy has the controllers ember needs, else v1.
-pub fn detect(root: &Path) -> Result<Box<dyn Cgroups>, CgroupError> {
+/// `group` is the parent of every sandbox cgroup (one per daemon; `ember` by
+/// default).
+pub fn detect(root: &Path, group: &str) -> Result<Box<dyn Cgroups>, CgroupError> {
+    if group.is_empty() || group.contains("..") || group.starts_with('/') {
+        return Err(CgroupError::NoHierarchy(format!("invalid cgroup parent {group:?}")));
+    }
     let controllers = root.join("cgroup.controllers");
     if let Ok(c) = std::fs::read_to_string(&controllers) {
         if ["memory", "pids", "cpu"].iter().all(|k| c.split_whitespace().any(|w| w == *k)) {
-            return Ok(Box::new(V2::new(root.to_path_buf())?));
+            return Ok(Box::new(V2::new(root.to_path_buf(), group)?));
         }
     }
-    Ok(Box::new(V1::from_mountinfo()?))
+    Ok(Box::new(V1::from_mountinfo(group)?))
 }
 
 /// Retries `rmdir` briefly: a cgroup stays busy until its last task has exited,

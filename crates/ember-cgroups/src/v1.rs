@@ -6,16 +6,18 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
-const GROUP: &str = "ember";
 
 #[derive(Debug)]
 pub struct V1 {
     /// Mount point of each controller in [`CONTROLLERS`], same order.
     roots: [PathBuf; 4],
+    /// Parent group of every sandbox cgroup (`ember` by default): one per daemon,
+    /// so daemons sharing a host never touch each other's sandboxes.
+    group: String,
 }
 
 impl V1 {
-    pub fn from_mountinfo() -> Result<V1, CgroupError> {
+    pub fn from_mountinfo(group: &str) -> Result<V1, CgroupError> {
         let mi = read(Path::new("/proc/self/mountinfo"))?;
         let find = |ctrl: &str| -> Option<PathBuf> {
             mi.lines().find_map(|l| {
@@ -33,11 +35,11 @@ impl V1 {
         for (i, c) in CONTROLLERS.iter().enumerate() {
             roots[i] = find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
         }
-        Ok(V1 { roots })
+        Ok(V1 { roots, group: group.to_string() })
     }
 
     fn dir(&self, ctrl: usize, name: &str) -> PathBuf {
-        self.roots[ctrl].join(GROUP).join(name)
+        self.roots[ctrl].join(&self.group).join(name)
     }
 }
 
@@ -159,7 +161,7 @@ impl Cgroups for V1 {
     fn list(&self) -> Result<Vec<String>, CgroupError> {
         let mut out = Vec::new();
         for root in &self.roots {
-            let Ok(rd) = std::fs::read_dir(root.join(GROUP)) else { continue };
+            let Ok(rd) = std::fs::read_dir(root.join(&self.group)) else { continue };
             for e in rd.flatten() {
                 if e.path().is_dir() {
                     let n = e.file_name().to_string_lossy().into_owned();
@@ -174,6 +176,13 @@ impl Cgroups for V1 {
 
     fn exists(&self, name: &str) -> bool {
         (0..CONTROLLERS.len()).any(|i| self.dir(i, name).exists())
+    }
+
+    fn remove_group(&self) -> Result<(), CgroupError> {
+        for root in &self.roots {
+            rmdir_retry(&root.join(&self.group))?;
+        }
+        Ok(())
     }
 }
 

@@ -5,26 +5,26 @@ use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-const GROUP: &str = "ember";
 
 #[derive(Debug)]
 pub struct V2 {
     root: PathBuf,
+    group: String,
 }
 
 impl V2 {
-    pub fn new(root: PathBuf) -> Result<V2, CgroupError> {
-        let g = root.join(GROUP);
+    pub fn new(root: PathBuf, group: &str) -> Result<V2, CgroupError> {
+        let g = root.join(group);
         std::fs::create_dir_all(&g).map_err(io_err("mkdir", &g))?;
         // Enabling controllers for children fails if they are already enabled with
         // processes in the group; both outcomes leave them usable.
         let _ = write(&root.join("cgroup.subtree_control"), "+memory +cpu +pids");
         write(&g.join("cgroup.subtree_control"), "+memory +cpu +pids")?;
-        Ok(V2 { root })
+        Ok(V2 { root, group: group.to_string() })
     }
 
     fn dir(&self, name: &str) -> PathBuf {
-        self.root.join(GROUP).join(name)
+        self.root.join(&self.group).join(name)
     }
 }
 
@@ -108,12 +108,16 @@ impl Cgroups for V2 {
     }
 
     fn list(&self) -> Result<Vec<String>, CgroupError> {
-        let g = self.root.join(GROUP);
+        let g = self.root.join(&self.group);
         let rd = std::fs::read_dir(&g).map_err(io_err("readdir", &g))?;
         Ok(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
     }
 
     fn exists(&self, name: &str) -> bool {
         self.dir(name).exists()
+    }
+
+    fn remove_group(&self) -> Result<(), CgroupError> {
+        rmdir_retry(&self.root.join(&self.group))
     }
 }

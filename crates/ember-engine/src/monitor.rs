@@ -37,7 +37,7 @@ async fn run(engine: Arc<Engine>, entry: Arc<Entry>, launched: Launched, mut rx:
                 break exit_reason(&engine, &entry, pidfd.get_ref()).await;
             }
             _ = oom_fired(oom.as_ref()) => {
-                if engine.oom_kills(&entry).await > 0 {
+                if wait_for_kill(&engine, &entry).await {
                     break TerminationReason::OOMKilled;
                 }
             }
@@ -79,6 +79,20 @@ async fn oom_fired(oom: Option<&AsyncFd<OwnedFd>>) {
         },
         None => std::future::pending().await,
     }
+}
+
+/// cgroup v1 signals an OOM when the kernel starts handling it, before the
+/// victim is chosen and killed; the kill counter moves shortly after. Poll it
+/// for up to a second. An OOM that ends without a kill (memory freed in time)
+/// leaves the sandbox running.
+async fn wait_for_kill(engine: &Arc<Engine>, entry: &Entry) -> bool {
+    for _ in 0..50 {
+        if engine.oom_kills(entry).await > 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }
 
 async fn sleep_opt(deadline: Option<tokio::time::Instant>) {

@@ -118,6 +118,18 @@ pub fn set_child_subreaper() -> io::Result<()> {
 }
 
 /// The real uid of this process.
+/// Marks this process non-dumpable: no process without CAP_SYS_PTRACE (none in a
+/// sandbox has it) can ptrace it or read its memory, even one running as the
+/// same uid. The agent calls this so a command running as root inside cannot
+/// stop or inject into PID 1. Children get the flag reset by `execve`.
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn getuid() -> u32 {
     // SAFETY: getuid(2) cannot fail and touches no memory.
     unsafe { libc::getuid() }

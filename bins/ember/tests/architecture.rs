@@ -1,0 +1,84 @@
+//! The crate stack is one-way. This test reads `cargo metadata` and fails on any
+//! dependency edge between ember crates that ARCHITECTURE.md does not allow.
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+/// crate → the ember crates it may depend on (normal dependencies).
+fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
+    let m: &[(&str, &[&str])] = &[
+        ("ember-types", &[]),
+        ("ember-sys", &[]),
+        ("ember-cgroups", &["ember-sys"]),
+        ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
+        ("ember-engine", &["ember-types", "ember-runtime"]),
+        ("ember-api", &["ember-types", "ember-engine"]),
+        ("ember-client", &["ember-types"]),
+        ("ember", &["ember-types", "ember-client", "ember-api", "ember-engine", "ember-runtime", "ember-cgroups"]),
+        ("ember-agent", &["ember-types", "ember-sys"]),
+    ];
+    m.iter().map(|(k, v)| (*k, v.iter().copied().collect())).collect()
+}
+
+#[test]
+fn crate_dependencies_follow_the_stack() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let allowed = allowed();
+    let mut seen = BTreeSet::new();
+    let mut violations = Vec::new();
+    for pkg in meta["packages"].as_array().expect("packages") {
+        let name = pkg["name"].as_str().expect("name");
+        seen.insert(name.to_string());
+        let Some(ok) = allowed.get(name) else {
+            violations.push(format!("{name} is not in the architecture table (add it to ARCHITECTURE.md and this test)"));
+            continue;
+        };
+        for dep in pkg["dependencies"].as_array().expect("deps") {
+            let dname = dep["name"].as_str().expect("dep name");
+            let normal = dep["kind"].is_null();
+            if dname.starts_with("ember") && normal && !ok.contains(dname) {
+                violations.push(format!("{name} -> {dname} is a forbidden edge"));
+            }
+        }
+    }
+    for k in allowed.keys() {
+        assert!(seen.contains(*k), "{k} is in the table but not in the workspace");
+    }
+    assert!(violations.is_empty(), "architecture violations:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn only_ember_sys_has_unsafe() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut offenders = Vec::new();
+    for dir in ["crates", "bins"] {
+        walk(&root.join(dir), &mut |p| {
+            let s = p.to_string_lossy();
+            if s.contains("/ember-sys/") || !s.ends_with(".rs") || s.contains("/target/") || s.ends_with("tests/architecture.rs") {
+                return;
+            }
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            if text.lines().any(|l| l.contains("unsafe {") || l.trim_start().starts_with("unsafe fn") || l.contains("unsafe impl")) {
+                offenders.push(s.into_owned());
+            }
+        });
+    }
+    assert!(offenders.is_empty(), "unsafe code outside ember-sys: {offenders:?}");
+}
+
+fn walk(dir: &std::path::Path, f: &mut dyn FnMut(&std::path::Path)) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, f);
+        } else {
+            f(&p);
+        }
+    }
+}

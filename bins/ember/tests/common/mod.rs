@@ -1,0 +1,165 @@
+//! Test harness: a real `ember serve` process on 127.0.0.1:0 with its own data
+//! dir and cgroup parent, the static agent, and a client. Tests run as root and
+//! create real sandboxes.
+#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
+
+use ember_client::Client;
+use ember_types::api::{CreateSandboxRequest, ResourcesSpec, SandboxInfo};
+use ember_types::execd::RunCommandRequest;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// The static agent: `$EMBER_AGENT_BIN`, else what `scripts/build-agent.sh` built.
+pub fn agent_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("EMBER_AGENT_BIN") {
+        return PathBuf::from(p);
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ember-agent-static");
+    assert!(p.exists(), "no static agent at {}: run scripts/build-agent.sh (or set EMBER_AGENT_BIN)", p.display());
+    p
+}
+
+pub struct Daemon {
+    child: Option<Child>,
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub group: String,
+    pub client: Client,
+    extra: Vec<String>,
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    /// A daemon with extra `ember serve` flags.
+    pub fn start_with(extra: &[&str]) -> Daemon {
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("ember-test-{}-{n}", std::process::id());
+        let data_dir = std::env::temp_dir().join(&tag);
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let mut d = Daemon {
+            child: None,
+            url: String::new(),
+            data_dir,
+            group: tag,
+            client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    /// (Re)starts `ember serve` on the same data dir and cgroup parent.
+    pub fn spawn(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--retention", "1h", "--cgroup-parent", &self.group])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--agent")
+            .arg(agent_bin())
+            .args(&self.extra)
+            .env("EMBER_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("ember serve starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read listen line");
+        let url = line.trim().strip_prefix("ember listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        self.url = url.to_string();
+        self.client = Client::new(url, None).expect("client");
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn cgroups(&self) -> Box<dyn ember_cgroups::Cgroups> {
+        ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &self.group).expect("cgroups")
+    }
+
+    pub async fn create(&self, f: impl FnOnce(&mut CreateSandboxRequest)) -> SandboxInfo {
+        let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
+        f(&mut req);
+        self.client.create_sandbox(&req).await.expect("create sandbox").0
+    }
+
+    pub async fn create_limited(&self, memory: &str, pids: u64) -> SandboxInfo {
+        self.create(|r| {
+            r.resources = Some(ResourcesSpec { memory: Some(memory.into()), pids: Some(pids), ..Default::default() })
+        })
+        .await
+    }
+
+    /// Runs `sh -c script` (as `uid` if given); returns (exit code, stdout, stderr).
+    pub async fn sh(&self, id: &str, script: &str, uid: Option<u32>) -> (Option<i32>, String, String) {
+        let req = RunCommandRequest { command: Some(script.into()), uid, gid: uid, ..Default::default() };
+        self.run(id, &req).await
+    }
+
+    pub async fn run(&self, id: &str, req: &RunCommandRequest) -> (Option<i32>, String, String) {
+        let (mut out, mut err) = (String::new(), String::new());
+        let res = self
+            .client
+            .exec(id, req, |ev| {
+                let t = ev.text.as_deref().unwrap_or("");
+                let t = if t == "\n" { "" } else { t };
+                match ev.kind.as_str() {
+                    "stdout" => {
+                        out.push_str(t);
+                        out.push('\n');
+                    }
+                    "stderr" => {
+                        err.push_str(t);
+                        err.push('\n');
+                    }
+                    _ => {}
+                }
+            })
+            .await
+            .expect("exec");
+        (res.exit_code, out, err)
+    }
+
+    /// Polls until the sandbox reaches `state` (or the time runs out).
+    pub async fn wait_state(&self, id: &str, state: &str, within: Duration) -> SandboxInfo {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let s = self.client.get_sandbox(id).await.expect("get sandbox");
+            if s.status.state == state || std::time::Instant::now() > deadline {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Host pids in the sandbox's cgroup.
+    pub fn procs(&self, id: &str) -> Vec<i32> {
+        self.cgroups().procs(id).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    /// Stops the daemon and reaps everything it left (sandboxes keep running
+    /// across a daemon exit by design, so the harness removes them).
+    fn drop(&mut self) {
+        self.kill9();
+        let cg = self.cgroups();
+        for name in cg.list().unwrap_or_default() {
+            let _ = cg.destroy(&name);
+        }
+        let _ = cg.remove_group();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}

@@ -1,0 +1,181 @@
+//! Root tests: real sandboxes through a real daemon, proving each isolation
+//! property with an assertion that can fail.
+mod common;
+
+use common::Daemon;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oom_kill_is_reported_and_the_neighbour_keeps_running() {
+    let d = Daemon::start();
+    let hog = d.create_limited("64Mi", 64).await;
+    let other = d.create_limited("256Mi", 64).await;
+    // dd allocates (and touches) a 200 MiB buffer: far over the 64 MiB limit.
+    let _ = d.sh(&hog.id, "dd if=/dev/zero of=/dev/null bs=200M count=1", None).await;
+    let s = d.wait_state(&hog.id, "Failed", Duration::from_secs(15)).await;
+    assert_eq!(s.status.state, "Failed");
+    assert_eq!(s.status.reason.as_deref(), Some("OOMKilled"));
+    assert!(d.procs(&hog.id).is_empty(), "the OOM-killed sandbox left processes");
+    let (code, out, _) = d.sh(&other.id, "echo alive", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "alive\n"));
+    let (status, _) = d.client.get_raw("/health").await.expect("daemon still answers");
+    assert!(status.is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_bomb_is_capped_by_the_pids_limit() {
+    let d = Daemon::start();
+    let s = d.create_limited("256Mi", 32).await;
+    let other = d.create_limited("256Mi", 64).await;
+    // The bomb runs in a child shell (dash exits at its first failed fork);
+    // counting uses a glob, not a new process: no pid is left to fork.
+    let script = "sh -c 'for i in $(seq 200); do sleep 30 & done' 2>/dev/null; set -- /proc/[0-9]*; echo $#";
+    let (_, out, _) = d.sh(&s.id, script, None).await;
+    let seen: usize = out.trim().parse().expect("a process count");
+    assert!(seen <= 32, "{seen} processes visible under a pids limit of 32");
+    assert!(seen >= 20, "the bomb should have filled the limit, saw {seen}");
+    let on_host = d.procs(&s.id).len();
+    assert!(on_host <= 32, "{on_host} processes in the cgroup under a limit of 32");
+    let (code, out, _) = d.sh(&other.id, "echo fine", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "fine\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let (_, out, _) = d.sh(&s.id, "ls /proc | grep '^[0-9]' | wc -l; cat /proc/1/comm; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; hostname", None).await;
+    let lines: Vec<&str> = out.lines().collect();
+    let nprocs: usize = lines[0].trim().parse().expect("count");
+    assert!(nprocs < 8, "sandbox sees {nprocs} processes: {out}");
+    assert!(lines[1].starts_with("ember-agent"), "PID 1 is the agent: {}", lines[1]);
+    assert_eq!(lines[2..lines.len() - 1], ["lo"], "interfaces: {out}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("host name");
+    let hostname = lines[lines.len() - 1];
+    assert_eq!(hostname, format!("sbx-{}", &s.id[..12]));
+    assert_ne!(hostname, host.trim());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_files_outside_the_template_are_not_visible() {
+    let d = Daemon::start();
+    let secret = d.data_dir.join("secret-token.txt");
+    std::fs::write(&secret, "s3cr3t-do-not-leak").expect("plant secret");
+    let s = d.create(|_| {}).await;
+    let script = format!(
+        "cat {} 2>&1; cat /etc/shadow 2>&1; ls -A /root 2>&1; ls /work 2>&1; ls /home; \
+         grep -rs s3cr3t-do-not-leak /etc /home /root /tmp /var /opt /mnt /run; echo done",
+        secret.display()
+    );
+    for uid in [None, Some(0)] {
+        let (_, out, _) = d.sh(&s.id, &script, uid).await;
+        assert!(!out.contains("s3cr3t-do-not-leak"), "secret visible as {uid:?}: {out}");
+        assert!(out.contains("/etc/shadow: No such file"), "{out}");
+        assert!(out.contains("/work': No such file"), "{out}");
+        assert!(out.lines().any(|l| l == "sandbox"), "home is the generated one: {out}");
+        assert!(out.ends_with("done\n"), "{out}");
+    }
+    // The host's /root has entries; inside, /root is the template's own (empty).
+    let (_, out, _) = d.sh(&s.id, "ls -A /root | wc -l", Some(0)).await;
+    assert_eq!(out.trim(), "0");
+    let (_, passwd, _) = d.sh(&s.id, "cat /etc/passwd", None).await;
+    let host_passwd = std::fs::read_to_string("/etc/passwd").expect("host passwd");
+    assert_ne!(passwd, host_passwd, "/etc is generated, not the host's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_unshare_ptrace_and_raw_sockets_fail_even_as_root_inside() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let host_pid = std::process::id();
+    let checks = [
+        ("mount -t tmpfs none /mnt", "mount"),
+        ("unshare -U -r true", "unshare user"),
+        ("unshare -n true", "unshare net"),
+        ("perl -e 'socket(S, 2, 3, 1) or exit 1'", "raw socket"),
+        (&*format!("perl -e 'exit(syscall(101, 16, {host_pid}, 0, 0) == -1 ? 1 : 0)'"), "ptrace host pid"),
+        ("perl -e 'exit(syscall(101, 16, 1, 0, 0) == -1 ? 1 : 0)'", "ptrace agent"),
+        ("perl -e 'exit(syscall(250, 0, 0, 0, 0) == -1 ? 1 : 0)'", "keyctl"),
+    ];
+    for uid in [None, Some(0)] {
+        for (cmd, what) in &checks {
+            let (code, out, err) = d.sh(&s.id, cmd, uid).await;
+            assert_ne!(code, Some(0), "{what} succeeded as {uid:?}: {out}{err}");
+            assert!(code.is_some(), "{what}: no exit code");
+        }
+    }
+    // The same perl probes do succeed where they are allowed, so the checks can fail.
+    let (code, _, _) = d.sh(&s.id, "perl -e 'socket(S, 2, 1, 0) or exit 1'", None).await;
+    assert_eq!(code, Some(0), "a TCP socket is allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_inside_is_an_unprivileged_uid_outside() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let (_, out, _) = d.sh(&s.id, "id -u; cat /proc/self/uid_map; sleep 30 & echo started", Some(0)).await;
+    let mut it = out.lines();
+    assert_eq!(it.next(), Some("0"));
+    let map: Vec<u64> = it.next().expect("uid_map").split_whitespace().map(|x| x.parse().expect("num")).collect();
+    assert_eq!(map[0], 0);
+    assert!(map[1] >= 100_000, "root maps to host uid {}", map[1]);
+    // Every process of the sandbox, seen from the host, has an unprivileged uid.
+    let pids = d.procs(&s.id);
+    assert!(pids.len() >= 2, "agent and sleep expected, got {pids:?}");
+    for pid in pids {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let uid: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|u| u.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(u64::MAX);
+        assert!(uid >= map[1], "pid {pid} runs as host uid {uid}");
+    }
+    let b = d.client.boundary(&s.id).await.expect("boundary");
+    assert_eq!(b.host_uid_of_root, Some(map[1] as u32));
+    assert!(b.no_new_privs && b.seccomp.starts_with("filter"));
+    for ns in ["user", "mnt", "pid", "uts", "ipc", "net", "cgroup"] {
+        assert!(b.namespaces.iter().any(|n| n == ns), "{ns} not isolated: {:?}", b.namespaces);
+    }
+    assert!(!b.capabilities.iter().any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_NET_RAW" || c.contains("unexpected")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_sandbox_leaves_no_cgroup_mount_namespace_or_process() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let _ = d.sh(&s.id, "sleep 60 & sleep 60 & echo ok", None).await;
+    let pids = d.procs(&s.id);
+    assert!(pids.len() >= 3, "{pids:?}");
+    let netns: Vec<_> = pids.iter().filter_map(|p| std::fs::read_link(format!("/proc/{p}/ns/net")).ok()).collect();
+    assert!(!netns.is_empty());
+    d.client.delete_sandbox(&s.id).await.expect("delete");
+    assert!(!d.cgroups().exists(&s.id), "cgroup left behind");
+    for p in &pids {
+        assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "process {p} left behind");
+    }
+    // No process on the host is still in the sandbox's network namespace.
+    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
+        if let Ok(ns) = std::fs::read_link(e.path().join("ns/net")) {
+            assert!(!netns.contains(&ns), "{} still holds the sandbox netns", e.path().display());
+        }
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mountinfo.contains(&s.id), "a mount of the sandbox is visible on the host");
+    assert!(!d.data_dir.join("sandboxes").join(&s.id).exists(), "sandbox dir left behind");
+    let err = d.client.get_sandbox(&s.id).await.expect_err("gone");
+    assert!(err.to_string().contains("SANDBOX::NOT_FOUND"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expiry_and_entrypoint_exit_end_with_their_reasons() {
+    let d = Daemon::start();
+    let ttl = d.create(|r| r.timeout = Some(1)).await;
+    assert!(ttl.expires_at.is_some());
+    let ep = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "sleep 0.2; exit 3".into()])).await;
+    let s = d.wait_state(&ttl.id, "Terminated", Duration::from_secs(10)).await;
+    assert_eq!((s.status.state.as_str(), s.status.reason.as_deref()), ("Terminated", Some("Expired")));
+    let s = d.wait_state(&ep.id, "Failed", Duration::from_secs(10)).await;
+    assert_eq!((s.status.state.as_str(), s.status.reason.as_deref()), ("Failed", Some("Exited(3)")));
+    assert!(!d.cgroups().exists(&ttl.id) && !d.cgroups().exists(&ep.id));
+}
