@@ -63,8 +63,7 @@ impl NativeRuntime {
         let agent = std::fs::File::open(&cfg.agent_path)
             .map_err(|e| RuntimeError::Agent { path: cfg.agent_path.clone(), message: e.to_string() })?;
         check_static(&cfg.agent_path)?;
-        let host_template = cfg.data_dir.join("templates/host/rootfs");
-        rootfs::write_host_template(&host_template, cfg.uid_base)?;
+        let host_template = rootfs::ensure_host_template(&cfg.data_dir.join("templates"), cfg.uid_base)?;
         let sb = cfg.data_dir.join("sandboxes");
         std::fs::create_dir_all(&sb).map_err(|source| RuntimeError::Prepare { what: "sandboxes dir", path: sb, source })?;
         Ok(NativeRuntime {

@@ -34,15 +34,77 @@ sandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\ntty:x:5:\nsandbox:x:1000:\nnogroup:x:65534:\n";
 
-/// Writes the `host` template's base layer: a generated minimal `/etc` and the
-/// skeleton of a root filesystem whose `/usr` comes from the host at mount time.
-/// Nothing of the host's own `/etc`, `/root` or `/home` is copied except the
-/// public CA bundle and os-release. Owned by the sandbox id range so overlay can
-/// copy files up inside the user namespace.
-pub fn write_host_template(dir: &Path, uid_base: u32) -> Result<(), RuntimeError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(prep("old host template", dir))?;
+/// Ensures the `host` template's base layer exists under `templates_dir` and
+/// returns its path: a generated minimal `/etc` and the skeleton of a root
+/// filesystem whose `/usr` comes from the host at mount time. Nothing of the
+/// host's own `/etc`, `/root` or `/home` is copied except the public CA bundle
+/// and os-release. Owned by the sandbox id range so overlay can copy files up
+/// inside the user namespace.
+///
+/// A layer is never changed in place: running sandboxes have it as an overlay
+/// lower dir, and overlayfs must not see its lower layers change. The content
+/// is hashed into the directory name; a new content gets a new directory.
+pub fn ensure_host_template(templates_dir: &Path, uid_base: u32) -> Result<PathBuf, RuntimeError> {
+    let files = host_template_files();
+    let links: Vec<(String, PathBuf)> = ["bin", "sbin", "lib", "lib64", "lib32", "libx32"]
+        .iter()
+        .filter_map(|l| Some((l.to_string(), std::fs::read_link(Path::new("/").join(l)).ok()?)))
+        .collect();
+    let mut h = Fnv::default();
+    h.feed(&uid_base.to_le_bytes());
+    for (name, data) in &files {
+        h.feed(name.as_bytes());
+        h.feed(data);
     }
+    for (l, t) in &links {
+        h.feed(l.as_bytes());
+        h.feed(t.as_os_str().as_encoded_bytes());
+    }
+    let dir = templates_dir.join(format!("host-{:016x}", h.0)).join("rootfs");
+    if dir.exists() {
+        return Ok(dir);
+    }
+    let tmp = templates_dir.join(format!("host-{:016x}.tmp", h.0));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let root = tmp.join("rootfs");
+    write_skeleton(&root, &files, &links)?;
+    chown_tree(&root, uid_base)?;
+    let home = root.join("home/sandbox");
+    chown(&home, Some(uid_base + 1000), Some(uid_base + 1000)).map_err(prep("chown", &home))?;
+    let final_dir = dir.parent().unwrap_or(&dir).to_path_buf();
+    std::fs::rename(&tmp, &final_dir).map_err(prep("publish host template", &final_dir))?;
+    Ok(dir)
+}
+
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Fnv {
+    fn feed(&mut self, b: &[u8]) {
+        if self.0 == 0 {
+            self.0 = 0xcbf29ce484222325;
+        }
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x100000001b3);
+        }
+        self.0 = (self.0 ^ 0xff).wrapping_mul(0x100000001b3);
+    }
+}
+
+fn host_template_files() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("etc/passwd", PASSWD.into()),
+        ("etc/group", GROUP.into()),
+        ("etc/hosts", b"127.0.0.1\tlocalhost\n::1\tlocalhost\n".to_vec()),
+        ("etc/resolv.conf", b"# no network: this sandbox has only loopback\n".to_vec()),
+        ("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n".to_vec()),
+        ("etc/hostname", b"sandbox\n".to_vec()),
+        ("etc/ssl/certs/ca-certificates.crt", std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default()),
+        ("etc/os-release", std::fs::read("/etc/os-release").unwrap_or_default()),
+    ]
+}
+
+fn write_skeleton(dir: &Path, files: &[(&str, Vec<u8>)], links: &[(String, PathBuf)]) -> Result<(), RuntimeError> {
     let dirs: &[(&str, u32)] = &[
         ("", 0o755),
         ("usr", 0o755),
@@ -67,29 +129,14 @@ pub fn write_host_template(dir: &Path, uid_base: u32) -> Result<(), RuntimeError
         std::fs::create_dir_all(&p).map_err(prep("template dir", &p))?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).map_err(prep("chmod", &p))?;
     }
-    for link in ["bin", "sbin", "lib", "lib64", "lib32", "libx32"] {
-        let host = Path::new("/").join(link);
-        if let Ok(target) = std::fs::read_link(&host) {
-            symlink(&target, dir.join(link)).map_err(prep("template symlink", &host))?;
-        }
+    for (link, target) in links {
+        symlink(target, dir.join(link)).map_err(prep("template symlink", &dir.join(link)))?;
     }
-    let files: Vec<(&str, Vec<u8>)> = vec![
-        ("etc/passwd", PASSWD.into()),
-        ("etc/group", GROUP.into()),
-        ("etc/hosts", b"127.0.0.1\tlocalhost\n::1\tlocalhost\n".to_vec()),
-        ("etc/resolv.conf", b"# no network: this sandbox has only loopback\n".to_vec()),
-        ("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n".to_vec()),
-        ("etc/hostname", b"sandbox\n".to_vec()),
-        ("etc/ssl/certs/ca-certificates.crt", std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default()),
-        ("etc/os-release", std::fs::read("/etc/os-release").unwrap_or_default()),
-    ];
     for (f, data) in files {
         let p = dir.join(f);
         std::fs::write(&p, data).map_err(prep("template file", &p))?;
     }
-    chown_tree(dir, uid_base)?;
-    let home = dir.join("home/sandbox");
-    chown(&home, Some(uid_base + 1000), Some(uid_base + 1000)).map_err(prep("chown", &home))
+    Ok(())
 }
 
 fn chown_tree(dir: &Path, base: u32) -> Result<(), RuntimeError> {

@@ -1,0 +1,76 @@
+//! `kill -9` of the daemon, then a restart on the same data dir: running
+//! sandboxes are re-adopted, dead ones are reaped with a reason, expiries that
+//! passed while it was down are applied, and resources without a record go.
+mod common;
+
+use common::Daemon;
+use ember_cgroups::Limits;
+use std::time::Duration;
+
+fn kill9(pid: i32) {
+    let ok = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill runs");
+    assert!(ok.success(), "kill -9 {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_daemon_then_restart_converges() {
+    let mut d = Daemon::start();
+    let keep = d.create(|r| r.metadata = Some([("owner".to_string(), "t".to_string())].into())).await;
+    let doomed = d.create(|_| {}).await;
+    let expiring = d.create(|r| r.timeout = Some(2)).await;
+    let (code, _, _) = d.sh(&keep.id, "echo kept > /tmp/marker", None).await;
+    assert_eq!(code, Some(0));
+    let keep_pids = d.procs(&keep.id);
+
+    d.kill9();
+    // While the daemon is down: one sandbox dies, one expires, and an orphan
+    // cgroup appears (as if a create crashed before its record was written).
+    for p in d.procs(&doomed.id) {
+        kill9(p);
+    }
+    let cg = d.cgroups();
+    cg.create("orphan-0001", &Limits { memory_bytes: 64 << 20, cpu_millis: 100, pids: 8 }).expect("orphan cgroup");
+    let mut orphan = std::process::Command::new("sleep").arg("600").spawn().expect("sleep");
+    cg.attach("orphan-0001", orphan.id() as i32).expect("attach orphan");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    d.spawn();
+    let k = d.client.get_sandbox(&keep.id).await.expect("kept sandbox is known");
+    assert_eq!(k.status.state, "Running");
+    assert_eq!(k.metadata.get("owner").map(String::as_str), Some("t"), "acknowledged metadata survived");
+    assert_eq!(d.procs(&keep.id), keep_pids, "the same processes, not a new sandbox");
+    let (code, out, _) = d.sh(&keep.id, "cat /tmp/marker", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "kept\n"));
+
+    let g = d.client.get_sandbox(&doomed.id).await.expect("dead sandbox is still listed");
+    assert_eq!((g.status.state.as_str(), g.status.reason.as_deref()), ("Terminated", Some("Killed")));
+    assert!(!cg.exists(&doomed.id), "the dead sandbox's cgroup was reaped");
+    assert!(!d.data_dir.join("sandboxes").join(&doomed.id).exists());
+
+    let e = d.wait_state(&expiring.id, "Terminated", Duration::from_secs(10)).await;
+    assert_eq!(e.status.reason.as_deref(), Some("Expired"));
+    assert!(!cg.exists(&expiring.id));
+
+    assert!(!cg.exists("orphan-0001"), "a cgroup with no record was reaped");
+    let status = orphan.wait().expect("orphan reaped");
+    assert!(!status.success(), "the orphan's process was killed");
+
+    // A second restart finds nothing to change.
+    d.kill9();
+    d.spawn();
+    let list = d.client.list_sandboxes("").await.expect("list");
+    assert_eq!(list.len(), 3);
+    assert_eq!(d.client.get_sandbox(&keep.id).await.expect("kept").status.state, "Running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon() {
+    let mut d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    d.kill9();
+    d.spawn();
+    let (code, out, _) = d.sh(&s.id, "echo still-here", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "still-here\n"));
+    d.client.delete_sandbox(&s.id).await.expect("delete after restart");
+    assert!(!d.cgroups().exists(&s.id));
+}
