@@ -15,7 +15,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
-    let addr: SocketAddr = args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
+    let addr: SocketAddr =
+        args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
         bail!("listening on non-loopback {addr} needs an API key (--api-key or EMBER_API_KEY)");
     }
@@ -29,12 +30,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
-    let engine = Engine::start(
-        EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl },
-        Arc::new(runtime),
-    )
-    .await
-    .context("engine")?;
+    let engine = Engine::start(EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl }, Arc::new(runtime))
+        .await
+        .context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

@@ -35,7 +35,8 @@ fn crate_dependencies_follow_the_stack() {
         let name = pkg["name"].as_str().expect("name");
         seen.insert(name.to_string());
         let Some(ok) = allowed.get(name) else {
-            violations.push(format!("{name} is not in the architecture table (add it to ARCHITECTURE.md and this test)"));
+            violations
+                .push(format!("{name} is not in the architecture table (add it to ARCHITECTURE.md and this test)"));
             continue;
         };
         for dep in pkg["dependencies"].as_array().expect("deps") {
@@ -59,11 +60,18 @@ fn only_ember_sys_has_unsafe() {
     for dir in ["crates", "bins"] {
         walk(&root.join(dir), &mut |p| {
             let s = p.to_string_lossy();
-            if s.contains("/ember-sys/") || !s.ends_with(".rs") || s.contains("/target/") || s.ends_with("tests/architecture.rs") {
+            if s.contains("/ember-sys/")
+                || !s.ends_with(".rs")
+                || s.contains("/target/")
+                || s.ends_with("tests/architecture.rs")
+            {
                 return;
             }
             let text = std::fs::read_to_string(p).unwrap_or_default();
-            if text.lines().any(|l| l.contains("unsafe {") || l.trim_start().starts_with("unsafe fn") || l.contains("unsafe impl")) {
+            if text
+                .lines()
+                .any(|l| l.contains("unsafe {") || l.trim_start().starts_with("unsafe fn") || l.contains("unsafe impl"))
+            {
                 offenders.push(s.into_owned());
             }
         });

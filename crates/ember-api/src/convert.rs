@@ -13,8 +13,13 @@ pub fn rfc3339(ms: i64) -> String {
 }
 
 pub fn parse_rfc3339_ms(s: &str) -> Result<i64, ApiError> {
-    let t = OffsetDateTime::parse(s, &Rfc3339)
-        .map_err(|e| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "SANDBOX::INVALID_EXPIRATION", format!("expiresAt {s:?}: {e}")))?;
+    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "SANDBOX::INVALID_EXPIRATION",
+            format!("expiresAt {s:?}: {e}"),
+        )
+    })?;
     Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
@@ -35,7 +40,11 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
         template: r.spec.template.clone(),
         runtime_class: r.spec.runtime_class.clone(),
         resources: r.spec.resources.clone(),
-        launch: r.launch.as_ref().map(|l| LaunchInfo { kind: l.kind.clone(), micros: l.micros, phases: l.phases.clone() }),
+        launch: r.launch.as_ref().map(|l| LaunchInfo {
+            kind: l.kind.clone(),
+            micros: l.micros,
+            phases: l.phases.clone(),
+        }),
     }
 }
 

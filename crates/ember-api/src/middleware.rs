@@ -43,7 +43,12 @@ pub async fn auth(State(st): State<ApiState>, req: Request, next: Next) -> Respo
         .and_then(|v| v.to_str().ok())
         .or_else(|| h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")));
     match given {
-        None => ApiError::new(StatusCode::UNAUTHORIZED, "MISSING_API_KEY", "this server needs an API key in OPEN-SANDBOX-API-KEY").into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "MISSING_API_KEY",
+            "this server needs an API key in OPEN-SANDBOX-API-KEY",
+        )
+        .into_response(),
         Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
             ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the API key is not valid").into_response()
         }

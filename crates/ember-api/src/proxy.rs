@@ -33,15 +33,29 @@ fn strip(h: &mut HeaderMap) {
     }
 }
 
-pub async fn proxy_root(st: State<ApiState>, Path((id, port)): Path<(String, u16)>, req: Request) -> Result<Response, ApiError> {
+pub async fn proxy_root(
+    st: State<ApiState>,
+    Path((id, port)): Path<(String, u16)>,
+    req: Request,
+) -> Result<Response, ApiError> {
     forward(st, id, port, String::new(), req).await
 }
 
-pub async fn proxy(st: State<ApiState>, Path((id, port, rest)): Path<(String, u16, String)>, req: Request) -> Result<Response, ApiError> {
+pub async fn proxy(
+    st: State<ApiState>,
+    Path((id, port, rest)): Path<(String, u16, String)>,
+    req: Request,
+) -> Result<Response, ApiError> {
     forward(st, id, port, rest, req).await
 }
 
-async fn forward(State(st): State<ApiState>, id: String, port: u16, rest: String, req: Request) -> Result<Response, ApiError> {
+async fn forward(
+    State(st): State<ApiState>,
+    id: String,
+    port: u16,
+    rest: String,
+    req: Request,
+) -> Result<Response, ApiError> {
     if port != EXECD_PORT {
         st.engine.get(&id)?;
         return Err(ApiError::not_supported(format!(
@@ -50,12 +64,15 @@ async fn forward(State(st): State<ApiState>, id: String, port: u16, rest: String
     }
     let sock = st.engine.agent_socket(&id)?;
     let bad_gateway = |what: &str, e: &dyn std::error::Error| {
-        ApiError::new(StatusCode::BAD_GATEWAY, "SANDBOX::AGENT_UNREACHABLE", format!("sandbox {id} agent {what}: {}", chain(e)))
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "SANDBOX::AGENT_UNREACHABLE",
+            format!("sandbox {id} agent {what}: {}", chain(e)),
+        )
     };
     let stream = tokio::net::UnixStream::connect(&sock).await.map_err(|e| bad_gateway("connect", &e))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| bad_gateway("handshake", &e))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| bad_gateway("handshake", &e))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -11,7 +11,10 @@ use ember_types::api::{CreateSandboxRequest, Endpoint, Pagination, RenewRequest,
 use ember_types::SandboxState;
 use std::collections::BTreeMap;
 
-pub async fn create(State(st): State<ApiState>, ApiJson(req): ApiJson<CreateSandboxRequest>) -> Result<Response, ApiError> {
+pub async fn create(
+    State(st): State<ApiState>,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> Result<Response, ApiError> {
     let rec = st.engine.create(create_request(req)?).await?;
     let micros = rec.launch.as_ref().map_or(0, |l| l.micros);
     let mut resp = (StatusCode::ACCEPTED, Json(sandbox_info(&rec))).into_response();
@@ -33,15 +36,23 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
     let (mut page, mut page_size) = (1u32, 20u32);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
-            "state" => f.states.push(SandboxState::parse(&v).ok_or_else(|| ApiError::bad_request(format!("unknown state {v:?}")))?),
+            "state" => f
+                .states
+                .push(SandboxState::parse(&v).ok_or_else(|| ApiError::bad_request(format!("unknown state {v:?}")))?),
             "metadata" => {
                 for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
                     f.metadata.push((mk.into_owned(), mv.into_owned()));
                 }
             }
-            "page" => page = v.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request("page must be >= 1"))?,
+            "page" => {
+                page = v.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            }
             "pageSize" => {
-                page_size = v.parse().ok().filter(|p| (1..=200).contains(p)).ok_or_else(|| ApiError::bad_request("pageSize must be 1..200"))?
+                page_size = v
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=200).contains(p))
+                    .ok_or_else(|| ApiError::bad_request("pageSize must be 1..200"))?
             }
             _ => {}
         }
@@ -64,7 +75,11 @@ pub async fn resume(State(st): State<ApiState>, Path(id): Path<String>) -> Resul
     Ok(StatusCode::ACCEPTED)
 }
 
-pub async fn renew(State(st): State<ApiState>, Path(id): Path<String>, ApiJson(req): ApiJson<RenewRequest>) -> Result<Response, ApiError> {
+pub async fn renew(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RenewRequest>,
+) -> Result<Response, ApiError> {
     let ms = parse_rfc3339_ms(&req.expires_at)?;
     let rec = st.engine.renew(&id, ms)?;
     let at = rec.expires_at_ms.map(rfc3339).unwrap_or_default();
@@ -81,7 +96,11 @@ pub async fn patch_metadata(
 
 /// Every port is reached through the daemon's proxy route, so the sandbox needs
 /// no network of its own. The endpoint has no scheme, as OpenSandbox clients expect.
-pub async fn endpoint(State(st): State<ApiState>, Path((id, port)): Path<(String, u16)>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn endpoint(
+    State(st): State<ApiState>,
+    Path((id, port)): Path<(String, u16)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.engine.get(&id)?;
     let host = st
         .cfg
@@ -90,12 +109,15 @@ pub async fn endpoint(State(st): State<ApiState>, Path((id, port)): Path<(String
         .or_else(|| headers.get("host").and_then(|h| h.to_str().ok()).map(str::to_string))
         .unwrap_or_else(|| "127.0.0.1:8080".into());
     let mut out_headers = BTreeMap::new();
-    if let (Some(_), Some(k)) = (&st.cfg.api_key, headers.get(crate::middleware::API_KEY_HEADER).and_then(|v| v.to_str().ok())) {
+    if let (Some(_), Some(k)) =
+        (&st.cfg.api_key, headers.get(crate::middleware::API_KEY_HEADER).and_then(|v| v.to_str().ok()))
+    {
         // The proxy route is authenticated like every other; hand the caller's own
         // key back so the SDK sends it with its execd requests.
         out_headers.insert("OPEN-SANDBOX-API-KEY".to_string(), k.to_string());
     }
-    Ok(Json(Endpoint { endpoint: format!("{host}/v1/sandboxes/{id}/proxy/{port}"), headers: out_headers }).into_response())
+    Ok(Json(Endpoint { endpoint: format!("{host}/v1/sandboxes/{id}/proxy/{port}"), headers: out_headers })
+        .into_response())
 }
 
 pub async fn boundary(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {

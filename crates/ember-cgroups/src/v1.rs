@@ -33,7 +33,8 @@ impl V1 {
         };
         let mut roots: [PathBuf; 4] = Default::default();
         for (i, c) in CONTROLLERS.iter().enumerate() {
-            roots[i] = find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
+            roots[i] =
+                find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
         }
         Ok(V1 { roots, group: group.to_string() })
     }

@@ -5,7 +5,6 @@ use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-
 #[derive(Debug)]
 pub struct V2 {
     root: PathBuf,

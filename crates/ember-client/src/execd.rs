@@ -21,9 +21,15 @@ pub struct ExecOutcome {
 
 impl Client {
     /// Runs a command and calls `on_event` for every streamed event.
-    pub async fn exec(&self, id: &str, req: &RunCommandRequest, mut on_event: impl FnMut(&StreamEvent)) -> Result<ExecOutcome, ClientError> {
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: &RunCommandRequest,
+        mut on_event: impl FnMut(&StreamEvent),
+    ) -> Result<ExecOutcome, ClientError> {
         let path = proxy(id, "/command");
-        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+        let body = serde_json::to_vec(req)
+            .map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
         let resp = self.send(Method::POST, &path, body.into(), Some("application/json")).await?;
         let mut body = Self::check(&path, resp).await?.into_body();
         let mut dec = FrameDecoder::default();

@@ -52,7 +52,13 @@ impl Client {
         Ok(Client { base, api_key, http })
     }
 
-    pub(crate) async fn send(&self, method: Method, path: &str, body: Bytes, content_type: Option<&str>) -> Result<Response<Incoming>, ClientError> {
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: Option<&str>,
+    ) -> Result<Response<Incoming>, ClientError> {
         let mut b = Request::builder().method(method).uri(format!("{}{path}", self.base));
         if let Some(ct) = content_type {
             b = b.header("content-type", ct);
@@ -84,19 +90,26 @@ impl Client {
         })
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<(T, hyper::HeaderMap), ClientError> {
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(T, hyper::HeaderMap), ClientError> {
         let ct = body.as_ref().map(|_| "application/json");
         let resp = self.send(method, path, body.unwrap_or_default().into(), ct).await?;
         let resp = Self::check(path, resp).await?;
         let headers = resp.headers().clone();
         let bytes = read_body(path, resp).await?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol { path: path.into(), message: e.to_string() })?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Protocol { path: path.into(), message: e.to_string() })?;
         Ok((v, headers))
     }
 
     /// Creates a sandbox; returns it and the server-side launch time in µs.
     pub async fn create_sandbox(&self, req: &CreateSandboxRequest) -> Result<(SandboxInfo, u64), ClientError> {
-        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol { path: "create".into(), message: e.to_string() })?;
+        let body = serde_json::to_vec(req)
+            .map_err(|e| ClientError::Protocol { path: "create".into(), message: e.to_string() })?;
         let (info, h): (SandboxInfo, _) = self.json(Method::POST, "/v1/sandboxes", Some(body)).await?;
         let micros = h.get("x-ember-launch-micros").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0);
         Ok((info, micros))

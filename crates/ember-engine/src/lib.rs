@@ -83,7 +83,8 @@ impl Engine {
     /// starts the background tasks. Must run inside a tokio runtime.
     pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
-        let engine = Arc::new(Engine { cfg, runtime, store, sandboxes: Mutex::new(HashMap::new()), metrics: Metrics::new() });
+        let engine =
+            Arc::new(Engine { cfg, runtime, store, sandboxes: Mutex::new(HashMap::new()), metrics: Metrics::new() });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
         Ok(engine)

@@ -40,7 +40,8 @@ fn launch_histogram() -> Histogram {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("ember");
-        let launch_seconds = Family::<LaunchLabels, Histogram>::new_with_constructor(launch_histogram as fn() -> Histogram);
+        let launch_seconds =
+            Family::<LaunchLabels, Histogram>::new_with_constructor(launch_histogram as fn() -> Histogram);
         let created = Family::<LaunchLabels, Counter>::default();
         let create_failures = Counter::default();
         let terminated = Family::<ReasonLabels, Counter>::default();

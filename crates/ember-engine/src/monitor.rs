@@ -3,8 +3,8 @@
 //! down and records the terminal state with its reason.
 use crate::record::now_ms;
 use crate::{Control, Engine, Entry};
-use ember_runtime::Launched;
 use ember_runtime::ExitKind;
+use ember_runtime::Launched;
 use ember_types::{SandboxState, TerminationReason};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -21,7 +21,12 @@ pub(crate) fn spawn(engine: Arc<Engine>, entry: Arc<Entry>, launched: Launched, 
     });
 }
 
-async fn run(engine: Arc<Engine>, entry: Arc<Entry>, launched: Launched, mut rx: mpsc::Receiver<Control>) -> std::io::Result<()> {
+async fn run(
+    engine: Arc<Engine>,
+    entry: Arc<Entry>,
+    launched: Launched,
+    mut rx: mpsc::Receiver<Control>,
+) -> std::io::Result<()> {
     let pidfd = async_fd(launched.pidfd)?;
     let oom = launched.oom.map(async_fd).transpose()?;
     let mut reply: Option<oneshot::Sender<()>> = None;

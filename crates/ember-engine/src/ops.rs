@@ -129,7 +129,11 @@ impl Engine {
     }
 
     /// JSON merge-patch of the metadata: `None` deletes a key.
-    pub fn patch_metadata(&self, id: &str, patch: BTreeMap<String, Option<String>>) -> Result<SandboxRecord, EngineError> {
+    pub fn patch_metadata(
+        &self,
+        id: &str,
+        patch: BTreeMap<String, Option<String>>,
+    ) -> Result<SandboxRecord, EngineError> {
         if let Some(k) = patch.keys().find(|k| k.starts_with("opensandbox.io/") || k.is_empty()) {
             return Err(EngineError::invalid("metadata", format!("key {k:?} is reserved or empty")));
         }
@@ -163,7 +167,14 @@ impl Engine {
     /// Refreshes the per-state gauge (called before metrics are encoded).
     pub fn refresh_gauges(&self) {
         let recs = self.list(&ListFilter::default());
-        for s in [SandboxState::Pending, SandboxState::Running, SandboxState::Paused, SandboxState::Stopping, SandboxState::Terminated, SandboxState::Failed] {
+        for s in [
+            SandboxState::Pending,
+            SandboxState::Running,
+            SandboxState::Paused,
+            SandboxState::Stopping,
+            SandboxState::Terminated,
+            SandboxState::Failed,
+        ] {
             let n = recs.iter().filter(|r| r.state == s).count() as i64;
             self.metrics.sandboxes.get_or_create(&crate::metrics::StateLabels { state: s.as_str().into() }).set(n);
         }
@@ -193,4 +204,3 @@ pub(crate) async fn gc_loop(engine: Weak<Engine>) {
         }
     }
 }
-

@@ -72,7 +72,9 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     }
     if !rec.state.is_terminal() {
         let reason = match rec.state {
-            SandboxState::Pending => TerminationReason::RuntimeError("daemon restarted while the sandbox was being created".into()),
+            SandboxState::Pending => {
+                TerminationReason::RuntimeError("daemon restarted while the sandbox was being created".into())
+            }
             _ if ooms > 0 => TerminationReason::OOMKilled,
             _ => TerminationReason::Killed,
         };
@@ -81,6 +83,11 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     }
     let _ = engine.store.save(&rec);
     let (tx, _rx) = mpsc::channel(1);
-    let entry = Arc::new(Entry { record: Mutex::new(rec.clone()), agent_socket: Default::default(), ctl: tx, wake: Notify::new() });
+    let entry = Arc::new(Entry {
+        record: Mutex::new(rec.clone()),
+        agent_socket: Default::default(),
+        ctl: tx,
+        wake: Notify::new(),
+    });
     engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id, entry);
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 fn main() {
     let agent = std::env::var("EMBER_AGENT_BIN").expect("set EMBER_AGENT_BIN");
-    let cg: Arc<dyn ember_cgroups::Cgroups> = Arc::from(ember_cgroups::detect("/sys/fs/cgroup".as_ref(), "ember-smoke").unwrap());
+    let cg: Arc<dyn ember_cgroups::Cgroups> =
+        Arc::from(ember_cgroups::detect("/sys/fs/cgroup".as_ref(), "ember-smoke").unwrap());
     let rt = NativeRuntime::new(
         NativeConfig { data_dir: "/tmp/ember-smoke".into(), agent_path: agent.into(), uid_base: 1_000_000_000 },
         cg,

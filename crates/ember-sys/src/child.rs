@@ -73,7 +73,17 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
         check!(fds, 1, libc::setresuid(0, 0, 0));
         let h = plan.hostname.as_bytes();
         check!(fds, 2, libc::sethostname(h.as_ptr().cast(), h.len()));
-        check!(fds, 3, libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()));
+        check!(
+            fds,
+            3,
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null()
+            )
+        );
         for op in &plan.fs_ops {
             run_fs_op(fds, op);
         }
@@ -115,10 +125,26 @@ unsafe fn run_fs_op(fds: &ChildFds, op: &FsOp) {
             FsOp::Mount { source, target, fstype, flags, data } => check!(
                 fds,
                 4,
-                libc::mount(opt_ptr(source), target.as_ptr(), opt_ptr(fstype), *flags as libc::c_ulong, opt_ptr(data).cast())
+                libc::mount(
+                    opt_ptr(source),
+                    target.as_ptr(),
+                    opt_ptr(fstype),
+                    *flags as libc::c_ulong,
+                    opt_ptr(data).cast()
+                )
             ),
             FsOp::BindReadOnly { source, target } => {
-                check!(fds, 5, libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()));
+                check!(
+                    fds,
+                    5,
+                    libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null()
+                    )
+                );
                 let attr = MountAttr {
                     attr_set: 0x1 | 0x2 | 0x4, // MOUNT_ATTR_RDONLY | NOSUID | NODEV
                     attr_clr: 0,
@@ -128,7 +154,14 @@ unsafe fn run_fs_op(fds: &ChildFds, op: &FsOp) {
                 check!(
                     fds,
                     5,
-                    libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, target.as_ptr(), libc::AT_RECURSIVE, &attr as *const MountAttr, std::mem::size_of::<MountAttr>())
+                    libc::syscall(
+                        libc::SYS_mount_setattr,
+                        libc::AT_FDCWD,
+                        target.as_ptr(),
+                        libc::AT_RECURSIVE,
+                        &attr as *const MountAttr,
+                        std::mem::size_of::<MountAttr>()
+                    )
                 );
             }
             FsOp::Bind { source, target } => check!(
@@ -151,7 +184,11 @@ unsafe fn run_fs_op(fds: &ChildFds, op: &FsOp) {
 unsafe fn write_file(fds: &ChildFds, path: &CStr, contents: &[u8], mode: u32) {
     // SAFETY: open/write/close on a path and a buffer owned by the plan.
     unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, mode);
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode,
+        );
         check!(fds, 9, fd);
         let mut off = 0;
         while off < contents.len() {

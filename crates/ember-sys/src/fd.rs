@@ -61,7 +61,8 @@ pub fn inotify_modify(path: &str) -> Result<OwnedFd, SysError> {
     }
     // SAFETY: fd is fresh and ours.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let c = std::ffi::CString::new(path).map_err(|_| SysError::new("inotify_add_watch", path, std::io::ErrorKind::InvalidInput.into()))?;
+    let c = std::ffi::CString::new(path)
+        .map_err(|_| SysError::new("inotify_add_watch", path, std::io::ErrorKind::InvalidInput.into()))?;
     // SAFETY: c is a valid NUL-terminated path for the duration of the call.
     if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MODIFY) } < 0 {
         return Err(SysError::last("inotify_add_watch", path));

@@ -17,9 +17,7 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, SysError> {
 /// an error (ESRCH is swallowed): the caller wanted it gone.
 pub fn pidfd_signal(pidfd: &OwnedFd, sig: i32) -> Result<(), SysError> {
     // SAFETY: a null siginfo is allowed; the fd is borrowed for the call only.
-    let r = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
     if r != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::ESRCH) {
@@ -64,9 +62,7 @@ pub fn pidfd_try_wait(pidfd: &OwnedFd) -> Result<Option<ExitStatus>, SysError> {
 /// Whether the process behind the pidfd still exists (signal 0 probe).
 pub fn is_alive(pidfd: &OwnedFd) -> bool {
     // SAFETY: signal 0 only checks existence; null siginfo is allowed.
-    let r = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<u8>(), 0)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) };
     r == 0
 }
 

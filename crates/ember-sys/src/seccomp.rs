@@ -4,8 +4,7 @@
 //! by seccompiler. Allow-by-default keeps ordinary software working; the dangerous
 //! surface is closed and the capability set is small on top of it.
 use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 use std::collections::BTreeMap;
 

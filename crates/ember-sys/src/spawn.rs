@@ -24,15 +24,41 @@ use std::time::Duration;
 /// namespace, with paths as seen from the host's root.
 #[derive(Debug, Clone)]
 pub enum FsOp {
-    Mount { source: Option<CString>, target: CString, fstype: Option<CString>, flags: u64, data: Option<CString> },
+    Mount {
+        source: Option<CString>,
+        target: CString,
+        fstype: Option<CString>,
+        flags: u64,
+        data: Option<CString>,
+    },
     /// Recursive bind, then read-only, nosuid and nodev on the whole subtree.
-    BindReadOnly { source: CString, target: CString },
+    BindReadOnly {
+        source: CString,
+        target: CString,
+    },
     /// Plain bind (device nodes that cannot be created inside a user namespace).
-    Bind { source: CString, target: CString },
-    Mkdir { path: CString, mode: u32 },
-    Symlink { target: CString, link: CString },
-    WriteFile { path: CString, contents: Vec<u8>, mode: u32 },
-    Chown { path: CString, uid: u32, gid: u32 },
+    Bind {
+        source: CString,
+        target: CString,
+    },
+    Mkdir {
+        path: CString,
+        mode: u32,
+    },
+    Symlink {
+        target: CString,
+        link: CString,
+    },
+    WriteFile {
+        path: CString,
+        contents: Vec<u8>,
+        mode: u32,
+    },
+    Chown {
+        path: CString,
+        uid: u32,
+        gid: u32,
+    },
 }
 
 /// Everything the child needs, computed before clone.
@@ -151,11 +177,7 @@ pub fn spawn_sandbox(
         listen: listen.as_raw_fd(),
         log: log.as_raw_fd(),
     };
-    let args = ExecArgs {
-        argv: ptr_array(&plan.argv),
-        envp: ptr_array(&plan.env),
-        cap_last: cap_last_cap(),
-    };
+    let args = ExecArgs { argv: ptr_array(&plan.argv), envp: ptr_array(&plan.env), cap_last: cap_last_cap() };
 
     let mut pidfd: RawFd = -1;
     let mut cl = CloneArgs {
@@ -166,9 +188,7 @@ pub fn spawn_sandbox(
     };
     // SAFETY: cl is a valid clone_args of the size we pass; stack 0 gives fork
     // semantics, so the child continues on a private copy of this stack.
-    let pid = unsafe {
-        libc::syscall(libc::SYS_clone3, &mut cl as *mut CloneArgs, std::mem::size_of::<CloneArgs>())
-    };
+    let pid = unsafe { libc::syscall(libc::SYS_clone3, &mut cl as *mut CloneArgs, std::mem::size_of::<CloneArgs>()) };
     if pid < 0 {
         return Err(SysError::last("clone3", "sandbox init").into());
     }
@@ -226,10 +246,7 @@ fn read_child_report(err_r: &OwnedFd, timeout: Duration) -> Result<(), SpawnErro
     }
     let step = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    Err(SpawnError::Child {
-        step: crate::child::step_name(step),
-        source: std::io::Error::from_raw_os_error(errno),
-    })
+    Err(SpawnError::Child { step: crate::child::step_name(step), source: std::io::Error::from_raw_os_error(errno) })
 }
 
 /// Blocks until the child behind `pidfd` is reaped (used only on failed spawns).
@@ -251,8 +268,5 @@ fn ptr_array(v: &[CString]) -> Vec<*const libc::c_char> {
 }
 
 fn cap_last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40)
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
 }

@@ -22,14 +22,7 @@ impl SandboxId {
         b[6] = (b[6] & 0x0f) | 0x40;
         b[8] = (b[8] & 0x3f) | 0x80;
         let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        SandboxId(format!(
-            "{}-{}-{}-{}-{}",
-            &h[0..8],
-            &h[8..12],
-            &h[12..16],
-            &h[16..20],
-            &h[20..32]
-        ))
+        SandboxId(format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]))
     }
 
     pub fn as_str(&self) -> &str {

@@ -19,12 +19,7 @@ pub struct Resources {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources {
-            memory_bytes: 512 << 20,
-            cpu_millis: 1000,
-            pids: 256,
-            disk_bytes: 1 << 30,
-        }
+        Resources { memory_bytes: 512 << 20, cpu_millis: 1000, pids: 256, disk_bytes: 1 << 30 }
     }
 }
 

@@ -11,7 +11,12 @@ pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
     Ok(CreateSandboxRequest {
         template: a.template.clone(),
         image: a.image.clone().map(|uri| ImageSpec { uri, auth: None }),
-        resources: Some(ResourcesSpec { memory: a.memory.clone(), cpu: a.cpus.clone(), pids: a.pids, disk: a.disk.clone() }),
+        resources: Some(ResourcesSpec {
+            memory: a.memory.clone(),
+            cpu: a.cpus.clone(),
+            pids: a.pids,
+            disk: a.disk.clone(),
+        }),
         timeout: a.ttl.as_deref().map(parse_duration).transpose().context("--ttl")?.map(|d| d.as_secs().max(1)),
         env: (!env.is_empty()).then(|| env.into_iter().map(|(k, v)| (k, Some(v))).collect()),
         metadata: (!labels.is_empty()).then_some(labels),
@@ -28,7 +33,11 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&info)?);
             } else {
                 println!("{}", info.id);
-                eprintln!("created in {:.2} ms ({})", micros as f64 / 1000.0, info.launch.map(|l| l.kind).unwrap_or_default());
+                eprintln!(
+                    "created in {:.2} ms ({})",
+                    micros as f64 / 1000.0,
+                    info.launch.map(|l| l.kind).unwrap_or_default()
+                );
             }
         }
         SandboxCmd::Ls { state, json } => {
@@ -89,7 +98,9 @@ fn serde_yaml_like(v: &serde_json::Value, indent: usize) -> String {
         serde_json::Value::Object(m) => m
             .iter()
             .map(|(k, v)| match v {
-                serde_json::Value::Object(_) | serde_json::Value::Array(_) => format!("{pad}{k}:\n{}", serde_yaml_like(v, indent + 2)),
+                serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+                    format!("{pad}{k}:\n{}", serde_yaml_like(v, indent + 2))
+                }
                 _ => format!("{pad}{k}: {}", scalar(v)),
             })
             .collect::<Vec<_>>()

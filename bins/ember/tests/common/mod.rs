@@ -72,7 +72,8 @@ impl Daemon {
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("read listen line");
-        let url = line.trim().strip_prefix("ember listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        let url =
+            line.trim().strip_prefix("ember listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
         self.url = url.to_string();
         self.client = Client::new(url, None).expect("client");
         self.child = Some(child);

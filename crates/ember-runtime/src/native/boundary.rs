@@ -29,23 +29,25 @@ pub(crate) fn report(class: &str, pid: i32, cg: &dyn Cgroups, id: &SandboxId) ->
     let uid_map = uid_map.split_whitespace().collect::<Vec<_>>().join(" ");
     let host_uid_of_root = status_field(&status, "Uid:").and_then(|u| u.split_whitespace().nth(1)?.parse().ok());
     let capbnd = status_field(&status, "CapBnd:").and_then(|c| u64::from_str_radix(&c, 16).ok()).unwrap_or(0);
-    let capabilities = super::KEEP_CAPS
-        .iter()
-        .filter(|(c, _)| capbnd & (1 << c) != 0)
-        .map(|(_, n)| n.to_string())
-        .collect::<Vec<_>>();
+    let capabilities =
+        super::KEEP_CAPS.iter().filter(|(c, _)| capbnd & (1 << c) != 0).map(|(_, n)| n.to_string()).collect::<Vec<_>>();
     let extra = (0..64).filter(|c| capbnd & (1u64 << c) != 0 && !super::KEEP_CAPS.iter().any(|(k, _)| k == c)).count();
     let mut capabilities = capabilities;
     if extra > 0 {
         capabilities.push(format!("+{extra} unexpected"));
     }
     let seccomp = match status_field(&status, "Seccomp:").as_deref() {
-        Some("2") => format!("filter: {} ({} filters)", ember_sys::seccomp::PROFILE_NAME, status_field(&status, "Seccomp_filters:").unwrap_or_default()),
+        Some("2") => format!(
+            "filter: {} ({} filters)",
+            ember_sys::seccomp::PROFILE_NAME,
+            status_field(&status, "Seccomp_filters:").unwrap_or_default()
+        ),
         Some("1") => "strict".into(),
         _ => "none".into(),
     };
     let net = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
-    let network_interfaces = net.lines().skip(2).filter_map(|l| Some(l.split(':').next()?.trim().to_string())).collect();
+    let network_interfaces =
+        net.lines().skip(2).filter_map(|l| Some(l.split(':').next()?.trim().to_string())).collect();
     let limits = cg.read_limits(id.as_str()).map_err(|source| RuntimeError::Cgroup { id: id.clone(), source })?;
     Ok(BoundaryReport {
         runtime_class: class.to_string(),

@@ -65,7 +65,11 @@ impl NativeRuntime {
         check_static(&cfg.agent_path)?;
         let host_template = rootfs::ensure_host_template(&cfg.data_dir.join("templates"), cfg.uid_base)?;
         let sb = cfg.data_dir.join("sandboxes");
-        std::fs::create_dir_all(&sb).map_err(|source| RuntimeError::Prepare { what: "sandboxes dir", path: sb, source })?;
+        std::fs::create_dir_all(&sb).map_err(|source| RuntimeError::Prepare {
+            what: "sandboxes dir",
+            path: sb,
+            source,
+        })?;
         Ok(NativeRuntime {
             seccomp: ember_sys::seccomp::default_filters()?,
             agent_fd: agent.into(),
@@ -186,7 +190,11 @@ impl Runtime for NativeRuntime {
         let sock = dir.join("agent.sock");
         let _ = std::fs::remove_file(&sock);
         let listener = UnixListener::bind(&sock).map_err(prep("agent socket"))?;
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).map_err(prep("agent log"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("agent.log"))
+            .map_err(prep("agent log"))?;
         let plan = self.plan(id, spec, &dir);
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
@@ -255,10 +263,10 @@ impl Runtime for NativeRuntime {
     }
 
     fn leftovers(&self) -> Result<Vec<String>, RuntimeError> {
-        let mut out = self.cgroups.list().map_err(|source| RuntimeError::Cgroup {
-            id: SandboxId::from_random([0; 16]),
-            source,
-        })?;
+        let mut out = self
+            .cgroups
+            .list()
+            .map_err(|source| RuntimeError::Cgroup { id: SandboxId::from_random([0; 16]), source })?;
         if let Ok(rd) = std::fs::read_dir(self.cfg.data_dir.join("sandboxes")) {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();

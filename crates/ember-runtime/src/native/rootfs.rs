@@ -219,7 +219,13 @@ fn mask_proc(root: &Path) -> Vec<FsOp> {
     }
     for d in ["acpi", "scsi", "asound"] {
         if Path::new("/proc").join(d).is_dir() {
-            ops.push(mount("tmpfs", root.join("proc").join(d), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555"));
+            ops.push(mount(
+                "tmpfs",
+                root.join("proc").join(d),
+                "tmpfs",
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                "size=0,mode=0555",
+            ));
         }
     }
     for ro in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
@@ -244,7 +250,12 @@ fn dev_ops(dev: &Path) -> Vec<FsOp> {
     ops.push(FsOp::Symlink { target: cstr("pts/ptmx"), link: cstr(dev.join("ptmx")) });
     ops.push(mkdir(dev.join("shm"), 0o1777));
     ops.push(mount("tmpfs", dev.join("shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=67108864"));
-    for (name, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
         ops.push(FsOp::Symlink { target: cstr(target), link: cstr(dev.join(name)) });
     }
     ops

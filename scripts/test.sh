@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (as root: the tests create real sandboxes
+# with namespaces, cgroups and mounts).
+#
+#   scripts/test.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "scripts/test.sh: the tests create real sandboxes and must run as root" >&2
+  exit 1
+fi
+
+echo "== format"
+cargo fmt --all --check
+
+echo "== static agent"
+scripts/build-agent.sh >/dev/null
+export EMBER_AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ember-agent-static"
+
+echo "== tests"
+cargo test --workspace --no-fail-fast -- --test-threads 2
