@@ -68,9 +68,12 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
             libc::_exit(127);
         }
         libc::close(fds.sync_r);
-        check!(fds, 1, libc::setgroups(0, std::ptr::null()));
-        check!(fds, 1, libc::setresgid(0, 0, 0));
-        check!(fds, 1, libc::setresuid(0, 0, 0));
+        // Raw syscalls, not glibc's wrappers: glibc broadcasts credential
+        // changes to every thread it knows of (setxid), taking a lock that a
+        // parent thread may have held at clone time. This copy has one thread.
+        check!(fds, 1, libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()));
+        check!(fds, 1, libc::syscall(libc::SYS_setresgid, 0, 0, 0));
+        check!(fds, 1, libc::syscall(libc::SYS_setresuid, 0, 0, 0));
         let h = plan.hostname.as_bytes();
         check!(fds, 2, libc::sethostname(h.as_ptr().cast(), h.len()));
         check!(
