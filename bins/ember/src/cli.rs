@@ -111,7 +111,7 @@ pub struct ExecOpts {
     pub timeout: Option<String>,
     /// Extra environment for this command, K=V (repeatable).
     #[arg(long = "exec-env", value_name = "K=V")]
-    pub env: Vec<String>,
+    pub exec_env: Vec<String>,
 }
 
 #[derive(Args)]

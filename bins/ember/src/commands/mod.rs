@@ -56,7 +56,7 @@ pub fn exec_request(opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<RunCom
             (Some(a.parse().context("--user uid")?), b.map(|g| g.parse().context("--user gid")).transpose()?)
         }
     };
-    let env = parse_kv(&opts.env, "--exec-env")?;
+    let env = parse_kv(&opts.exec_env, "--exec-env")?;
     Ok(RunCommandRequest {
         argv: Some(argv),
         cwd: opts.cwd.clone(),

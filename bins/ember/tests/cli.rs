@@ -1,0 +1,114 @@
+//! The `ember` CLI end to end: it is a client of the API only, so these drive
+//! the built binary against a real daemon.
+mod common;
+
+use common::Daemon;
+use std::process::{Command, Output};
+
+fn ember(d: &Daemon, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember")).args(args).env("EMBER_URL", &d.url).output().expect("ember runs")
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn create_exec_cp_inspect_ls_rm() {
+    let d = Daemon::start();
+    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi", "--pids", "64", "--env", "GREETING=hello", "--label", "team=a"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = text(&o).trim().to_string();
+    assert_eq!(id.len(), 36, "create prints the id: {id:?}");
+
+    let o = ember(&d, &["exec", &id, "--", "sh", "-c", "echo $GREETING; echo oops >&2; exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "exit code propagates");
+    assert_eq!(text(&o), "hello\n");
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "oops\n");
+
+    let o = ember(&d, &["exec", &id, "--user", "0", "--cwd", "/tmp", "--", "sh", "-c", "id -u; pwd"]);
+    assert_eq!(text(&o), "0\n/tmp\n");
+
+    let local = d.data_dir.join("upload.txt");
+    std::fs::write(&local, "payload\n").expect("write local file");
+    let dst = format!("{id}:/tmp/up.txt");
+    assert!(ember(&d, &["cp", local.to_str().expect("utf8"), &dst]).status.success());
+    let o = ember(&d, &["exec", &id, "--", "cat", "/tmp/up.txt"]);
+    assert_eq!(text(&o), "payload\n");
+    let back = d.data_dir.join("back.txt");
+    assert!(ember(&d, &["cp", &dst, back.to_str().expect("utf8")]).status.success());
+    assert_eq!(std::fs::read_to_string(&back).expect("downloaded"), "payload\n");
+
+    let o = ember(&d, &["sandbox", "inspect", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json is JSON");
+    assert_eq!(v["sandbox"]["status"]["state"], "Running");
+    assert_eq!(v["sandbox"]["resources"]["memoryBytes"], 128 << 20);
+    assert_eq!(v["boundary"]["memoryLimitBytes"], 128 << 20, "limit read back from the kernel");
+    assert_eq!(v["boundary"]["pidsLimit"], 64);
+
+    let o = ember(&d, &["sandbox", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("ls --json is JSON");
+    assert_eq!(v.as_array().map(|a| a.len()), Some(1));
+    assert_eq!(v[0]["metadata"]["team"], "a");
+
+    assert!(ember(&d, &["sandbox", "rm", &id]).status.success());
+    let o = ember(&d, &["sandbox", "inspect", &id]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("SANDBOX::NOT_FOUND"));
+}
+
+#[test]
+fn run_creates_executes_and_removes() {
+    let d = Daemon::start();
+    let o = ember(&d, &["run", "--memory", "64Mi", "--", "sh", "-c", "hostname; exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(text(&o).starts_with("sbx-"));
+    let o = ember(&d, &["sandbox", "ls", "--json"]);
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json"), serde_json::json!([]));
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let d = Daemon::start();
+    let o = ember(&d, &["sandbox", "create", "--memory", "lots"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("SANDBOX::INVALID_PARAMETER") && err.contains("lots"), "{err}");
+    let o = ember(&d, &["exec", "no-such-sandbox", "--", "true"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("SANDBOX::NOT_FOUND"));
+    let o = ember(&d, &["sandbox", "create", "--template", "nope"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("SANDBOX::UNKNOWN_TEMPLATE"));
+}
+
+#[test]
+fn a_non_loopback_listener_needs_an_api_key() {
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir", "/tmp/ember-never-created"])
+        .env_remove("EMBER_API_KEY")
+        .output()
+        .expect("ember runs");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs an API key"));
+    assert!(!std::path::Path::new("/tmp/ember-never-created").exists(), "refused before touching anything");
+}
+
+#[test]
+fn an_api_key_is_enforced_when_configured() {
+    let d = Daemon::start_with(&["--api-key", "k3y"]);
+    let o = ember(&d, &["sandbox", "ls"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("MISSING_API_KEY"));
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["sandbox", "ls", "--json"])
+        .env("EMBER_URL", &d.url)
+        .env("EMBER_API_KEY", "wrong")
+        .output()
+        .expect("ember runs");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("INVALID_API_KEY"));
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["run", "--", "echo", "authorised"])
+        .env("EMBER_URL", &d.url)
+        .env("EMBER_API_KEY", "k3y")
+        .output()
+        .expect("ember runs");
+    assert_eq!(text(&o), "authorised\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
