@@ -10,15 +10,23 @@ fn create_attach_freeze_destroy_on_the_real_hierarchy() {
     let l = Limits { memory_bytes: 96 << 20, cpu_millis: 250, pids: 16 };
     cg.create("c1", &l).expect("create");
     assert_eq!(cg.read_limits("c1").expect("read back"), l);
-    let mut child = Command::new("sleep").arg("60").spawn().expect("sleep");
+    // A busy loop: its CPU time stops growing while frozen.
+    let mut child = Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("spin");
     cg.attach("c1", child.id() as i32).expect("attach");
     assert_eq!(cg.procs("c1").expect("procs"), vec![child.id() as i32]);
     assert!(cg.usage("c1").expect("usage").pids >= 1);
+    let cpu = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("stat");
+        let f: Vec<&str> = s[s.rfind(')').expect(")") + 2..].split_whitespace().collect();
+        f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+    };
     cg.freeze("c1", true).expect("freeze");
-    let state = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("stat");
-    let after = &state[state.rfind(')').expect(")") + 2..];
-    assert!(after.starts_with('D') || after.starts_with('S') || after.starts_with('T'), "{after}");
+    let frozen_at = cpu();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(cpu(), frozen_at, "a frozen process used CPU");
     cg.freeze("c1", false).expect("thaw");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(cpu() > frozen_at, "a thawed process runs again");
     assert_eq!(cg.list().expect("list"), vec!["c1".to_string()]);
     cg.destroy("c1").expect("destroy");
     assert!(!cg.exists("c1"));
