@@ -52,6 +52,20 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<
     }
 }
 
+/// Path parameters whose rejection (a port that is not a number, say) is a
+/// `{code, message}` 400 like every other error.
+pub struct ApiPath<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::bad_request(format!("invalid path parameter: {}", e.body_text()))),
+        }
+    }
+}
+
 fn lifecycle() -> Router<ApiState> {
     Router::new()
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))

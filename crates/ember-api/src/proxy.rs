@@ -5,9 +5,9 @@
 //! are untrusted: hyper parses them with its limits and the body is streamed
 //! through, never buffered whole.
 use crate::error::{chain, ApiError};
-use crate::ApiState;
+use crate::{ApiPath, ApiState};
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use ember_types::execd::EXECD_PORT;
@@ -35,7 +35,7 @@ fn strip(h: &mut HeaderMap) {
 
 pub async fn proxy_root(
     st: State<ApiState>,
-    Path((id, port)): Path<(String, u16)>,
+    ApiPath((id, port)): ApiPath<(String, u16)>,
     req: Request,
 ) -> Result<Response, ApiError> {
     forward(st, id, port, String::new(), req).await
@@ -43,7 +43,7 @@ pub async fn proxy_root(
 
 pub async fn proxy(
     st: State<ApiState>,
-    Path((id, port, rest)): Path<(String, u16, String)>,
+    ApiPath((id, port, rest)): ApiPath<(String, u16, String)>,
     req: Request,
 ) -> Result<Response, ApiError> {
     forward(st, id, port, rest, req).await

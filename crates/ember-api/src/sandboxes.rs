@@ -1,8 +1,8 @@
 //! The lifecycle routes (`/v1/sandboxes...`), OpenSandbox 1.1.1 status codes.
 use crate::convert::{create_request, parse_rfc3339_ms, rfc3339, sandbox_info};
 use crate::error::ApiError;
-use crate::{ApiJson, ApiState};
-use axum::extract::{Path, RawQuery, State};
+use crate::{ApiJson, ApiPath, ApiState};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,11 +22,11 @@ pub async fn create(
     Ok(resp)
 }
 
-pub async fn get_one(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
     Ok(Json(sandbox_info(&st.engine.get(&id)?)).into_response())
 }
 
-pub async fn remove(State(st): State<ApiState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
     st.engine.remove(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -34,11 +34,17 @@ pub async fn remove(State(st): State<ApiState>, Path(id): Path<String>) -> Resul
 pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let mut f = ListFilter::default();
     let (mut page, mut page_size) = (1u32, 20u32);
+    let mut any_state = false;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
-            "state" => f
-                .states
-                .push(SandboxState::parse(&v).ok_or_else(|| ApiError::bad_request(format!("unknown state {v:?}")))?),
+            "state" => {
+                // States ember never enters (Pausing, Allocated...) match nothing,
+                // as upstream: clients must tolerate unknown state names.
+                any_state = true;
+                if let Some(st) = SandboxState::parse(&v) {
+                    f.states.push(st);
+                }
+            }
             "metadata" => {
                 for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
                     f.metadata.push((mk.into_owned(), mv.into_owned()));
@@ -57,7 +63,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             _ => {}
         }
     }
-    let all = st.engine.list(&f);
+    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f) };
     let total = all.len() as u64;
     let total_pages = total.div_ceil(page_size as u64) as u32;
     let items = all.iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).map(sandbox_info).collect();
@@ -65,19 +71,19 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
     Ok(Json(SandboxList { items, pagination }).into_response())
 }
 
-pub async fn pause(State(st): State<ApiState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn pause(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
     st.engine.pause(&id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
-pub async fn resume(State(st): State<ApiState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn resume(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
     st.engine.resume(&id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 pub async fn renew(
     State(st): State<ApiState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> Result<Response, ApiError> {
     let ms = parse_rfc3339_ms(&req.expires_at)?;
@@ -88,7 +94,7 @@ pub async fn renew(
 
 pub async fn patch_metadata(
     State(st): State<ApiState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(patch): ApiJson<BTreeMap<String, Option<String>>>,
 ) -> Result<Response, ApiError> {
     Ok(Json(sandbox_info(&st.engine.patch_metadata(&id, patch)?)).into_response())
@@ -98,7 +104,7 @@ pub async fn patch_metadata(
 /// no network of its own. The endpoint has no scheme, as OpenSandbox clients expect.
 pub async fn endpoint(
     State(st): State<ApiState>,
-    Path((id, port)): Path<(String, u16)>,
+    ApiPath((id, port)): ApiPath<(String, u16)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.engine.get(&id)?;
@@ -120,6 +126,6 @@ pub async fn endpoint(
         .into_response())
 }
 
-pub async fn boundary(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn boundary(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
     Ok(Json(st.engine.boundary(&id).await?).into_response())
 }
