@@ -10,6 +10,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-sys", &[]),
         ("ember-cgroups", &["ember-sys"]),
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
+        ("ember-image", &["ember-sys"]),
         ("ember-engine", &["ember-types", "ember-runtime"]),
         ("ember-api", &["ember-types", "ember-engine"]),
         ("ember-client", &["ember-types"]),

@@ -9,10 +9,12 @@
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
 //! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
 //! - [`fd`]: eventfd and small fd helpers.
+//! - [`fs`]: overlay whiteouts and extended attributes for unpacked image layers.
 //! - [`process`]: process control for the in-sandbox agent.
 
 mod child;
 pub mod fd;
+pub mod fs;
 pub mod pidfd;
 pub mod process;
 pub mod seccomp;
