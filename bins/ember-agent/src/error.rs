@@ -17,6 +17,8 @@ pub enum ErrorCode {
     NotFound,
     NotSupported,
     RangeNotSatisfiable,
+    /// A one-time operation (a pool claim) was already done.
+    Conflict,
 }
 
 impl ErrorCode {
@@ -33,6 +35,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "INVALID_REQUEST_BODY",
             ErrorCode::NotSupported => "NOT_SUPPORTED",
             ErrorCode::RangeNotSatisfiable => "UNKNOWN",
+            ErrorCode::Conflict => "CONFLICT",
         }
     }
 
@@ -46,6 +49,7 @@ impl ErrorCode {
             ErrorCode::RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::FileNotFound | ErrorCode::NotFound | ErrorCode::NotSupported => StatusCode::NOT_FOUND,
             ErrorCode::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+            ErrorCode::Conflict => StatusCode::CONFLICT,
         }
     }
 }

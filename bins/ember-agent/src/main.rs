@@ -9,6 +9,7 @@
 //! std goes through `ember_sys::process`.
 #![forbid(unsafe_code)]
 
+mod claim;
 mod commands;
 mod config;
 mod envfile;

@@ -41,6 +41,7 @@ pub fn router(app: App) -> Router {
         .route("/directories", post(files::ops::mkdir).delete(files::ops::remove_dirs))
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
+        .route("/ember/v1/claim", post(crate::claim::claim))
         .fallback(not_supported)
         .method_not_allowed_fallback(not_supported)
         .with_state(app)

@@ -101,5 +101,11 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Streamed exec events are small writes: without TCP_NODELAY the last one
+    // of a reply waits for the client's delayed ACK (~40 ms on loopback).
+    let listener = listener.tap_io(|s| {
+        let _ = s.set_nodelay(true);
+    });
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
