@@ -15,7 +15,10 @@ use anyhow::Context;
 use ember_client::Client;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
-    let BenchCmd::Create { runs, no_crun, json } = cmd;
+    let (runs, no_crun, json) = match cmd {
+        BenchCmd::Create { runs, no_crun, json } => (runs, no_crun, json),
+        BenchCmd::Image { .. } => anyhow::bail!("ember bench image is not built yet"),
+    };
     if runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }

@@ -30,9 +30,19 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
-    let engine = Engine::start(EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl }, Arc::new(runtime))
-        .await
-        .context("engine")?;
+    let images = ember_image::ImageStore::open(ember_image::StoreConfig {
+        root: ember_engine::templates::images_dir(&args.data_dir),
+        uid_base: args.uid_base,
+        insecure_registries: args.insecure_registry.clone(),
+    })
+    .context("image store")?;
+    let engine = Engine::start(
+        EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl },
+        Arc::new(runtime),
+        Arc::new(images),
+    )
+    .await
+    .context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

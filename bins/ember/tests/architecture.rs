@@ -11,10 +11,21 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-cgroups", &["ember-sys"]),
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
         ("ember-image", &["ember-sys"]),
-        ("ember-engine", &["ember-types", "ember-runtime"]),
-        ("ember-api", &["ember-types", "ember-engine"]),
+        ("ember-engine", &["ember-types", "ember-runtime", "ember-image"]),
+        ("ember-api", &["ember-types", "ember-engine", "ember-image"]),
         ("ember-client", &["ember-types"]),
-        ("ember", &["ember-types", "ember-client", "ember-api", "ember-engine", "ember-runtime", "ember-cgroups"]),
+        (
+            "ember",
+            &[
+                "ember-types",
+                "ember-client",
+                "ember-api",
+                "ember-engine",
+                "ember-runtime",
+                "ember-cgroups",
+                "ember-image",
+            ],
+        ),
         ("ember-agent", &["ember-types", "ember-sys"]),
     ];
     m.iter().map(|(k, v)| (*k, v.iter().copied().collect())).collect()

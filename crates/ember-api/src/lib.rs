@@ -11,6 +11,7 @@
 
 mod convert;
 pub mod error;
+mod images;
 mod middleware;
 mod proxy;
 mod sandboxes;
@@ -81,7 +82,16 @@ fn lifecycle() -> Router<ApiState> {
 }
 
 pub fn router(state: ApiState) -> Router {
-    let v1 = lifecycle().route("/metrics/events", post(system::metrics_event));
+    let v1 = lifecycle()
+        .route("/metrics/events", post(system::metrics_event))
+        .route("/images", get(images::list))
+        .route("/images/pull", post(images::pull))
+        .route("/images/pulls", get(images::pulls))
+        .route("/images/import", post(images::import))
+        .route("/images/prune", post(images::prune))
+        .route("/images/{name}", get(images::get_one).delete(images::remove))
+        .route("/templates", post(images::create_template).get(images::list_templates))
+        .route("/templates/{name}", get(images::get_template).delete(images::delete_template));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -11,6 +11,7 @@
 
 mod create;
 mod error;
+mod images;
 mod metrics;
 mod monitor;
 mod ops;
@@ -76,15 +77,22 @@ pub struct Engine {
     /// A std Mutex: map lookups and inserts only, never held across an await.
     sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
     metrics: Metrics,
+    images: Arc<ember_image::ImageStore>,
+    templates: templates::TemplateStore,
 }
 
 impl Engine {
     /// Opens the state dir, re-adopts or reaps what an earlier process left, and
     /// starts the background tasks. Must run inside a tokio runtime.
-    pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
+    pub async fn start(
+        cfg: EngineConfig,
+        runtime: Arc<dyn Runtime>,
+        images: Arc<ember_image::ImageStore>,
+    ) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
-        let engine =
-            Arc::new(Engine { cfg, runtime, store, sandboxes: Mutex::new(HashMap::new()), metrics: Metrics::new() });
+        let templates = templates::TemplateStore::open(cfg.data_dir.join("state/templates"))?;
+        let sandboxes = Mutex::new(HashMap::new());
+        let engine = Arc::new(Engine { cfg, runtime, store, sandboxes, metrics: Metrics::new(), images, templates });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
         Ok(engine)

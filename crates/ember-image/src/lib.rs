@@ -173,6 +173,12 @@ impl ImageStore {
         fut.await.map_err(|e| e.duplicate())
     }
 
+    /// A fresh path in the store's temp dir (emptied at every open), for an
+    /// upload about to be imported.
+    pub fn temp_path(&self, what: &str) -> PathBuf {
+        self.disk.tmp().join(format!("{what}-{}", rand_suffix()))
+    }
+
     fn layer_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut m = self.layer_locks.lock().unwrap_or_else(|p| p.into_inner());
         m.retain(|_, l| Arc::strong_count(l) > 1);

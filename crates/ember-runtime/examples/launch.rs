@@ -24,6 +24,8 @@ fn main() {
         entrypoint: vec![],
         user: UserSpec::SANDBOX,
         network: NetworkMode::None,
+        lower_dirs: vec![],
+        workdir: None,
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

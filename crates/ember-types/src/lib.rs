@@ -8,9 +8,11 @@
 pub mod api;
 pub mod execd;
 pub mod id;
+pub mod image;
 pub mod quantity;
 pub mod sandbox;
 
+pub use api::ResourcesSpec;
 pub use id::{IdError, SandboxId};
 pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};
 pub use sandbox::{
