@@ -76,5 +76,6 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         entrypoint: req.entrypoint.unwrap_or_default(),
         user: req.user,
         runtime_class: req.runtime_class,
+        pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
     })
 }

@@ -12,6 +12,7 @@
 mod convert;
 pub mod error;
 mod middleware;
+mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
@@ -81,7 +82,10 @@ fn lifecycle() -> Router<ApiState> {
 }
 
 pub fn router(state: ApiState) -> Router {
-    let v1 = lifecycle().route("/metrics/events", post(system::metrics_event));
+    let v1 = lifecycle()
+        .route("/metrics/events", post(system::metrics_event))
+        .route("/pools", post(pools::create).get(pools::list))
+        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())
