@@ -84,5 +84,6 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         user: req.user,
         runtime_class: req.runtime_class,
         image_auth,
+        pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
     })
 }

@@ -13,6 +13,7 @@ mod convert;
 pub mod error;
 mod images;
 mod middleware;
+mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
@@ -91,7 +92,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/images/prune", post(images::prune))
         .route("/images/{name}", get(images::get_one).delete(images::remove))
         .route("/templates", post(images::create_template).get(images::list_templates))
-        .route("/templates/{name}", get(images::get_template).delete(images::delete_template));
+        .route("/templates/{name}", get(images::get_template).delete(images::delete_template))
+        .route("/pools", post(pools::create).get(pools::list))
+        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

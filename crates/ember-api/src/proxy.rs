@@ -62,6 +62,10 @@ async fn forward(
             "port {port}: only the agent's port {EXECD_PORT} is proxied so far"
         )));
     }
+    if rest.starts_with("ember/") {
+        // The agent's control routes (pool claim binding) are the daemon's alone.
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route"));
+    }
     let sock = st.engine.agent_socket(&id)?;
     let bad_gateway = |what: &str, e: &dyn std::error::Error| {
         ApiError::new(

@@ -29,6 +29,9 @@ pub struct CreateSandbox {
     pub runtime_class: Option<String>,
     /// Registry credentials, used if the image has to be pulled.
     pub image_auth: Option<ember_types::image::RegistryAuth>,
+    /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
+    /// any pool of the resolved template and resources is used.
+    pub pool: Option<String>,
 }
 
 const MIN_MEMORY: u64 = 16 << 20;
@@ -173,13 +176,33 @@ impl Engine {
         })
     }
 
-    /// Creates a sandbox and returns once its agent answers. The record is
-    /// persisted as Pending before anything is started, so a crash mid-create is
-    /// found and reaped on restart.
+    /// Creates a sandbox and returns once its agent answers: claimed warm from
+    /// a matching pool when one has an idle sandbox, else started cold (a pool
+    /// miss is never an error).
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
         self.prepare_image(&req).await?;
         let spec = self.resolve(&req)?;
+        if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
+            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), t0).await? {
+                return Ok(rec);
+            }
+        }
+        let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
+        self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
+        Ok(rec)
+    }
+
+    /// Starts a sandbox cold. The record is persisted as Pending before anything
+    /// is started, so a crash mid-create is found and reaped on restart.
+    /// `pool`: started by that pool's refill, idle until claimed.
+    pub(crate) async fn launch(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        pool: Option<String>,
+        t0: Instant,
+    ) -> Result<SandboxRecord, EngineError> {
         let id = SandboxId::from_random(random16());
         let now = now_ms();
         let rec = SandboxRecord {
@@ -188,7 +211,7 @@ impl Engine {
             state: SandboxState::Pending,
             reason: None,
             message: None,
-            image_uri: req.image_uri.clone(),
+            image_uri,
             created_at_ms: now,
             expires_at_ms: spec.ttl_secs.map(|t| now + t as i64 * 1000),
             last_transition_ms: now,
@@ -196,8 +219,10 @@ impl Engine {
             start_time: None,
             launch: None,
             deleting: false,
+            pooled: pool.is_some(),
+            pool,
         };
-        self.store.save(&rec)?;
+        self.store.save(rec.id.as_str(), &rec)?;
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
         let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
@@ -233,14 +258,13 @@ impl Engine {
             ctl: tx,
             wake: Notify::new(),
         });
-        self.store.save(&rec)?;
+        self.store.save(rec.id.as_str(), &rec)?;
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
-        self.observe_launch(&spec, "cold", micros);
         crate::monitor::spawn(self.clone(), entry, launched, rx);
         Ok(rec)
     }
 
-    fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
+    pub(crate) fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
         let labels = crate::metrics::LaunchLabels {
             template: spec.template.clone(),
             launch: kind.into(),

@@ -32,6 +32,13 @@ pub struct SandboxRecord {
     /// Set before a removal starts, so a restart finishes it instead of
     /// re-adopting the sandbox.
     pub deleting: bool,
+    /// The warm pool that started this sandbox, if any.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// True while the sandbox waits, idle, in its pool. Cleared (and persisted)
+    /// before a claim is answered; from then on it is never returned to a pool.
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 pub fn now_ms() -> i64 {

@@ -199,3 +199,17 @@ impl Engine {
 pub fn images_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("images")
 }
+
+impl Engine {
+    /// The spec a pool starts its idle sandboxes with: the template's defaults
+    /// (image layers, env, workdir, user) and the pool's resources; everything
+    /// per-caller is bound at claim, so no entrypoint runs.
+    pub(crate) fn pooled_spec(&self, p: &crate::pool::PoolSpec) -> Result<ember_types::SandboxSpec, EngineError> {
+        let req = crate::CreateSandbox { template: Some(p.template.clone()), ..Default::default() };
+        let mut spec = self.resolve(&req)?;
+        spec.resources = p.resources.clone();
+        spec.runtime_class = p.runtime_class.clone();
+        spec.entrypoint = Vec::new();
+        Ok(spec)
+    }
+}
