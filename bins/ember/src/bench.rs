@@ -7,6 +7,7 @@
 mod crun;
 mod ember;
 mod oci;
+pub mod registry;
 mod report;
 mod stats;
 
