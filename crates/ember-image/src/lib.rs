@@ -239,6 +239,9 @@ impl ImageError {
             E::NotFound(s) => E::NotFound(s.clone()),
             E::Unauthorized { reference } => E::Unauthorized { reference: reference.clone() },
             E::NotInRegistry { reference } => E::NotInRegistry { reference: reference.clone() },
+            E::Registry { reference, message } => {
+                E::Registry { reference: reference.clone(), message: message.clone() }
+            }
             E::DigestMismatch { reference, digest, message } => {
                 E::DigestMismatch { reference: reference.clone(), digest: digest.clone(), message: message.clone() }
             }
