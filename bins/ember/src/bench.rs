@@ -6,6 +6,7 @@
 //! figures are printed either way). A missed target is a result, not an error.
 mod crun;
 mod ember;
+mod image;
 mod oci;
 pub mod registry;
 mod report;
@@ -18,7 +19,10 @@ use ember_client::Client;
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     let (runs, no_crun, json) = match cmd {
         BenchCmd::Create { runs, no_crun, json } => (runs, no_crun, json),
-        BenchCmd::Image { .. } => anyhow::bail!("ember bench image is not built yet"),
+        BenchCmd::Image { runs, size_mib, registry_port, json } => {
+            let args = image::Args { runs, size_mib, port: registry_port, json };
+            return image::run(client, args).await;
+        }
     };
     if runs == 0 {
         anyhow::bail!("--runs must be at least 1");
