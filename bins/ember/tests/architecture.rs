@@ -11,8 +11,9 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-cgroups", &["ember-sys"]),
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
         ("ember-image", &["ember-sys"]),
-        ("ember-engine", &["ember-types", "ember-runtime", "ember-image"]),
-        ("ember-api", &["ember-types", "ember-engine", "ember-image"]),
+        ("ember-workspace", &[]),
+        ("ember-engine", &["ember-types", "ember-runtime", "ember-image", "ember-workspace"]),
+        ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace"]),
         ("ember-client", &["ember-types"]),
         (
             "ember",

@@ -57,6 +57,7 @@ impl From<EngineError> for ApiError {
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
+            EngineError::Workspace(w) => workspace_status(w),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {
@@ -86,6 +87,20 @@ fn image_status(e: &ember_image::ImageError) -> (StatusCode, &'static str) {
         I::InUse { .. } => (S::CONFLICT, "IMAGE::IN_USE"),
         I::User { .. } => (S::BAD_REQUEST, "IMAGE::BAD_USER"),
         I::Io { .. } | I::Sys(_) => (S::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),
+    }
+}
+
+fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'static str) {
+    use ember_workspace::{LeaseError, WorkspaceError as W};
+    use StatusCode as S;
+    match e {
+        W::Name(_) | W::TooSmall(_) => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
+        W::NotFound(_) => (S::NOT_FOUND, "WORKSPACE::NOT_FOUND"),
+        W::Exists(_) => (S::CONFLICT, "WORKSPACE::ALREADY_EXISTS"),
+        W::InUse { .. } => (S::CONFLICT, "WORKSPACE::IN_USE"),
+        W::Lease(LeaseError::Held { .. }) => (S::CONFLICT, "WORKSPACE::LEASED"),
+        W::Lease(LeaseError::Fenced { .. }) => (S::CONFLICT, "WORKSPACE::FENCED"),
+        W::Io { .. } | W::Command { .. } => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
     }
 }
 

@@ -17,6 +17,7 @@ mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
+mod workspaces;
 
 use axum::extract::{FromRequest, Request};
 use axum::routing::{any, get, patch, post};
@@ -94,7 +95,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/templates", post(images::create_template).get(images::list_templates))
         .route("/templates/{name}", get(images::get_template).delete(images::delete_template))
         .route("/pools", post(pools::create).get(pools::list))
-        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove));
+        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
+        .route("/workspaces", post(workspaces::create).get(workspaces::list))
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -15,6 +15,7 @@
 mod child;
 pub mod fd;
 pub mod fs;
+pub mod inject;
 pub mod pidfd;
 pub mod process;
 pub mod seccomp;
