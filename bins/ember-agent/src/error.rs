@@ -17,6 +17,10 @@ pub enum ErrorCode {
     NotFound,
     NotSupported,
     RangeNotSatisfiable,
+    /// A proxied in-sandbox server could not be reached.
+    BadGateway,
+    /// A code context id that does not exist.
+    ContextNotFound,
 }
 
 impl ErrorCode {
@@ -33,6 +37,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "INVALID_REQUEST_BODY",
             ErrorCode::NotSupported => "NOT_SUPPORTED",
             ErrorCode::RangeNotSatisfiable => "UNKNOWN",
+            ErrorCode::BadGateway => "RUNTIME_ERROR",
+            ErrorCode::ContextNotFound => "CONTEXT_NOT_FOUND",
         }
     }
 
@@ -46,6 +52,8 @@ impl ErrorCode {
             ErrorCode::RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::FileNotFound | ErrorCode::NotFound | ErrorCode::NotSupported => StatusCode::NOT_FOUND,
             ErrorCode::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+            ErrorCode::BadGateway => StatusCode::BAD_GATEWAY,
+            ErrorCode::ContextNotFound => StatusCode::NOT_FOUND,
         }
     }
 }

@@ -40,7 +40,14 @@ pub async fn run(config: AgentConfig) -> i32 {
         config: Arc::new(config),
         reaper: Arc::new(Reaper::default()),
         registry: Arc::new(Registry::default()),
+        sessions: Arc::default(),
+        contexts: Arc::default(),
     };
+    if app.config.is_pid1 {
+        // Only inside a sandbox: on a shared host the port may be anyone's.
+        let port = app.config.env_var("JUPYTER_PORT").and_then(|p| p.parse().ok()).unwrap_or(44771);
+        tokio::spawn(crate::code::readiness_port(port));
+    }
     let reaper = app.reaper.clone();
     tokio::spawn(async move { reaper.run(sigchld).await });
     let mut entrypoint = start_entrypoint(&app);

@@ -16,7 +16,10 @@ fn text(o: &Output) -> String {
 #[test]
 fn create_exec_cp_inspect_ls_rm() {
     let d = Daemon::start();
-    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi", "--pids", "64", "--env", "GREETING=hello", "--label", "team=a"]);
+    let o = ember(
+        &d,
+        &["sandbox", "create", "--memory", "128Mi", "--pids", "64", "--env", "GREETING=hello", "--label", "team=a"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = text(&o).trim().to_string();
     assert_eq!(id.len(), 36, "create prints the id: {id:?}");

@@ -19,7 +19,7 @@ mod recover;
 mod store;
 pub mod templates;
 
-pub use create::CreateSandbox;
+pub use create::{CreateSandbox, HostVolumeRequest};
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use ops::ListFilter;
@@ -41,6 +41,9 @@ pub struct EngineConfig {
     pub retention: Duration,
     /// Upper bound on a sandbox's TTL, if any.
     pub max_ttl: Option<Duration>,
+    /// Host directories (and everything under them) that `host` volumes may
+    /// bind into sandboxes. Empty: no host volumes.
+    pub allowed_host_paths: Vec<PathBuf>,
 }
 
 /// A request to the monitor of one sandbox.

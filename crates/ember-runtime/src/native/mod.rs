@@ -95,6 +95,7 @@ impl NativeRuntime {
             sandbox_dir: dir,
             lower_dirs: &lowers,
             host_binds: &binds,
+            volumes: &spec.volumes,
             disk_bytes: spec.resources.disk_bytes,
             hostname: &hostname,
         };
@@ -276,6 +277,10 @@ impl Runtime for NativeRuntime {
             }
         }
         Ok(out)
+    }
+
+    fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
+        Some(self.sandbox_dir(id.as_str()).join("agent.log"))
     }
 
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
