@@ -60,7 +60,12 @@ fn file_routes() -> Router<App> {
         .route("/files/replace", post(files::ops::replace))
         .route("/files/search", get(files::walk::search))
         // Uploads stream to disk, so no body limit applies to them.
-        .route("/files/upload", post(files::upload::upload).layer(DefaultBodyLimit::disable()))
+        .route(
+            "/files/upload",
+            post(files::upload::upload)
+                .layer(DefaultBodyLimit::disable())
+                .layer(axum::middleware::from_fn(files::upload::read_to_end)),
+        )
         .route("/files/download", get(files::download::download))
         .route("/directories/list", get(files::walk::list))
         .route("/directories", post(files::ops::mkdir).delete(files::ops::remove_dirs))

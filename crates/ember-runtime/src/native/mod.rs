@@ -135,6 +135,11 @@ fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
         let ep = serde_json::to_string(&spec.entrypoint).unwrap_or_default();
         env.push(format!("EMBER_AGENT_ENTRYPOINT={ep}"));
     }
+    if !spec.env.contains_key("EXECD_ENVS") {
+        // The file the SDK's `commands.set_env` appends to; the agent creates
+        // it at boot, owned by the default user, and merges it into every command.
+        env.push("EXECD_ENVS=/opt/opensandbox/.env".to_string());
+    }
     for (k, v) in &spec.env {
         if !k.starts_with("EMBER_AGENT_") {
             env.push(format!("{k}={v}"));
