@@ -90,7 +90,11 @@ async fn forward(
     });
     let (mut parts, body) = req.into_parts();
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let rest = if port == EXECD_PORT { rest } else { format!("proxy/{port}/{rest}") };
+    let rest = match (port, rest.is_empty()) {
+        (EXECD_PORT, _) => rest,
+        (_, true) => format!("proxy/{port}"),
+        (_, false) => format!("proxy/{port}/{rest}"),
+    };
     let path = match parts.uri.query() {
         Some(q) => format!("/{rest}?{q}"),
         None => format!("/{rest}"),
