@@ -5,7 +5,8 @@
     python3 benches/opensandbox_bench.py --domain 127.0.0.1:8080 --runs 50
 
 Prints p50/p99 of `Sandbox.create` + the first `commands.run("echo ready")`
-output, cold (a sandbox built per request), and the server-side create time
+output, cold (a sandbox built per request; no pool matches the SDK's
+default resources), and the server-side create time
 ember reports. Sandboxes are killed after each run (outside the timing).
 """
 import argparse
@@ -51,7 +52,7 @@ async def main():
     print(f"OpenSandbox SDK 1.1.1 → ember, {a.runs} sequential runs")
     print(f"cold: create→first output  p50 {pct(total, 50):7.1f} ms  p99 {pct(total, 99):7.1f} ms  mean {statistics.mean(total):.1f} ms")
     print(f"cold: Sandbox.create alone p50 {pct(create, 50):7.1f} ms  p99 {pct(create, 99):7.1f} ms")
-    print("warm: n/a until pools land (ember's warm pools arrive with another issue)")
+    print("warm: not measured by this script yet (create a pool with POST /v1/pools, then pass extensions.poolRef)")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub base_env: Vec<(OsString, OsString)>,
     /// `EXECD_ENVS`: a KEY=VALUE file merged into every command's env.
     pub execd_envs: Option<PathBuf>,
+    /// What a warm-pool claim bound (env, user, entrypoint); shared and mutable.
+    pub binding: std::sync::Arc<crate::claim::Binding>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -101,6 +103,7 @@ impl AgentConfig {
             grace,
             base_env,
             execd_envs,
+            binding: Default::default(),
         })
     }
 

@@ -21,6 +21,8 @@ pub enum ErrorCode {
     BadGateway,
     /// A code context id that does not exist.
     ContextNotFound,
+    /// A one-time operation (a pool claim) was already done.
+    Conflict,
 }
 
 impl ErrorCode {
@@ -39,6 +41,7 @@ impl ErrorCode {
             ErrorCode::RangeNotSatisfiable => "UNKNOWN",
             ErrorCode::BadGateway => "RUNTIME_ERROR",
             ErrorCode::ContextNotFound => "CONTEXT_NOT_FOUND",
+            ErrorCode::Conflict => "CONFLICT",
         }
     }
 
@@ -54,6 +57,7 @@ impl ErrorCode {
             ErrorCode::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             ErrorCode::BadGateway => StatusCode::BAD_GATEWAY,
             ErrorCode::ContextNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Conflict => StatusCode::CONFLICT,
         }
     }
 }

@@ -51,13 +51,11 @@ pub async fn run(config: AgentConfig) -> i32 {
     }
     let reaper = app.reaper.clone();
     tokio::spawn(async move { reaper.run(sigchld).await });
-    let mut entrypoint = start_entrypoint(&app);
-    let entry_exit = async {
-        match &mut entrypoint {
-            Some(handle) => handle.await.unwrap_or(ExitKind::Exited(1)),
-            None => std::future::pending().await,
-        }
-    };
+    if let Some(argv) = app.config.entrypoint.clone() {
+        app.config.binding.set_entrypoint(start_entrypoint(&app, argv));
+    }
+    let binding = app.config.binding.clone();
+    let entry_exit = binding.entrypoint_exit();
     let code = tokio::select! {
         r = server::serve(&app.config, server::router(app.clone())) => {
             eprintln!("ember-agent: server stopped: {}", r.err().map_or("no error".to_string(), |e| e.to_string()));
@@ -71,11 +69,11 @@ pub async fn run(config: AgentConfig) -> i32 {
     code
 }
 
-/// Starts `EMBER_AGENT_ENTRYPOINT` as the default user, its output kept in
-/// the log of the command named "entrypoint" (`/command/entrypoint/logs`).
-/// The handle resolves when it exits.
-fn start_entrypoint(app: &App) -> Option<JoinHandle<ExitKind>> {
-    let argv = app.config.entrypoint.clone()?;
+/// Starts an entrypoint (`EMBER_AGENT_ENTRYPOINT` at boot, or one bound by a
+/// claim) as the default user, its output kept in the log of the command
+/// named "entrypoint" (`/command/entrypoint/logs`). The handle resolves when
+/// it exits.
+pub fn start_entrypoint(app: &App, argv: Vec<String>) -> JoinHandle<ExitKind> {
     let req = RunCommandRequest {
         argv: Some(argv),
         // The image's working directory is the agent's own.
@@ -93,11 +91,11 @@ fn start_entrypoint(app: &App) -> Option<JoinHandle<ExitKind>> {
                 drain: Some(DRAIN),
                 grace: Duration::ZERO,
             };
-            Some(tokio::spawn(run.watch(spawned, None)))
+            tokio::spawn(run.watch(spawned, None))
         }
         Err((_, msg)) => {
             eprintln!("ember-agent: entrypoint: {msg}");
-            Some(tokio::spawn(async { ExitKind::Exited(127) }))
+            tokio::spawn(async { ExitKind::Exited(127) })
         }
     }
 }

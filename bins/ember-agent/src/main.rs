@@ -10,6 +10,7 @@
 //! std goes through `ember_sys::process`.
 #![forbid(unsafe_code)]
 
+mod claim;
 mod code;
 mod commands;
 mod config;

@@ -41,6 +41,7 @@ pub fn router(app: App) -> Router {
         .route("/metrics/watch", get(metrics::watch))
         .route("/proxy/{port}", any(proxy::proxy_root))
         .route("/proxy/{port}/{*rest}", any(proxy::proxy))
+        .route("/ember/v1/claim", post(crate::claim::claim))
         .merge(file_routes())
         // The same file routes with a filesystem identity (protocol §3.4):
         // every operation is checked by the kernel as that uid/gid.

@@ -1,7 +1,41 @@
-//! `ember bench` (filled in below).
+//! `ember bench create`: ember's cold create-to-ready and exec round trip,
+//! measured through the public API like any client, beside crun measured in
+//! the same run on the same machine.
+//!
+//! Exit code: 0 when every ember run succeeded, 1 when some failed (the
+//! figures are printed either way). A missed target is a result, not an error.
+mod crun;
+mod ember;
+mod oci;
+mod report;
+mod stats;
+
 use crate::cli::BenchCmd;
+use anyhow::Context;
 use ember_client::Client;
 
-pub async fn run(_client: &Client, _cmd: BenchCmd) -> anyhow::Result<i32> {
-    anyhow::bail!("bench is not built yet")
+pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
+    let BenchCmd::Create { runs, no_crun, json } = cmd;
+    if runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    // The client keeps its address to itself; the command line has it too.
+    let url = <crate::cli::Cli as clap::Parser>::try_parse().map(|c| c.url).unwrap_or_default();
+    eprintln!("ember bench create: {runs} runs per figure");
+    let ember = ember::measure(client, runs).await.context("ember is not measurable")?;
+    let crun = if no_crun {
+        None
+    } else {
+        Some(tokio::task::spawn_blocking(move || crun::measure(runs)).await.context("the crun reference task")?)
+    };
+    let r = report::Report { url: &url, runs, ember: &ember, crun: crun.as_ref() };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r.to_json())?);
+    } else {
+        println!();
+        r.print_table();
+    }
+    let failed =
+        [&ember.create_wall, &ember.delete, &ember.exec_argv, &ember.exec_bash].iter().any(|s| s.summary().failed > 0);
+    Ok(if failed { 1 } else { 0 })
 }

@@ -35,6 +35,9 @@ pub enum Cmd {
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
+    /// Manage warm pools.
+    #[command(subcommand)]
+    Pool(PoolCmd),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -166,4 +169,54 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Keep sandboxes of a template started ahead of demand.
+    Create {
+        #[arg(long)]
+        template: String,
+        /// Pool name (default: the template's).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        min: u32,
+        #[arg(long)]
+        max: u32,
+        /// `auto` (sized from demand) or an idle count.
+        #[arg(long, default_value = "auto")]
+        target: String,
+        #[arg(long)]
+        memory: Option<String>,
+        #[arg(long)]
+        cpus: Option<String>,
+        #[arg(long)]
+        pids: Option<u64>,
+        #[arg(long)]
+        disk: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a pool and the arithmetic behind its target.
+    Inspect {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    Resize {
+        name: String,
+        #[arg(long)]
+        min: Option<u32>,
+        #[arg(long)]
+        max: Option<u32>,
+        #[arg(long)]
+        target: Option<String>,
+    },
+    /// Remove a pool and its idle sandboxes.
+    Rm { names: Vec<String> },
 }

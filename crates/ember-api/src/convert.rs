@@ -55,11 +55,6 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
             "creating from snapshotId is not supported yet: ember has no sandbox snapshots (they arrive with workspaces)",
         ));
     }
-    if let Some(pool) = req.extensions.as_ref().and_then(|x| x.get("poolRef")) {
-        return Err(ApiError::not_supported(format!(
-            "extensions.poolRef {pool:?}: pools are not supported yet (ember's warm pools arrive with another issue)"
-        )));
-    }
     if req.secure_access == Some(true) {
         return Err(ApiError::not_supported("secureAccess: ember has no ingress gateway; use the API key"));
     }
@@ -89,6 +84,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         runtime_class: req.runtime_class,
         network_policy: req.network_policy,
         volumes,
+        pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
     })
 }
 

@@ -53,6 +53,8 @@ impl From<EngineError> for ApiError {
             EngineError::NoExpiration(_) => (S::CONFLICT, "SANDBOX::NO_EXPIRATION"),
             EngineError::Runtime { .. } => (S::INTERNAL_SERVER_ERROR, "SANDBOX::RUNTIME_ERROR"),
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
+            EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
+            EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

@@ -15,6 +15,7 @@ mod diagnostics;
 mod egress;
 pub mod error;
 mod middleware;
+mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
@@ -92,7 +93,10 @@ fn lifecycle() -> Router<ApiState> {
 }
 
 pub fn router(state: ApiState) -> Router {
-    let v1 = lifecycle().route("/metrics/events", post(system::metrics_event));
+    let v1 = lifecycle()
+        .route("/metrics/events", post(system::metrics_event))
+        .route("/pools", post(pools::create).get(pools::list))
+        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())
@@ -112,5 +116,11 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Streamed exec events are small writes: without TCP_NODELAY the last one
+    // of a reply waits for the client's delayed ACK (~40 ms on loopback).
+    let listener = listener.tap_io(|s| {
+        let _ = s.set_nodelay(true);
+    });
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }

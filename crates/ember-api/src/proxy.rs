@@ -74,6 +74,10 @@ async fn forward(
     if port == 0 {
         return Err(ApiError::bad_request("port 0 is not a port"));
     }
+    if rest.starts_with("ember/") {
+        // The agent's control routes (pool claim binding) are the daemon's alone.
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route"));
+    }
     let sock = st.engine.agent_socket(&id)?;
     let bad_gateway = |what: &str, e: &dyn std::error::Error| {
         ApiError::new(

@@ -6,7 +6,9 @@
 mod execd;
 
 use bytes::Bytes;
-use ember_types::api::{CreateSandboxRequest, ErrorBody, SandboxInfo, SandboxList};
+use ember_types::api::{
+    CreatePoolRequest, CreateSandboxRequest, ErrorBody, PoolInfo, PoolList, ResizePoolRequest, SandboxInfo, SandboxList,
+};
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -141,6 +143,32 @@ impl Client {
 
     pub async fn boundary(&self, id: &str) -> Result<BoundaryReport, ClientError> {
         Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/boundary"), None).await?.0)
+    }
+
+    pub async fn create_pool(&self, req: &CreatePoolRequest) -> Result<PoolInfo, ClientError> {
+        let body = serde_json::to_vec(req)
+            .map_err(|e| ClientError::Protocol { path: "pool".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, "/v1/pools", Some(body)).await?.0)
+    }
+
+    pub async fn list_pools(&self) -> Result<Vec<PoolInfo>, ClientError> {
+        Ok(self.json::<PoolList>(Method::GET, "/v1/pools", None).await?.0.items)
+    }
+
+    pub async fn get_pool(&self, name: &str) -> Result<PoolInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/pools/{name}"), None).await?.0)
+    }
+
+    pub async fn resize_pool(&self, name: &str, req: &ResizePoolRequest) -> Result<PoolInfo, ClientError> {
+        let body = serde_json::to_vec(req)
+            .map_err(|e| ClientError::Protocol { path: "pool".into(), message: e.to_string() })?;
+        Ok(self.json(Method::PUT, &format!("/v1/pools/{name}"), Some(body)).await?.0)
+    }
+
+    pub async fn delete_pool(&self, name: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/pools/{name}");
+        let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
     }
 
     /// Raw GET returning status and body (health, metrics, anything).

@@ -29,6 +29,9 @@ pub struct CreateSandbox {
     pub runtime_class: Option<String>,
     pub network_policy: Option<ember_types::api::NetworkPolicy>,
     pub volumes: Vec<HostVolumeRequest>,
+    /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
+    /// any pool of the resolved template and resources is used.
+    pub pool: Option<String>,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -136,12 +139,45 @@ impl Engine {
         Ok(VolumeMount { host_path: real, mount_path: v.mount_path.clone(), read_only: v.read_only })
     }
 
-    /// Creates a sandbox and returns once its agent answers. The record is
-    /// persisted as Pending before anything is started, so a crash mid-create is
-    /// found and reaped on restart.
+    /// Creates a sandbox and returns once its agent answers: claimed warm from
+    /// a matching pool when one has an idle sandbox, else started cold (a pool
+    /// miss is never an error).
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
         let spec = self.resolve(&req)?;
+        if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
+            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), t0).await? {
+                return self.record_policy(rec, req.network_policy);
+            }
+        }
+        let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
+        self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
+        self.record_policy(rec, req.network_policy)
+    }
+
+    /// Records the create request's egress policy on the new sandbox.
+    fn record_policy(
+        &self,
+        rec: SandboxRecord,
+        policy: Option<ember_types::api::NetworkPolicy>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let Some(policy) = policy else { return Ok(rec) };
+        let e = self.entry(rec.id.as_str())?;
+        e.update(|r| r.network_policy = Some(policy));
+        self.persist(&e);
+        Ok(e.snapshot())
+    }
+
+    /// Starts a sandbox cold. The record is persisted as Pending before anything
+    /// is started, so a crash mid-create is found and reaped on restart.
+    /// `pool`: started by that pool's refill, idle until claimed.
+    pub(crate) async fn launch(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        pool: Option<String>,
+        t0: Instant,
+    ) -> Result<SandboxRecord, EngineError> {
         let id = SandboxId::from_random(random16());
         let now = now_ms();
         let rec = SandboxRecord {
@@ -150,7 +186,7 @@ impl Engine {
             state: SandboxState::Pending,
             reason: None,
             message: None,
-            image_uri: req.image_uri.clone(),
+            image_uri,
             created_at_ms: now,
             expires_at_ms: spec.ttl_secs.map(|t| now + t as i64 * 1000),
             last_transition_ms: now,
@@ -158,12 +194,14 @@ impl Engine {
             start_time: None,
             launch: None,
             deleting: false,
-            network_policy: req.network_policy.clone(),
+            network_policy: None,
             events: Vec::new(),
+            pooled: pool.is_some(),
+            pool,
         };
         let mut rec = rec;
         rec.event("Pending: create requested".to_string());
-        self.store.save(&rec)?;
+        self.store.save(rec.id.as_str(), &rec)?;
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
         let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
@@ -198,14 +236,13 @@ impl Engine {
             ctl: tx,
             wake: Notify::new(),
         });
-        self.store.save(&rec)?;
+        self.store.save(rec.id.as_str(), &rec)?;
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
-        self.observe_launch(&spec, "cold", micros);
         crate::monitor::spawn(self.clone(), entry, launched, rx);
         Ok(rec)
     }
 
-    fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
+    pub(crate) fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
         let labels = crate::metrics::LaunchLabels {
             template: spec.template.clone(),
             launch: kind.into(),

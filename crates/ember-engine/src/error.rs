@@ -29,6 +29,10 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("pool {0} not found")]
+    PoolNotFound(String),
+    #[error("pool {0} already exists")]
+    PoolExists(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -14,6 +14,7 @@ mod error;
 mod metrics;
 mod monitor;
 mod ops;
+pub mod pool;
 pub mod record;
 mod recover;
 mod store;
@@ -75,9 +76,12 @@ impl Entry {
 pub struct Engine {
     cfg: EngineConfig,
     runtime: Arc<dyn Runtime>,
-    store: store::Store,
+    store: store::Store<SandboxRecord>,
     /// A std Mutex: map lookups and inserts only, never held across an await.
     sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
+    /// A std Mutex: lookups and inserts only, never held across an await.
+    pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
+    pool_store: store::Store<pool::PoolSpec>,
     metrics: Metrics,
 }
 
@@ -86,8 +90,16 @@ impl Engine {
     /// starts the background tasks. Must run inside a tokio runtime.
     pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
-        let engine =
-            Arc::new(Engine { cfg, runtime, store, sandboxes: Mutex::new(HashMap::new()), metrics: Metrics::new() });
+        let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
+        let engine = Arc::new(Engine {
+            cfg,
+            runtime,
+            store,
+            sandboxes: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
+            pool_store,
+            metrics: Metrics::new(),
+        });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
         Ok(engine)
@@ -112,7 +124,8 @@ impl Engine {
     }
 
     fn persist(&self, e: &Entry) {
-        if let Err(err) = self.store.save(&e.snapshot()) {
+        let r = e.snapshot();
+        if let Err(err) = self.store.save(r.id.as_str(), &r) {
             tracing::error!(error = %err, "persisting sandbox record failed");
         }
     }

@@ -148,6 +148,17 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reas
     tracing::info!(sandbox = %id, reason = %reason, "sandbox ended");
     engine.metrics.terminated.get_or_create(&crate::metrics::ReasonLabels { reason: reason.code() }).inc();
     entry.update(|r| r.transition(reason.terminal_state(), Some(reason)));
+    let rec = entry.snapshot();
+    if rec.pooled {
+        // An idle pool member died: no caller knows it, so nothing to keep.
+        if let Some(pool) = rec.pool.as_deref().and_then(|n| engine.pool(n).ok()) {
+            pool.idle.lock().unwrap_or_else(|p| p.into_inner()).retain(|i| *i != rec.id);
+            pool.wake.notify_one();
+        }
+        engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
+        let _ = engine.store.remove(rec.id.as_str());
+        return;
+    }
     engine.persist(entry);
 }
 

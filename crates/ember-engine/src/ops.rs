@@ -19,7 +19,12 @@ pub struct ListFilter {
 
 impl Engine {
     pub fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
-        Ok(self.entry(id)?.snapshot())
+        let r = self.entry(id)?.snapshot();
+        if r.pooled {
+            // Idle pool members are the pool's, not any caller's.
+            return Err(EngineError::NotFound(id.to_string()));
+        }
+        Ok(r)
     }
 
     /// Matching sandboxes, oldest first.
@@ -28,7 +33,7 @@ impl Engine {
         let mut out: Vec<SandboxRecord> = entries
             .iter()
             .map(|e| e.snapshot())
-            .filter(|r| !r.deleting)
+            .filter(|r| !r.deleting && !r.pooled)
             .filter(|r| f.states.is_empty() || f.states.contains(&r.state))
             .filter(|r| f.metadata.iter().all(|(k, v)| r.spec.metadata.get(k) == Some(v)))
             .collect();

@@ -39,6 +39,13 @@ pub struct SandboxRecord {
     /// Lifecycle events, oldest first, at most [`MAX_EVENTS`]: (unix ms, text).
     #[serde(default)]
     pub events: Vec<(i64, String)>,
+    /// The warm pool that started this sandbox, if any.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// True while the sandbox waits, idle, in its pool. Cleared (and persisted)
+    /// before a claim is answered; from then on it is never returned to a pool.
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 pub const MAX_EVENTS: usize = 200;

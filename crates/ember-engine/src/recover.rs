@@ -8,6 +8,15 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
 
 pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
+    for (name, spec) in engine.pool_store.load_all() {
+        match spec {
+            Ok(spec) => {
+                let pool = Arc::new(crate::pool::Pool::new(spec));
+                engine.pools.lock().unwrap_or_else(|p| p.into_inner()).insert(name, pool);
+            }
+            Err(why) => tracing::warn!(pool = %name, why = %why, "unreadable pool record; ignoring it"),
+        }
+    }
     let mut known = Vec::new();
     for (stem, rec) in engine.store.load_all() {
         match rec {
@@ -31,6 +40,10 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
         let rt = engine.runtime.clone();
         let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
     }
+    let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+    for pool in pools {
+        crate::pool::spawn_driver(engine, pool);
+    }
     Ok(())
 }
 
@@ -52,6 +65,16 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
                 });
                 engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
                 crate::monitor::spawn(engine.clone(), entry, launched, rx);
+                // An idle pooled sandbox goes back to its pool: its record says it
+                // was never handed out (a claim persists before it answers).
+                if rec.pooled {
+                    match rec.pool.as_deref().and_then(|n| engine.pool(n).ok()) {
+                        Some(pool) => pool.push_idle(rec.id.clone()),
+                        None => {
+                            let _ = engine.remove(rec.id.as_str()).await;
+                        }
+                    }
+                }
                 return;
             }
         }
@@ -66,7 +89,8 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     })
     .await
     .unwrap_or(0);
-    if rec.deleting {
+    if rec.deleting || rec.pooled {
+        // Removed on purpose, or an idle pool member no caller ever saw.
         let _ = engine.store.remove(rec.id.as_str());
         return;
     }
@@ -81,7 +105,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
         tracing::info!(sandbox = %rec.id, reason = %reason, "sandbox did not survive the restart");
         rec.transition(reason.terminal_state(), Some(reason));
     }
-    let _ = engine.store.save(&rec);
+    let _ = engine.store.save(rec.id.as_str(), &rec);
     let (tx, _rx) = mpsc::channel(1);
     let entry = Arc::new(Entry {
         record: Mutex::new(rec.clone()),

@@ -1,4 +1,5 @@
-//! Persisted sandbox records: one file per sandbox under `<data>/state/sandboxes`.
+//! Persisted records (sandboxes, pools): one file per record under a directory
+//! of `<data>/state`.
 //!
 //! Format: a header line `EMBER-STATE v1 <fnv64 of the body>` and the JSON body.
 //! Written to a temp file and renamed into place, so a crash leaves either the old
@@ -7,13 +8,15 @@
 //! survive a host crash, while a daemon crash (the case this guards) keeps the
 //! page cache.
 use crate::error::EngineError;
-use crate::record::SandboxRecord;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 const VERSION: &str = "v1";
 
-pub struct Store {
+pub struct Store<T> {
     dir: PathBuf,
+    _kind: std::marker::PhantomData<fn() -> T>,
 }
 
 fn fnv64(b: &[u8]) -> u64 {
@@ -25,21 +28,21 @@ fn store_err(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
     move |source| EngineError::Store { path, source }
 }
 
-impl Store {
-    pub fn open(dir: PathBuf) -> Result<Store, EngineError> {
+impl<T: Serialize + DeserializeOwned> Store<T> {
+    pub fn open(dir: PathBuf) -> Result<Store<T>, EngineError> {
         std::fs::create_dir_all(&dir).map_err(store_err(&dir))?;
-        Ok(Store { dir })
+        Ok(Store { dir, _kind: std::marker::PhantomData })
     }
 
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
     }
 
-    pub fn save(&self, r: &SandboxRecord) -> Result<(), EngineError> {
+    pub fn save(&self, id: &str, r: &T) -> Result<(), EngineError> {
         let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
         let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
         data.extend_from_slice(&body);
-        let path = self.path(r.id.as_str());
+        let path = self.path(id);
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, &data).map_err(store_err(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(store_err(&path))
@@ -53,7 +56,7 @@ impl Store {
     }
 
     /// Every record on disk: `(file stem, record or why it could not be read)`.
-    pub fn load_all(&self) -> Vec<(String, Result<SandboxRecord, String>)> {
+    pub fn load_all(&self) -> Vec<(String, Result<T, String>)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return vec![] };
         let mut out = Vec::new();
         for e in rd.flatten() {
@@ -72,7 +75,7 @@ impl Store {
     }
 }
 
-fn load(p: &Path) -> Result<SandboxRecord, String> {
+fn load<T: DeserializeOwned>(p: &Path) -> Result<T, String> {
     let data = std::fs::read(p).map_err(|e| e.to_string())?;
     let nl = data.iter().position(|&b| b == b'\n').ok_or("no header")?;
     let header = String::from_utf8_lossy(&data[..nl]);

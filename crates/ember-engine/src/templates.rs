@@ -1,7 +1,7 @@
 //! Templates: named defaults a sandbox is created from. The built-in `host`
 //! template uses the host's `/usr` read-only under a generated `/etc`; OCI image
 //! templates arrive with image support.
-use ember_types::{Resources, UserSpec};
+use ember_types::{NetworkMode, Resources, SandboxSpec, UserSpec};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Template {
@@ -18,4 +18,22 @@ pub fn builtin(name: &str) -> Option<Template> {
         resources: Resources::default(),
         user: UserSpec::SANDBOX,
     })
+}
+
+/// The spec a pool starts its idle sandboxes with: the template's defaults and
+/// the pool's resources; everything per-caller is bound at claim.
+pub(crate) fn pooled_spec(p: &crate::pool::PoolSpec) -> SandboxSpec {
+    let user = builtin(&p.template).map_or(UserSpec::SANDBOX, |t| t.user);
+    SandboxSpec {
+        template: p.template.clone(),
+        runtime_class: p.runtime_class.clone(),
+        resources: p.resources.clone(),
+        ttl_secs: None,
+        env: Default::default(),
+        metadata: Default::default(),
+        entrypoint: Vec::new(),
+        user,
+        network: NetworkMode::None,
+        volumes: Vec::new(),
+    }
 }

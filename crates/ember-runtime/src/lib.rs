@@ -99,6 +99,8 @@ pub trait Runtime: Send + Sync {
     fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError>;
     /// How many OOM kills the sandbox has seen.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
+    /// Memory charged to the sandbox's cgroup, in bytes.
+    fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
     /// What is enforced on the running sandbox, read back from the kernel.
     fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError>;
     /// Ids of sandboxes that have host resources (cgroups, dirs) left.

@@ -223,3 +223,79 @@ pub struct Endpoint {
 pub struct RenewRequest {
     pub expires_at: String,
 }
+
+/// `POST /v1/pools`: ember's warm pools (not OpenSandbox's Kubernetes pool CRD).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatePoolRequest {
+    /// Defaults to the template's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub template: String,
+    #[serde(default)]
+    pub min: u32,
+    pub max: u32,
+    /// `"auto"` (sized from demand) or an idle count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+}
+
+/// `PUT /v1/pools/{name}`: new bounds or target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizePoolRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<serde_json::Value>,
+}
+
+/// The capacity arithmetic behind a pool's idle target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSizing {
+    /// Claims per second over the window (misses included).
+    pub arrival_per_sec: f64,
+    /// Moving average of the time to start a replacement, seconds.
+    pub refill_secs: f64,
+    /// arrival × refill: claims expected while one refill runs (Little's law).
+    pub in_flight_demand: f64,
+    /// 3·√(in-flight demand): burst headroom.
+    pub headroom: f64,
+    /// The idle count the pool converges to, within [min, max].
+    pub target: u32,
+    pub window_secs: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolInfo {
+    pub name: String,
+    pub template: String,
+    pub min: u32,
+    pub max: u32,
+    /// `"auto"` or the fixed idle count.
+    pub target: serde_json::Value,
+    pub resources: crate::Resources,
+    pub runtime_class: String,
+    pub idle: u32,
+    pub starting: u32,
+    pub claims_total: u64,
+    pub misses_total: u64,
+    pub misses_in_window: u32,
+    pub create_failures: u64,
+    /// Memory charged to the idle sandboxes' cgroups.
+    pub idle_memory_bytes: u64,
+    pub sizing: PoolSizing,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolList {
+    pub items: Vec<PoolInfo>,
+}

@@ -101,7 +101,8 @@ pub fn plan(config: &AgentConfig, req: &RunCommandRequest) -> Result<Plan, Strin
 /// The uid/gid to run as: the request's, else the agent's default, else the
 /// agent's own. A missing gid is the user's primary group, else the uid.
 fn identity(config: &AgentConfig, req: &RunCommandRequest, db: &UserDb) -> (u32, u32) {
-    let (uid, gid) = match (req.uid, config.default_identity) {
+    let bound = config.binding.bound().identity;
+    let (uid, gid) = match (req.uid, bound.or(config.default_identity)) {
         (Some(uid), _) => (uid, req.gid),
         (None, Some(d)) => (d.uid, d.gid),
         (None, None) => return (sys::getuid(), sys::getgid()),
@@ -118,6 +119,10 @@ fn command_env(
     req: &RunCommandRequest,
 ) -> BTreeMap<OsString, OsString> {
     let mut env: BTreeMap<OsString, OsString> = config.base_env.iter().cloned().collect();
+    // Claim-time env overrides the sandbox's boot env.
+    for (k, v) in config.binding.bound().env {
+        env.insert(k.into(), v.into());
+    }
     let mut set = |k: &str, v: OsString| env.insert(OsString::from(k), v);
     match user {
         Some(u) => {

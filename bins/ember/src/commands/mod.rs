@@ -1,5 +1,6 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
+mod pool;
 mod sandbox;
 
 use crate::cli::{Cli, Cmd, ExecOpts};
@@ -18,6 +19,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
     }
 }

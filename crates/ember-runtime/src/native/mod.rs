@@ -264,6 +264,10 @@ impl Runtime for NativeRuntime {
         self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
     }
 
+    fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        Ok(self.cgroups.usage(id.as_str()).map_err(Self::cg_err(id))?.memory_bytes)
+    }
+
     fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError> {
         boundary::report(self.class(), pid, self.cgroups.as_ref(), id)
     }

@@ -1,0 +1,236 @@
+//! The figures as a side-by-side table, or as JSON.
+use super::crun::{Crun, CrunFigures};
+use super::ember::{EmberFigures, PHASES, TEMPLATE};
+use super::oci::{DIFFERENCES, HOST_ID, ID_RANGE};
+use super::stats::Summary;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The targets, judged on ember's p50.
+pub const TARGET_CREATE_MS: f64 = 15.0;
+pub const TARGET_EXEC_MS: f64 = 2.0;
+
+pub struct Report<'a> {
+    pub url: &'a str,
+    pub runs: usize,
+    pub ember: &'a EmberFigures,
+    /// `None` with `--no-crun`.
+    pub crun: Option<&'a Crun>,
+}
+
+struct Row {
+    label: &'static str,
+    ember: Option<Summary>,
+    crun: Option<Summary>,
+    target: Option<f64>,
+}
+
+impl Report<'_> {
+    fn crun_figures(&self) -> Option<&CrunFigures> {
+        match self.crun {
+            Some(Crun::Measured(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn rows(&self) -> Vec<Row> {
+        let e = self.ember;
+        let c = self.crun_figures();
+        let cs = |pick: fn(&CrunFigures) -> &super::stats::Series| c.map(|f| pick(f).summary());
+        let row = |label, ember: Option<Summary>, crun, target| Row { label, ember, crun, target };
+        vec![
+            row("cold create → ready", Some(e.create_server.summary()), cs(|f| &f.to_running), Some(TARGET_CREATE_MS)),
+            row("  create, client wall", Some(e.create_wall.summary()), cs(|f| &f.create_start), None),
+            row("exec true (argv)", Some(e.exec_argv.summary()), cs(|f| &f.exec), Some(TARGET_EXEC_MS)),
+            row("exec bash -c true", Some(e.exec_bash.summary()), cs(|f| &f.exec_bash), None),
+            row("remove", Some(e.delete.summary()), cs(|f| &f.delete), None),
+            row("run /bin/true", None, cs(|f| &f.run), None),
+        ]
+    }
+
+    /// ember's phase series in launch order (µs in the reply, ms here like the rest).
+    fn phases(&self) -> Vec<(&'static str, Summary)> {
+        PHASES.iter().filter_map(|p| self.ember.phases.get(*p).map(|s| (*p, s.summary()))).collect()
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut n = Vec::new();
+        if self.runs < 100 {
+            n.push(format!("only {} runs per figure: p99 needs at least 100 to mean anything", self.runs));
+        }
+        if self.ember.warm > 0 {
+            n.push(format!("{} creates were warm claims and are left out of the cold figures", self.ember.warm));
+        }
+        if !self.ember.leftovers.is_empty() {
+            n.push(format!("could not remove sandboxes: {}", self.ember.leftovers.join(" ")));
+        }
+        match self.crun {
+            None => n.push("crun reference skipped (--no-crun)".into()),
+            Some(Crun::Unavailable(why)) => n.push(format!("crun reference unavailable: {why}")),
+            Some(Crun::Measured(f)) => n.extend(f.warnings.iter().cloned()),
+        }
+        n
+    }
+
+    pub fn print_table(&self) {
+        let crun_name = self.crun_figures().map_or("crun (not measured)".to_string(), |f| f.version.clone());
+        println!(
+            "ember bench create: {} runs per figure, template {TEMPLATE}, daemon {}; reference: {crun_name}",
+            self.runs, self.url
+        );
+        println!();
+        println!("{:<24}{:^27} │{:^27}  target (ember p50)", "", "ember", "crun");
+        println!("{:<24}{:>9}{:>9}{:>9} │{:>9}{:>9}{:>9}", "ms", "p50", "p90", "p99", "p50", "p90", "p99");
+        for r in self.rows() {
+            let target = match (r.target, r.ember.as_ref().and_then(|s| s.p50_ms)) {
+                (Some(t), Some(p50)) => format!("  p50 ≤ {t} ms {}", if p50 <= t { "✓" } else { "✗" }),
+                (Some(t), None) => format!("  p50 ≤ {t} ms ? (no samples)"),
+                _ => String::new(),
+            };
+            println!("{:<24}{} │{}{target}", r.label, three(r.ember.as_ref()), three(r.crun.as_ref()));
+        }
+        println!();
+        println!("  cold create → ready  ember: X-Ember-Launch-Micros (server, request → agent answers /ping)");
+        println!("                       crun: `crun create` + `crun start` until `crun state` says running");
+        println!("  create, client wall  ember: the create call as this client saw it; crun: create + start returned");
+        println!("  exec                 ember: Client::exec round trip (argv / command); crun: `crun exec <ctr> ...`");
+        println!(
+            "  remove               ember: DELETE /v1/sandboxes/{{id}}; crun: `crun delete -f` of a running container"
+        );
+        println!("  run /bin/true        crun only: create, start, exit, delete in one `crun run`");
+
+        println!();
+        println!(
+            "{:<34}{:>5}{:>6}{:>9}{:>9}{:>9}{:>9}{:>9}{:>9}",
+            "all figures, ms", "n", "fail", "min", "p50", "p90", "p99", "max", "mean"
+        );
+        let mut errors = Vec::new();
+        for (name, s) in self.detail() {
+            println!(
+                "{:<34}{:>5}{:>6}{}{}{}{}{}{}",
+                name,
+                s.samples,
+                s.failed,
+                ms(s.min_ms),
+                ms(s.p50_ms),
+                ms(s.p90_ms),
+                ms(s.p99_ms),
+                ms(s.max_ms),
+                ms(s.mean_ms)
+            );
+            if let Some(e) = &s.first_error {
+                errors.push(format!("{name}: {e}{}", if s.gave_up { " (gave up)" } else { "" }));
+            }
+        }
+        let ph = self.phases();
+        if !ph.is_empty() {
+            let parts: Vec<String> = ph.iter().map(|(k, s)| format!("{k} {}", ms(s.p50_ms).trim())).collect();
+            println!();
+            println!("ember create phases, p50 ms (server): {}", parts.join(" · "));
+        }
+        if !errors.is_empty() {
+            println!();
+            println!("first error of each failing figure:");
+            errors.iter().for_each(|e| println!("  {e}"));
+        }
+        if self.crun_figures().is_some() {
+            println!();
+            println!("crun bundle: namespaces pid, mount, uts, ipc, network, user (0 → {HOST_ID}, {ID_RANGE} ids), like ember;");
+            println!(
+                "  host /usr read-only, ember's capabilities and default limits (512Mi, 1 cpu, 256 pids). Differences:"
+            );
+            DIFFERENCES.iter().for_each(|d| println!("  - {d}"));
+        }
+        println!("one discarded warm-up run precedes each figure.");
+        for n in self.notes() {
+            println!("note: {n}");
+        }
+    }
+
+    /// Every series, named, for the detail table.
+    fn detail(&self) -> Vec<(String, Summary)> {
+        let e = self.ember;
+        let mut v = vec![
+            ("ember create → ready (server)".to_string(), e.create_server.summary()),
+            ("ember create (client wall)".into(), e.create_wall.summary()),
+            ("ember remove".into(), e.delete.summary()),
+            ("ember exec argv true".into(), e.exec_argv.summary()),
+            ("ember exec bash -c true".into(), e.exec_bash.summary()),
+        ];
+        v.extend(self.phases().into_iter().map(|(k, s)| (format!("  phase {k}"), s)));
+        if let Some(f) = self.crun_figures() {
+            v.extend([
+                ("crun create+start → running".to_string(), f.to_running.summary()),
+                ("crun create+start".into(), f.create_start.summary()),
+                ("crun delete -f".into(), f.delete.summary()),
+                ("crun exec /bin/true".into(), f.exec.summary()),
+                ("crun exec /bin/bash -c true".into(), f.exec_bash.summary()),
+                ("crun run /bin/true".into(), f.run.summary()),
+            ]);
+        }
+        v
+    }
+
+    pub fn to_json(&self) -> Value {
+        let e = self.ember;
+        let crun = match self.crun {
+            None => json!({ "skipped": true }),
+            Some(Crun::Unavailable(why)) => json!({ "unavailable": why }),
+            Some(Crun::Measured(f)) => json!({
+                "version": f.version,
+                "createToRunning": f.to_running.summary(),
+                "createStart": f.create_start.summary(),
+                "delete": f.delete.summary(),
+                "exec": f.exec.summary(),
+                "execBash": f.exec_bash.summary(),
+                "run": f.run.summary(),
+            }),
+        };
+        let targets: Vec<Value> = self
+            .rows()
+            .into_iter()
+            .filter_map(|r| {
+                let limit = r.target?;
+                let p50 = r.ember.as_ref().and_then(|s| s.p50_ms);
+                Some(json!({ "figure": r.label.trim(), "p50LimitMs": limit, "p50Ms": p50, "met": p50.map(|p| p <= limit) }))
+            })
+            .collect();
+        json!({
+            "runs": self.runs,
+            "url": self.url,
+            "template": TEMPLATE,
+            "ember": {
+                "createServer": e.create_server.summary(),
+                "createWall": e.create_wall.summary(),
+                "delete": e.delete.summary(),
+                "phases": self.phases().into_iter().collect::<BTreeMap<_, _>>(),
+                "execArgv": e.exec_argv.summary(),
+                "execBash": e.exec_bash.summary(),
+                "warmClaims": e.warm,
+                "leftovers": e.leftovers,
+            },
+            "crun": crun,
+            "targets": targets,
+            "crunBundle": {
+                "namespaces": ["pid", "mount", "uts", "ipc", "network", "user"],
+                "idMap": { "containerId": 0, "hostId": HOST_ID, "size": ID_RANGE },
+                "differences": DIFFERENCES,
+            },
+            "notes": self.notes(),
+        })
+    }
+}
+
+fn three(s: Option<&Summary>) -> String {
+    match s {
+        Some(s) => format!("{}{}{}", ms(s.p50_ms), ms(s.p90_ms), ms(s.p99_ms)),
+        None => format!("{:>9}{:>9}{:>9}", "—", "—", "—"),
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    match v {
+        Some(v) => format!("{v:>9.2}"),
+        None => format!("{:>9}", "—"),
+    }
+}

@@ -1,0 +1,170 @@
+//! Warm pools against a real daemon: claims are warm, bound at claim time,
+//! single-use, never duplicated, fall back to cold, refill, survive a restart.
+mod common;
+
+use common::Daemon;
+use ember_types::api::{CreatePoolRequest, CreateSandboxRequest};
+use std::collections::HashSet;
+use std::time::Duration;
+
+async fn pool(d: &Daemon, min: u32, max: u32, target: serde_json::Value) {
+    let req = CreatePoolRequest { template: "host".into(), min, max, target: Some(target), ..Default::default() };
+    d.client.create_pool(&req).await.expect("create pool");
+}
+
+/// Waits until the pool has `n` idle sandboxes.
+async fn wait_idle(d: &Daemon, n: u32) -> u32 {
+    let mut idle = 0;
+    for _ in 0..400 {
+        idle = d.client.get_pool("host").await.expect("pool").idle;
+        if idle == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    idle
+}
+
+async fn claim(d: &Daemon, f: impl FnOnce(&mut CreateSandboxRequest)) -> (String, String) {
+    let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
+    f(&mut req);
+    let (s, _) = d.client.create_sandbox(&req).await.expect("create");
+    (s.id, s.launch.expect("launch info").kind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_warm_and_binds_env_labels_user_and_ttl() {
+    let d = Daemon::start();
+    pool(&d, 2, 4, "auto".into()).await;
+    assert_eq!(wait_idle(&d, 2).await, 2);
+    let (id, kind) = claim(&d, |r| {
+        r.env = Some([("GREETING".to_string(), Some("hi".to_string()))].into());
+        r.metadata = Some([("team".to_string(), "a".to_string())].into());
+        r.user = Some(ember_types::UserSpec { uid: 0, gid: 0 });
+        r.timeout = Some(300);
+    })
+    .await;
+    assert_eq!(kind, "warm");
+    let (code, out, _) = d.sh(&id, "echo $GREETING; id -u", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "hi\n0\n"), "env and user bound at claim");
+    let s = d.client.get_sandbox(&id).await.expect("get");
+    assert_eq!(s.metadata.get("team").map(String::as_str), Some("a"));
+    assert!(s.expires_at.is_some(), "TTL bound at claim");
+    // The agent's claim route is the daemon's alone: the proxy refuses it.
+    let (status, _) = d.client.get_raw(&format!("/v1/sandboxes/{id}/proxy/44772/ember/v1/claim")).await.expect("get");
+    assert_eq!(status.as_u16(), 404);
+    let listed = d.client.list_sandboxes("").await.expect("list");
+    assert_eq!(listed.len(), 1, "idle pool members are not listed as sandboxes");
+    assert_eq!(wait_idle(&d, 2).await, 2, "the pool refilled");
+    let p = d.client.get_pool("host").await.expect("pool");
+    assert_eq!((p.claims_total, p.misses_total), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_entrypoint_runs_and_its_exit_ends_the_sandbox() {
+    let d = Daemon::start();
+    pool(&d, 1, 2, 1.into()).await;
+    wait_idle(&d, 1).await;
+    let (id, kind) =
+        claim(&d, |r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "sleep 0.3; exit 5".into()])).await;
+    assert_eq!(kind, "warm");
+    let s = d.wait_state(&id, "Failed", Duration::from_secs(10)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("Exited(5)"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_pool_falls_back_to_cold_then_refills() {
+    let d = Daemon::start();
+    pool(&d, 2, 2, 2.into()).await;
+    assert_eq!(wait_idle(&d, 2).await, 2);
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        kinds.push(claim(&d, |_| {}).await.1);
+    }
+    assert_eq!(kinds.iter().filter(|k| *k == "warm").count(), 2, "{kinds:?}");
+    assert!(kinds.contains(&"cold".to_string()), "the third create fell back to cold: {kinds:?}");
+    assert_eq!(wait_idle(&d, 2).await, 2, "refilled after the drain");
+    assert!(d.client.get_pool("host").await.expect("pool").misses_total >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_sandbox_is_never_handed_out_again_and_leaks_nothing() {
+    let d = Daemon::start();
+    pool(&d, 2, 3, 2.into()).await;
+    wait_idle(&d, 2).await;
+    let (first, _) = claim(&d, |_| {}).await;
+    let (code, _, _) = d.sh(&first, "echo secret > /tmp/left-behind", None).await;
+    assert_eq!(code, Some(0));
+    d.client.delete_sandbox(&first).await.expect("release");
+    let mut seen = HashSet::new();
+    for _ in 0..6 {
+        let (id, _) = claim(&d, |_| {}).await;
+        assert_ne!(id, first, "a released sandbox came back");
+        let (code, _, _) = d.sh(&id, "test ! -e /tmp/left-behind", None).await;
+        assert_eq!(code, Some(0), "state leaked from a released sandbox into {id}");
+        assert!(seen.insert(id.clone()));
+        d.client.delete_sandbox(&id).await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_claims_never_share_a_sandbox() {
+    let d = std::sync::Arc::new(Daemon::start());
+    pool(&d, 8, 32, 32.into()).await;
+    wait_idle(&d, 32).await;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let d = d.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..1000 / 16 + 1 {
+                let (id, kind) = claim(&d, |_| {}).await;
+                d.client.delete_sandbox(&id).await.expect("release");
+                got.push((id, kind));
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    assert!(all.len() >= 1000);
+    let ids: HashSet<_> = all.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids.len(), all.len(), "two claims got the same sandbox");
+    let warm = all.iter().filter(|(_, k)| k == "warm").count();
+    assert!(warm >= 32, "only {warm} of {} claims were warm", all.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_re_adopts_the_idle_pool() {
+    let mut d = Daemon::start();
+    pool(&d, 3, 3, 3.into()).await;
+    assert_eq!(wait_idle(&d, 3).await, 3);
+    let before: HashSet<String> = d.cgroups().list().expect("cgroups").into_iter().collect();
+    assert_eq!(before.len(), 3);
+    d.kill9();
+    d.spawn();
+    assert_eq!(wait_idle(&d, 3).await, 3);
+    let after: HashSet<String> = d.cgroups().list().expect("cgroups").into_iter().collect();
+    assert_eq!(before, after, "the same idle sandboxes, re-adopted, not replaced");
+    let (id, kind) = claim(&d, |_| {}).await;
+    assert_eq!(kind, "warm");
+    assert!(before.contains(&id));
+    let (code, out, _) = d.sh(&id, "echo ok", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_management_errors_are_structured() {
+    let d = Daemon::start();
+    pool(&d, 0, 1, "auto".into()).await;
+    let dup = d.client.create_pool(&CreatePoolRequest { template: "host".into(), max: 1, ..Default::default() }).await;
+    assert!(dup.expect_err("duplicate").to_string().contains("POOL::ALREADY_EXISTS"));
+    let bad =
+        CreatePoolRequest { name: Some("x".into()), template: "host".into(), min: 5, max: 1, ..Default::default() };
+    assert!(d.client.create_pool(&bad).await.expect_err("min > max").to_string().contains("INVALID_PARAMETER"));
+    assert!(d.client.get_pool("nope").await.expect_err("unknown").to_string().contains("POOL::NOT_FOUND"));
+    d.client.delete_pool("host").await.expect("remove pool");
+    assert!(d.client.list_pools().await.expect("list").is_empty());
+}

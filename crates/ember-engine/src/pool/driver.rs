@@ -1,0 +1,79 @@
+//! The pool reconciler: compares the target idle count with what is idle and
+//! starting, and starts or removes sandboxes to match. Level-triggered: it
+//! re-reads everything each round, so a restart or a missed wake-up converges.
+use super::plan::{plan, Action};
+use super::Pool;
+use crate::Engine;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Sandboxes a pool starts at once: on 2 cores, more would slow claims.
+const PARALLEL: u32 = 2;
+
+pub(crate) fn spawn(engine: &Arc<Engine>, pool: Arc<Pool>) {
+    tokio::spawn(run(Arc::downgrade(engine), pool));
+}
+
+async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
+    let mut failures = 0u32;
+    loop {
+        if pool.removed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(engine) = engine.upgrade() else { return };
+        let desired = pool.sizing().target;
+        let idle = pool.idle_len();
+        let starting = pool.starting.load(Ordering::Relaxed);
+        match plan(desired, idle, starting, PARALLEL) {
+            Some(Action::Create(n)) => {
+                for _ in 0..n {
+                    pool.starting.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(refill_one(engine.clone(), pool.clone()));
+                }
+            }
+            Some(Action::Destroy(n)) => {
+                for _ in 0..n {
+                    // The newest go first: the oldest have waited longest and are
+                    // as good as any.
+                    let newest = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_back();
+                    if let Some(id) = newest {
+                        let _ = engine.remove(id.as_str()).await;
+                    }
+                }
+            }
+            None => {}
+        }
+        // Back off while creates keep failing, so a broken template does not spin.
+        let f = pool.create_failures.load(Ordering::Relaxed) as u32;
+        let backoff = if f > failures { Duration::from_millis(200 << (f - failures).min(6)) } else { Duration::ZERO };
+        failures = f;
+        drop(engine);
+        tokio::select! {
+            _ = pool.wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500).max(backoff)) => {}
+        }
+    }
+}
+
+async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
+    let spec = pool.spec();
+    let sandbox = crate::templates::pooled_spec(&spec);
+    let t0 = Instant::now();
+    match engine.launch(sandbox, None, Some(spec.name.clone()), t0).await {
+        Ok(rec) => {
+            pool.record_refill(t0.elapsed().as_micros() as u64);
+            if pool.removed.load(Ordering::Relaxed) {
+                let _ = engine.remove(rec.id.as_str()).await;
+            } else {
+                pool.push_idle(rec.id);
+            }
+        }
+        Err(e) => {
+            pool.create_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pool = %spec.name, error = %e, "pool refill failed");
+        }
+    }
+    pool.starting.fetch_sub(1, Ordering::Relaxed);
+    pool.wake.notify_one();
+}

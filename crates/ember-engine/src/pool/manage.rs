@@ -1,0 +1,142 @@
+//! Pool management: create, list, inspect, resize, remove; persisted under
+//! `<data>/state/pools`.
+use super::plan::Target;
+use super::{driver, Pool, PoolSpec, PoolStatus};
+use crate::{CreateSandbox, Engine, EngineError};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A request to create a pool. Resources default to the template's.
+#[derive(Clone, Debug, Default)]
+pub struct CreatePool {
+    pub name: Option<String>,
+    pub template: String,
+    pub min: u32,
+    pub max: u32,
+    pub target: Option<Target>,
+    pub memory: Option<String>,
+    pub cpu: Option<String>,
+    pub pids: Option<u64>,
+    pub disk: Option<String>,
+    pub runtime_class: Option<String>,
+}
+
+/// The most idle sandboxes one pool may hold.
+pub const MAX_POOL: u32 = 10_000;
+
+fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineError> {
+    if min > max || max > MAX_POOL {
+        return Err(EngineError::invalid("max", format!("need min <= max <= {MAX_POOL} (min {min}, max {max})")));
+    }
+    if let Target::Fixed(n) = target {
+        if n > MAX_POOL {
+            return Err(EngineError::invalid("target", format!("at most {MAX_POOL}")));
+        }
+    }
+    Ok(())
+}
+
+impl Engine {
+    pub async fn create_pool(self: &Arc<Self>, req: CreatePool) -> Result<PoolStatus, EngineError> {
+        let name = req.name.clone().unwrap_or_else(|| req.template.clone());
+        ember_types::SandboxId::try_from(name.clone())
+            .map_err(|_| EngineError::invalid("name", format!("{name:?}: 1-63 of [a-z0-9-]")))?;
+        let target = req.target.unwrap_or(Target::Auto);
+        check_bounds(req.min, req.max, target)?;
+        let sandbox = self.resolve(&CreateSandbox {
+            template: Some(req.template.clone()),
+            memory: req.memory,
+            cpu: req.cpu,
+            pids: req.pids,
+            disk: req.disk,
+            runtime_class: req.runtime_class,
+            ..Default::default()
+        })?;
+        let spec = PoolSpec {
+            name: name.clone(),
+            template: sandbox.template,
+            min: req.min,
+            max: req.max,
+            target,
+            resources: sandbox.resources,
+            runtime_class: sandbox.runtime_class,
+        };
+        let pool = {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            if pools.contains_key(&name) {
+                return Err(EngineError::PoolExists(name));
+            }
+            let pool = Arc::new(Pool::new(spec.clone()));
+            pools.insert(name.clone(), pool.clone());
+            pool
+        };
+        if let Err(e) = self.pool_store.save(&name, &spec) {
+            self.pools.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+            return Err(e);
+        }
+        driver::spawn(self, pool);
+        self.pool_status(&name).await
+    }
+
+    pub fn pool_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.pools.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
+        let pool = self.pool(name)?;
+        let idle_ids: Vec<_> = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        let rt = self.runtime.clone();
+        let idle_memory_bytes =
+            tokio::task::spawn_blocking(move || idle_ids.iter().filter_map(|id| rt.memory_usage(id).ok()).sum::<u64>())
+                .await
+                .unwrap_or(0);
+        let now = crate::record::now_ms();
+        Ok(PoolStatus {
+            spec: pool.spec(),
+            sizing: pool.sizing(),
+            idle: pool.idle_len(),
+            starting: pool.starting.load(Ordering::Relaxed),
+            claims_total: pool.claims_total.load(Ordering::Relaxed),
+            misses_total: pool.misses_total.load(Ordering::Relaxed),
+            misses_window: super::window_count(&pool.misses, now) as u32,
+            create_failures: pool.create_failures.load(Ordering::Relaxed),
+            idle_memory_bytes,
+        })
+    }
+
+    /// Changes the bounds or the target; the reconciler converges to it.
+    pub async fn resize_pool(
+        &self,
+        name: &str,
+        min: Option<u32>,
+        max: Option<u32>,
+        target: Option<Target>,
+    ) -> Result<PoolStatus, EngineError> {
+        let pool = self.pool(name)?;
+        let mut spec = pool.spec();
+        spec.min = min.unwrap_or(spec.min);
+        spec.max = max.unwrap_or(spec.max);
+        spec.target = target.unwrap_or(spec.target);
+        check_bounds(spec.min, spec.max, spec.target)?;
+        self.pool_store.save(name, &spec)?;
+        *pool.spec.lock().unwrap_or_else(|p| p.into_inner()) = spec;
+        pool.wake.notify_one();
+        self.pool_status(name).await
+    }
+
+    /// Removes the pool and destroys its idle sandboxes (claimed ones are the
+    /// callers' and stay).
+    pub async fn remove_pool(&self, name: &str) -> Result<(), EngineError> {
+        let pool = self.pool(name)?;
+        pool.removed.store(true, Ordering::Relaxed);
+        pool.wake.notify_one();
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        self.pool_store.remove(name)?;
+        while let Some(id) = pool.pop_idle() {
+            let _ = self.remove(id.as_str()).await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Warm pools: per template, sandboxes started ahead of demand and claimed in
+//! about a millisecond. A level-triggered reconciler (`driver.rs`) keeps the
+//! idle count at a target computed by `plan.rs`; claims (`claim.rs`) pop an
+//! idle sandbox and bind the caller's env, user, TTL and entrypoint to it.
+//!
+//! Single use: a claimed sandbox is never returned to a pool; when it is
+//! removed or expires it is destroyed like any other.
+mod claim;
+mod driver;
+mod manage;
+pub mod plan;
+
+pub(crate) use driver::spawn as spawn_driver;
+pub use manage::{CreatePool, MAX_POOL};
+pub use plan::Target;
+
+use crate::record::now_ms;
+use crate::{Engine, EngineError};
+use ember_types::{Resources, SandboxId};
+use plan::Sizing;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How far back the arrival rate and the misses are counted.
+pub const WINDOW: Duration = Duration::from_secs(60);
+
+/// A pool as configured (persisted).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSpec {
+    pub name: String,
+    pub template: String,
+    pub min: u32,
+    pub max: u32,
+    pub target: Target,
+    pub resources: Resources,
+    pub runtime_class: String,
+}
+
+/// What `ember pool inspect` shows: the configuration, the arithmetic and the state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStatus {
+    pub spec: PoolSpec,
+    pub sizing: Sizing,
+    pub idle: u32,
+    pub starting: u32,
+    pub claims_total: u64,
+    pub misses_total: u64,
+    pub misses_window: u32,
+    pub create_failures: u64,
+    pub idle_memory_bytes: u64,
+}
+
+/// The live state of one pool. std Mutexes: short sections, never held
+/// across an await.
+pub(crate) struct Pool {
+    pub spec: Mutex<PoolSpec>,
+    /// Ready sandboxes, oldest first.
+    pub idle: Mutex<VecDeque<SandboxId>>,
+    pub starting: AtomicU32,
+    pub claims: Mutex<VecDeque<i64>>,
+    pub misses: Mutex<VecDeque<i64>>,
+    pub claims_total: AtomicU64,
+    pub misses_total: AtomicU64,
+    pub create_failures: AtomicU64,
+    /// EWMA of cold launch time in µs (0 until the first launch).
+    pub refill_us: AtomicU64,
+    /// Wakes the driver: a claim happened, or the spec changed.
+    pub wake: Notify,
+    pub removed: AtomicBool,
+}
+
+fn window_push(q: &Mutex<VecDeque<i64>>, now: i64) {
+    let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+    q.push_back(now);
+    let cutoff = now - WINDOW.as_millis() as i64;
+    while q.front().is_some_and(|t| *t < cutoff) {
+        q.pop_front();
+    }
+}
+
+pub(crate) fn window_count(q: &Mutex<VecDeque<i64>>, now: i64) -> usize {
+    let cutoff = now - WINDOW.as_millis() as i64;
+    q.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|t| **t >= cutoff).count()
+}
+
+impl Pool {
+    pub fn new(spec: PoolSpec) -> Pool {
+        Pool {
+            spec: Mutex::new(spec),
+            idle: Mutex::new(VecDeque::new()),
+            starting: AtomicU32::new(0),
+            claims: Mutex::new(VecDeque::new()),
+            misses: Mutex::new(VecDeque::new()),
+            claims_total: AtomicU64::new(0),
+            misses_total: AtomicU64::new(0),
+            create_failures: AtomicU64::new(0),
+            refill_us: AtomicU64::new(0),
+            wake: Notify::new(),
+            removed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn spec(&self) -> PoolSpec {
+        self.spec.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn pop_idle(&self) -> Option<SandboxId> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+    }
+
+    pub fn push_idle(&self, id: SandboxId) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push_back(id);
+    }
+
+    pub fn idle_len(&self) -> u32 {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len() as u32
+    }
+
+    pub fn record_claim(&self) {
+        self.claims_total.fetch_add(1, Ordering::Relaxed);
+        window_push(&self.claims, now_ms());
+        self.wake.notify_one();
+    }
+
+    pub fn record_miss(&self) {
+        self.misses_total.fetch_add(1, Ordering::Relaxed);
+        window_push(&self.misses, now_ms());
+        window_push(&self.claims, now_ms());
+        self.wake.notify_one();
+    }
+
+    pub fn record_refill(&self, micros: u64) {
+        let old = self.refill_us.load(Ordering::Relaxed);
+        let new = if old == 0 { micros } else { (old * 4 + micros) / 5 };
+        self.refill_us.store(new, Ordering::Relaxed);
+    }
+
+    /// The sizing from the last window's arrivals and the refill EWMA.
+    pub fn sizing(&self) -> Sizing {
+        let spec = self.spec();
+        let now = now_ms();
+        let arrivals = window_count(&self.claims, now) as f64 / WINDOW.as_secs_f64();
+        let refill = self.refill_us.load(Ordering::Relaxed) as f64 / 1e6;
+        plan::size(spec.target, spec.min, spec.max, arrivals, refill)
+    }
+}
+
+impl Engine {
+    pub(crate) fn pool(&self, name: &str) -> Result<Arc<Pool>, EngineError> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::PoolNotFound(name.to_string()))
+    }
+
+    /// The pool a create with this spec may claim from.
+    pub(crate) fn matching_pool(
+        &self,
+        spec: &ember_types::SandboxSpec,
+        name: Option<&str>,
+    ) -> Result<Option<Arc<Pool>>, EngineError> {
+        // Volumes are mounts made at launch; an idle pooled sandbox has none.
+        if !spec.volumes.is_empty() {
+            if let Some(n) = name {
+                return Err(EngineError::invalid("poolRef", format!("pool {n}: volumes cannot be bound at claim")));
+            }
+            return Ok(None);
+        }
+        if let Some(n) = name {
+            let p = self.pool(n)?;
+            let ps = p.spec();
+            if ps.template != spec.template || ps.runtime_class != spec.runtime_class {
+                return Err(EngineError::invalid(
+                    "poolRef",
+                    format!("pool {n} serves template {} ({})", ps.template, ps.runtime_class),
+                ));
+            }
+            return Ok(Some(p));
+        }
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(pools
+            .values()
+            .find(|p| {
+                let ps = p.spec();
+                ps.template == spec.template && ps.resources == spec.resources && ps.runtime_class == spec.runtime_class
+            })
+            .cloned())
+    }
+}
