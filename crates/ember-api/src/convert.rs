@@ -1,7 +1,9 @@
 //! Wire ↔ engine conversions and RFC 3339 times.
 use crate::error::ApiError;
 use ember_engine::{CreateSandbox, HostVolumeRequest, SandboxRecord};
-use ember_types::api::{CreateSandboxRequest, ImageSpec, LaunchInfo, SandboxInfo, SandboxStatus, Volume};
+use ember_types::api::{
+    CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, SandboxInfo, SandboxStatus, Volume,
+};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -45,6 +47,16 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             micros: l.micros,
             phases: l.phases.clone(),
         }),
+        workspaces: r
+            .workspaces
+            .iter()
+            .map(|w| MountedWorkspaceInfo {
+                name: w.name.clone(),
+                mount_path: w.path.clone(),
+                read_only: w.read_only,
+                epoch: w.epoch,
+            })
+            .collect(),
     }
 }
 
@@ -85,6 +97,19 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        workspaces: req
+            .workspaces
+            .into_iter()
+            .map(|w| {
+                let path = w.mount_path.unwrap_or_else(|| "/workspace".into());
+                if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+                    return Err(ApiError::bad_request(format!(
+                        "workspace mountPath {path:?} must be absolute, without '..'"
+                    )));
+                }
+                Ok(ember_engine::WorkspaceRequest { name: w.name, path, read_only: w.read_only, steal: w.steal })
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
