@@ -75,7 +75,7 @@ pub fn exec_request(opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<RunCom
 /// Streams a command's output to our stdout/stderr; returns its exit code.
 pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<i32> {
     let req = exec_request(opts, argv)?;
-    let out = client
+    let out = match client
         .exec(id, &req, |ev| {
             let text = ev.text.as_deref().unwrap_or("");
             let line = if text == "\n" { "" } else { text };
@@ -89,7 +89,21 @@ pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>)
                 _ => {}
             }
         })
-        .await?;
+        .await
+    {
+        Ok(out) => out,
+        Err(e @ ember_client::ClientError::Protocol { .. }) => {
+            // The stream broke: say why if the sandbox itself ended.
+            if let Ok(s) = client.get_sandbox(id).await {
+                if s.status.state == "Failed" || s.status.state == "Terminated" {
+                    let reason = s.status.reason.unwrap_or_default();
+                    bail!("sandbox {id} ended while the command ran: {} ({reason})", s.status.state);
+                }
+            }
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(e) = out.error {
         bail!("command did not start: {e}");
     }
