@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// A registry (host:port) to reach over plain http (repeatable).
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,
+    /// A host directory that `host` volumes may bind (it and everything under
+    /// it); repeatable. Without it, host volumes are refused.
+    #[arg(long, value_name = "DIR")]
+    pub allow_host_path: Vec<PathBuf>,
 }
 
 #[derive(Args, Clone, Default)]
@@ -188,6 +192,7 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Cold create-to-ready and exec round trip, beside crun in the same run.
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     Create {

@@ -37,7 +37,12 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     })
     .context("image store")?;
     let engine = Engine::start(
-        EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl },
+        EngineConfig {
+            data_dir: args.data_dir.clone(),
+            retention,
+            max_ttl,
+            allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
+        },
         Arc::new(runtime),
         Arc::new(images),
     )
@@ -55,6 +60,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// `--allow-host-path` values, canonical (so a symlink cannot widen them).
+fn allowed_host_paths(raw: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    raw.iter().map(|p| p.canonicalize().with_context(|| format!("--allow-host-path {}", p.display()))).collect()
 }
 
 fn default_agent() -> anyhow::Result<PathBuf> {

@@ -4,9 +4,11 @@ use crate::templates::{self, Template};
 use crate::{Engine, EngineError, Entry};
 use ember_types::{
     parse_cpu_millis, parse_memory_bytes, NetworkMode, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec,
+    VolumeMount,
 };
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, Notify};
@@ -29,11 +31,24 @@ pub struct CreateSandbox {
     pub runtime_class: Option<String>,
     /// Registry credentials, used if the image has to be pulled.
     pub image_auth: Option<ember_types::image::RegistryAuth>,
+    pub network_policy: Option<ember_types::api::NetworkPolicy>,
+    pub volumes: Vec<HostVolumeRequest>,
     /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
     /// any pool of the resolved template and resources is used.
     pub pool: Option<String>,
     /// Workspaces to mount, bound at create or claim time.
     pub workspaces: Vec<crate::WorkspaceRequest>,
+}
+
+/// A `host` volume as asked for: validated against the allow-list in
+/// [`Engine::resolve`].
+#[derive(Clone, Debug, Default)]
+pub struct HostVolumeRequest {
+    pub name: String,
+    pub host_path: String,
+    pub sub_path: Option<String>,
+    pub mount_path: String,
+    pub read_only: bool,
 }
 
 const MIN_MEMORY: u64 = 16 << 20;
@@ -175,7 +190,41 @@ impl Engine {
             network: NetworkMode::None,
             lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
             workdir: t.workdir.clone().or(cfg.working_dir),
+            volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
         })
+    }
+
+    /// A host volume is allowed when its (canonical) path is an existing
+    /// directory under one of the allowed host paths, and its mount path is an
+    /// absolute path outside what the sandbox's own root needs.
+    fn check_volume(&self, v: &HostVolumeRequest) -> Result<VolumeMount, EngineError> {
+        let bad = |m: String| EngineError::invalid("volumes", format!("{}: {m}", v.name));
+        let mut host = PathBuf::from(&v.host_path);
+        if let Some(sub) = v.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            if Path::new(sub).is_absolute() || Path::new(sub).components().any(|c| c == Component::ParentDir) {
+                return Err(bad(format!("subPath {sub:?} must be relative, without ..")));
+            }
+            host.push(sub);
+        }
+        let real = host.canonicalize().map_err(|e| bad(format!("host path {}: {e}", host.display())))?;
+        if !real.is_dir() {
+            return Err(bad(format!("host path {} is not a directory", real.display())));
+        }
+        if !self.cfg.allowed_host_paths.iter().any(|a| real.starts_with(a)) {
+            return Err(bad(format!(
+                "host path {} is not under an allowed host path (ember serve --allow-host-path)",
+                real.display()
+            )));
+        }
+        let mp = Path::new(&v.mount_path);
+        let normal = mp.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !mp.is_absolute() || !normal || mp == Path::new("/") {
+            return Err(bad(format!("mountPath {:?} must be an absolute path without . or ..", v.mount_path)));
+        }
+        if ["/proc", "/dev", "/usr", "/etc", "/sys"].iter().any(|p| mp.starts_with(p)) {
+            return Err(bad(format!("mountPath {:?} would hide a system directory", v.mount_path)));
+        }
+        Ok(VolumeMount { host_path: real, mount_path: v.mount_path.clone(), read_only: v.read_only })
     }
 
     /// Creates a sandbox and returns once its agent answers: claimed warm from
@@ -188,7 +237,7 @@ impl Engine {
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return Ok(rec);
+                return self.record_policy(rec, req.network_policy);
             }
         }
         let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
@@ -211,7 +260,20 @@ impl Engine {
             }
         };
         self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-        Ok(rec)
+        self.record_policy(rec, req.network_policy)
+    }
+
+    /// Records the create request's egress policy on the new sandbox.
+    fn record_policy(
+        &self,
+        rec: SandboxRecord,
+        policy: Option<ember_types::api::NetworkPolicy>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let Some(policy) = policy else { return Ok(rec) };
+        let e = self.entry(rec.id.as_str())?;
+        e.update(|r| r.network_policy = Some(policy));
+        self.persist(&e);
+        Ok(e.snapshot())
     }
 
     /// Starts a sandbox cold. The record is persisted as Pending before anything
@@ -240,10 +302,14 @@ impl Engine {
             start_time: None,
             launch: None,
             deleting: false,
+            network_policy: None,
+            events: Vec::new(),
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
         };
+        let mut rec = rec;
+        rec.event("Pending: create requested".to_string());
         self.store.save(rec.id.as_str(), &rec)?;
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
@@ -269,7 +335,6 @@ impl Engine {
             ("agentReady".to_string(), t.ready_us),
         ]);
         let (tx, rx) = mpsc::channel(4);
-        let mut rec = rec;
         rec.pid = Some(launched.pid);
         rec.start_time = Some(launched.start_time);
         rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });
