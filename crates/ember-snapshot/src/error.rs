@@ -31,9 +31,9 @@ pub enum StoreError {
     /// The S3 configuration was refused, or its runtime could not start.
     #[error("s3 store for bucket {bucket}: {reason}")]
     Config { bucket: String, reason: String },
-    /// A blocking [`S3Store`](crate::S3Store) call was made on an async runtime thread.
-    #[error("s3 {op} {key}: called on an async runtime thread; call it from a blocking thread")]
-    InAsyncContext { op: &'static str, key: String },
+    /// The [`S3Store`](crate::S3Store)'s runtime dropped the request (it is shutting down).
+    #[error("s3 {op} {key}: the store's runtime stopped")]
+    RuntimeStopped { op: &'static str, key: String },
 }
 
 impl StoreError {

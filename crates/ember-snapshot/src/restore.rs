@@ -207,7 +207,9 @@ fn write_file(
 /// Fetches a chunk and verifies its length and sha256.
 pub(crate) fn fetch_chunk(store: &dyn ObjectStore, c: &ChunkRef, max_len: u64) -> Result<Vec<u8>, SnapshotError> {
     let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
-    if c.len > max_len.max(1) {
+    // Bounded by the chunker's limit too, so a tampered manifest cannot ask for a huge buffer.
+    let max_len = max_len.min(16 << 20);
+    if c.len > max_len {
         return Err(corrupt(format!("recorded length {} exceeds the chunker's maximum {max_len}", c.len)));
     }
     let packed = store.get(&chunk_key(&c.sha256)).map_err(|e| match e {

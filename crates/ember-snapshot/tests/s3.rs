@@ -104,4 +104,11 @@ fn snapshot_and_restore_through_s3_on_loopback() {
     let report = gc(&store, GcOptions { min_age: Duration::ZERO, ..GcOptions::default() }).unwrap();
     assert_eq!(report.chunks_deleted, 1);
     assert!(keys(&store, "locks/").is_empty() && keys(&store, "pending/").is_empty());
+
+    // Usable, and droppable, on another runtime's thread (the engine may slip).
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async move {
+        assert!(store.exists(&keys(&store, "manifests/")[0]).unwrap());
+        drop(store);
+    });
 }

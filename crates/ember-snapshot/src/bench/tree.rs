@@ -73,7 +73,7 @@ pub(super) fn build(root: &Path, target: u64, rng: &mut Rng) -> Result<Tree, Ben
     let mut dir = PathBuf::new();
     while t.bytes < small_budget {
         let n = t.files.len();
-        if n % 100 == 0 {
+        if n.checked_rem(100) == Some(0) {
             dir = root.join(format!("small/d{:04}", n / 100));
             fs::create_dir_all(&dir).map_err(io("create", &dir))?;
         }

@@ -1,11 +1,12 @@
 //! [`S3Store`]: any S3-compatible endpoint through the `object_store` crate.
 //!
-//! `object_store` is async; this store owns a small current-thread tokio
-//! runtime and blocks on it, so the synchronous [`ObjectStore`] calls work from
-//! any plain or `spawn_blocking` thread. Calling it on an async runtime thread
-//! would deadlock or panic, so that is refused with
-//! [`StoreError::InAsyncContext`].
+//! `object_store` is async; this store owns a small tokio runtime, spawns each
+//! request on it and waits on a std channel, so the synchronous [`ObjectStore`]
+//! calls work from any thread: plain, `spawn_blocking`, or (blocking it) even an
+//! async worker of another runtime. Concurrent callers' requests run
+//! concurrently on the runtime's two threads.
 use std::future::Future;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures_util::TryStreamExt;
@@ -34,11 +35,19 @@ pub struct S3Config {
 /// An S3 bucket (or a prefix of one) as an [`ObjectStore`].
 #[derive(Debug)]
 pub struct S3Store {
-    inner: AmazonS3,
+    inner: Arc<AmazonS3>,
     prefix: String,
-    /// Current-thread: the calls are sequential per caller, and a runtime with
-    /// no worker threads costs nothing while idle.
-    rt: tokio::runtime::Runtime,
+    /// `Some` until drop, which shuts it down in the background: dropping a
+    /// runtime the ordinary way panics inside another runtime's context.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for S3Store {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl S3Store {
@@ -62,11 +71,13 @@ impl S3Store {
             builder = builder.with_endpoint(&config.endpoint);
         }
         let inner = builder.build().map_err(|e| bad(e.to_string()))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ember-s3")
             .enable_all()
             .build()
             .map_err(|e| bad(format!("starting its runtime: {e}")))?;
-        Ok(S3Store { inner, prefix, rt })
+        Ok(S3Store { inner: Arc::new(inner), prefix, rt: Some(rt) })
     }
 
     fn path(&self, key: &str) -> Result<Path, StoreError> {
@@ -74,11 +85,20 @@ impl S3Store {
         Ok(if self.prefix.is_empty() { Path::from(key) } else { Path::from(format!("{}/{key}", self.prefix)) })
     }
 
-    fn block_on<T>(&self, op: &'static str, key: &str, fut: impl Future<Output = T>) -> Result<T, StoreError> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(StoreError::InAsyncContext { op, key: key.to_string() });
-        }
-        Ok(self.rt.block_on(fut))
+    /// Runs `f(client)` on the store's runtime and waits for it.
+    fn run<T, F>(&self, op: &'static str, key: &str, f: impl FnOnce(Arc<AmazonS3>) -> F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let gone = || StoreError::RuntimeStopped { op, key: key.to_string() };
+        let rt = self.rt.as_ref().ok_or_else(gone)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = f(Arc::clone(&self.inner));
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().map_err(|_| gone())
     }
 }
 
@@ -93,19 +113,19 @@ impl ObjectStore for S3Store {
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let payload = PutPayload::from(data.to_vec());
-        self.block_on("put", key, self.inner.put(&path, payload))?.map_err(s3("put", key))?;
+        self.run("put", key, |c| async move { c.put(&path, payload).await })?.map_err(s3("put", key))?;
         Ok(())
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.path(key)?;
-        let bytes = self.block_on("get", key, async { self.inner.get(&path).await?.bytes().await })?;
+        let bytes = self.run("get", key, |c| async move { c.get(&path).await?.bytes().await })?;
         Ok(bytes.map_err(s3("get", key))?.to_vec())
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
         let path = self.path(key)?;
-        match self.block_on("head", key, self.inner.head(&path))? {
+        match self.run("head", key, |c| async move { c.head(&path).await })? {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(s3("head", key)(e)),
@@ -121,8 +141,9 @@ impl ObjectStore for S3Store {
             (false, false) => format!("{}/{folder}", self.prefix),
         };
         let dir = if full.is_empty() { None } else { Some(Path::from(full)) };
-        let listed: Vec<object_store::ObjectMeta> =
-            self.block_on("list", prefix, self.inner.list(dir.as_ref()).try_collect())?.map_err(s3("list", prefix))?;
+        let listed: Vec<object_store::ObjectMeta> = self
+            .run("list", prefix, |c| async move { c.list(dir.as_ref()).try_collect().await })?
+            .map_err(s3("list", prefix))?;
         let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
         let mut out: Vec<ObjectMeta> = listed
             .into_iter()
@@ -138,7 +159,7 @@ impl ObjectStore for S3Store {
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         let path = self.path(key)?;
-        match self.block_on("delete", key, self.inner.delete(&path))? {
+        match self.run("delete", key, |c| async move { c.delete(&path).await })? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(s3("delete", key)(e)),
         }
