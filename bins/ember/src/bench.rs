@@ -1,12 +1,18 @@
 //! `ember bench create`: ember's cold create-to-ready and exec round trip,
 //! measured through the public API like any client, beside crun measured in
-//! the same run on the same machine.
+//! the same run on the same machine. `ember bench claim` and `ember bench
+//! density`: warm-pool claims and how many idle sandboxes fit.
 //!
 //! Exit code: 0 when every ember run succeeded, 1 when some failed (the
 //! figures are printed either way). A missed target is a result, not an error.
+mod claim;
+mod claim_report;
 mod crun;
+mod density;
 mod ember;
 mod oci;
+mod pool;
+mod procfs;
 mod report;
 mod stats;
 
@@ -15,7 +21,37 @@ use anyhow::Context;
 use ember_client::Client;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
-    let BenchCmd::Create { runs, no_crun, json } = cmd;
+    match cmd {
+        BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
+        BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json } => {
+            let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
+            claim_bench(client, args, json).await
+        }
+        BenchCmd::Density { count, timeout, json } => {
+            density::run(client, count, std::time::Duration::from_secs(timeout), json).await
+        }
+    }
+}
+
+async fn claim_bench(client: &Client, args: claim::ClaimArgs, json: bool) -> anyhow::Result<i32> {
+    if args.runs == 0 || args.concurrency == 0 {
+        anyhow::bail!("--runs and --concurrency must be at least 1");
+    }
+    let url = pool::url();
+    eprintln!("ember bench claim: {} runs per figure", args.runs);
+    let load = procfs::loadavg();
+    let f = claim::measure(client, &args).await?;
+    let r = claim_report::ClaimReport { url: &url, args: &args, f: &f, load: (load, procfs::loadavg()) };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r.to_json())?);
+    } else {
+        println!();
+        r.print_table();
+    }
+    Ok(r.exit_code())
+}
+
+async fn create(client: &Client, runs: usize, no_crun: bool, json: bool) -> anyhow::Result<i32> {
     if runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }

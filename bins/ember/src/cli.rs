@@ -35,6 +35,9 @@ pub enum Cmd {
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
+    /// Manage workspaces: durable volumes that outlive sandboxes.
+    #[command(subcommand)]
+    Workspace(WorkspaceCmd),
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -99,6 +102,12 @@ pub struct CreateArgs {
     pub labels: Vec<String>,
     #[arg(long)]
     pub runtime: Option<String>,
+    /// Mount a workspace: NAME[:/mount/path][:ro] (repeatable; default path /workspace).
+    #[arg(long = "workspace", value_name = "NAME[:/PATH][:ro]")]
+    pub workspaces: Vec<String>,
+    /// Take read-write workspace leases from live holders, fencing them.
+    #[arg(long)]
+    pub steal: bool,
 }
 
 #[derive(Args, Clone, Default)]
@@ -165,6 +174,39 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Warm-pool claims: server and client latency, bursts, time to first
+    /// output and claims/s, beside cold creates, on a pool of its own.
+    Claim {
+        /// Sequential creates per figure (warm claims, claim + echo, cold reference).
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Claims fired at once in each burst.
+        #[arg(long, default_value_t = 100)]
+        concurrency: usize,
+        /// Bursts of --concurrency claims.
+        #[arg(long, default_value_t = 3)]
+        bursts: usize,
+        /// Claims in the claims-per-second figure; the pool is filled to this
+        /// many idle first (0 skips the figure).
+        #[arg(long, default_value_t = 1000)]
+        sustain: usize,
+        /// Concurrent tasks claiming in the claims-per-second figure.
+        #[arg(long, default_value_t = 16)]
+        tasks: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fill a pool with idle sandboxes and report what each costs the host
+    /// (the daemon must run on this host).
+    Density {
+        #[arg(long, default_value_t = 1000)]
+        count: u32,
+        /// Stop filling after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -214,5 +256,28 @@ pub enum PoolCmd {
         target: Option<String>,
     },
     /// Remove a pool and its idle sandboxes.
+    Rm { names: Vec<String> },
+}
+
+#[derive(Subcommand)]
+pub enum WorkspaceCmd {
+    /// Create a workspace with a size quota.
+    Create {
+        name: String,
+        #[arg(long, default_value = "1Gi")]
+        size: String,
+        #[arg(long)]
+        json: bool,
+    },
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    Inspect {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete workspaces and their data (refused while a sandbox writes them).
     Rm { names: Vec<String> },
 }

@@ -281,6 +281,7 @@ async fn every_operation_answers_as_documented() {
     pause_resume_and_delete(&api, &a, &b).await;
     router_fallbacks(&api, &a).await;
     pools(&api).await;
+    workspaces(&api).await;
 
     // Every operation of the lifecycle, ember and system tags was answered with a 2xx.
     let seen = api.seen.lock().unwrap().clone();
@@ -578,6 +579,27 @@ async fn pools(api: &Api) {
     assert_eq!(api.req("GET", "/v1/pools/{name}", &["nope"]).send().await.status, 404);
     assert_eq!(api.req("DELETE", "/v1/pools/{name}", &["host"]).send().await.status, 204);
     assert_eq!(api.req("DELETE", "/v1/pools/{name}", &["host"]).send().await.status, 404);
+}
+
+async fn workspaces(api: &Api) {
+    let r = api.req("POST", "/v1/workspaces", &[]).json(json!({"name": "ws1", "size": "32Mi"})).send().await;
+    assert_eq!((r.status, r.json()["name"].as_str()), (201, Some("ws1")));
+    let r = api.req("POST", "/v1/workspaces", &[]).json(json!({"name": "ws1", "size": "32Mi"})).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("WORKSPACE::ALREADY_EXISTS")));
+    let r = api.req("POST", "/v1/workspaces", &[]).json(json!({"name": "Bad", "size": "32Mi"})).send().await;
+    assert_eq!(r.status, 400);
+    assert_eq!(api.req("GET", "/v1/workspaces", &[]).send().await.json()["items"][0]["name"], "ws1");
+    let body = json!({"template": "host", "workspaces": [{"name": "ws1"}]});
+    let s = api.req("POST", "/v1/sandboxes", &[]).json(body).send().await;
+    assert_eq!(s.status, 202);
+    let id = s.json()["id"].as_str().expect("id").to_string();
+    let r = api.req("GET", "/v1/workspaces/{name}", &["ws1"]).send().await;
+    assert_eq!(r.json()["lease"]["holder"].as_str(), Some(id.as_str()));
+    let r = api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("WORKSPACE::IN_USE")));
+    assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&id]).send().await.status, 204);
+    assert_eq!(api.req("GET", "/v1/workspaces/{name}", &["nope"]).send().await.status, 404);
+    assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await.status, 204);
 }
 
 async fn router_fallbacks(api: &Api, a: &str) {

@@ -1,7 +1,7 @@
 //! Wire ↔ engine conversions and RFC 3339 times.
 use crate::error::ApiError;
 use ember_engine::{CreateSandbox, SandboxRecord};
-use ember_types::api::{CreateSandboxRequest, ImageSpec, LaunchInfo, SandboxInfo, SandboxStatus};
+use ember_types::api::{CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, SandboxInfo, SandboxStatus};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -45,6 +45,16 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             micros: l.micros,
             phases: l.phases.clone(),
         }),
+        workspaces: r
+            .workspaces
+            .iter()
+            .map(|w| MountedWorkspaceInfo {
+                name: w.name.clone(),
+                mount_path: w.path.clone(),
+                read_only: w.read_only,
+                epoch: w.epoch,
+            })
+            .collect(),
     }
 }
 
@@ -77,5 +87,18 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         user: req.user,
         runtime_class: req.runtime_class,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        workspaces: req
+            .workspaces
+            .into_iter()
+            .map(|w| {
+                let path = w.mount_path.unwrap_or_else(|| "/workspace".into());
+                if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+                    return Err(ApiError::bad_request(format!(
+                        "workspace mountPath {path:?} must be absolute, without '..'"
+                    )));
+                }
+                Ok(ember_engine::WorkspaceRequest { name: w.name, path, read_only: w.read_only, steal: w.steal })
+            })
+            .collect::<Result<_, _>>()?,
     })
 }

@@ -55,12 +55,27 @@ impl From<EngineError> for ApiError {
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
+            EngineError::Workspace(w) => workspace_status(w),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {
             tracing::error!(error = %chain(&e), "request failed");
         }
         ApiError::new(status, code, chain(&e))
+    }
+}
+
+fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'static str) {
+    use ember_workspace::{LeaseError, WorkspaceError as W};
+    use StatusCode as S;
+    match e {
+        W::Name(_) | W::TooSmall(_) => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
+        W::NotFound(_) => (S::NOT_FOUND, "WORKSPACE::NOT_FOUND"),
+        W::Exists(_) => (S::CONFLICT, "WORKSPACE::ALREADY_EXISTS"),
+        W::InUse { .. } => (S::CONFLICT, "WORKSPACE::IN_USE"),
+        W::Lease(LeaseError::Held { .. }) => (S::CONFLICT, "WORKSPACE::LEASED"),
+        W::Lease(LeaseError::Fenced { .. }) => (S::CONFLICT, "WORKSPACE::FENCED"),
+        W::Io { .. } | W::Command { .. } => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
     }
 }
 

@@ -16,6 +16,7 @@ mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
+mod workspaces;
 
 use axum::extract::{FromRequest, Request};
 use axum::routing::{any, get, patch, post};
@@ -85,7 +86,9 @@ pub fn router(state: ApiState) -> Router {
     let v1 = lifecycle()
         .route("/metrics/events", post(system::metrics_event))
         .route("/pools", post(pools::create).get(pools::list))
-        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove));
+        .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
+        .route("/workspaces", post(workspaces::create).get(workspaces::list))
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

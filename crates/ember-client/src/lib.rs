@@ -7,7 +7,8 @@ mod execd;
 
 use bytes::Bytes;
 use ember_types::api::{
-    CreatePoolRequest, CreateSandboxRequest, ErrorBody, PoolInfo, PoolList, ResizePoolRequest, SandboxInfo, SandboxList,
+    CreatePoolRequest, CreateSandboxRequest, CreateWorkspaceRequest, ErrorBody, PoolInfo, PoolList, ResizePoolRequest,
+    SandboxInfo, SandboxList, WorkspaceInfo, WorkspaceList,
 };
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
@@ -167,6 +168,26 @@ impl Client {
 
     pub async fn delete_pool(&self, name: &str) -> Result<(), ClientError> {
         let path = format!("/v1/pools/{name}");
+        let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn create_workspace(&self, name: &str, size: &str) -> Result<WorkspaceInfo, ClientError> {
+        let body = serde_json::to_vec(&CreateWorkspaceRequest { name: name.into(), size: size.into() })
+            .map_err(|e| ClientError::Protocol { path: "workspace".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, "/v1/workspaces", Some(body)).await?.0)
+    }
+
+    pub async fn list_workspaces(&self) -> Result<Vec<WorkspaceInfo>, ClientError> {
+        Ok(self.json::<WorkspaceList>(Method::GET, "/v1/workspaces", None).await?.0.items)
+    }
+
+    pub async fn get_workspace(&self, name: &str) -> Result<WorkspaceInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/workspaces/{name}"), None).await?.0)
+    }
+
+    pub async fn delete_workspace(&self, name: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/workspaces/{name}");
         let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
         Self::check(&path, resp).await.map(|_| ())
     }

@@ -27,6 +27,8 @@ pub struct CreateSandbox {
     /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
     /// any pool of the resolved template and resources is used.
     pub pool: Option<String>,
+    /// Workspaces to mount, bound at create or claim time.
+    pub workspaces: Vec<crate::WorkspaceRequest>,
 }
 
 const MIN_MEMORY: u64 = 16 << 20;
@@ -95,12 +97,31 @@ impl Engine {
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
         let spec = self.resolve(&req)?;
+        self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
-            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), t0).await? {
+            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
                 return Ok(rec);
             }
         }
         let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
+        let rec = match self.attach_workspaces(&rec, &req.workspaces).await {
+            Ok(mounted) if mounted.is_empty() => rec,
+            Ok(mounted) => {
+                let entry = self.entry(rec.id.as_str())?;
+                entry.update(|r| {
+                    r.workspaces = mounted;
+                    if let Some(l) = r.launch.as_mut() {
+                        l.micros = t0.elapsed().as_micros() as u64;
+                    }
+                });
+                self.persist(&entry);
+                entry.snapshot()
+            }
+            Err(e) => {
+                let _ = self.remove(rec.id.as_str()).await;
+                return Err(e);
+            }
+        };
         self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
         Ok(rec)
     }
@@ -133,6 +154,7 @@ impl Engine {
             deleting: false,
             pooled: pool.is_some(),
             pool,
+            workspaces: Vec::new(),
         };
         self.store.save(rec.id.as_str(), &rec)?;
         let rt = self.runtime.clone();

@@ -33,6 +33,8 @@ pub enum EngineError {
     PoolNotFound(String),
     #[error("pool {0} already exists")]
     PoolExists(String),
+    #[error(transparent)]
+    Workspace(ember_workspace::WorkspaceError),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -19,6 +19,9 @@ pub mod record;
 mod recover;
 mod store;
 pub mod templates;
+mod workspaces;
+
+pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
 pub use create::CreateSandbox;
 pub use error::EngineError;
@@ -79,6 +82,9 @@ pub struct Engine {
     /// A std Mutex: lookups and inserts only, never held across an await.
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
+    workspaces: ember_workspace::WorkspaceStore,
+    /// Serialises lease read-modify-writes (short, never across an await).
+    lease_lock: Mutex<()>,
     metrics: Metrics,
 }
 
@@ -88,6 +94,9 @@ impl Engine {
     pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
+        // Workspaces belong to the sandbox user (uid 1000 inside).
+        let owner = runtime.host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
+        let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
         let engine = Arc::new(Engine {
             cfg,
             runtime,
@@ -95,6 +104,8 @@ impl Engine {
             sandboxes: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
             pool_store,
+            workspaces,
+            lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
         });
         recover::recover(&engine).await?;

@@ -149,6 +149,7 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reas
     engine.metrics.terminated.get_or_create(&crate::metrics::ReasonLabels { reason: reason.code() }).inc();
     entry.update(|r| r.transition(reason.terminal_state(), Some(reason)));
     let rec = entry.snapshot();
+    engine.release_leases(rec.id.as_str(), &rec.workspaces);
     if rec.pooled {
         // An idle pool member died: no caller knows it, so nothing to keep.
         if let Some(pool) = rec.pool.as_deref().and_then(|n| engine.pool(n).ok()) {

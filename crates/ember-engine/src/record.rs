@@ -39,6 +39,9 @@ pub struct SandboxRecord {
     /// before a claim is answered; from then on it is never returned to a pool.
     #[serde(default)]
     pub pooled: bool,
+    /// Workspaces mounted in the sandbox, with their lease epochs.
+    #[serde(default)]
+    pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
 }
 
 pub fn now_ms() -> i64 {

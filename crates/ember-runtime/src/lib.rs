@@ -99,6 +99,18 @@ pub trait Runtime: Send + Sync {
     fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError>;
     /// How many OOM kills the sandbox has seen.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
+    /// Mounts a host directory into the running sandbox (workspaces), without
+    /// restarting it.
+    fn inject_mount(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        source: &std::path::Path,
+        target: &str,
+        readonly: bool,
+    ) -> Result<(), RuntimeError>;
+    /// The host uid/gid a sandbox uid/gid maps to.
+    fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32);
     /// Memory charged to the sandbox's cgroup, in bytes.
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
     /// What is enforced on the running sandbox, read back from the kernel.

@@ -13,6 +13,7 @@
 
 mod child;
 pub mod fd;
+pub mod inject;
 pub mod pidfd;
 pub mod process;
 pub mod seccomp;

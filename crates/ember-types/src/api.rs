@@ -70,6 +70,9 @@ pub struct CreateSandboxRequest {
     /// Default identity of commands: `{"uid":1000,"gid":1000}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<crate::UserSpec>,
+    /// Workspaces to mount (ember's durable volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<WorkspaceMountSpec>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +119,19 @@ pub struct SandboxInfo {
     pub resources: crate::Resources,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<LaunchInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<MountedWorkspaceInfo>,
+}
+
+/// A workspace mounted in a sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountedWorkspaceInfo {
+    pub name: String,
+    pub mount_path: String,
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,4 +238,52 @@ pub struct PoolInfo {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PoolList {
     pub items: Vec<PoolInfo>,
+}
+
+/// A workspace to mount at create (ember's field `workspaces`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceMountSpec {
+    pub name: String,
+    /// Default `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_path: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// Take the read-write lease from a live holder, fencing it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub steal: bool,
+}
+
+/// `POST /v1/workspaces`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateWorkspaceRequest {
+    pub name: String,
+    /// e.g. "1Gi".
+    pub size: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceLease {
+    pub holder: String,
+    pub epoch: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceInfo {
+    pub name: String,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub created_at: String,
+    /// The last lease epoch granted.
+    pub epoch: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<WorkspaceLease>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceList {
+    pub items: Vec<WorkspaceInfo>,
 }

@@ -228,7 +228,7 @@ fn three(s: Option<&Summary>) -> String {
     }
 }
 
-fn ms(v: Option<f64>) -> String {
+pub(super) fn ms(v: Option<f64>) -> String {
     match v {
         Some(v) => format!("{v:>9.2}"),
         None => format!("{:>9}", "—"),

@@ -2,6 +2,7 @@
 mod files;
 mod pool;
 mod sandbox;
+mod workspace;
 
 use crate::cli::{Cli, Cmd, ExecOpts};
 use anyhow::{bail, Context};
@@ -19,6 +20,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
     }
@@ -73,7 +75,7 @@ pub fn exec_request(opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<RunCom
 /// Streams a command's output to our stdout/stderr; returns its exit code.
 pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<i32> {
     let req = exec_request(opts, argv)?;
-    let out = client
+    let out = match client
         .exec(id, &req, |ev| {
             let text = ev.text.as_deref().unwrap_or("");
             let line = if text == "\n" { "" } else { text };
@@ -87,7 +89,21 @@ pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>)
                 _ => {}
             }
         })
-        .await?;
+        .await
+    {
+        Ok(out) => out,
+        Err(e @ ember_client::ClientError::Protocol { .. }) => {
+            // The stream broke: say why if the sandbox itself ended.
+            if let Ok(s) = client.get_sandbox(id).await {
+                if s.status.state == "Failed" || s.status.state == "Terminated" {
+                    let reason = s.status.reason.unwrap_or_default();
+                    bail!("sandbox {id} ended while the command ran: {} ({reason})", s.status.state);
+                }
+            }
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(e) = out.error {
         bail!("command did not start: {e}");
     }

@@ -3,7 +3,7 @@ use super::{exec, parse_duration, parse_kv};
 use crate::cli::{CreateArgs, ExecOpts, SandboxCmd};
 use anyhow::Context;
 use ember_client::Client;
-use ember_types::api::{CreateSandboxRequest, ImageSpec, ResourcesSpec, SandboxInfo};
+use ember_types::api::{CreateSandboxRequest, ImageSpec, ResourcesSpec, SandboxInfo, WorkspaceMountSpec};
 
 pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
     let env = parse_kv(&a.env, "--env")?;
@@ -21,8 +21,25 @@ pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
         env: (!env.is_empty()).then(|| env.into_iter().map(|(k, v)| (k, Some(v))).collect()),
         metadata: (!labels.is_empty()).then_some(labels),
         runtime_class: a.runtime.clone(),
+        workspaces: a.workspaces.iter().map(|w| workspace_mount(w, a.steal)).collect::<anyhow::Result<_>>()?,
         ..Default::default()
     })
+}
+
+/// `NAME[:/path][:ro]`.
+fn workspace_mount(s: &str, steal: bool) -> anyhow::Result<WorkspaceMountSpec> {
+    let mut parts = s.split(':');
+    let name = parts.next().filter(|n| !n.is_empty()).context("--workspace needs a name")?.to_string();
+    let mut spec = WorkspaceMountSpec { name, steal, ..Default::default() };
+    for p in parts {
+        match p {
+            "ro" => spec.read_only = true,
+            "rw" => spec.read_only = false,
+            path if path.starts_with('/') => spec.mount_path = Some(path.to_string()),
+            other => anyhow::bail!("--workspace {s:?}: {other:?} is neither an absolute path nor ro/rw"),
+        }
+    }
+    Ok(spec)
 }
 
 pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {

@@ -156,6 +156,11 @@ impl Drop for Daemon {
     /// across a daemon exit by design, so the harness removes them).
     fn drop(&mut self) {
         self.kill9();
+        // Workspaces stay mounted on the host while a daemon runs; unmount ours.
+        let ws = self.data_dir.join("workspaces");
+        for e in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
+            let _ = Command::new("umount").arg(e.path().join("mnt")).output();
+        }
         let cg = self.cgroups();
         for name in cg.list().unwrap_or_default() {
             let _ = cg.destroy(&name);

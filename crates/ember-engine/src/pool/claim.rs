@@ -19,6 +19,7 @@ impl Engine {
         pool: &Arc<Pool>,
         spec: &SandboxSpec,
         image_uri: Option<String>,
+        workspaces: &[crate::WorkspaceRequest],
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         while let Some(id) = pool.pop_idle() {
@@ -27,6 +28,23 @@ impl Engine {
             if !r.pooled || r.state != SandboxState::Running {
                 continue;
             }
+            // Workspaces first: the entrypoint may need them. A refused lease
+            // is the caller's error; the sandbox goes back, unclaimed.
+            let mounted = match self.attach_workspaces(&r, workspaces).await {
+                Ok(m) => m,
+                Err(e) => {
+                    if matches!(e, EngineError::Workspace(_)) {
+                        pool.idle.lock().unwrap_or_else(|p| p.into_inner()).push_front(id);
+                    } else {
+                        // A mount that failed half-way: this sandbox is not clean.
+                        let (done, _) = tokio::sync::oneshot::channel();
+                        let _ = entry
+                            .ctl
+                            .try_send(Control::Stop { reason: TerminationReason::RuntimeError(e.to_string()), done });
+                    }
+                    return Err(e);
+                }
+            };
             let body = serde_json::json!({
                 "env": spec.env,
                 "uid": spec.user.uid,
@@ -34,6 +52,7 @@ impl Engine {
                 "entrypoint": spec.entrypoint,
             });
             if let Err(e) = bind(&entry.agent_socket, &body.to_string()).await {
+                self.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
                 let (done, _) = tokio::sync::oneshot::channel();
                 let _ = entry.ctl.try_send(Control::Stop { reason: TerminationReason::RuntimeError(e), done });
@@ -43,6 +62,7 @@ impl Engine {
             let now = now_ms();
             entry.update(|r| {
                 r.pooled = false;
+                r.workspaces = mounted;
                 r.spec.env = spec.env.clone();
                 r.spec.metadata = spec.metadata.clone();
                 r.spec.entrypoint = spec.entrypoint.clone();

@@ -258,6 +258,22 @@ impl Runtime for NativeRuntime {
         self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
     }
 
+    fn inject_mount(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        source: &Path,
+        target: &str,
+        readonly: bool,
+    ) -> Result<(), RuntimeError> {
+        let _ = id;
+        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
+    }
+
+    fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
+        (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
+    }
+
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
         Ok(self.cgroups.usage(id.as_str()).map_err(Self::cg_err(id))?.memory_bytes)
     }

@@ -1,0 +1,185 @@
+//! Workspaces outlive sandboxes: the lab-4 drill (kill the sandbox mid-write, a
+//! fresh one mounts the workspace and carries on, nothing acknowledged is lost),
+//! single-writer leases with fencing, quotas, warm claims with a workspace.
+mod common;
+
+use common::Daemon;
+use ember_types::api::{CreatePoolRequest, WorkspaceMountSpec};
+use ember_types::execd::RunCommandRequest;
+use std::time::{Duration, Instant};
+
+fn mount(name: &str) -> WorkspaceMountSpec {
+    WorkspaceMountSpec { name: name.into(), ..Default::default() }
+}
+
+/// Appends numbered, checksummed records, continuing after the last one, and
+/// acknowledges each on stdout once its append returned.
+const WRITER: &str = "i=$(wc -l < /workspace/log 2>/dev/null || echo 0); \
+    while :; do i=$((i+1)); echo \"$i $(echo rec$i | md5sum | cut -c1-8)\" >> /workspace/log; echo \"ack $i\"; done";
+
+/// Verifies every complete record and returns how many there are.
+const VERIFY: &str = "n=0; while read -r i c; do n=$((n+1)); \
+    [ \"$i\" = \"$n\" ] || { echo \"gap at $n: $i\"; exit 1; }; \
+    [ \"$c\" = \"$(echo rec$i | md5sum | cut -c1-8)\" ] || { echo \"bad checksum at $i\"; exit 1; }; \
+    done < /workspace/log; echo $n";
+
+async fn last_ack(d: &Daemon, sandbox: &str, cmd: &str) -> u64 {
+    let (_, body) =
+        d.client.get_raw(&format!("/v1/sandboxes/{sandbox}/proxy/44772/command/{cmd}/logs")).await.expect("logs");
+    String::from_utf8_lossy(&body).lines().filter_map(|l| l.strip_prefix("ack ")?.parse().ok()).max().unwrap_or(0)
+}
+
+/// Starts the writer in the background and returns its command id once it has
+/// acknowledged at least `min` records.
+async fn start_writer(d: &Daemon, sandbox: &str, min: u64) -> String {
+    let req = RunCommandRequest { command: Some(WRITER.into()), background: true, ..Default::default() };
+    let mut id = String::new();
+    d.client
+        .exec(sandbox, &req, |ev| {
+            if ev.kind == "init" {
+                id = ev.text.clone().unwrap_or_default()
+            }
+        })
+        .await
+        .expect("start");
+    for _ in 0..200 {
+        if last_ack(d, sandbox, &id).await >= min {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    id
+}
+
+async fn drill(d: &Daemon, kill: impl AsyncFnOnce(&Daemon, &str)) {
+    let a = d.create(|r| r.workspaces = vec![mount("state")]).await;
+    let writer = start_writer(d, &a.id, 50).await;
+    let acked = last_ack(d, &a.id, &writer).await;
+    assert!(acked >= 50, "the writer wrote only {acked} records");
+    let t0 = Instant::now();
+    kill(d, &a.id).await;
+    // Until the old sandbox has ended (or is gone), its lease stands.
+    for _ in 0..400 {
+        match d.client.get_sandbox(&a.id).await {
+            Ok(s) if s.status.state != "Terminated" && s.status.state != "Failed" => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            _ => break,
+        }
+    }
+
+    let b = d.create(|r| r.workspaces = vec![mount("state")]).await;
+    let (code, _, _) = d.sh(&b.id, "test -s /workspace/log", None).await;
+    let recovery = t0.elapsed();
+    assert_eq!(code, Some(0), "the workspace is mounted with its data");
+    let (code, out, _) = d.sh(&b.id, VERIFY, None).await;
+    assert_eq!(code, Some(0), "records damaged: {out}");
+    let n: u64 = out.trim().parse().expect("count");
+    assert!(n >= acked, "{acked} records were acknowledged but only {n} survived");
+    println!("recovery (kill → workspace re-mounted and first command run): {:.1} ms", recovery.as_secs_f64() * 1e3);
+
+    // The fresh sandbox carries on from where the dead one stopped.
+    let writer = start_writer(d, &b.id, n + 20).await;
+    let _ = d.client.get_raw(&format!("/v1/sandboxes/{}/proxy/44772/command?id={writer}", b.id)).await;
+    d.client.delete_sandbox(&b.id).await.expect("remove b");
+    let c = d.create(|r| r.workspaces = vec![mount("state")]).await;
+    let (code, out, _) = d.sh(&c.id, VERIFY, None).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.trim().parse::<u64>().expect("count") >= n + 20);
+    d.client.delete_sandbox(&c.id).await.expect("remove c");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab4_drill_sigkill_mid_write_loses_no_acknowledged_record() {
+    let d = Daemon::start();
+    d.client.create_workspace("state", "64Mi").await.expect("workspace");
+    drill(&d, async |d: &Daemon, id: &str| {
+        for p in d.procs(id) {
+            let _ = std::process::Command::new("kill").args(["-9", &p.to_string()]).status();
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab4_drill_removal_through_the_api_mid_write_loses_no_acknowledged_record() {
+    let d = Daemon::start();
+    d.client.create_workspace("state", "64Mi").await.expect("workspace");
+    drill(&d, async |d: &Daemon, id: &str| d.client.delete_sandbox(id).await.expect("remove mid-write")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_writer_at_a_time_steal_fences_readers_are_free() {
+    let d = Daemon::start();
+    d.client.create_workspace("w", "32Mi").await.expect("workspace");
+    let a = d.create(|r| r.workspaces = vec![mount("w")]).await;
+    assert_eq!(a.workspaces[0].epoch, Some(1));
+    let second = ember_types::api::CreateSandboxRequest {
+        template: Some("host".into()),
+        workspaces: vec![mount("w")],
+        ..Default::default()
+    };
+    let err = d.client.create_sandbox(&second).await.expect_err("a second writer is refused").to_string();
+    assert!(err.contains("WORKSPACE::LEASED") && err.contains(&a.id), "{err}");
+    let reader = d.create(|r| r.workspaces = vec![WorkspaceMountSpec { read_only: true, ..mount("w") }]).await;
+    let (code, _, _) = d.sh(&reader.id, "touch /workspace/x", None).await;
+    assert_ne!(code, Some(0), "a read-only mount is read-only");
+    let b = d.create(|r| r.workspaces = vec![WorkspaceMountSpec { steal: true, ..mount("w") }]).await;
+    assert_eq!(b.workspaces[0].epoch, Some(2), "stealing fences the old holder with a new epoch");
+    let w = d.client.get_workspace("w").await.expect("workspace");
+    assert_eq!(w.lease.as_ref().map(|l| (l.holder.as_str(), l.epoch)), Some((b.id.as_str(), 2)));
+    // The fenced holder ending does not release the new holder's lease.
+    d.client.delete_sandbox(&a.id).await.expect("remove a");
+    assert_eq!(d.client.get_workspace("w").await.expect("w").lease.map(|l| l.holder), Some(b.id.clone()));
+    let err = d.client.delete_workspace("w").await.expect_err("in use").to_string();
+    assert!(err.contains("WORKSPACE::IN_USE"), "{err}");
+    d.client.delete_sandbox(&b.id).await.expect("remove b");
+    assert!(d.client.get_workspace("w").await.expect("w").lease.is_none(), "the holder's end released the lease");
+    d.client.delete_sandbox(&reader.id).await.expect("remove reader");
+    d.client.delete_workspace("w").await.expect("remove workspace");
+    assert!(d.client.get_workspace("w").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_size_is_a_quota_and_bad_requests_are_structured() {
+    let d = Daemon::start();
+    d.client.create_workspace("q", "32Mi").await.expect("workspace");
+    let s =
+        d.create(|r| r.workspaces = vec![WorkspaceMountSpec { mount_path: Some("/data".into()), ..mount("q") }]).await;
+    let (code, out, err) = d.sh(&s.id, "dd if=/dev/zero of=/data/fill bs=1M count=64 2>&1; echo rc=$?", None).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("No space left on device") && out.contains("rc=1"), "{out}{err}");
+    for (name, size, code) in [
+        ("Bad_Name", "32Mi", "WORKSPACE::INVALID_PARAMETER"),
+        ("tiny", "1Mi", "WORKSPACE::INVALID_PARAMETER"),
+        ("q", "32Mi", "WORKSPACE::ALREADY_EXISTS"),
+    ] {
+        let e = d.client.create_workspace(name, size).await.expect_err("refused").to_string();
+        assert!(e.contains(code), "{name}: {e}");
+    }
+    let e = d.client.get_workspace("nope").await.expect_err("missing").to_string();
+    assert!(e.contains("WORKSPACE::NOT_FOUND"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_claim_mounts_the_workspace_into_the_running_sandbox() {
+    let d = Daemon::start();
+    d.client.create_workspace("ctx", "32Mi").await.expect("workspace");
+    let req =
+        CreatePoolRequest { template: "host".into(), min: 1, max: 1, target: Some(1.into()), ..Default::default() };
+    d.client.create_pool(&req).await.expect("pool");
+    for _ in 0..200 {
+        if d.client.get_pool("host").await.expect("pool").idle == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let a = d.create(|r| r.workspaces = vec![mount("ctx")]).await;
+    assert_eq!(a.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"));
+    let (code, _, _) = d.sh(&a.id, "echo carried > /workspace/note", None).await;
+    assert_eq!(code, Some(0));
+    d.client.delete_sandbox(&a.id).await.expect("remove");
+    let b = d.create(|r| r.workspaces = vec![mount("ctx")]).await;
+    let (_, out, _) = d.sh(&b.id, "cat /workspace/note", None).await;
+    assert_eq!(out, "carried\n");
+}

@@ -1,0 +1,145 @@
+//! Mounting a host directory into a running sandbox without restarting it:
+//! `open_tree(OPEN_TREE_CLONE)` takes a detached copy of the host mount, and a
+//! short-lived forked child enters the sandbox's mount namespace and attaches it
+//! with `move_mount`. (`setns` into a mount namespace is refused to a
+//! multi-threaded process, hence the child.)
+use crate::SysError;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+fn cstr(s: &str, what: &str) -> Result<CString, SysError> {
+    CString::new(s).map_err(|_| SysError::new("path", what.to_string(), std::io::ErrorKind::InvalidInput.into()))
+}
+
+/// Mounts `source` (a host path) at `target` (an absolute path inside the
+/// sandbox whose init is `pid`), creating the target directory if needed.
+/// `readonly` applies to the whole attached tree; nosuid and nodev always do.
+/// `root_ids` are the host uid/gid of the sandbox's root: missing directories
+/// are created as that user (the sandbox's filesystem does not accept files
+/// from ids outside its user namespace).
+pub fn inject_mount(
+    pid: i32,
+    source: &Path,
+    target: &str,
+    readonly: bool,
+    root_ids: (u32, u32),
+) -> Result<(), SysError> {
+    if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
+        return Err(SysError::new("inject mount", target, std::io::ErrorKind::InvalidInput.into()));
+    }
+    let src = cstr(&source.to_string_lossy(), "source")?;
+    // SAFETY: src is NUL-terminated; a non-negative result is a new fd we own.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            src.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint,
+        )
+    };
+    if tree < 0 {
+        return Err(SysError::last("open_tree", source.display().to_string()));
+    }
+    // SAFETY: tree is a fresh descriptor owned by nobody else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if readonly { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: attr is a live struct of the size passed; "" with AT_EMPTY_PATH names the fd itself.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(SysError::last("mount_setattr", source.display().to_string()));
+    }
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|e| SysError::new("open mount namespace", pid.to_string(), e))?;
+    // Every prefix of the target, created in order inside the sandbox.
+    let mut prefixes = Vec::new();
+    let mut acc = String::new();
+    for part in target.split('/').filter(|p| !p.is_empty()) {
+        acc.push('/');
+        acc.push_str(part);
+        prefixes.push(cstr(&acc, target)?);
+    }
+    let tgt = cstr(target, target)?;
+    attach_in_child(ns.as_raw_fd(), tree.as_raw_fd(), &prefixes, &tgt, root_ids)
+        .map_err(|e| SysError::new("attach mount", format!("{target} in pid {pid}"), e))
+}
+
+/// Forks; the child joins the mount namespace, creates the target and moves the
+/// detached tree there. Its exit status is 0 or the errno of the failed step.
+fn attach_in_child(ns: i32, tree: i32, prefixes: &[CString], target: &CString, ids: (u32, u32)) -> std::io::Result<()> {
+    // SAFETY: the child only makes raw syscalls on data prepared above (no
+    // allocation, no locks) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer refers to memory this copy owns.
+        unsafe {
+            let errno = || *libc::__errno_location();
+            if libc::setns(ns, libc::CLONE_NEWNS) != 0 {
+                libc::_exit(errno().max(1));
+            }
+            // Raw syscalls: glibc's wrappers would broadcast to threads this
+            // forked copy does not have.
+            libc::syscall(libc::SYS_setfsgid, ids.1);
+            libc::syscall(libc::SYS_setfsuid, ids.0);
+            for p in prefixes {
+                if libc::mkdir(p.as_ptr(), 0o755) != 0 && errno() != libc::EEXIST {
+                    libc::_exit(errno().max(1));
+                }
+            }
+            libc::syscall(libc::SYS_setfsuid, 0);
+            libc::syscall(libc::SYS_setfsgid, 0);
+            let r = libc::syscall(
+                libc::SYS_move_mount,
+                tree,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                target.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            );
+            libc::_exit(if r == 0 { 0 } else { errno().max(1) });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child we just forked; status is a live int.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if libc::WIFEXITED(status) {
+        Err(std::io::Error::from_raw_os_error(libc::WEXITSTATUS(status)))
+    } else {
+        Err(std::io::Error::other("mount helper was killed"))
+    }
+}

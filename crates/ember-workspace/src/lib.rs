@@ -1,0 +1,68 @@
+//! Workspaces: named, durable volumes that hold an agent's state apart from the
+//! sandbox that runs it. Kill the sandbox and a fresh one mounts the same
+//! workspace and carries on.
+//!
+//! Each workspace is an ext4 filesystem in a sparse image file under
+//! `<data>/workspaces/<name>/disk.img`, loop-mounted on the host at
+//! `<name>/mnt` while the daemon runs: the filesystem's size is the quota, and
+//! the kernel enforces it. Its root belongs to the sandbox user's host uid, so
+//! sandboxes (whose ids map to the shared range) can write it.
+//!
+//! One writer at a time: mounting read-write takes a lease with a monotonically
+//! increasing epoch (a fencing token), persisted in `meta.json`. A holder whose
+//! epoch is no longer current can no longer commit snapshots.
+//!
+//! Synchronous: mkfs and mount take tens of milliseconds; the engine calls this
+//! from blocking threads and serialises operations on one workspace.
+#![forbid(unsafe_code)]
+
+mod lease;
+mod volume;
+
+pub use lease::{Lease, LeaseError, LeaseState};
+pub use volume::{WorkspaceMeta, WorkspaceStore, MIN_SIZE};
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("invalid workspace name {0:?}: 1-63 characters of [a-z0-9-], not starting with '-'")]
+    Name(String),
+    #[error("workspace {0} not found")]
+    NotFound(String),
+    #[error("workspace {0} already exists")]
+    Exists(String),
+    #[error("workspace size {0} bytes is below the minimum of {MIN_SIZE} bytes")]
+    TooSmall(u64),
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed for {path}: {stderr}")]
+    Command { command: &'static str, path: PathBuf, stderr: String },
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error("workspace {name} is in use by sandbox {holder}; remove that sandbox first")]
+    InUse { name: String, holder: String },
+}
+
+pub(crate) fn io(op: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> WorkspaceError {
+    let path = path.to_path_buf();
+    move |source| WorkspaceError::Io { op, path, source }
+}
+
+/// Workspace names double as directory names: the same rule as sandbox ids.
+pub fn check_name(name: &str) -> Result<(), WorkspaceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('-')
+        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(WorkspaceError::Name(name.to_string()))
+    }
+}

@@ -1,0 +1,172 @@
+//! The volumes: sparse ext4 images, loop-mounted on the host, plus their records.
+use crate::lease::LeaseState;
+use crate::{check_name, io, WorkspaceError};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// ext4 needs a few MiB for its own metadata.
+pub const MIN_SIZE: u64 = 16 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceMeta {
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_at_ms: i64,
+    #[serde(flatten)]
+    pub leases: LeaseState,
+}
+
+pub struct WorkspaceStore {
+    root: PathBuf,
+    /// Host uid/gid that owns each filesystem's root (the sandbox user's).
+    owner: (u32, u32),
+}
+
+fn run(command: &'static str, args: &[&str], path: &Path) -> Result<(), WorkspaceError> {
+    let out = Command::new(command).args(args).output().map_err(io("run", Path::new(command)))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(WorkspaceError::Command {
+        command,
+        path: path.to_path_buf(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl WorkspaceStore {
+    pub fn open(root: PathBuf, owner: (u32, u32)) -> Result<WorkspaceStore, WorkspaceError> {
+        std::fs::create_dir_all(&root).map_err(io("mkdir", &root))?;
+        Ok(WorkspaceStore { root, owner })
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Where the workspace is mounted on the host.
+    pub fn mount_path(&self, name: &str) -> PathBuf {
+        self.dir(name).join("mnt")
+    }
+
+    /// Creates the image, the filesystem (root owned by the sandbox user) and
+    /// the record, in a temp dir renamed into place, then mounts it.
+    pub fn create(&self, name: &str, size_bytes: u64) -> Result<WorkspaceMeta, WorkspaceError> {
+        check_name(name)?;
+        if size_bytes < MIN_SIZE {
+            return Err(WorkspaceError::TooSmall(size_bytes));
+        }
+        let dir = self.dir(name);
+        if dir.exists() {
+            return Err(WorkspaceError::Exists(name.to_string()));
+        }
+        let tmp = self.root.join(format!(".{name}.tmp"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(tmp.join("mnt")).map_err(io("mkdir", &tmp))?;
+        let img = tmp.join("disk.img");
+        let f = std::fs::File::create(&img).map_err(io("create", &img))?;
+        f.set_len(size_bytes).map_err(io("truncate", &img))?;
+        drop(f);
+        let owner = format!("root_owner={}:{}", self.owner.0, self.owner.1);
+        let img_s = img.to_string_lossy().into_owned();
+        run("mkfs.ext4", &["-q", "-F", "-m", "0", "-E", &owner, &img_s], &img)?;
+        let meta =
+            WorkspaceMeta { name: name.into(), size_bytes, created_at_ms: now_ms(), leases: LeaseState::default() };
+        self.write_meta(&tmp, &meta)?;
+        std::fs::rename(&tmp, &dir).map_err(io("rename", &dir))?;
+        self.ensure_mounted(name)?;
+        Ok(meta)
+    }
+
+    fn write_meta(&self, dir: &Path, meta: &WorkspaceMeta) -> Result<(), WorkspaceError> {
+        let p = dir.join("meta.json");
+        let t = dir.join("meta.json.tmp");
+        let data = serde_json::to_vec_pretty(meta).map_err(|e| io("encode", &p)(std::io::Error::other(e)))?;
+        std::fs::write(&t, data).map_err(io("write", &t))?;
+        std::fs::rename(&t, &p).map_err(io("rename", &p))
+    }
+
+    pub fn save(&self, meta: &WorkspaceMeta) -> Result<(), WorkspaceError> {
+        self.write_meta(&self.dir(&meta.name), meta)
+    }
+
+    pub fn meta(&self, name: &str) -> Result<WorkspaceMeta, WorkspaceError> {
+        check_name(name)?;
+        let p = self.dir(name).join("meta.json");
+        let data = std::fs::read(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => WorkspaceError::NotFound(name.to_string()),
+            _ => io("read", &p)(e),
+        })?;
+        serde_json::from_slice(&data).map_err(|e| io("decode", &p)(std::io::Error::other(e)))
+    }
+
+    pub fn list(&self) -> Vec<WorkspaceMeta> {
+        let Ok(rd) = std::fs::read_dir(&self.root) else { return vec![] };
+        let mut v: Vec<_> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| !n.starts_with('.'))
+            .filter_map(|n| self.meta(&n).ok())
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn is_mounted(&self, name: &str) -> bool {
+        let mnt = self.mount_path(name);
+        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == mnt))
+    }
+
+    /// Mounts the workspace on the host if it is not (after a reboot, say).
+    pub fn ensure_mounted(&self, name: &str) -> Result<PathBuf, WorkspaceError> {
+        let mnt = self.mount_path(name);
+        if !self.is_mounted(name) {
+            let img = self.dir(name).join("disk.img");
+            if !img.exists() {
+                return Err(WorkspaceError::NotFound(name.to_string()));
+            }
+            let (i, m) = (img.to_string_lossy().into_owned(), mnt.to_string_lossy().into_owned());
+            run("mount", &["-o", "loop,nosuid,nodev", &i, &m], &img)?;
+            // mkfs's lost+found is root's and of no use inside a sandbox.
+            let _ = std::fs::remove_dir(mnt.join("lost+found"));
+        }
+        Ok(mnt)
+    }
+
+    pub fn unmount(&self, name: &str) -> Result<(), WorkspaceError> {
+        if self.is_mounted(name) {
+            let mnt = self.mount_path(name);
+            run("umount", &[&mnt.to_string_lossy()], &mnt)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes used and available on the workspace's filesystem.
+    pub fn usage(&self, name: &str) -> Result<(u64, u64), WorkspaceError> {
+        let mnt = self.ensure_mounted(name)?;
+        let out =
+            Command::new("df").args(["-B1", "--output=used,size"]).arg(&mnt).output().map_err(io("run df", &mnt))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut nums = text.lines().nth(1).unwrap_or("").split_whitespace().filter_map(|n| n.parse::<u64>().ok());
+        Ok((nums.next().unwrap_or(0), nums.next().unwrap_or(0)))
+    }
+
+    /// Unmounts and deletes the workspace and its data. Refused while a live
+    /// sandbox holds its lease (`alive` tells).
+    pub fn remove(&self, name: &str, alive: impl Fn(&str) -> bool) -> Result<(), WorkspaceError> {
+        let meta = self.meta(name)?;
+        if let Some(l) = meta.leases.lease.filter(|l| alive(&l.holder)) {
+            return Err(WorkspaceError::InUse { name: name.into(), holder: l.holder });
+        }
+        self.unmount(name)?;
+        let dir = self.dir(name);
+        std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))
+    }
+}
