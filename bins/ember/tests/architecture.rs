@@ -15,6 +15,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-engine", &["ember-types", "ember-runtime", "ember-image", "ember-workspace"]),
         ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace"]),
         ("ember-client", &["ember-types"]),
+        ("ember-snapshot", &[]),
         (
             "ember",
             &[
