@@ -22,6 +22,12 @@ use ember_client::Client;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
+        BenchCmd::Snapshot { size_mb, forks, work_dir } => {
+            let cfg = ember_snapshot::bench::BenchConfig { dir_size_mb: size_mb, work_dir, forks, keep: false };
+            let report = tokio::task::spawn_blocking(move || ember_snapshot::bench::bench(&cfg)).await??;
+            println!("{report}");
+            Ok(0)
+        }
         BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
         BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json } => {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };

@@ -38,6 +38,9 @@ pub enum Cmd {
     /// Manage workspaces: durable volumes that outlive sandboxes.
     #[command(subcommand)]
     Workspace(WorkspaceCmd),
+    /// Workspace snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -69,6 +72,11 @@ pub struct ServeArgs {
     /// different ones.
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
+    /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
+    /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    pub snapshot_store: Option<String>,
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
@@ -168,6 +176,18 @@ pub enum SandboxCmd {
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
+    /// the bench builds, beside `tar | zstd` of the same directory. Local, in
+    /// this process (no daemon needed).
+    Snapshot {
+        /// Size of the generated tree in MB.
+        #[arg(long, default_value_t = 500)]
+        size_mb: u64,
+        #[arg(long, default_value_t = 10)]
+        forks: usize,
+        #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
+        work_dir: std::path::PathBuf,
+    },
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     Create {
         #[arg(long, default_value_t = 100)]
@@ -284,4 +304,49 @@ pub enum WorkspaceCmd {
     },
     /// Delete workspaces and their data (refused while a sandbox writes them).
     Rm { names: Vec<String> },
+    /// Snapshot a workspace into the snapshot store; prints the snapshot id.
+    Snapshot {
+        name: String,
+        /// Commit only while this sandbox holds the writer lease at --epoch.
+        #[arg(long, requires = "epoch")]
+        holder: Option<String>,
+        #[arg(long, requires = "holder")]
+        epoch: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new workspace from a snapshot (every chunk verified).
+    Restore {
+        snapshot: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        size: Option<String>,
+    },
+    /// N new workspaces <prefix>-1..N from one snapshot.
+    Fork {
+        snapshot: String,
+        #[arg(long)]
+        count: u32,
+        #[arg(long)]
+        prefix: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCmd {
+    Ls {
+        #[arg(long)]
+        workspace: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Inspect {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    Rm {
+        ids: Vec<String>,
+    },
 }

@@ -18,6 +18,7 @@ mod middleware;
 mod pools;
 mod proxy;
 mod sandboxes;
+mod snapshots;
 mod system;
 mod workspaces;
 
@@ -99,7 +100,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
-        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/workspaces/{name}/snapshots", post(snapshots::create))
+        .route("/workspace-snapshots", get(snapshots::list))
+        .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
+        .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
+        .route("/workspace-snapshots/{id}/fork", post(snapshots::fork));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

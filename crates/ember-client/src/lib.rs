@@ -10,6 +10,9 @@ use ember_types::api::{
     CreatePoolRequest, CreateSandboxRequest, CreateWorkspaceRequest, ErrorBody, PoolInfo, PoolList, ResizePoolRequest,
     SandboxInfo, SandboxList, WorkspaceInfo, WorkspaceList,
 };
+use ember_types::api::{
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
+};
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -190,6 +193,55 @@ impl Client {
         let path = format!("/v1/workspaces/{name}");
         let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
         Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn snapshot_workspace(
+        &self,
+        name: &str,
+        fence: Option<(&str, u64)>,
+    ) -> Result<WorkspaceSnapshotInfo, ClientError> {
+        let req = SnapshotWorkspaceRequest { holder: fence.map(|f| f.0.to_string()), epoch: fence.map(|f| f.1) };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "snapshot".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, &format!("/v1/workspaces/{name}/snapshots"), Some(body)).await?.0)
+    }
+
+    pub async fn list_snapshots(&self, workspace: Option<&str>) -> Result<Vec<WorkspaceSnapshotInfo>, ClientError> {
+        let q = workspace.map(|w| format!("?workspace={w}")).unwrap_or_default();
+        Ok(self.json::<WorkspaceSnapshotList>(Method::GET, &format!("/v1/workspace-snapshots{q}"), None).await?.0.items)
+    }
+
+    pub async fn get_snapshot(&self, id: &str) -> Result<WorkspaceSnapshotInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/workspace-snapshots/{id}"), None).await?.0)
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/workspace-snapshots/{id}");
+        let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn restore_snapshot(
+        &self,
+        id: &str,
+        name: &str,
+        size: Option<&str>,
+    ) -> Result<WorkspaceInfo, ClientError> {
+        let req = RestoreSnapshotRequest { name: name.into(), size: size.map(str::to_string) };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "restore".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, &format!("/v1/workspace-snapshots/{id}/restore"), Some(body)).await?.0)
+    }
+
+    pub async fn fork_snapshot(&self, id: &str, count: u32, prefix: &str) -> Result<Vec<WorkspaceInfo>, ClientError> {
+        let req = ForkSnapshotRequest { count, prefix: prefix.into() };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "fork".into(), message: e.to_string() })?;
+        Ok(self
+            .json::<WorkspaceList>(Method::POST, &format!("/v1/workspace-snapshots/{id}/fork"), Some(body))
+            .await?
+            .0
+            .items)
     }
 
     /// Raw GET returning status and body (health, metrics, anything).

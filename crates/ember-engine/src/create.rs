@@ -220,6 +220,7 @@ impl Engine {
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
+            snapshot_freeze: false,
         };
         let mut rec = rec;
         rec.event("Pending: create requested".to_string());

@@ -35,6 +35,8 @@ pub enum EngineError {
     PoolExists(String),
     #[error(transparent)]
     Workspace(ember_workspace::WorkspaceError),
+    #[error(transparent)]
+    Snapshot(#[from] ember_snapshot::SnapshotError),
     #[error("internal error: {0}")]
     Internal(String),
 }

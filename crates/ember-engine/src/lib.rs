@@ -17,9 +17,12 @@ mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod snapshots;
 mod store;
 pub mod templates;
 mod workspaces;
+
+pub use snapshots::SnapshotStoreConfig;
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
@@ -45,6 +48,8 @@ pub struct EngineConfig {
     pub retention: Duration,
     /// Upper bound on a sandbox's TTL, if any.
     pub max_ttl: Option<Duration>,
+    /// Where workspace snapshots go.
+    pub snapshot_store: SnapshotStoreConfig,
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -86,6 +91,7 @@ pub struct Engine {
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
     workspaces: ember_workspace::WorkspaceStore,
+    snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
@@ -100,6 +106,7 @@ impl Engine {
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner = runtime.host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        let snapshot_store = snapshots::open_store(&cfg.snapshot_store)?;
         let engine = Arc::new(Engine {
             cfg,
             runtime,
@@ -108,6 +115,7 @@ impl Engine {
             pools: Mutex::new(HashMap::new()),
             pool_store,
             workspaces,
+            snapshot_store,
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
         });

@@ -49,6 +49,10 @@ pub struct SandboxRecord {
     /// Workspaces mounted in the sandbox, with their lease epochs.
     #[serde(default)]
     pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
+    /// Paused by ember for a consistent workspace snapshot (not by the user): a
+    /// restart that finds it set thaws the sandbox.
+    #[serde(default)]
+    pub snapshot_freeze: bool,
 }
 
 pub const MAX_EVENTS: usize = 200;

@@ -64,7 +64,13 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
                     wake: Notify::new(),
                 });
                 engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
-                crate::monitor::spawn(engine.clone(), entry, launched, rx);
+                crate::monitor::spawn(engine.clone(), entry.clone(), launched, rx);
+                // Frozen for a snapshot the crash interrupted: give the writer back.
+                if rec.snapshot_freeze {
+                    let _ = engine.resume(rec.id.as_str()).await;
+                    entry.update(|r| r.snapshot_freeze = false);
+                    engine.persist(&entry);
+                }
                 // An idle pooled sandbox goes back to its pool: its record says it
                 // was never handed out (a claim persists before it answers).
                 if rec.pooled {

@@ -363,3 +363,54 @@ pub struct WorkspaceInfo {
 pub struct WorkspaceList {
     pub items: Vec<WorkspaceInfo>,
 }
+
+/// A workspace snapshot (ember's `/v1/workspace-snapshots`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSnapshotInfo {
+    pub id: String,
+    pub workspace: String,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    pub logical_bytes: u64,
+    pub files: u64,
+    pub chunks: u64,
+    pub unique_chunks: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub stored_bytes_uploaded: u64,
+    pub chunks_reused: u64,
+    /// Logical bytes over uploaded bytes: 1 for a first snapshot, large for an incremental one.
+    pub dedup_ratio: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceSnapshotList {
+    pub items: Vec<WorkspaceSnapshotInfo>,
+}
+
+/// `POST /v1/workspaces/{name}/snapshots`: optional fencing by a writer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotWorkspaceRequest {
+    /// Commit only while this sandbox holds the lease at `epoch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreSnapshotRequest {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkSnapshotRequest {
+    pub count: u32,
+    pub prefix: String,
+}

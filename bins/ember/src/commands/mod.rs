@@ -20,6 +20,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Snapshot(c) => workspace::snapshots(&client()?, c).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
