@@ -30,9 +30,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
-    let engine = Engine::start(EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl }, Arc::new(runtime))
-        .await
-        .context("engine")?;
+    let network = crate::netsetup::open(&args.net)?;
+    let cfg = EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl };
+    let engine = Engine::start_networked(cfg, Arc::new(runtime), network).await.context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

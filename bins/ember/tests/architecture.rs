@@ -11,10 +11,22 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-cgroups", &["ember-sys"]),
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
         ("ember-workspace", &[]),
-        ("ember-engine", &["ember-types", "ember-runtime", "ember-workspace"]),
+        ("ember-net", &["ember-types", "ember-sys"]),
+        ("ember-engine", &["ember-types", "ember-runtime", "ember-workspace", "ember-net"]),
         ("ember-api", &["ember-types", "ember-engine", "ember-workspace"]),
         ("ember-client", &["ember-types"]),
-        ("ember", &["ember-types", "ember-client", "ember-api", "ember-engine", "ember-runtime", "ember-cgroups"]),
+        (
+            "ember",
+            &[
+                "ember-types",
+                "ember-client",
+                "ember-api",
+                "ember-engine",
+                "ember-runtime",
+                "ember-cgroups",
+                "ember-net",
+            ],
+        ),
         ("ember-agent", &["ember-types", "ember-sys"]),
     ];
     m.iter().map(|(k, v)| (*k, v.iter().copied().collect())).collect()

@@ -56,6 +56,7 @@ impl From<EngineError> for ApiError {
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Workspace(w) => workspace_status(w),
+            EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

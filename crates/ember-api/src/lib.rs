@@ -12,6 +12,7 @@
 mod convert;
 pub mod error;
 mod middleware;
+mod network;
 mod pools;
 mod proxy;
 mod sandboxes;
@@ -88,7 +89,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
-        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
+        .route("/sandboxes/{id}/network/events", get(network::events))
+        .route("/network", get(network::node));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -1,7 +1,7 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::{templates, Engine, EngineError, Entry};
-use ember_types::{parse_cpu_millis, parse_memory_bytes, NetworkMode, SandboxId, SandboxSpec, SandboxState, UserSpec};
+use ember_types::{parse_cpu_millis, parse_memory_bytes, SandboxId, SandboxSpec, SandboxState, UserSpec};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,9 @@ pub struct CreateSandbox {
     pub pool: Option<String>,
     /// Workspaces to mount, bound at create or claim time.
     pub workspaces: Vec<crate::WorkspaceRequest>,
+    /// `none` (default) or `egress`; a policy alone implies `egress`.
+    pub network: Option<ember_types::NetworkMode>,
+    pub egress: Option<ember_types::EgressPolicy>,
 }
 
 const MIN_MEMORY: u64 = 16 << 20;
@@ -78,6 +81,7 @@ impl Engine {
                 return Err(EngineError::invalid("env", format!("bad variable name {k:?}")));
             }
         }
+        let (network, egress) = self.resolve_network(req)?;
         Ok(SandboxSpec {
             template: t.name,
             runtime_class: class,
@@ -87,7 +91,8 @@ impl Engine {
             metadata: req.metadata.clone(),
             entrypoint: req.entrypoint.clone(),
             user: req.user.unwrap_or(t.user),
-            network: NetworkMode::None,
+            network,
+            egress,
         })
     }
 
@@ -155,17 +160,29 @@ impl Engine {
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
+            net_slot: None,
         };
-        self.store.save(rec.id.as_str(), &rec)?;
+        let net = self.attach_network(&id, &spec).await?;
+        let mut rec = rec;
+        rec.net_slot = net.as_ref().map(|a| a.slot);
+        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+            self.release_network(&rec).await;
+            return Err(e);
+        }
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
-        let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
+        let launched = tokio::task::spawn_blocking(move || match join {
+            Some(j) => rt.launch_in_network(&lid, &lspec, &j),
+            None => rt.launch(&lid, &lspec),
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
         let launched = match launched {
             Ok(l) => l,
             Err(source) => {
                 self.metrics.create_failures.inc();
+                self.release_network(&rec).await;
                 let rt = self.runtime.clone();
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
@@ -181,7 +198,6 @@ impl Engine {
             ("agentReady".to_string(), t.ready_us),
         ]);
         let (tx, rx) = mpsc::channel(4);
-        let mut rec = rec;
         rec.pid = Some(launched.pid);
         rec.start_time = Some(launched.start_time);
         rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });

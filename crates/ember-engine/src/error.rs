@@ -35,6 +35,12 @@ pub enum EngineError {
     PoolExists(String),
     #[error(transparent)]
     Workspace(ember_workspace::WorkspaceError),
+    #[error("network of sandbox {id}")]
+    Network {
+        id: String,
+        #[source]
+        source: ember_net::NetError,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }

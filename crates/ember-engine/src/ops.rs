@@ -60,6 +60,7 @@ impl Engine {
                 .await
                 .map_err(|e| EngineError::Internal(e.to_string()))?
                 .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
+            self.release_network(&rec).await;
         }
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
         self.store.remove(rec.id.as_str())

@@ -42,6 +42,10 @@ pub struct SandboxRecord {
     /// Workspaces mounted in the sandbox, with their lease epochs.
     #[serde(default)]
     pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
+    /// The network slot the sandbox joined (egress networking), recorded
+    /// before launch so a restart can re-adopt or reclaim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_slot: Option<u32>,
 }
 
 pub fn now_ms() -> i64 {

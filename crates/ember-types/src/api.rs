@@ -73,6 +73,17 @@ pub struct CreateSandboxRequest {
     /// Workspaces to mount (ember's durable volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceMountSpec>,
+    /// `"none"` (default: loopback only) or `"egress"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// Allow-list targets, `CIDR|IP|DOMAIN|*.DOMAIN[:PORT]`; implies `egress`
+    /// with everything else denied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// OpenSandbox's `networkPolicy` (`{defaultAction, egress: [{action, target}]}`);
+    /// implies `egress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<crate::EgressPolicy>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +132,9 @@ pub struct SandboxInfo {
     pub launch: Option<LaunchInfo>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<MountedWorkspaceInfo>,
+    /// `"egress"` for sandboxes with egress networking (absent: loopback only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// A workspace mounted in a sandbox.
@@ -182,6 +196,12 @@ pub struct CreatePoolRequest {
     pub resources: Option<ResourcesSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+    /// Network of the pool's sandboxes (`"none"` or `"egress"`); a claim
+    /// matches a pool only with the same network and policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
 }
 
 /// `PUT /v1/pools/{name}`: new bounds or target.
@@ -233,6 +253,8 @@ pub struct PoolInfo {
     /// Memory charged to the idle sandboxes' cgroups.
     pub idle_memory_bytes: u64,
     pub sizing: PoolSizing,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
