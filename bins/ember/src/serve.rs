@@ -31,7 +31,12 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
     let network = crate::netsetup::open(&args.net)?;
-    let cfg = EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl };
+    let cfg = EngineConfig {
+        data_dir: args.data_dir.clone(),
+        retention,
+        max_ttl,
+        allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
+    };
     let engine = Engine::start_networked(cfg, Arc::new(runtime), network).await.context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
@@ -45,6 +50,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// `--allow-host-path` values, canonical (so a symlink cannot widen them).
+fn allowed_host_paths(raw: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    raw.iter().map(|p| p.canonicalize().with_context(|| format!("--allow-host-path {}", p.display()))).collect()
 }
 
 fn default_agent() -> anyhow::Result<PathBuf> {

@@ -9,24 +9,25 @@ use axum::Json;
 use ember_engine::NetworkStatus;
 use ember_types::{DeniedFlowList, EgressPolicy, EgressTarget, NetworkInfo, NetworkMode, NetworkNodeInfo};
 
-/// `network`, `allow` and `networkPolicy` of a create body → (mode, policy).
+/// `network` and `allow` of a create body → (mode, policy). OpenSandbox's
+/// `networkPolicy` is passed through to the engine, which decides whether it
+/// is enforced (see `ember_engine::network`).
 pub fn parse(
     network: Option<&str>,
     allow: &[String],
-    policy: Option<EgressPolicy>,
+    has_network_policy: bool,
 ) -> Result<(Option<NetworkMode>, Option<EgressPolicy>), ApiError> {
     let mode = network
         .map(|n| {
             NetworkMode::parse(n).ok_or_else(|| ApiError::bad_request(format!("network {n:?}: \"none\" or \"egress\"")))
         })
         .transpose()?;
-    if !allow.is_empty() && policy.is_some() {
+    if !allow.is_empty() && has_network_policy {
         return Err(ApiError::bad_request("give either allow or networkPolicy, not both"));
     }
-    let policy = match policy {
-        Some(p) => Some(p),
-        None if allow.is_empty() => None,
-        None => Some(EgressPolicy::allow_only(
+    let policy = match allow.is_empty() {
+        true => None,
+        false => Some(EgressPolicy::allow_only(
             allow
                 .iter()
                 .map(|a| EgressTarget::parse(a).map_err(|e| ApiError::bad_request(e.to_string())))

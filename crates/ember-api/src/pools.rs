@@ -58,7 +58,7 @@ pub async fn create(
     ApiJson(req): ApiJson<CreatePoolRequest>,
 ) -> Result<Response, ApiError> {
     let res = req.resources.unwrap_or_default();
-    let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, None)?;
+    let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, false)?;
     let status = st
         .engine
         .create_pool(CreatePool {

@@ -22,16 +22,26 @@ impl Engine {
         self.network.as_ref()
     }
 
-    /// The mode and policy a create asks for, validated.
+    /// The mode and policy a create asks for, validated. OpenSandbox's
+    /// `networkPolicy` implies egress when this daemon has egress networking
+    /// (and is then enforced); without it, it is only recorded (port 18080
+    /// reports `enforcementMode: none`), as the sandbox has loopback only.
     pub(crate) fn resolve_network(&self, req: &CreateSandbox) -> Result<(NetworkMode, EgressPolicy), EngineError> {
-        let mode = match (req.network, &req.egress) {
+        let mut egress = req.egress.clone();
+        if let (None, Some(wire)) = (&egress, &req.network_policy) {
+            let enforce = req.network == Some(NetworkMode::Egress) || (req.network.is_none() && self.network.is_some());
+            if enforce {
+                egress = Some(egress_from_wire(wire)?);
+            }
+        }
+        let mode = match (req.network, &egress) {
             (Some(m), _) => m,
             (None, Some(_)) => NetworkMode::Egress,
             (None, None) => NetworkMode::None,
         };
-        let policy = req.egress.clone().unwrap_or_default();
+        let policy = egress.clone().unwrap_or_default();
         if mode == NetworkMode::None {
-            if req.egress.is_some() {
+            if egress.is_some() {
                 return Err(EngineError::invalid("network", "an egress policy needs network mode \"egress\""));
             }
             return Ok((mode, policy));
@@ -155,6 +165,38 @@ impl Engine {
     /// The slot pool's figures; `None` when egress networking is off.
     pub fn network_stats(&self) -> Option<NetStats> {
         self.net().map(|n| n.stats())
+    }
+}
+
+/// OpenSandbox's wire policy (`defaultAction` absent = deny) → ember's.
+pub fn egress_from_wire(w: &ember_types::api::NetworkPolicy) -> Result<EgressPolicy, EngineError> {
+    let action = |a: &str| match a {
+        "allow" => Ok(EgressAction::Allow),
+        "deny" => Ok(EgressAction::Deny),
+        other => Err(EngineError::invalid("networkPolicy", format!("action {other:?}: allow or deny"))),
+    };
+    let rules = w
+        .egress
+        .iter()
+        .map(|r| {
+            let target = ember_types::EgressTarget::parse(&r.target)
+                .map_err(|e| EngineError::invalid("networkPolicy", e.to_string()))?;
+            Ok(ember_types::EgressRule { action: action(&r.action)?, target })
+        })
+        .collect::<Result<_, EngineError>>()?;
+    Ok(EgressPolicy { default_action: action(w.default_action.as_deref().unwrap_or("deny"))?, rules })
+}
+
+/// ember's policy → OpenSandbox's wire policy.
+pub fn egress_to_wire(p: &EgressPolicy) -> ember_types::api::NetworkPolicy {
+    let action = |a: EgressAction| if a == EgressAction::Allow { "allow" } else { "deny" }.to_string();
+    ember_types::api::NetworkPolicy {
+        default_action: Some(action(p.default_action)),
+        egress: p
+            .rules
+            .iter()
+            .map(|r| ember_types::api::NetworkRule { action: action(r.action), target: r.target.to_string() })
+            .collect(),
     }
 }
 

@@ -35,5 +35,6 @@ pub(crate) fn pooled_spec(p: &crate::pool::PoolSpec) -> SandboxSpec {
         user,
         network: p.network,
         egress: p.egress.clone(),
+        volumes: Vec::new(),
     }
 }
