@@ -12,8 +12,12 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
         ("ember-image", &["ember-sys"]),
         ("ember-workspace", &[]),
-        ("ember-engine", &["ember-types", "ember-runtime", "ember-image", "ember-workspace"]),
-        ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace"]),
+        ("ember-net", &["ember-types", "ember-sys"]),
+        (
+            "ember-engine",
+            &["ember-types", "ember-runtime", "ember-image", "ember-workspace", "ember-snapshot", "ember-net"],
+        ),
+        ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace", "ember-snapshot"]),
         ("ember-client", &["ember-types"]),
         ("ember-snapshot", &[]),
         (
@@ -26,6 +30,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-runtime",
                 "ember-cgroups",
                 "ember-image",
+                "ember-snapshot",
+                "ember-net",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),

@@ -58,6 +58,8 @@ impl From<EngineError> for ApiError {
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Workspace(w) => workspace_status(w),
+            EngineError::Snapshot(s) => snapshot_status(s),
+            EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {
@@ -101,6 +103,15 @@ fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'stati
         W::Lease(LeaseError::Held { .. }) => (S::CONFLICT, "WORKSPACE::LEASED"),
         W::Lease(LeaseError::Fenced { .. }) => (S::CONFLICT, "WORKSPACE::FENCED"),
         W::Io { .. } | W::Command { .. } => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
+    }
+}
+
+fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static str) {
+    use ember_snapshot::SnapshotError as E;
+    match e {
+        E::CommitRefused { .. } => (StatusCode::CONFLICT, "WORKSPACE::FENCED"),
+        E::NotFound { .. } => (StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }
 

@@ -16,9 +16,11 @@ mod egress;
 pub mod error;
 mod images;
 mod middleware;
+mod network;
 mod pools;
 mod proxy;
 mod sandboxes;
+mod snapshots;
 mod system;
 mod workspaces;
 
@@ -108,7 +110,15 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
-        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/workspaces/{name}/snapshots", post(snapshots::create))
+        .route("/workspace-snapshots", get(snapshots::list))
+        .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
+        .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
+        .route("/workspace-snapshots/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
+        .route("/sandboxes/{id}/network/events", get(network::events))
+        .route("/network", get(network::node));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

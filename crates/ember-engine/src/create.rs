@@ -3,8 +3,7 @@ use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::templates::{self, Template};
 use crate::{Engine, EngineError, Entry};
 use ember_types::{
-    parse_cpu_millis, parse_memory_bytes, NetworkMode, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec,
-    VolumeMount,
+    parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
 };
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -38,6 +37,9 @@ pub struct CreateSandbox {
     pub pool: Option<String>,
     /// Workspaces to mount, bound at create or claim time.
     pub workspaces: Vec<crate::WorkspaceRequest>,
+    /// `none` (default) or `egress`; a policy alone implies `egress`.
+    pub network: Option<ember_types::NetworkMode>,
+    pub egress: Option<ember_types::EgressPolicy>,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -178,6 +180,7 @@ impl Engine {
         } else {
             Vec::new()
         };
+        let (network, egress) = self.resolve_network(req)?;
         Ok(SandboxSpec {
             template: t.name,
             runtime_class: class,
@@ -187,7 +190,8 @@ impl Engine {
             metadata: req.metadata.clone(),
             entrypoint,
             user,
-            network: NetworkMode::None,
+            network,
+            egress,
             lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
             workdir: t.workdir.clone().or(cfg.working_dir),
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
@@ -307,19 +311,31 @@ impl Engine {
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
+            snapshot_freeze: false,
+            net_slot: None,
         };
+        let net = self.attach_network(&id, &spec).await?;
         let mut rec = rec;
+        rec.net_slot = net.as_ref().map(|a| a.slot);
         rec.event("Pending: create requested".to_string());
-        self.store.save(rec.id.as_str(), &rec)?;
+        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+            self.release_network(&rec).await;
+            return Err(e);
+        }
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
-        let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
+        let launched = tokio::task::spawn_blocking(move || match join {
+            Some(j) => rt.launch_in_network(&lid, &lspec, &j),
+            None => rt.launch(&lid, &lspec),
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
         let launched = match launched {
             Ok(l) => l,
             Err(source) => {
                 self.metrics.create_failures.inc();
+                self.release_network(&rec).await;
                 let rt = self.runtime.clone();
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;

@@ -209,6 +209,8 @@ impl Engine {
         let mut spec = self.resolve(&req)?;
         spec.resources = p.resources.clone();
         spec.runtime_class = p.runtime_class.clone();
+        spec.network = p.network;
+        spec.egress = p.egress.clone();
         spec.entrypoint = Vec::new();
         Ok(spec)
     }

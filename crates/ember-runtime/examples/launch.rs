@@ -27,6 +27,7 @@ fn main() {
         network: NetworkMode::None,
         lower_dirs: vec![],
         workdir: None,
+        egress: Default::default(),
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

@@ -1,6 +1,7 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
 pub mod image;
+mod network;
 mod pool;
 mod sandbox;
 mod workspace;
@@ -23,6 +24,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
         Cmd::Image(c) => image::image(&client()?, c).await,
         Cmd::Template(c) => image::template(&client()?, c).await,
+        Cmd::Snapshot(c) => workspace::snapshots(&client()?, c).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
