@@ -86,8 +86,8 @@ impl Engine {
             return Err(EngineError::invalid("timeout", "must be at least 1 second"));
         }
         let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
-        if class != self.runtime.class() {
-            return Err(EngineError::invalid("runtimeClass", format!("{class:?} is not available; installed: native")));
+        if let Some(why) = self.runtimes.why_unavailable(&class) {
+            return Err(EngineError::invalid("runtimeClass", why));
         }
         for k in req.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -225,7 +225,7 @@ impl Engine {
         let mut rec = rec;
         rec.event("Pending: create requested".to_string());
         self.store.save(rec.id.as_str(), &rec)?;
-        let rt = self.runtime.clone();
+        let rt = self.rt(&spec.runtime_class);
         let (lid, lspec) = (id.clone(), spec.clone());
         let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
             .await
@@ -234,7 +234,7 @@ impl Engine {
             Ok(l) => l,
             Err(source) => {
                 self.metrics.create_failures.inc();
-                let rt = self.runtime.clone();
+                let rt = self.rt(&spec.runtime_class);
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
                 let _ = self.store.remove(id.as_str());
