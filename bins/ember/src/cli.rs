@@ -44,9 +44,21 @@ pub enum Cmd {
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// Runtime classes (native, runsc, crun, runc, ...).
+    #[command(subcommand)]
+    Runtime(RuntimeCmd),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+pub enum RuntimeCmd {
+    /// Each runtime class, its kernel boundary and whether it is available here.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]

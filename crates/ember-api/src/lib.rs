@@ -97,6 +97,7 @@ fn lifecycle() -> Router<ApiState> {
 pub fn router(state: ApiState) -> Router {
     let v1 = lifecycle()
         .route("/metrics/events", post(system::metrics_event))
+        .route("/runtimes", get(system::runtimes))
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))

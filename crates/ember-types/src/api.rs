@@ -415,6 +415,12 @@ pub struct ForkSnapshotRequest {
     pub prefix: String,
 }
 
+/// `GET /v1/runtimes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeClassList {
+    pub items: Vec<RuntimeClassInfo>,
+}
+
 /// One runtime class as `GET /v1/runtimes` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -50,9 +50,7 @@ impl OciClass {
     /// applies the bundle's filter inside the Sentry too.
     fn global_args(self) -> Vec<String> {
         match self {
-            OciClass::Runsc => {
-                ["--platform=ptrace", "--network=none", "--host-uds=create", "--oci-seccomp"].map(String::from).to_vec()
-            }
+            OciClass::Runsc => ["--platform=ptrace", "--network=none", "--host-uds=create"].map(String::from).to_vec(),
             _ => Vec::new(),
         }
     }
@@ -165,7 +163,7 @@ impl OciRuntime {
             cgroups_path: PathBuf::from("/").join(&self.cfg.cgroup_group).join(id.as_str()),
             uid_base: self.cfg.uid_base,
             env: self.env(spec, &hostname),
-            user_namespace: self.cfg.class != OciClass::Runsc,
+            user_namespace: true,
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
