@@ -124,6 +124,7 @@ pub struct CreateArgs {
     /// Metadata label, K=V (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    /// Runtime class: native (default), runsc (gVisor), crun, runc; see `ember runtime ls`.
     #[arg(long)]
     pub runtime: Option<String>,
     /// Mount a workspace: NAME[:/mount/path][:ro] (repeatable; default path /workspace).

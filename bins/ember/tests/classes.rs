@@ -162,3 +162,30 @@ async fn an_unavailable_class_is_a_400_with_a_reason() {
     let left = d.client.list_sandboxes("").await.expect("list");
     assert!(left.is_empty(), "a failed create left a sandbox: {left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_lists_classes_and_runs_a_command_under_gvisor() {
+    let d = Daemon::start();
+    let ember = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(args)
+            .env("EMBER_URL", &d.url)
+            .output()
+            .expect("ember runs")
+    };
+    let ls = ember(&["runtime", "ls"]);
+    let text = String::from_utf8_lossy(&ls.stdout);
+    assert!(ls.status.success(), "{ls:?}");
+    for class in ["native", "runsc", "crun", "runc", "firecracker"] {
+        assert!(text.lines().any(|l| l.starts_with(class)), "{class} missing from:\n{text}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("firecracker") && l.contains(" no ")), "{text}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let run = ember(&["run", "--runtime", "runsc", "--", "uname", "-r"]);
+    assert!(run.status.success(), "{run:?}");
+    let kernel = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    assert!(!kernel.is_empty() && kernel != host.trim(), "gVisor reported the host kernel {kernel:?}");
+    let bad = ember(&["run", "--runtime", "kata", "--", "true"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("kata"), "{bad:?}");
+}
