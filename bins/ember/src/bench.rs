@@ -10,6 +10,7 @@ mod claim_report;
 mod crun;
 mod density;
 mod ember;
+mod network;
 mod oci;
 mod pool;
 mod procfs;
@@ -33,6 +34,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
+        BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await
         }

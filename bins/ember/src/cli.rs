@@ -96,6 +96,32 @@ pub struct ServeArgs {
     /// it); repeatable. Without it, host volumes are refused.
     #[arg(long, value_name = "DIR")]
     pub allow_host_path: Vec<PathBuf>,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+/// Egress networking of `ember serve`.
+#[derive(Args, Clone)]
+pub struct NetArgs {
+    /// Sandbox address range (/16../28), one /30 per sandbox with egress;
+    /// `none` turns egress networking off. Default 10.203.0.0/16 (off, with a
+    /// warning, when nft or ip is missing).
+    #[arg(long)]
+    pub network_range: Option<String>,
+    /// Names the nftables table and the slots' namespaces and veths; daemons
+    /// sharing a host need different tags.
+    #[arg(long, default_value = "ember")]
+    pub network_tag: String,
+    /// Where the sandboxes' resolver forwards allowed queries, IP[:PORT]
+    /// (default: the first IPv4 nameserver of /etc/resolv.conf).
+    #[arg(long)]
+    pub dns_upstream: Option<String>,
+    /// nflog group of the denied-flow log (one daemon per group).
+    #[arg(long, default_value_t = 4721)]
+    pub nflog_group: u16,
+    /// Network slots kept ready ahead of creates with egress.
+    #[arg(long, default_value_t = 4)]
+    pub network_slots: usize,
 }
 
 #[derive(Args, Clone, Default)]
@@ -133,6 +159,14 @@ pub struct CreateArgs {
     /// Take read-write workspace leases from live holders, fencing them.
     #[arg(long)]
     pub steal: bool,
+    /// `none` (loopback only, the default) or `egress` (outbound through NAT;
+    /// the host, other sandboxes and private ranges stay denied).
+    #[arg(long, value_name = "none|egress")]
+    pub network: Option<String>,
+    /// Allow only these destinations: CIDR, IP, DOMAIN or *.DOMAIN, each with
+    /// an optional :PORT (repeatable; implies --network egress).
+    #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+    pub allow: Vec<String>,
 }
 
 #[derive(Args, Clone, Default)]
@@ -185,6 +219,24 @@ pub enum SandboxCmd {
     },
     /// Remove sandboxes.
     Rm { ids: Vec<String> },
+    /// Show a sandbox's network policy, or replace it while it runs.
+    Policy {
+        id: String,
+        /// Replace the policy with this allow-list (repeatable).
+        #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+        allow: Vec<String>,
+        /// Replace the policy with open egress (no allow-list).
+        #[arg(long, conflicts_with = "allow")]
+        open: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Blocked connection attempts and DNS queries of a sandbox.
+    Events {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -233,6 +285,15 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Warm claims with and without egress networking, and the network slot
+    /// refill rate (pools of its own; the daemon needs egress networking on).
+    Network {
+        /// Claims per figure.
+        #[arg(long, default_value_t = 50)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Fill a pool with idle sandboxes and report what each costs the host
     /// (the daemon must run on this host).
     Density {
@@ -270,6 +331,12 @@ pub enum PoolCmd {
         pids: Option<u64>,
         #[arg(long)]
         disk: Option<String>,
+        /// Network of the pool's sandboxes: none or egress.
+        #[arg(long, value_name = "none|egress")]
+        network: Option<String>,
+        /// Allow-list of the pool's sandboxes (repeatable; implies egress).
+        #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+        allow: Vec<String>,
         #[arg(long)]
         json: bool,
     },

@@ -33,18 +33,15 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
     let runtimes = runtimes(Arc::new(runtime), &args, &agent);
-    let engine = Engine::start(
-        EngineConfig {
-            data_dir: args.data_dir.clone(),
-            retention,
-            max_ttl,
-            allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
-            snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
-        },
-        runtimes,
-    )
-    .await
-    .context("engine")?;
+    let network = crate::netsetup::open(&args.net)?;
+    let cfg = EngineConfig {
+        data_dir: args.data_dir.clone(),
+        retention,
+        max_ttl,
+        allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
+        snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+    };
+    let engine = Engine::start_networked(cfg, runtimes, network).await.context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

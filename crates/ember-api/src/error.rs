@@ -57,6 +57,7 @@ impl From<EngineError> for ApiError {
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Workspace(w) => workspace_status(w),
             EngineError::Snapshot(s) => snapshot_status(s),
+            EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

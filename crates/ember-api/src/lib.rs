@@ -15,6 +15,7 @@ mod diagnostics;
 mod egress;
 pub mod error;
 mod middleware;
+mod network;
 mod pools;
 mod proxy;
 mod sandboxes;
@@ -106,7 +107,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/workspace-snapshots", get(snapshots::list))
         .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
         .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
-        .route("/workspace-snapshots/{id}/fork", post(snapshots::fork));
+        .route("/workspace-snapshots/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
+        .route("/sandboxes/{id}/network/events", get(network::events))
+        .route("/network", get(network::node));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

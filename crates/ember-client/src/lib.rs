@@ -149,6 +149,33 @@ impl Client {
         Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/boundary"), None).await?.0)
     }
 
+    /// A sandbox's network mode and egress policy.
+    pub async fn network(&self, id: &str) -> Result<ember_types::NetworkInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/network"), None).await?.0)
+    }
+
+    /// Replaces a running sandbox's egress policy.
+    pub async fn set_network_policy(
+        &self,
+        id: &str,
+        policy: &ember_types::EgressPolicy,
+    ) -> Result<ember_types::NetworkInfo, ClientError> {
+        let body = serde_json::to_vec(policy)
+            .map_err(|e| ClientError::Protocol { path: "network".into(), message: e.to_string() })?;
+        Ok(self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(body)).await?.0)
+    }
+
+    /// A sandbox's denied flows, oldest first.
+    pub async fn network_events(&self, id: &str) -> Result<Vec<ember_types::DeniedFlow>, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/network/events");
+        Ok(self.json::<ember_types::DeniedFlowList>(Method::GET, &path, None).await?.0.items)
+    }
+
+    /// The node's network slot pool.
+    pub async fn network_node(&self) -> Result<ember_types::NetworkNodeInfo, ClientError> {
+        Ok(self.json(Method::GET, "/v1/network", None).await?.0)
+    }
+
     pub async fn create_pool(&self, req: &CreatePoolRequest) -> Result<PoolInfo, ClientError> {
         let body = serde_json::to_vec(req)
             .map_err(|e| ClientError::Protocol { path: "pool".into(), message: e.to_string() })?;

@@ -13,6 +13,7 @@ mod create;
 mod error;
 mod metrics;
 mod monitor;
+mod network;
 mod ops;
 pub mod pool;
 pub mod record;
@@ -29,6 +30,7 @@ pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 pub use create::{CreateSandbox, HostVolumeRequest};
 pub use error::EngineError;
 pub use metrics::Metrics;
+pub use network::{enforcement, NetworkStatus};
 pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
 
@@ -95,12 +97,24 @@ pub struct Engine {
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
+    /// Egress networking; `None` when the daemon runs without it.
+    network: Option<Arc<ember_net::Network>>,
 }
 
 impl Engine {
     /// Opens the state dir, re-adopts or reaps what an earlier process left, and
     /// starts the background tasks. Must run inside a tokio runtime.
     pub async fn start(cfg: EngineConfig, runtimes: Runtimes) -> Result<Arc<Engine>, EngineError> {
+        Self::start_networked(cfg, runtimes, None).await
+    }
+
+    /// [`Engine::start`] with egress networking: sandboxes asking for it get a
+    /// slot of `network`.
+    pub async fn start_networked(
+        cfg: EngineConfig,
+        runtimes: Runtimes,
+        network: Option<Arc<ember_net::Network>>,
+    ) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
@@ -119,6 +133,7 @@ impl Engine {
             snapshot_store,
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
+            network,
         });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));

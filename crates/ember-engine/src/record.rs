@@ -53,6 +53,10 @@ pub struct SandboxRecord {
     /// restart that finds it set thaws the sandbox.
     #[serde(default)]
     pub snapshot_freeze: bool,
+    /// The network slot the sandbox joined (egress networking), recorded
+    /// before launch so a restart can re-adopt or reclaim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_slot: Option<u32>,
 }
 
 pub const MAX_EVENTS: usize = 200;

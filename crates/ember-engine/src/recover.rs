@@ -42,6 +42,7 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
             let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
         }
     }
+    engine.start_network().await?;
     let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
     for pool in pools {
         crate::pool::spawn_driver(engine, pool);
@@ -58,6 +59,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
             let adopted = tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await;
             if let Ok(Ok(launched)) = adopted {
                 tracing::info!(sandbox = %rec.id, pid, "re-adopted sandbox");
+                engine.adopt_network(&rec).await;
                 let (tx, rx) = mpsc::channel(4);
                 let entry = Arc::new(Entry {
                     record: Mutex::new(rec.clone()),

@@ -1,5 +1,6 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
+mod network;
 mod pool;
 mod sandbox;
 mod workspace;
