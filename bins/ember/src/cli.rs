@@ -253,6 +253,14 @@ pub enum BenchCmd {
         #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
         work_dir: std::path::PathBuf,
     },
+    /// Per available runtime class (native, runsc, crun, runc), in one run:
+    /// cold create p50/p99, remove, exec round trip, and the ratio to native.
+    Classes {
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     Create {
         #[arg(long, default_value_t = 100)]

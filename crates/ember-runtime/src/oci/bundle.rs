@@ -266,6 +266,7 @@ mod tests {
             user: ember_types::UserSpec::SANDBOX,
             network: Default::default(),
             volumes: vec![],
+            egress: Default::default(),
         };
         let inputs = BundleInputs {
             id: &id,

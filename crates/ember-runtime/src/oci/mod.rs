@@ -298,8 +298,14 @@ impl Runtime for OciRuntime {
     fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError> {
         let mut r = crate::native::boundary::report(self.class(), pid, self.cgroups.as_ref(), id)?;
         r.kernel_boundary = self.cfg.class.kernel_boundary().to_string();
-        if r.seccomp.starts_with("filter") && self.cfg.class != OciClass::Runsc {
-            r.seccomp = format!("filter: {}", bundle::PROFILE_NAME);
+        // Read from the host-side init: the container's own process for
+        // crun/runc; for runsc the Sentry, whose seccomp filter and capabilities
+        // are gVisor's own (the workload's syscalls never reach the host).
+        if r.seccomp.starts_with("filter") {
+            r.seccomp = match self.cfg.class {
+                OciClass::Runsc => "filter: gVisor Sentry host-syscall filter".to_string(),
+                _ => format!("filter: {}", bundle::PROFILE_NAME),
+            };
         }
         Ok(r)
     }
