@@ -7,6 +7,7 @@
 //! figures are printed either way). A missed target is a result, not an error.
 mod claim;
 mod claim_report;
+mod classes;
 mod crun;
 mod density;
 mod ember;
@@ -39,6 +40,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
+        BenchCmd::Classes { runs, json } => classes::run(client, runs, json).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await

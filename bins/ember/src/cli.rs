@@ -50,9 +50,21 @@ pub enum Cmd {
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// Runtime classes (native, runsc, crun, runc, ...).
+    #[command(subcommand)]
+    Runtime(RuntimeCmd),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+pub enum RuntimeCmd {
+    /// Each runtime class, its kernel boundary and whether it is available here.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -147,6 +159,7 @@ pub struct CreateArgs {
     /// Metadata label, K=V (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    /// Runtime class: native (default), runsc (gVisor), crun, runc; see `ember runtime ls`.
     #[arg(long)]
     pub runtime: Option<String>,
     /// Mount a workspace: NAME[:/mount/path][:ro] (repeatable; default path /workspace).
@@ -266,6 +279,14 @@ pub enum BenchCmd {
         forks: usize,
         #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
         work_dir: std::path::PathBuf,
+    },
+    /// Per available runtime class (native, runsc, crun, runc), in one run:
+    /// cold create p50/p99, remove, exec round trip, and the ratio to native.
+    Classes {
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
     },
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     Create {

@@ -7,6 +7,8 @@ use anyhow::{bail, Context};
 use ember_api::{ApiConfig, ApiState};
 use ember_engine::{Engine, EngineConfig};
 use ember_runtime::native::{NativeConfig, NativeRuntime};
+use ember_runtime::oci::{OciClass, OciConfig, OciRuntime};
+use ember_runtime::Runtimes;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
         bail!("listening on non-loopback {addr} needs an API key (--api-key or EMBER_API_KEY)");
     }
-    let agent = match args.agent {
+    let agent = match args.agent.clone() {
         Some(p) => p,
         None => default_agent()?,
     };
@@ -36,6 +38,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         insecure_registries: args.insecure_registry.clone(),
     })
     .context("image store")?;
+    let runtimes = runtimes(Arc::new(runtime), &args, &agent);
     let network = crate::netsetup::open(&args.net)?;
     let cfg = EngineConfig {
         data_dir: args.data_dir.clone(),
@@ -44,7 +47,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
     };
-    let engine = Engine::start_networked(cfg, Arc::new(runtime), Arc::new(images), network).await.context("engine")?;
+    let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");
@@ -57,6 +60,38 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// The runtime classes of this daemon: native, and each OCI class whose
+/// binary runs here (the others are listed as unavailable, with the reason).
+fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Path) -> Runtimes {
+    let mut rts = Runtimes::new(native, "ember's own namespaces, cgroups, seccomp and overlay rootfs");
+    for class in OciClass::ALL {
+        let boundary = class.kernel_boundary();
+        let made = class.detect().and_then(|binary| {
+            let group = format!("{}-{}", args.cgroup_parent, class.name());
+            let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).map_err(|e| e.to_string())?;
+            let cfg = OciConfig {
+                class,
+                binary: binary.clone(),
+                data_dir: args.data_dir.clone(),
+                agent_path: agent.to_path_buf(),
+                uid_base: args.uid_base,
+                cgroup_group: group,
+            };
+            let rt = OciRuntime::new(cfg, Arc::from(cgroups)).map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+            Ok((rt, binary))
+        });
+        match made {
+            Ok((rt, binary)) => rts.add(Arc::new(rt), boundary, format!("OCI runtime {}", binary.display())),
+            Err(why) => {
+                tracing::info!(class = class.name(), why = %why, "runtime class unavailable");
+                rts.unavailable(class.name(), boundary, why)
+            }
+        }
+    }
+    rts.unavailable("firecracker", "microVM (guest kernel under KVM)", ember_runtime::microvm_unavailable_reason());
+    rts
 }
 
 /// `--allow-host-path` values, canonical (so a symlink cannot widen them).

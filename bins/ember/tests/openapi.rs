@@ -311,6 +311,10 @@ async fn system_routes(api: &Api) {
     let h = api.req("GET", "/health", &[]).send().await;
     assert_eq!((h.status, h.json()), (200, json!({"status": "healthy"})));
     assert_eq!(api.req("GET", "/version", &[]).send().await.status, 200);
+    let rts = api.req("GET", "/v1/runtimes", &[]).send().await;
+    assert_eq!(rts.status, 200);
+    let items = rts.json()["items"].as_array().cloned().unwrap_or_default();
+    assert!(items.iter().any(|r| r["name"] == "native" && r["available"] == true), "{items:?}");
     let m = api.req("GET", "/metrics", &[]).send().await;
     assert_eq!(m.status, 200);
     assert!(m.text().trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF");

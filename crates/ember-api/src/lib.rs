@@ -107,6 +107,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/images/{name}", get(images::get_one).delete(images::remove))
         .route("/templates", post(images::create_template).get(images::list_templates))
         .route("/templates/{name}", get(images::get_template).delete(images::delete_template))
+        .route("/runtimes", get(system::runtimes))
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))

@@ -14,6 +14,11 @@ pub async fn version() -> Response {
     Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") })).into_response()
 }
 
+/// `GET /v1/runtimes`: every runtime class and whether it can run here.
+pub async fn runtimes(State(st): State<ApiState>) -> Response {
+    Json(ember_types::api::RuntimeClassList { items: st.engine.runtime_classes() }).into_response()
+}
+
 pub async fn metrics(State(st): State<ApiState>) -> Response {
     st.engine.refresh_gauges();
     let body = st.engine.metrics().encode();

@@ -185,6 +185,10 @@ impl Client {
         Ok(self.json(Method::POST, "/v1/pools", Some(body)).await?.0)
     }
 
+    pub async fn list_runtimes(&self) -> Result<Vec<ember_types::api::RuntimeClassInfo>, ClientError> {
+        Ok(self.json::<ember_types::api::RuntimeClassList>(Method::GET, "/v1/runtimes", None).await?.0.items)
+    }
+
     pub async fn list_pools(&self) -> Result<Vec<PoolInfo>, ClientError> {
         Ok(self.json::<PoolList>(Method::GET, "/v1/pools", None).await?.0.items)
     }

@@ -149,8 +149,8 @@ impl Engine {
             return Err(EngineError::invalid("timeout", "must be at least 1 second"));
         }
         let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
-        if class != self.runtime.class() {
-            return Err(EngineError::invalid("runtimeClass", format!("{class:?} is not available; installed: native")));
+        if let Some(why) = self.runtimes.why_unavailable(&class) {
+            return Err(EngineError::invalid("runtimeClass", why));
         }
         check_env(req.env.keys())?;
         let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;
@@ -322,7 +322,7 @@ impl Engine {
             self.release_network(&rec).await;
             return Err(e);
         }
-        let rt = self.runtime.clone();
+        let rt = self.rt(&spec.runtime_class);
         let (lid, lspec) = (id.clone(), spec.clone());
         let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
         let launched = tokio::task::spawn_blocking(move || match join {
@@ -336,7 +336,7 @@ impl Engine {
             Err(source) => {
                 self.metrics.create_failures.inc();
                 self.release_network(&rec).await;
-                let rt = self.runtime.clone();
+                let rt = self.rt(&spec.runtime_class);
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
                 let _ = self.store.remove(id.as_str());

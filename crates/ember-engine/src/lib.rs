@@ -35,7 +35,7 @@ pub use network::{enforcement, NetworkStatus};
 pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
 
-use ember_runtime::Runtime;
+use ember_runtime::{Runtime, Runtimes};
 use ember_types::SandboxId;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -86,7 +86,7 @@ impl Entry {
 
 pub struct Engine {
     cfg: EngineConfig,
-    runtime: Arc<dyn Runtime>,
+    runtimes: Runtimes,
     store: store::Store<SandboxRecord>,
     /// A std Mutex: map lookups and inserts only, never held across an await.
     sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
@@ -109,17 +109,17 @@ impl Engine {
     /// starts the background tasks. Must run inside a tokio runtime.
     pub async fn start(
         cfg: EngineConfig,
-        runtime: Arc<dyn Runtime>,
+        runtimes: Runtimes,
         images: Arc<ember_image::ImageStore>,
     ) -> Result<Arc<Engine>, EngineError> {
-        Self::start_networked(cfg, runtime, images, None).await
+        Self::start_networked(cfg, runtimes, images, None).await
     }
 
     /// [`Engine::start`] with egress networking: sandboxes asking for it get a
     /// slot of `network`.
     pub async fn start_networked(
         cfg: EngineConfig,
-        runtime: Arc<dyn Runtime>,
+        runtimes: Runtimes,
         images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
@@ -127,12 +127,13 @@ impl Engine {
         let templates = templates::TemplateStore::open(cfg.data_dir.join("state/templates"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
-        let owner = runtime.host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
+        let owner =
+            runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
         let snapshot_store = snapshots::open_store(&cfg.snapshot_store)?;
         let engine = Arc::new(Engine {
             cfg,
-            runtime,
+            runtimes,
             store,
             sandboxes: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
@@ -154,8 +155,19 @@ impl Engine {
         &self.metrics
     }
 
+    /// The default runtime class.
     pub fn runtime_class(&self) -> &'static str {
-        self.runtime.class()
+        self.runtimes.default_runtime().class()
+    }
+
+    /// Every runtime class ember knows, and whether it can run here.
+    pub fn runtime_classes(&self) -> Vec<ember_types::api::RuntimeClassInfo> {
+        self.runtimes.infos().to_vec()
+    }
+
+    /// The runtime that serves sandboxes of `class`.
+    pub(crate) fn rt(&self, class: &str) -> Arc<dyn Runtime> {
+        self.runtimes.for_class(class)
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {

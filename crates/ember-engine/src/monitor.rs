@@ -121,18 +121,18 @@ async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: &OwnedFd) -> Te
 /// Stopping → destroy → terminal state, persisted. The sandbox's record stays
 /// (visible as Terminated/Failed) until removed or the retention passes.
 async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reason: TerminationReason) {
-    let id = entry.update(|r| {
+    let (id, class) = entry.update(|r| {
         r.transition(SandboxState::Stopping, None);
-        r.id.clone()
+        (r.id.clone(), r.spec.runtime_class.clone())
     });
     engine.persist(entry);
-    let rt = engine.runtime.clone();
+    let rt = engine.rt(&class);
     let rid = id.clone();
     let res = tokio::task::spawn_blocking(move || {
         let r = rt.destroy(&rid, Some(&pidfd));
         // Reap the init (our child) so it does not linger as a zombie.
         for _ in 0..1000 {
-            if ember_runtime::try_wait(&pidfd).is_some() {
+            if ember_runtime::wait_done(&pidfd) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -166,8 +166,8 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reas
 
 impl Engine {
     pub(crate) async fn oom_kills(&self, entry: &Entry) -> u64 {
-        let rt = self.runtime.clone();
-        let id = entry.snapshot().id;
+        let rec = entry.snapshot();
+        let (rt, id) = (self.rt(&rec.spec.runtime_class), rec.id);
         tokio::task::spawn_blocking(move || rt.oom_kills(&id).unwrap_or(0)).await.unwrap_or(0)
     }
 }

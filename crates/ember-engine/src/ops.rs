@@ -55,7 +55,7 @@ impl Engine {
         let rec = entry.snapshot();
         if !rec.state.is_terminal() {
             // No monitor answered (it never started, or it died): reap directly.
-            let rt = self.runtime.clone();
+            let rt = self.rt(&rec.spec.runtime_class);
             let rid = rec.id.clone();
             tokio::task::spawn_blocking(move || rt.reap_leftover(rid.as_str()))
                 .await
@@ -100,7 +100,7 @@ impl Engine {
                 EngineError::NotPaused { id: r.id, state: r.state }
             });
         }
-        let rt = self.runtime.clone();
+        let rt = self.rt(&r.spec.runtime_class);
         let rid = r.id.clone();
         tokio::task::spawn_blocking(move || rt.freeze(&rid, frozen))
             .await
@@ -222,7 +222,7 @@ impl Engine {
     /// it was cut.
     pub async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
         let r = self.entry(id)?.snapshot();
-        let Some(path) = self.runtime.log_path(&r.id) else {
+        let Some(path) = self.rt(&r.spec.runtime_class).log_path(&r.id) else {
             return Ok((String::new(), false));
         };
         tokio::task::spawn_blocking(move || {
@@ -250,7 +250,7 @@ impl Engine {
         let Some(pid) = r.pid.filter(|_| !r.state.is_terminal()) else {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
         };
-        let rt = self.runtime.clone();
+        let rt = self.rt(&r.spec.runtime_class);
         let rid = r.id.clone();
         tokio::task::spawn_blocking(move || rt.boundary(&rid, pid))
             .await

@@ -30,15 +30,17 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
             }
         }
     }
-    let rt = engine.runtime.clone();
-    let leftovers = tokio::task::spawn_blocking(move || rt.leftovers())
-        .await
-        .map_err(|e| EngineError::Internal(e.to_string()))?
-        .unwrap_or_default();
-    for name in leftovers.into_iter().filter(|n| !known.contains(n)) {
-        tracing::warn!(sandbox = %name, "reaping resources of a sandbox with no record");
-        let rt = engine.runtime.clone();
-        let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
+    for rt in engine.runtimes.all().cloned().collect::<Vec<_>>() {
+        let lrt = rt.clone();
+        let leftovers = tokio::task::spawn_blocking(move || lrt.leftovers())
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .unwrap_or_default();
+        for name in leftovers.into_iter().filter(|n| !known.contains(n)) {
+            tracing::warn!(sandbox = %name, class = rt.class(), "reaping resources of a sandbox with no record");
+            let rt = rt.clone();
+            let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
+        }
     }
     engine.start_network().await?;
     let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
@@ -52,7 +54,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     let live = matches!(rec.state, SandboxState::Running | SandboxState::Paused);
     if live && !rec.deleting {
         if let (Some(pid), Some(st)) = (rec.pid, rec.start_time) {
-            let rt = engine.runtime.clone();
+            let rt = engine.rt(&rec.spec.runtime_class);
             let id = rec.id.clone();
             let adopted = tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await;
             if let Ok(Ok(launched)) = adopted {
@@ -88,7 +90,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
         }
     }
     // Not adoptable: whatever is left of it goes.
-    let rt = engine.runtime.clone();
+    let rt = engine.rt(&rec.spec.runtime_class);
     let id = rec.id.clone();
     let ooms = tokio::task::spawn_blocking(move || {
         let ooms = rt.oom_kills(&id).unwrap_or(0);

@@ -121,9 +121,11 @@ impl Engine {
         let r = req.resources.clone().unwrap_or_default();
         let args = ResourceArgs { memory: r.memory, cpu: r.cpu, pids: r.pids, disk: r.disk };
         let resources = apply_resources(Resources::default(), &args)?;
-        let class = req.runtime_class.clone().unwrap_or_else(|| self.runtime.class().to_string());
-        if class != self.runtime.class() {
-            return Err(EngineError::invalid("runtimeClass", format!("{class:?} is not available; installed: native")));
+        // A class that is not installed is refused here, at template creation,
+        // not at the first claim.
+        let class = req.runtime_class.clone().unwrap_or_else(|| self.runtimes.default_runtime().class().to_string());
+        if let Some(why) = self.runtimes.why_unavailable(&class) {
+            return Err(EngineError::invalid("runtimeClass", why));
         }
         match req.network.as_deref() {
             None | Some("none") => {}

@@ -163,7 +163,8 @@ impl Engine {
         };
         let mounted = MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch };
         let res = self.workspaces.ensure_mounted(&r.name).map_err(EngineError::from).and_then(|src| {
-            self.runtime
+            let class = self.entry(id.as_str()).map(|e| e.snapshot().spec.runtime_class).unwrap_or_default();
+            self.rt(&class)
                 .inject_mount(id, pid, &src, &r.path, r.read_only)
                 .map_err(|source| EngineError::Runtime { id: id.clone(), source })
         });

@@ -8,6 +8,10 @@
 
 mod agent;
 pub mod native;
+pub mod oci;
+mod registry;
+
+pub use registry::{ClassInfo, Runtimes};
 
 pub use agent::ping_agent;
 pub use ember_sys::pidfd::ExitStatus as ExitKind;
@@ -15,6 +19,16 @@ pub use ember_sys::pidfd::ExitStatus as ExitKind;
 /// Reaps the sandbox init behind `pidfd` if it has exited.
 pub fn try_wait(pidfd: &OwnedFd) -> Option<ExitKind> {
     ember_sys::pidfd::pidfd_try_wait(pidfd).ok().flatten()
+}
+
+/// Whether the init behind `pidfd` is gone: reaped here if it is our child
+/// (native), or simply dead if an OCI runtime started it (its parent reaps it).
+pub fn wait_done(pidfd: &OwnedFd) -> bool {
+    match ember_sys::pidfd::pidfd_try_wait(pidfd) {
+        Ok(Some(_)) => true,
+        Ok(None) => false,
+        Err(_) => !ember_sys::pidfd::is_alive(pidfd),
+    }
 }
 
 /// Empties a notification descriptor (OOM eventfd or inotify) after it fired.
@@ -54,6 +68,16 @@ pub enum RuntimeError {
     Gone { id: SandboxId, message: String },
     #[error("agent binary {path}: {message}")]
     Agent { path: PathBuf, message: String },
+    #[error("OCI runtime, sandbox {id}")]
+    Oci {
+        id: SandboxId,
+        #[source]
+        source: oci::cli::OciCliError,
+    },
+    #[error(transparent)]
+    Bundle(#[from] oci::bundle::BundleError),
+    #[error("the {class} class does not support {what}")]
+    Unsupported { class: &'static str, what: &'static str },
     #[error(transparent)]
     Sys(#[from] ember_sys::SysError),
     #[error(transparent)]
@@ -145,3 +169,18 @@ pub trait Runtime: Send + Sync {
 
 /// Default time a sandbox init gets from release to exec, and the agent to answer.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the microVM class (Firecracker / Cloud Hypervisor, see docs/microvm.md)
+/// cannot run on this host. It is designed, not built: even where `/dev/kvm`
+/// opens, the KVM on these machines is a paravirtual nested one on which guest
+/// kernels hang, so the class is always reported unavailable, with what was found.
+pub fn microvm_unavailable_reason() -> String {
+    let kvm = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        Ok(_) => "/dev/kvm opens, but guest kernels do not boot on this nested paravirtual KVM".to_string(),
+        Err(e) => format!("/dev/kvm: {e}"),
+    };
+    let vmm = ["firecracker", "cloud-hypervisor"]
+        .iter()
+        .any(|b| std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).any(|d| d.join(b).is_file()));
+    format!("microVM class designed, not built (docs/microvm.md); {kvm}; VMM binary on PATH: {vmm}")
+}

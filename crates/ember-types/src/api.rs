@@ -433,3 +433,23 @@ pub struct ForkSnapshotRequest {
     pub count: u32,
     pub prefix: String,
 }
+
+/// `GET /v1/runtimes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeClassList {
+    pub items: Vec<RuntimeClassInfo>,
+}
+
+/// One runtime class as `GET /v1/runtimes` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeClassInfo {
+    /// "native", "runsc", "crun", "runc", "firecracker".
+    pub name: String,
+    /// Whether sandboxes of this class can be created on this host.
+    pub available: bool,
+    /// What separates a sandbox of this class from the host kernel.
+    pub kernel_boundary: String,
+    /// The binary and version when available; why not, when not.
+    pub detail: String,
+}

@@ -27,6 +27,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Snapshot(c) => workspace::snapshots(&client()?, c).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
+        Cmd::Runtime(crate::cli::RuntimeCmd::Ls { json }) => runtime_ls(&client()?, json).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
     }
 }
@@ -113,4 +114,19 @@ pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>)
         bail!("command did not start: {e}");
     }
     Ok(out.exit_code.unwrap_or(255))
+}
+
+/// `ember runtime ls`.
+async fn runtime_ls(client: &ember_client::Client, json: bool) -> anyhow::Result<i32> {
+    let items = client.list_runtimes().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(0);
+    }
+    println!("{:<12} {:<10} {:<52} DETAIL", "CLASS", "AVAILABLE", "KERNEL BOUNDARY");
+    for r in items {
+        let avail = if r.available { "yes" } else { "no" };
+        println!("{:<12} {:<10} {:<52} {}", r.name, avail, r.kernel_boundary, r.detail);
+    }
+    Ok(0)
 }

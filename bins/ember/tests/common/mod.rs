@@ -168,6 +168,29 @@ impl Drop for Daemon {
         for e in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
             let _ = Command::new("umount").arg(e.path().join("mnt")).output();
         }
+        // OCI classes: containers, host rootfs mounts and cgroups of each.
+        for class in ["runsc", "crun", "runc"] {
+            let base = self.data_dir.join("oci").join(class);
+            for e in std::fs::read_dir(base.join("sandboxes")).into_iter().flatten().flatten() {
+                let id = e.file_name();
+                let _ = Command::new(class)
+                    .arg("--root")
+                    .arg(base.join("state"))
+                    .arg("delete")
+                    .arg("--force")
+                    .arg(&id)
+                    .output();
+                for m in [e.path().join("mnt/root"), e.path().join("mnt")] {
+                    let _ = Command::new("umount").arg("-l").arg(m).output();
+                }
+            }
+            if let Ok(cg) = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &format!("{}-{class}", self.group)) {
+                for name in cg.list().unwrap_or_default() {
+                    let _ = cg.destroy(&name);
+                }
+                let _ = cg.remove_group();
+            }
+        }
         let cg = self.cgroups();
         for name in cg.list().unwrap_or_default() {
             let _ = cg.destroy(&name);

@@ -93,11 +93,12 @@ impl Engine {
     pub async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
         let pool = self.pool(name)?;
         let idle_ids: Vec<_> = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
-        let rt = self.runtime.clone();
-        let idle_memory_bytes =
-            tokio::task::spawn_blocking(move || idle_ids.iter().filter_map(|id| rt.memory_usage(id).ok()).sum::<u64>())
-                .await
-                .unwrap_or(0);
+        let rts = self.runtimes.clone();
+        let idle_memory_bytes = tokio::task::spawn_blocking(move || {
+            idle_ids.iter().filter_map(|id| rts.all().find_map(|rt| rt.memory_usage(id).ok())).sum::<u64>()
+        })
+        .await
+        .unwrap_or(0);
         let now = crate::record::now_ms();
         Ok(PoolStatus {
             spec: pool.spec(),

@@ -6,7 +6,7 @@
 //! write the id maps and attach to the cgroups while the child waits; the child
 //! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
 //! by fd; `GET /ping` over the socket marks it ready.
-mod boundary;
+pub(crate) mod boundary;
 pub mod rootfs;
 
 use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, READY_TIMEOUT};
@@ -190,7 +190,7 @@ impl NativeRuntime {
 
 /// The agent's environment: its control variables (`EMBER_AGENT_*`, stripped from
 /// commands) and the sandbox's own env.
-fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
+pub(crate) fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
     let mut env = vec![
         format!("HOSTNAME={hostname}"),
         "EMBER_AGENT_LISTEN_FD=3".to_string(),
@@ -224,7 +224,7 @@ fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
 
 /// Refuses a dynamically linked agent: it could not run in an image without the
 /// host's libc.
-fn check_static(path: &Path) -> Result<(), RuntimeError> {
+pub(crate) fn check_static(path: &Path) -> Result<(), RuntimeError> {
     let bytes = std::fs::read(path).map_err(|e| RuntimeError::Agent { path: path.into(), message: e.to_string() })?;
     let err = |m: &str| RuntimeError::Agent { path: path.into(), message: m.to_string() };
     if bytes.get(..4) != Some(b"\x7fELF") || bytes.get(4) != Some(&2) {

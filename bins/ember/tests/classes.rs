@@ -1,0 +1,191 @@
+//! The conformance suite: the same behaviour checks against every runtime
+//! class, through a real daemon. `native` always runs; `crun`, `runc` and
+//! `runsc` (gVisor) run for real and fail, not skip, when their runtime is not
+//! installed: `.ci/run` installs them and mounts the hugetlb hierarchy crun
+//! needs on this hybrid cgroup host.
+mod common;
+
+use bytes::Bytes;
+use common::Daemon;
+use ember_types::api::{CreateSandboxRequest, ResourcesSpec};
+use ember_types::execd::RunCommandRequest;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The sandbox's runtime-side leftovers: its host dir, its cgroup, and (OCI)
+/// whether the runtime still knows the container.
+fn leftovers(d: &Daemon, class: &str, id: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let (dir, group) = match class {
+        "native" => (d.data_dir.join("sandboxes").join(id), d.group.clone()),
+        c => (d.data_dir.join("oci").join(c).join("sandboxes").join(id), format!("{}-{c}", d.group)),
+    };
+    if dir.exists() {
+        left.push(format!("dir {}", dir.display()));
+    }
+    let cg = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("cgroups");
+    if cg.exists(id) {
+        left.push(format!("cgroup {group}/{id}"));
+    }
+    if class != "native" {
+        let root = d.data_dir.join("oci").join(class).join("state");
+        let st = std::process::Command::new(class).arg("--root").arg(&root).args(["state", id]).output();
+        if st.is_ok_and(|o| o.status.success()) {
+            left.push(format!("{class} still lists the container"));
+        }
+        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if mi.contains(id) {
+            left.push("a host mount of its rootfs".into());
+        }
+    }
+    left
+}
+
+async fn create(d: &Daemon, class: &str, memory: &str) -> ember_types::api::SandboxInfo {
+    let req = CreateSandboxRequest {
+        template: Some("host".into()),
+        runtime_class: Some(class.into()),
+        env: Some(BTreeMap::from([("CONFORMANCE".to_string(), Some(format!("class-{class}")))])),
+        resources: Some(ResourcesSpec { memory: Some(memory.into()), pids: Some(128), ..Default::default() }),
+        ..Default::default()
+    };
+    match d.client.create_sandbox(&req).await {
+        Ok((info, _)) => info,
+        Err(e) => panic!("creating a {class} sandbox: {e} (is {class} installed? .ci/run installs it)"),
+    }
+}
+
+async fn conformance(class: &str) {
+    let d = Daemon::start();
+    let listed = d.client.list_runtimes().await.expect("GET /v1/runtimes");
+    let info = listed.iter().find(|r| r.name == class).unwrap_or_else(|| panic!("{class} not listed: {listed:?}"));
+    assert!(info.available, "{class} is not available here: {}", info.detail);
+
+    // Create; the enforced boundary is read back from the running sandbox.
+    let s = create(&d, class, "256Mi").await;
+    let (status, body) = d.client.get_raw(&format!("/v1/sandboxes/{}/boundary", s.id)).await.expect("boundary");
+    assert!(status.is_success(), "boundary: {status} {body:?}");
+    let b: serde_json::Value = serde_json::from_slice(&body).expect("boundary json");
+    assert_eq!(b["runtimeClass"], class);
+    let kernel = b["kernelBoundary"].as_str().unwrap_or_default();
+    assert_eq!(kernel.contains("gVisor"), class == "runsc", "kernel boundary {kernel:?}");
+    assert_eq!(b["memoryLimitBytes"], 256u64 << 20, "{b}");
+    assert_eq!(b["pidsLimit"], 128, "{b}");
+
+    // Exec: output, exit code, env, the default user, the kernel behind it.
+    let (code, out, _) = d.sh(&s.id, "echo hello; echo \"$CONFORMANCE\"; id -u; exit 7", None).await;
+    assert_eq!(code, Some(7));
+    assert_eq!(out, format!("hello\nclass-{class}\n1000\n"));
+    let (_, kver, _) = d.sh(&s.id, "uname -r", None).await;
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    assert_eq!(kver.trim() == host.trim(), class != "runsc", "kernel {kver:?} vs host {host:?}");
+
+    // Files: upload, read from a command, download.
+    let data = Bytes::from(format!("payload for {class}\n").repeat(1000));
+    d.client.upload(&s.id, "/home/sandbox/in.txt", data.clone(), 0o644).await.expect("upload");
+    let (code, out, _) = d.sh(&s.id, "wc -c < /home/sandbox/in.txt; cp /home/sandbox/in.txt /tmp/out.txt", None).await;
+    assert_eq!((code, out.trim()), (Some(0), data.len().to_string().as_str()));
+    assert_eq!(d.client.download(&s.id, "/tmp/out.txt").await.expect("download"), data);
+
+    // Network: only loopback (gVisor with --network=none: loopback only too).
+    let (_, nets, _) = d.sh(&s.id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", None).await;
+    assert_eq!(nets.split_whitespace().collect::<Vec<_>>(), ["lo"], "interfaces: {nets:?}");
+
+    // A memory hog ends the command or the sandbox, never the neighbour.
+    let hog = create(&d, class, "64Mi").await;
+    let req = RunCommandRequest {
+        command: Some("dd if=/dev/zero of=/dev/null bs=200M count=1 && echo survived".into()),
+        ..Default::default()
+    };
+    let mut survived = false;
+    let _ =
+        d.client.exec(&hog.id, &req, |ev| survived |= ev.text.as_deref().is_some_and(|t| t.contains("survived"))).await;
+    assert!(!survived, "a 200 MiB allocation succeeded under a 64 MiB limit in {class}");
+    let (code, out, _) = d.sh(&s.id, "echo alive", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "alive\n"), "the neighbour was hurt");
+
+    // Remove leaves nothing: host dir, cgroup, runtime state, mounts.
+    for id in [&s.id, &hog.id] {
+        d.client.delete_sandbox(id).await.expect("delete");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut left = leftovers(&d, class, id);
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            left = leftovers(&d, class, id);
+        }
+        assert!(left.is_empty(), "{class} sandbox {id} left: {left:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_native() {
+    conformance("native").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_crun() {
+    conformance("crun").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_runc() {
+    conformance("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_runsc() {
+    conformance("runsc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_class_is_a_400_with_a_reason() {
+    let d = Daemon::start();
+    let listed = d.client.list_runtimes().await.expect("GET /v1/runtimes");
+    let fc = listed.iter().find(|r| r.name == "firecracker").expect("the microVM class is listed");
+    assert!(!fc.available, "{fc:?}");
+    assert!(listed.iter().any(|r| r.name == "native" && r.available));
+    for class in ["firecracker", "kata"] {
+        let req = CreateSandboxRequest {
+            template: Some("host".into()),
+            runtime_class: Some(class.into()),
+            ..Default::default()
+        };
+        match d.client.create_sandbox(&req).await {
+            Err(ember_client::ClientError::Api { status, code, message }) => {
+                assert_eq!(status, 400, "{class}: {code} {message}");
+                assert!(!code.is_empty());
+                assert!(message.contains(class) && message.contains("native"), "{class}: {message}");
+            }
+            other => panic!("{class}: expected a 400, got {other:?}"),
+        }
+    }
+    let left = d.client.list_sandboxes("").await.expect("list");
+    assert!(left.is_empty(), "a failed create left a sandbox: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_lists_classes_and_runs_a_command_under_gvisor() {
+    let d = Daemon::start();
+    let ember = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(args)
+            .env("EMBER_URL", &d.url)
+            .output()
+            .expect("ember runs")
+    };
+    let ls = ember(&["runtime", "ls"]);
+    let text = String::from_utf8_lossy(&ls.stdout);
+    assert!(ls.status.success(), "{ls:?}");
+    for class in ["native", "runsc", "crun", "runc", "firecracker"] {
+        assert!(text.lines().any(|l| l.starts_with(class)), "{class} missing from:\n{text}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("firecracker") && l.contains(" no ")), "{text}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let run = ember(&["run", "--runtime", "runsc", "--", "uname", "-r"]);
+    assert!(run.status.success(), "{run:?}");
+    let kernel = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    assert!(!kernel.is_empty() && kernel != host.trim(), "gVisor reported the host kernel {kernel:?}");
+    let bad = ember(&["run", "--runtime", "kata", "--", "true"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("kata"), "{bad:?}");
+}

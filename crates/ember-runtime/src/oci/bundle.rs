@@ -1,0 +1,298 @@
+//! The OCI bundle of one sandbox (`config.json`), generated with `oci-spec`
+//! from the same inputs the native class uses: the rootfs the daemon assembled
+//! (template layers + writable tmpfs, see `oci/rootfs.rs`), the host's `/usr`
+//! read-only, cgroup limits, the 0 → `uid_base` user mapping, ember's seccomp
+//! deny-list, the capability set of [`crate::native::KEEP_CAPS`] and the agent.
+//!
+//! The agent cannot inherit a listening fd through an OCI runtime, so it is
+//! bind-mounted read-only at [`AGENT_PATH`] and told to listen on
+//! [`SOCKET_DIR`]`/agent.sock`, a directory bound from the host: the daemon
+//! connects to the same socket from outside.
+use crate::native::rootfs::ID_RANGE;
+use crate::native::KEEP_CAPS;
+use ember_types::{SandboxId, SandboxSpec};
+use oci_spec::runtime::{
+    Capability, LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccompAction, LinuxSeccompArgBuilder,
+    LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscallBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder,
+    Spec, SpecBuilder, UserBuilder,
+};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// Where the agent binary appears inside the sandbox.
+pub const AGENT_PATH: &str = "/.ember/agent";
+/// The host directory with the agent's socket appears here inside the sandbox.
+pub const SOCKET_DIR: &str = "/run/ember";
+
+/// Syscalls that fail with EPERM (names of `ember_sys::seccomp`'s deny-list).
+const DENIED: &[&str] = &[
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "sethostname",
+    "setdomainname",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "acct",
+    "quotactl",
+    "syslog",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "userfaultfd",
+    "unshare",
+    "setns",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "open_tree",
+    "move_mount",
+    "mount_setattr",
+    "iopl",
+    "ioperm",
+    "lookup_dcookie",
+    "uselib",
+    "ustat",
+    "sysfs",
+    "vhangup",
+    "kcmp",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+];
+
+/// The seccomp profile's name, as the boundary report gives it.
+pub const PROFILE_NAME: &str = "ember-default via OCI (deny-list, EPERM; clone3 ENOSYS)";
+
+#[derive(Debug, thiserror::Error)]
+#[error("building the OCI config of sandbox {id}: {message}")]
+pub struct BundleError {
+    pub id: String,
+    pub message: String,
+}
+
+/// Inputs of one sandbox's `config.json`.
+pub struct BundleInputs<'a> {
+    pub id: &'a SandboxId,
+    pub spec: &'a SandboxSpec,
+    /// The assembled root filesystem (absolute).
+    pub rootfs: &'a Path,
+    /// Host dir bound at [`SOCKET_DIR`].
+    pub socket_dir: &'a Path,
+    pub agent: &'a Path,
+    /// `/<group>/<id>`, relative to each cgroup hierarchy's root.
+    pub cgroups_path: PathBuf,
+    pub uid_base: u32,
+    pub env: Vec<String>,
+    /// runsc runs without a user namespace of its own: the Sentry is the boundary.
+    pub user_namespace: bool,
+}
+
+fn err(id: &SandboxId) -> impl Fn(oci_spec::OciSpecError) -> BundleError + '_ {
+    move |e| BundleError { id: id.to_string(), message: e.to_string() }
+}
+
+fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, oci_spec::OciSpecError> {
+    MountBuilder::default()
+        .destination(dest)
+        .typ(typ)
+        .source(source)
+        .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()
+}
+
+pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
+    let e = err(b.id);
+    let hostname = format!("sbx-{}", b.id.short());
+    let caps: HashSet<Capability> = KEEP_CAPS
+        .iter()
+        .filter_map(|(_, n)| serde_json::from_value(serde_json::Value::String(n.to_string())).ok())
+        .collect();
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build().map_err(&e)?)
+        .args(vec![AGENT_PATH.to_string(), "--listen".to_string(), format!("unix:{SOCKET_DIR}/agent.sock")])
+        .env(b.env.clone())
+        .cwd("/")
+        .no_new_privileges(true)
+        .capabilities(
+            oci_spec::runtime::LinuxCapabilitiesBuilder::default()
+                .bounding(caps.clone())
+                .effective(caps.clone())
+                .permitted(caps)
+                .build()
+                .map_err(&e)?,
+        )
+        .build()
+        .map_err(&e)?;
+
+    let s = |p: &Path| p.display().to_string();
+    let mut mounts = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]).map_err(&e)?,
+        mount("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]).map_err(&e)?,
+        mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])
+            .map_err(&e)?,
+        mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]).map_err(&e)?,
+        mount("/usr", "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"]).map_err(&e)?,
+        mount(AGENT_PATH, "bind", &s(b.agent), &["bind", "ro", "nosuid", "nodev"]).map_err(&e)?,
+        mount(SOCKET_DIR, "bind", &s(b.socket_dir), &["bind", "rw", "nosuid", "nodev", "noexec"]).map_err(&e)?,
+    ];
+    for v in &b.spec.volumes {
+        let rw = if v.read_only { "ro" } else { "rw" };
+        mounts.push(mount(&v.mount_path, "bind", &s(&v.host_path), &["rbind", rw, "nosuid", "nodev"]).map_err(&e)?);
+    }
+
+    let r = &b.spec.resources;
+    let resources = LinuxResourcesBuilder::default()
+        .memory(LinuxMemoryBuilder::default().limit(r.memory_bytes as i64).swappiness(0u64).build().map_err(&e)?)
+        .cpu(LinuxCpuBuilder::default().quota(r.cpu_millis as i64 * 100).period(100_000u64).build().map_err(&e)?)
+        .pids(LinuxPidsBuilder::default().limit(r.pids as i64).build().map_err(&e)?)
+        .build()
+        .map_err(&e)?;
+
+    let mut ns = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Network,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+    ];
+    if b.user_namespace {
+        ns.push(LinuxNamespaceType::User);
+    }
+    let namespaces = ns
+        .into_iter()
+        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(&e)?;
+    let mut linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .resources(resources)
+        .cgroups_path(b.cgroups_path.clone())
+        .seccomp(seccomp().map_err(&e)?)
+        .masked_paths(
+            ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/acpi", "/proc/scsi"]
+                .map(String::from)
+                .to_vec(),
+        )
+        .readonly_paths(
+            ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"].map(String::from).to_vec(),
+        );
+    if b.user_namespace {
+        let map = LinuxIdMappingBuilder::default()
+            .container_id(0u32)
+            .host_id(b.uid_base)
+            .size(ID_RANGE)
+            .build()
+            .map_err(&e)?;
+        linux = linux.uid_mappings(vec![map]).gid_mappings(vec![map]);
+    }
+    SpecBuilder::default()
+        .version("1.0.2")
+        .hostname(hostname)
+        .root(RootBuilder::default().path(b.rootfs).readonly(false).build().map_err(&e)?)
+        .process(process)
+        .mounts(mounts)
+        .linux(linux.build().map_err(&e)?)
+        .build()
+        .map_err(&e)
+}
+
+/// ember's deny-list as an OCI seccomp profile: allow by default, EPERM for the
+/// listed syscalls and for `clone` with CLONE_NEWUSER, ENOSYS for `clone3` (so
+/// libc falls back to `clone`, where the flags can be inspected).
+fn seccomp() -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> {
+    let eperm = LinuxSyscallBuilder::default()
+        .names(DENIED.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(1u32)
+        .build()?;
+    let clone3 = LinuxSyscallBuilder::default()
+        .names(vec!["clone3".to_string()])
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(38u32)
+        .build()?;
+    const CLONE_NEWUSER: u64 = 0x1000_0000;
+    let clone_userns = LinuxSyscallBuilder::default()
+        .names(vec!["clone".to_string()])
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(1u32)
+        .args(vec![LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(CLONE_NEWUSER)
+            .value_two(CLONE_NEWUSER)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()?])
+        .build()?;
+    LinuxSeccompBuilder::default()
+        .default_action(LinuxSeccompAction::ScmpActAllow)
+        .architectures(vec![oci_spec::runtime::Arch::ScmpArchX86_64])
+        .syscalls(vec![eperm, clone3, clone_userns])
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_maps_root_limits_the_cgroup_and_runs_the_agent() {
+        let id = SandboxId::from_random([7; 16]);
+        let spec = SandboxSpec {
+            template: "host".into(),
+            runtime_class: "crun".into(),
+            resources: Default::default(),
+            ttl_secs: None,
+            env: Default::default(),
+            metadata: Default::default(),
+            entrypoint: vec![],
+            user: ember_types::UserSpec::SANDBOX,
+            network: Default::default(),
+            volumes: vec![],
+            egress: Default::default(),
+        };
+        let inputs = BundleInputs {
+            id: &id,
+            spec: &spec,
+            rootfs: Path::new("/data/sbx/mnt/root"),
+            socket_dir: Path::new("/data/sbx/sock"),
+            agent: Path::new("/opt/ember-agent"),
+            cgroups_path: PathBuf::from("/ember-crun/x"),
+            uid_base: 1_000_000,
+            env: vec!["A=b".into()],
+            user_namespace: true,
+        };
+        let v = serde_json::to_value(build(&inputs).unwrap()).unwrap();
+        assert_eq!(v["process"]["args"][0], AGENT_PATH);
+        assert_eq!(v["process"]["args"][2], "unix:/run/ember/agent.sock");
+        assert_eq!(v["linux"]["uidMappings"][0]["hostID"], 1_000_000);
+        assert_eq!(v["linux"]["resources"]["memory"]["limit"], spec.resources.memory_bytes as i64);
+        assert_eq!(v["linux"]["resources"]["pids"]["limit"], spec.resources.pids as i64);
+        assert_eq!(v["linux"]["cgroupsPath"], "/ember-crun/x");
+        let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
+        assert!(caps.iter().any(|c| c == "CAP_SETUID"));
+        assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN"));
+        let denied = &v["linux"]["seccomp"]["syscalls"][0]["names"];
+        assert!(denied.as_array().unwrap().iter().any(|n| n == "keyctl"));
+        let no_userns = BundleInputs { user_namespace: false, ..inputs };
+        let v = serde_json::to_value(build(&no_userns).unwrap()).unwrap();
+        assert!(v["linux"]["uidMappings"].is_null());
+    }
+}

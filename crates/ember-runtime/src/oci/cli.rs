@@ -1,0 +1,195 @@
+//! A typed wrapper around an OCI runtime's command line (`crun`, `runc`,
+//! `runsc`), in the spirit of containerd's `runc` crate: one method per verb,
+//! a `--root` per class so classes never see each other's containers, and
+//! errors that carry the command line and the runtime's stderr.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OciCliError {
+    #[error("running `{command}`")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed { command: String, status: String, stderr: String },
+    #[error("`{command}` printed unparsable state: {message}")]
+    BadState { command: String, message: String },
+}
+
+/// What `<runtime> state <id>` reports.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct ContainerState {
+    pub id: String,
+    /// "created", "running", "stopped", "paused".
+    pub status: String,
+    /// The host pid of the container's init (for runsc: of the sandbox process).
+    #[serde(default)]
+    pub pid: i32,
+}
+
+/// One OCI runtime binary with its global flags.
+#[derive(Clone, Debug)]
+pub struct OciCli {
+    binary: PathBuf,
+    root: PathBuf,
+    global: Vec<String>,
+}
+
+impl OciCli {
+    /// `global` goes before every verb (runsc: `--platform=ptrace --network=none`).
+    pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>, global: Vec<String>) -> OciCli {
+        OciCli { binary: binary.into(), root: root.into(), global }
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    fn command(&self, verb: &[&str]) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.arg("--root").arg(&self.root).args(&self.global).args(verb);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    fn line(&self, verb: &[&str]) -> String {
+        let mut s = format!("{} --root {}", self.binary.display(), self.root.display());
+        for a in self.global.iter().map(String::as_str).chain(verb.iter().copied()) {
+            s.push(' ');
+            s.push_str(a);
+        }
+        s
+    }
+
+    fn run(&self, verb: &[&str]) -> Result<Vec<u8>, OciCliError> {
+        let command = self.line(verb);
+        let out =
+            self.command(verb).output().map_err(|source| OciCliError::Spawn { command: command.clone(), source })?;
+        if !out.status.success() {
+            return Err(OciCliError::Failed {
+                command,
+                status: out.status.to_string(),
+                stderr: tail(&String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    /// `create --bundle <dir> <id>`. The container's init inherits the runtime's
+    /// stdio, so stdout and stderr go to `log` (a pipe would stay open for the
+    /// container's life); on failure the error carries the log's tail.
+    pub fn create(&self, id: &str, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
+        let b = bundle.display().to_string();
+        let verb = ["create", "--bundle", &b, id];
+        let command = self.line(&verb);
+        let spawn = |source| OciCliError::Spawn { command: command.clone(), source };
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(spawn)?;
+        let f2 = f.try_clone().map_err(spawn)?;
+        let status = self.command(&verb).stdout(f).stderr(f2).status().map_err(spawn)?;
+        if !status.success() {
+            let stderr = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(OciCliError::Failed { command, status: status.to_string(), stderr: tail(&stderr) });
+        }
+        Ok(())
+    }
+
+    pub fn start(&self, id: &str) -> Result<(), OciCliError> {
+        self.run(&["start", id]).map(drop)
+    }
+
+    pub fn state(&self, id: &str) -> Result<ContainerState, OciCliError> {
+        let out = self.run(&["state", id])?;
+        serde_json::from_slice(&out)
+            .map_err(|e| OciCliError::BadState { command: self.line(&["state", id]), message: e.to_string() })
+    }
+
+    /// `kill [--all] <id> <signal>`.
+    pub fn kill(&self, id: &str, signal: &str, all: bool) -> Result<(), OciCliError> {
+        if all {
+            self.run(&["kill", "--all", id, signal]).map(drop)
+        } else {
+            self.run(&["kill", id, signal]).map(drop)
+        }
+    }
+
+    /// `delete --force <id>`.
+    pub fn delete(&self, id: &str) -> Result<(), OciCliError> {
+        self.run(&["delete", "--force", id]).map(drop)
+    }
+
+    /// `exec <id> <args...>` and its stdout (diagnostics; commands go through
+    /// the agent).
+    pub fn exec(&self, id: &str, args: &[&str]) -> Result<Vec<u8>, OciCliError> {
+        let mut verb = vec!["exec", id];
+        verb.extend_from_slice(args);
+        self.run(&verb)
+    }
+
+    /// `--version`, first line: whether the binary runs at all.
+    pub fn version(&self) -> Result<String, OciCliError> {
+        let command = format!("{} --version", self.binary.display());
+        let out = Command::new(&self.binary)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| OciCliError::Spawn { command: command.clone(), source })?;
+        if !out.status.success() {
+            let stderr = tail(&String::from_utf8_lossy(&out.stderr));
+            return Err(OciCliError::Failed { command, status: out.status.to_string(), stderr });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().to_string())
+    }
+}
+
+/// The last 2 KiB of a runtime's output: enough for its error, bounded.
+fn tail(s: &str) -> String {
+    let s = s.trim();
+    let mut start = s.len().saturating_sub(2048);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_is_a_spawn_error_naming_the_command() {
+        let cli = OciCli::new("/nonexistent/runc", "/tmp/x", vec!["--debug".into()]);
+        let e = cli.state("abc").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("/nonexistent/runc --root /tmp/x --debug state abc"), "{msg}");
+        assert!(matches!(e, OciCliError::Spawn { .. }));
+    }
+
+    #[test]
+    fn a_failing_command_carries_its_stderr() {
+        // `false`-like: sh exits 3 after writing to stderr, ignoring the flags.
+        let dir = std::env::temp_dir().join(format!("ember-oci-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("fake-runtime");
+        std::fs::write(&fake, "#!/bin/sh\necho \"container not found: $5\" >&2\nexit 3\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let e = OciCli::new(&fake, &dir, vec![]).delete("sbx1").unwrap_err();
+        match e {
+            OciCliError::Failed { stderr, status, .. } => {
+                assert!(stderr.contains("container not found"), "{stderr}");
+                assert!(status.contains('3'), "{status}");
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tail_keeps_the_end_on_a_char_boundary() {
+        let s = "é".repeat(2000);
+        let t = tail(&s);
+        assert!(t.len() <= 2048 && t.chars().all(|c| c == 'é'));
+    }
+}

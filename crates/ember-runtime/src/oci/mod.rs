@@ -1,0 +1,354 @@
+//! OCI runtime classes: `crun`, `runc` and `runsc` (gVisor), driven through
+//! their command line ([`cli::OciCli`]) with a bundle ember generates
+//! ([`bundle`]) over a rootfs the daemon assembles ([`rootfs`]).
+//!
+//! Launch, in steps: create the cgroups (ember's own manager, so OOM events,
+//! usage, freeze and the leftover sweep work as for native; the runtime joins
+//! them through `cgroupsPath`); assemble the rootfs; write `config.json`;
+//! `<rt> create`, `<rt> start`; `<rt> state` for the init's pid; poll the
+//! agent's socket in the bound host dir until `GET /ping` answers.
+//!
+//! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
+//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log}`.
+pub mod bundle;
+pub mod cli;
+pub mod rootfs;
+
+use crate::native::rootfs::{ensure_host_template, ID_RANGE};
+use crate::{LaunchTiming, Launched, Runtime, RuntimeError, READY_TIMEOUT};
+use cli::{OciCli, OciCliError};
+use ember_cgroups::{Cgroups, Limits};
+use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::chown;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The OCI classes ember knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OciClass {
+    Crun,
+    Runc,
+    Runsc,
+}
+
+impl OciClass {
+    pub const ALL: [OciClass; 3] = [OciClass::Runsc, OciClass::Crun, OciClass::Runc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OciClass::Crun => "crun",
+            OciClass::Runc => "runc",
+            OciClass::Runsc => "runsc",
+        }
+    }
+
+    /// Flags before every verb. gVisor here works only on the ptrace platform
+    /// and without its own network stack; `--host-uds=create` lets the agent
+    /// create its listening socket in the bound host dir; `--oci-seccomp`
+    /// applies the bundle's filter inside the Sentry too.
+    fn global_args(self) -> Vec<String> {
+        match self {
+            OciClass::Runsc => ["--platform=ptrace", "--network=none", "--host-uds=create"].map(String::from).to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn kernel_boundary(self) -> &'static str {
+        match self {
+            OciClass::Runsc => "gVisor user-space kernel (Sentry, ptrace platform)",
+            OciClass::Crun | OciClass::Runc => "shared host kernel (Linux namespaces + seccomp)",
+        }
+    }
+
+    /// The runtime binary on `PATH`, and why the class cannot run here if it
+    /// cannot.
+    pub fn detect(self) -> Result<PathBuf, String> {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+        let bin = std::env::split_paths(&path)
+            .map(|d| d.join(self.name()))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("{} is not installed (apt-get install {})", self.name(), self.name()))?;
+        if self == OciClass::Crun
+            && Path::new("/sys/fs/cgroup/memory").is_dir()
+            && !Path::new("/sys/fs/cgroup/hugetlb/cgroup.procs").exists()
+        {
+            return Err("crun needs hugetlb mounted as a cgroup v1 hierarchy: mkdir -p /sys/fs/cgroup/hugetlb && \
+                        mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb"
+                .into());
+        }
+        OciCli::new(&bin, "/nonexistent", vec![]).version().map_err(|e| e.to_string())?;
+        Ok(bin)
+    }
+}
+
+/// Configuration of one OCI class, fixed at daemon start.
+#[derive(Clone, Debug)]
+pub struct OciConfig {
+    pub class: OciClass,
+    pub binary: PathBuf,
+    /// The daemon's `<data-dir>` (the host template is shared with native).
+    pub data_dir: PathBuf,
+    pub agent_path: PathBuf,
+    pub uid_base: u32,
+    /// The cgroup group the class's sandboxes live in (`<parent>-<class>`).
+    pub cgroup_group: String,
+}
+
+pub struct OciRuntime {
+    cfg: OciConfig,
+    cli: OciCli,
+    cgroups: Arc<dyn Cgroups>,
+    host_template: PathBuf,
+    base: PathBuf,
+}
+
+impl OciRuntime {
+    pub fn new(cfg: OciConfig, cgroups: Arc<dyn Cgroups>) -> Result<OciRuntime, RuntimeError> {
+        crate::native::check_static(&cfg.agent_path)?;
+        let host_template = ensure_host_template(&cfg.data_dir.join("templates"), cfg.uid_base)?;
+        let base = cfg.data_dir.join("oci").join(cfg.class.name());
+        for d in [base.join("state"), base.join("sandboxes")] {
+            std::fs::create_dir_all(&d).map_err(|source| RuntimeError::Prepare { what: "oci dir", path: d, source })?;
+        }
+        let cli = OciCli::new(&cfg.binary, base.join("state"), cfg.class.global_args());
+        Ok(OciRuntime { cfg, cli, cgroups, host_template, base })
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.base.join("sandboxes").join(id)
+    }
+
+    fn oci_err(id: &SandboxId) -> impl FnOnce(OciCliError) -> RuntimeError + '_ {
+        move |source| RuntimeError::Oci { id: id.clone(), source }
+    }
+
+    fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
+        move |source| RuntimeError::Cgroup { id: id.clone(), source }
+    }
+
+    fn env(&self, spec: &SandboxSpec, hostname: &str) -> Vec<String> {
+        crate::native::agent_env(spec, hostname)
+            .into_iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .filter(|e| !e.starts_with("EMBER_AGENT_LISTEN_FD="))
+            .collect()
+    }
+
+    fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, PathBuf), RuntimeError> {
+        let prep = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RuntimeError::Prepare { what, path, source }
+        };
+        let hostname = format!("sbx-{}", id.short());
+        let root = rootfs::assemble(
+            dir,
+            std::slice::from_ref(&self.host_template),
+            spec.resources.disk_bytes,
+            self.cfg.uid_base,
+            &hostname,
+        )?;
+        let sock_dir = dir.join("sock");
+        std::fs::create_dir_all(&sock_dir).map_err(prep("socket dir", &sock_dir))?;
+        chown(&sock_dir, Some(self.cfg.uid_base), Some(self.cfg.uid_base)).map_err(prep("chown", &sock_dir))?;
+        let bundle_dir = dir.join("bundle");
+        std::fs::create_dir_all(&bundle_dir).map_err(prep("bundle dir", &bundle_dir))?;
+        let config = bundle::build(&bundle::BundleInputs {
+            id,
+            spec,
+            rootfs: &root,
+            socket_dir: &sock_dir,
+            agent: &self.cfg.agent_path,
+            cgroups_path: PathBuf::from("/").join(&self.cfg.cgroup_group).join(id.as_str()),
+            uid_base: self.cfg.uid_base,
+            env: self.env(spec, &hostname),
+            user_namespace: true,
+        })?;
+        let json = serde_json::to_vec_pretty(&config)
+            .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
+        let cfg_path = bundle_dir.join("config.json");
+        std::fs::write(&cfg_path, json).map_err(prep("config.json", &cfg_path))?;
+        let log = dir.join("agent.log");
+        self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
+        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
+        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
+        Ok((state.pid, sock_dir.join("agent.sock")))
+    }
+
+    /// Polls until the agent has bound its socket and answers `/ping`, or the
+    /// container stopped, or the deadline passed.
+    fn wait_ready(&self, id: &SandboxId, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last = String::from("socket not created");
+        while Instant::now() < deadline {
+            if sock.exists() {
+                match crate::ping_agent(sock, Duration::from_secs(2)) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = e,
+                }
+            }
+            if let Ok(s) = self.cli.state(id.as_str()) {
+                if s.status == "stopped" {
+                    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+                    last = format!("the container stopped; agent log: {}", log.trim());
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Err(RuntimeError::AgentNotReady { id: id.clone(), message: last })
+    }
+}
+
+impl Runtime for OciRuntime {
+    fn class(&self) -> &'static str {
+        self.cfg.class.name()
+    }
+
+    fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        let t0 = Instant::now();
+        let dir = self.dir(id.as_str());
+        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Prepare {
+            what: "sandbox dir",
+            path: dir.clone(),
+            source,
+        })?;
+        let r = &spec.resources;
+        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: r.pids };
+        self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
+        let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
+        let t_cg = t0.elapsed();
+        let (pid, sock) = self.start(id, spec, &dir)?;
+        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        let t_spawn = t0.elapsed();
+        self.wait_ready(id, &sock, &dir)?;
+        let total = t0.elapsed();
+        Ok(Launched {
+            pid,
+            pidfd,
+            start_time: crate::native::boundary::start_time(pid).unwrap_or(0),
+            agent_socket: sock,
+            oom: Some(oom),
+            timing: LaunchTiming {
+                cgroup_us: t_cg.as_micros() as u64,
+                spawn_us: (t_spawn - t_cg).as_micros() as u64,
+                ready_us: (total - t_spawn).as_micros() as u64,
+                total_us: total.as_micros() as u64,
+            },
+        })
+    }
+
+    fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError> {
+        let gone = |m: String| RuntimeError::Gone { id: id.clone(), message: m };
+        let state = self.cli.state(id.as_str()).map_err(|e| gone(e.to_string()))?;
+        if state.status != "running" || state.pid != pid {
+            return Err(gone(format!("the runtime reports it {} with pid {}", state.status, state.pid)));
+        }
+        let pidfd = ember_sys::pidfd::pidfd_open(pid).map_err(|e| gone(e.to_string()))?;
+        if crate::native::boundary::start_time(pid) != Some(start_time) {
+            return Err(gone("its init process was replaced".into()));
+        }
+        Ok(Launched {
+            pid,
+            pidfd,
+            start_time,
+            agent_socket: self.dir(id.as_str()).join("sock/agent.sock"),
+            oom: self.cgroups.oom_notifier(id.as_str()).ok(),
+            timing: LaunchTiming::default(),
+        })
+    }
+
+    fn destroy(&self, id: &SandboxId, _init: Option<&OwnedFd>) -> Result<(), RuntimeError> {
+        self.reap_leftover(id.as_str())
+    }
+
+    fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError> {
+        self.cgroups.freeze(id.as_str(), frozen).map_err(Self::cg_err(id))
+    }
+
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
+    }
+
+    fn inject_mount(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        source: &Path,
+        target: &str,
+        readonly: bool,
+    ) -> Result<(), RuntimeError> {
+        if self.cfg.class == OciClass::Runsc {
+            // The Sentry has its own mount table; a host setns cannot reach it.
+            return Err(RuntimeError::Unsupported { class: self.class(), what: "mounting into a running sandbox" });
+        }
+        let _ = id;
+        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
+    }
+
+    fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
+        (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
+    }
+
+    fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        Ok(self.cgroups.usage(id.as_str()).map_err(Self::cg_err(id))?.memory_bytes)
+    }
+
+    fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError> {
+        let mut r = crate::native::boundary::report(self.class(), pid, self.cgroups.as_ref(), id)?;
+        r.kernel_boundary = self.cfg.class.kernel_boundary().to_string();
+        // Read from the host-side init: the container's own process for
+        // crun/runc; for runsc the Sentry, whose seccomp filter and capabilities
+        // are gVisor's own (the workload's syscalls never reach the host).
+        if r.seccomp.starts_with("filter") {
+            r.seccomp = match self.cfg.class {
+                OciClass::Runsc => "filter: gVisor Sentry host-syscall filter".to_string(),
+                _ => format!("filter: {}", bundle::PROFILE_NAME),
+            };
+        }
+        Ok(r)
+    }
+
+    fn leftovers(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut out = self
+            .cgroups
+            .list()
+            .map_err(|source| RuntimeError::Cgroup { id: SandboxId::from_random([0; 16]), source })?;
+        if let Ok(rd) = std::fs::read_dir(self.base.join("sandboxes")) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
+        // Each step tolerates "already gone": destroy is idempotent.
+        let _ = self.cli.kill(name, "KILL", true);
+        let _ = self.cli.delete(name);
+        let dir = self.dir(name);
+        rootfs::unmount(&dir)?;
+        let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
+        self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id: id.clone(), source })?;
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(RuntimeError::Prepare { what: "remove sandbox dir", path: dir, source }),
+        }
+        // A runtime that still lists the container after delete -f is an error.
+        match self.cli.state(name) {
+            Ok(s) => {
+                Err(RuntimeError::Gone { id, message: format!("still known to {} as {}", self.class(), s.status) })
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
+        Some(self.dir(id.as_str()).join("agent.log"))
+    }
+}
