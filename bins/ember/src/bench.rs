@@ -15,6 +15,7 @@ mod pool;
 mod procfs;
 mod report;
 mod stats;
+pub mod tasks;
 
 use crate::cli::BenchCmd;
 use anyhow::Context;
@@ -27,6 +28,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
+        BenchCmd::Tasks(a) => tasks::run(client, a).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await
         }

@@ -41,6 +41,9 @@ pub enum Cmd {
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// Queue commands for the node's workers to pull and run.
+    #[command(subcommand)]
+    Task(crate::commands::task::TaskCmd),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -72,6 +75,8 @@ pub struct ServeArgs {
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
+    #[command(flatten)]
+    pub tasks: crate::commands::task::TaskFlags,
 }
 
 #[derive(Args, Clone, Default)]
@@ -196,6 +201,8 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Task throughput, submit→start latency, and MTTD after a worker kill.
+    Tasks(crate::bench::tasks::TasksArgs),
     /// Fill a pool with idle sandboxes and report what each costs the host
     /// (the daemon must run on this host).
     Density {

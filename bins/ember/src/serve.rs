@@ -26,6 +26,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     };
     let retention = parse_duration(&args.retention).context("--retention")?;
     let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
+    args.tasks.config()?;
 
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
@@ -33,6 +34,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let engine = Engine::start(EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl }, Arc::new(runtime))
         .await
         .context("engine")?;
+    engine.start_tasks(args.tasks.config()?).context("tasks")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

@@ -16,6 +16,7 @@ mod pools;
 mod proxy;
 mod sandboxes;
 mod system;
+mod tasks;
 mod workspaces;
 
 use axum::extract::{FromRequest, Request};
@@ -88,7 +89,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
-        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove));
+        .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/tasks", post(tasks::submit).get(tasks::list))
+        .route("/tasks/{id}", get(tasks::get_one))
+        .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/tasks/{id}/logs", get(tasks::logs));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod execd;
+mod tasks;
 
 use bytes::Bytes;
 use ember_types::api::{

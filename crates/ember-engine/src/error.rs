@@ -35,6 +35,8 @@ pub enum EngineError {
     PoolExists(String),
     #[error(transparent)]
     Workspace(ember_workspace::WorkspaceError),
+    #[error(transparent)]
+    Task(ember_queue::QueueError),
     #[error("internal error: {0}")]
     Internal(String),
 }

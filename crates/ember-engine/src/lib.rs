@@ -18,6 +18,7 @@ pub mod pool;
 pub mod record;
 mod recover;
 mod store;
+pub mod tasks;
 pub mod templates;
 mod workspaces;
 
@@ -86,6 +87,8 @@ pub struct Engine {
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
+    /// Set once by [`Engine::start_tasks`].
+    tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
 }
 
 impl Engine {
@@ -107,6 +110,7 @@ impl Engine {
             workspaces,
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
+            tasks: std::sync::OnceLock::new(),
         });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));

@@ -10,6 +10,7 @@ pub mod execd;
 pub mod id;
 pub mod quantity;
 pub mod sandbox;
+pub mod task;
 
 pub use id::{IdError, SandboxId};
 pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};

@@ -275,8 +275,8 @@ async fn first_output_once(
             }
         })
         .await?;
-    let t = first
-        .ok_or_else(|| anyhow::anyhow!("no stdout event (exit code {:?}, error {:?})", o.exit_code, o.error))?;
+    let t =
+        first.ok_or_else(|| anyhow::anyhow!("no stdout event (exit code {:?}, error {:?})", o.exit_code, o.error))?;
     Ok(Some((t - t0, t - t1)))
 }
 

@@ -76,7 +76,12 @@ impl ClaimReport<'_> {
             ),
             row("warmClient", "2 warm claim, client (loopback)", &f.warm_wall, vec![]),
             row("warmOutside", "    client − server", &f.warm_outside, vec![]),
-            row("burstClient", &format!("3 {n} concurrent claims, client"), &f.burst_wall, vec![lim("p99", BURST_P99_MS)]),
+            row(
+                "burstClient",
+                &format!("3 {n} concurrent claims, client"),
+                &f.burst_wall,
+                vec![lim("p99", BURST_P99_MS)],
+            ),
             row("burstServer", "    same, server", &f.burst_server, vec![]),
             row("burstSpan", "    release → last reply", &f.burst_span, vec![]),
             row("firstOutput", "4 claim → first stdout (echo x)", &f.first_output, vec![lim("p50", FIRST_OUTPUT_MS)]),
@@ -225,7 +230,9 @@ impl ClaimReport<'_> {
         self.where_time_goes().iter().for_each(|l| println!("  {l}"));
         println!();
         println!("  server = X-Ember-Launch-Micros (request → ready agent, measured by the daemon);");
-        println!("  client = the create call as this client saw it; claimed sandboxes are removed between figures, untimed.");
+        println!(
+            "  client = the create call as this client saw it; claimed sandboxes are removed between figures, untimed."
+        );
         if !errors.is_empty() {
             println!();
             println!("first error of each failing figure:");

@@ -122,7 +122,8 @@ async fn fill(client: &Client, p: &BenchPool, count: u32, timeout: Duration) -> 
         if info.idle > best {
             (best, since) = (info.idle, Instant::now());
         } else if since.elapsed() > STALL {
-            let why = format!("no new idle sandbox for {} s ({} creates failed)", STALL.as_secs(), info.create_failures);
+            let why =
+                format!("no new idle sandbox for {} s ({} creates failed)", STALL.as_secs(), info.create_failures);
             return stop(info, Some(why));
         }
         if t0.elapsed() > timeout {
@@ -183,7 +184,11 @@ impl Report {
         vec![
             line("host", "host memory (MemAvailable drop)".into(), self.mem_delta(|m| m.available, false)),
             line("cgroup", "charged to the sandbox cgroups".into(), cgroup),
-            agent("agentRss", format!("agent RSS ({} {AGENT} processes)", self.agents.len()), agent_sum(|m| Some(m.rss))),
+            agent(
+                "agentRss",
+                format!("agent RSS ({} {AGENT} processes)", self.agents.len()),
+                agent_sum(|m| Some(m.rss)),
+            ),
             agent("agentPss", "agent PSS (shared pages split)".into(), agent_sum(|m| m.pss)),
             agent("agentUss", "agent private (USS)".into(), agent_sum(|m| m.uss)),
             line("slab", "kernel: slab".into(), self.mem_delta(|m| m.slab, true)),
@@ -262,8 +267,11 @@ impl Report {
     }
 
     fn to_json(&self) -> Value {
-        let mem: serde_json::Map<String, Value> =
-            self.lines().into_iter().map(|l| (l.key.into(), json!({ "perSandboxBytes": l.per, "totalBytes": l.total }))).collect();
+        let mem: serde_json::Map<String, Value> = self
+            .lines()
+            .into_iter()
+            .map(|l| (l.key.into(), json!({ "perSandboxBytes": l.per, "totalBytes": l.total })))
+            .collect();
         let t = self.thousand();
         json!({
             "url": self.url,

@@ -38,7 +38,10 @@ impl BenchPool {
 
     pub async fn resize(&self, client: &Client, target: u32) -> anyhow::Result<()> {
         let req = ResizePoolRequest { min: Some(0), max: Some(target), target: Some(target.into()) };
-        client.resize_pool(&self.name, &req).await.with_context(|| format!("resizing pool {} to {target}", self.name))?;
+        client
+            .resize_pool(&self.name, &req)
+            .await
+            .with_context(|| format!("resizing pool {} to {target}", self.name))?;
         Ok(())
     }
 

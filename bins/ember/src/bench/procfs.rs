@@ -62,9 +62,8 @@ pub fn listener_pid(port: u16) -> Option<i32> {
     }
     pids().into_iter().find(|pid| {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
-        fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|l| l.to_str().is_some_and(|l| inodes.contains(l)))
-        })
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_str().is_some_and(|l| inodes.contains(l))))
     })
 }
 

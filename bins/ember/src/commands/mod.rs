@@ -2,6 +2,7 @@
 mod files;
 mod pool;
 mod sandbox;
+pub mod task;
 mod workspace;
 
 use crate::cli::{Cli, Cmd, ExecOpts};
@@ -22,6 +23,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
+        Cmd::Task(c) => task::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
     }
 }
