@@ -128,7 +128,7 @@ impl Dechunker {
                 let take = self.left.min(self.pending.len());
                 let data: Vec<u8> = self.pending.drain(..take).collect();
                 // The last two bytes of a chunk are its CRLF.
-                let payload = (self.left - 2).min(data.len());
+                let payload = self.left.saturating_sub(2).min(data.len());
                 out.extend_from_slice(&data[..payload]);
                 self.left -= take;
                 if self.left > 0 {
