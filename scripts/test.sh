@@ -20,3 +20,23 @@ export EMBER_AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ember-agent-stati
 
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
+
+# The real OpenSandbox SDKs from PyPI against a real `ember serve`
+# (tests/e2e/opensandbox; the fixtures start the daemon built above).
+echo "== OpenSandbox SDK end-to-end"
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+venv="${EMBER_E2E_VENV:-$target/e2e-venv}"
+if ! "$venv/bin/python" -c 'import opensandbox, code_interpreter, opensandbox_mcp, pytest' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q opensandbox==1.1.1 opensandbox-code-interpreter opensandbox-mcp pytest
+fi
+cargo build -q -p ember
+export EMBER_BIN="$target/debug/ember"
+set +e
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e/opensandbox
+code=$?
+set -e
+if [[ $code -eq 5 ]]; then
+  echo "scripts/test.sh: pytest collected no tests in tests/e2e/opensandbox" >&2
+fi
+exit $code

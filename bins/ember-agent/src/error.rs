@@ -17,6 +17,10 @@ pub enum ErrorCode {
     NotFound,
     NotSupported,
     RangeNotSatisfiable,
+    /// A proxied in-sandbox server could not be reached.
+    BadGateway,
+    /// A code context id that does not exist.
+    ContextNotFound,
     /// A one-time operation (a pool claim) was already done.
     Conflict,
 }
@@ -35,6 +39,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "INVALID_REQUEST_BODY",
             ErrorCode::NotSupported => "NOT_SUPPORTED",
             ErrorCode::RangeNotSatisfiable => "UNKNOWN",
+            ErrorCode::BadGateway => "RUNTIME_ERROR",
+            ErrorCode::ContextNotFound => "CONTEXT_NOT_FOUND",
             ErrorCode::Conflict => "CONFLICT",
         }
     }
@@ -49,6 +55,8 @@ impl ErrorCode {
             ErrorCode::RuntimeError => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::FileNotFound | ErrorCode::NotFound | ErrorCode::NotSupported => StatusCode::NOT_FOUND,
             ErrorCode::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+            ErrorCode::BadGateway => StatusCode::BAD_GATEWAY,
+            ErrorCode::ContextNotFound => StatusCode::NOT_FOUND,
             ErrorCode::Conflict => StatusCode::CONFLICT,
         }
     }

@@ -40,7 +40,15 @@ pub async fn run(config: AgentConfig) -> i32 {
         config: Arc::new(config),
         reaper: Arc::new(Reaper::default()),
         registry: Arc::new(Registry::default()),
+        sessions: Arc::default(),
+        contexts: Arc::default(),
     };
+    if app.config.is_pid1 {
+        prepare_execd_envs(&app.config);
+        // Only inside a sandbox: on a shared host the port may be anyone's.
+        let port = app.config.env_var("JUPYTER_PORT").and_then(|p| p.parse().ok()).unwrap_or(44771);
+        tokio::spawn(crate::code::readiness_port(port));
+    }
     let reaper = app.reaper.clone();
     tokio::spawn(async move { reaper.run(sigchld).await });
     if let Some(argv) = app.config.entrypoint.clone() {
@@ -89,6 +97,24 @@ pub fn start_entrypoint(app: &App, argv: Vec<String>) -> JoinHandle<ExitKind> {
             eprintln!("ember-agent: entrypoint: {msg}");
             tokio::spawn(async { ExitKind::Exited(127) })
         }
+    }
+}
+
+/// Creates the `EXECD_ENVS` file (and its directory) if missing, owned by the
+/// default user, so `commands.set_env` run as that user can append to it.
+fn prepare_execd_envs(config: &AgentConfig) {
+    let Some(file) = &config.execd_envs else { return };
+    if file.exists() {
+        return;
+    }
+    let made = file.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::write(file, b""));
+    let owner = config.default_identity.map(|i| (i.uid, i.gid.unwrap_or(i.uid)));
+    let owned = match (&made, owner) {
+        (Ok(()), Some((uid, gid))) => std::os::unix::fs::chown(file, Some(uid), Some(gid)),
+        _ => Ok(()),
+    };
+    if let Err(e) = made.and(owned) {
+        eprintln!("ember-agent: EXECD_ENVS file {}: {e}", file.display());
     }
 }
 

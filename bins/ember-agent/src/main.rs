@@ -4,12 +4,14 @@
 //! Layout: `config` (flags and env, frozen at start), `lifecycle` (boot,
 //! signals, shutdown), `server` (routes, listener), `reaper` (the only
 //! waitpid), `commands/` (run, interrupt, status, logs), `files/` (file and
-//! directory routes), `metrics`, `stream` (event framing), and the helpers
+//! directory routes), `metrics`, `sessions` (bash sessions), `code/` (code
+//! interpreter), `proxy` (in-sandbox ports), `stream` (event framing), and the helpers
 //! `error`, `query`, `paths`, `users`. Every syscall the agent needs beyond
 //! std goes through `ember_sys::process`.
 #![forbid(unsafe_code)]
 
 mod claim;
+mod code;
 mod commands;
 mod config;
 mod envfile;
@@ -18,9 +20,11 @@ mod files;
 mod lifecycle;
 mod metrics;
 mod paths;
+mod proxy;
 mod query;
 mod reaper;
 mod server;
+mod sessions;
 mod stream;
 mod users;
 

@@ -5,10 +5,10 @@ use crate::config::{AgentConfig, ListenAddr};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Sampler;
 use crate::reaper::Reaper;
-use crate::{commands, files, metrics};
+use crate::{code, commands, files, metrics, proxy, sessions};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use std::io;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ pub struct App {
     pub reaper: Arc<Reaper>,
     pub registry: Arc<Registry>,
     pub sampler: Arc<Sampler>,
+    pub sessions: Arc<sessions::Sessions>,
+    pub contexts: Arc<code::Contexts>,
 }
 
 pub fn router(app: App) -> Router {
@@ -28,6 +30,30 @@ pub fn router(app: App) -> Router {
         .route("/command", post(commands::run_command).delete(commands::interrupt))
         .route("/command/status/{id}", get(commands::status))
         .route("/command/{id}/logs", get(commands::logs))
+        .route("/session", post(sessions::create))
+        .route("/session/{id}/run", post(sessions::run))
+        .route("/session/{id}", delete(sessions::delete))
+        .route("/code/context", post(code::create_context))
+        .route("/code/contexts", get(code::list_contexts).delete(code::delete_contexts))
+        .route("/code/contexts/{id}", get(code::get_context).delete(code::delete_context))
+        .route("/code", post(code::run_code).delete(code::interrupt))
+        .route("/metrics", get(metrics::get))
+        .route("/metrics/watch", get(metrics::watch))
+        .route("/proxy/{port}", any(proxy::proxy_root))
+        .route("/proxy/{port}/{*rest}", any(proxy::proxy))
+        .route("/ember/v1/claim", post(crate::claim::claim))
+        .merge(file_routes())
+        // The same file routes with a filesystem identity (protocol §3.4):
+        // every operation is checked by the kernel as that uid/gid.
+        .nest("/v1/filesystem/{uid}/{gid}", file_routes().layer(axum::middleware::from_fn(files::identity_scope)))
+        .fallback(not_supported)
+        .method_not_allowed_fallback(not_supported)
+        .with_state(app)
+}
+
+/// The file and directory routes, served bare and under `/v1/filesystem/{uid}/{gid}`.
+fn file_routes() -> Router<App> {
+    Router::new()
         .route("/files", delete(files::ops::remove_files))
         .route("/files/info", get(files::info))
         .route("/files/permissions", post(files::ops::chmod))
@@ -35,16 +61,15 @@ pub fn router(app: App) -> Router {
         .route("/files/replace", post(files::ops::replace))
         .route("/files/search", get(files::walk::search))
         // Uploads stream to disk, so no body limit applies to them.
-        .route("/files/upload", post(files::upload::upload).layer(DefaultBodyLimit::disable()))
+        .route(
+            "/files/upload",
+            post(files::upload::upload)
+                .layer(DefaultBodyLimit::disable())
+                .layer(axum::middleware::from_fn(files::upload::read_to_end)),
+        )
         .route("/files/download", get(files::download::download))
         .route("/directories/list", get(files::walk::list))
         .route("/directories", post(files::ops::mkdir).delete(files::ops::remove_dirs))
-        .route("/metrics", get(metrics::get))
-        .route("/metrics/watch", get(metrics::watch))
-        .route("/ember/v1/claim", post(crate::claim::claim))
-        .fallback(not_supported)
-        .method_not_allowed_fallback(not_supported)
-        .with_state(app)
 }
 
 async fn not_supported(method: Method, uri: Uri) -> ApiError {

@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
+    /// A host directory that `host` volumes may bind (it and everything under
+    /// it); repeatable. Without it, host volumes are refused.
+    #[arg(long, value_name = "DIR")]
+    pub allow_host_path: Vec<PathBuf>,
     #[command(flatten)]
     pub tasks: crate::commands::task::TaskFlags,
 }

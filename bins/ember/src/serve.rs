@@ -31,9 +31,17 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
-    let engine = Engine::start(EngineConfig { data_dir: args.data_dir.clone(), retention, max_ttl }, Arc::new(runtime))
-        .await
-        .context("engine")?;
+    let engine = Engine::start(
+        EngineConfig {
+            data_dir: args.data_dir.clone(),
+            retention,
+            max_ttl,
+            allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
+        },
+        Arc::new(runtime),
+    )
+    .await
+    .context("engine")?;
     engine.start_tasks(args.tasks.config()?).context("tasks")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
@@ -47,6 +55,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// `--allow-host-path` values, canonical (so a symlink cannot widen them).
+fn allowed_host_paths(raw: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    raw.iter().map(|p| p.canonicalize().with_context(|| format!("--allow-host-path {}", p.display()))).collect()
 }
 
 fn default_agent() -> anyhow::Result<PathBuf> {

@@ -420,6 +420,27 @@ async fn change_and_inspect(api: &Api, a: &str, b: &str) {
     assert_eq!(endpoint(a, "not-a-port").send().await.status, 400);
     assert_eq!(endpoint(a, "70000").send().await.status, 400);
 
+    for kind in ["logs", "events"] {
+        let t = if kind == "logs" {
+            "/v1/sandboxes/{id}/diagnostics/logs"
+        } else {
+            "/v1/sandboxes/{id}/diagnostics/events"
+        };
+        let r = api.req("GET", t, &[a]).query("scope=lifecycle").send().await;
+        assert_eq!(
+            (r.status, r.json()["kind"].as_str(), r.json()["scope"].as_str()),
+            (200, Some(kind), Some("lifecycle"))
+        );
+        assert_eq!(api.req("GET", t, &["nope"]).send().await.status, 404);
+    }
+    let r = api.req("GET", "/v1/sandboxes/{id}/diagnostics/events", &[a]).send().await;
+    assert!(r.json()["content"].as_str().unwrap_or("").contains("Running"), "{}", r.text());
+    let r = api.req("POST", "/v1/sandboxes/{id}/snapshots", &[a]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (501, Some("SANDBOX::API_NOT_SUPPORTED")));
+    assert_eq!(api.req("GET", "/v1/snapshots", &[]).send().await.status, 501);
+    assert_eq!(api.req("GET", "/v1/snapshots/{snapshotId}", &["s"]).send().await.status, 501);
+    assert_eq!(api.req("DELETE", "/v1/snapshots/{snapshotId}", &["s"]).send().await.status, 501);
+
     let r = api.req("GET", "/v1/sandboxes/{id}/boundary", &[a]).send().await;
     assert_eq!((r.status, r.json()["runtimeClass"].as_str()), (200, Some("native")));
     assert_eq!(api.req("GET", "/v1/sandboxes/{id}/boundary", &["nope"]).send().await.status, 404);
@@ -526,12 +547,18 @@ async fn execd_through_the_proxy(api: &Api, a: &str) {
         |id: &str, port: &str, rest: &str| api.req("GET", "/v1/sandboxes/{id}/proxy/{port}/{path}", &[id, port, rest]);
     let r = proxy(a, "44772", "no/such/route").send().await;
     assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("NOT_SUPPORTED")));
+    // Port 18080 is the egress port, answered by the daemon; any other port goes
+    // through the agent to 127.0.0.1:port in the sandbox (nothing listens: 502).
     let r = proxy(a, "18080", "policy").send().await;
-    assert_eq!((r.status, r.json()["code"].as_str()), (501, Some("SANDBOX::API_NOT_SUPPORTED")));
+    assert_eq!((r.status, r.json()["enforcementMode"].as_str()), (200, Some("none")));
+    let r = proxy(a, "18080", "credential-vault").send().await;
+    assert_eq!(r.status, 404);
+    let r = proxy(a, "8080", "x").send().await;
+    assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(proxy(a, "port", "ping").send().await.status, 400);
     assert_eq!(proxy("nope", "44772", "ping").send().await.status, 404);
     assert_eq!(api.req("GET", "/v1/sandboxes/{id}/proxy/{port}", &[a, "44772"]).send().await.status, 404);
-    assert_eq!(api.req("POST", "/v1/sandboxes/{id}/proxy/{port}", &[a, "8080"]).send().await.status, 501);
+    assert_eq!(api.req("POST", "/v1/sandboxes/{id}/proxy/{port}", &[a, "8080"]).send().await.status, 502);
 }
 
 async fn pause_resume_and_delete(api: &Api, a: &str, b: &str) {
@@ -764,10 +791,20 @@ fn the_document_has_every_route_and_only_routes() {
         let full = if in_v1 { format!("/v1{path}") } else { path };
         router.entry(shape(&full.replace("{*rest}", "{path}"))).or_default().extend(methods);
     }
-    for (_, path, methods) in routes_in(&repo_file("bins/ember-agent/src/server.rs")) {
+    let agent = repo_file("bins/ember-agent/src/server.rs");
+    assert!(
+        agent.contains(".nest(\"/v1/filesystem/{uid}/{gid}\", file_routes()"),
+        "the document says the file routes are also served under /v1/filesystem/{{uid}}/{{gid}}: the agent changed"
+    );
+    let files_at = agent.find("fn file_routes()").expect("fn file_routes in the agent");
+    for (at, path, methods) in routes_in(&agent) {
         // `/ember/...` are the daemon's private control routes; the proxy refuses them.
         if path.starts_with("/ember/") {
             continue;
+        }
+        if at > files_at {
+            let scoped = shape(&format!("{EXECD}/v1/filesystem/{{uid}}/{{gid}}{path}"));
+            router.entry(scoped).or_default().extend(methods.clone());
         }
         router.entry(shape(&format!("{EXECD}{path}"))).or_default().extend(methods);
     }

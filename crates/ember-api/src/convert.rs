@@ -1,7 +1,9 @@
 //! Wire ↔ engine conversions and RFC 3339 times.
 use crate::error::ApiError;
-use ember_engine::{CreateSandbox, SandboxRecord};
-use ember_types::api::{CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, SandboxInfo, SandboxStatus};
+use ember_engine::{CreateSandbox, HostVolumeRequest, SandboxRecord};
+use ember_types::api::{
+    CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, SandboxInfo, SandboxStatus, Volume,
+};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -61,8 +63,14 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
 /// OpenSandbox's create body and ember's extra fields → one engine request.
 pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiError> {
     if req.snapshot_id.is_some() {
-        return Err(ApiError::not_supported("creating from snapshotId is not supported yet"));
+        return Err(ApiError::not_supported(
+            "creating from snapshotId is not supported yet: ember has no sandbox snapshots (they arrive with workspaces)",
+        ));
     }
+    if req.secure_access == Some(true) {
+        return Err(ApiError::not_supported("secureAccess: ember has no ingress gateway; use the API key"));
+    }
+    let volumes = req.volumes.unwrap_or_default().into_iter().map(volume).collect::<Result<Vec<_>, _>>()?;
     let limits = req.resource_limits.unwrap_or_default();
     let res = req.resources.unwrap_or_default();
     let template = req.template.or(req.template_id);
@@ -86,6 +94,8 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         entrypoint: req.entrypoint.unwrap_or_default(),
         user: req.user,
         runtime_class: req.runtime_class,
+        network_policy: req.network_policy,
+        volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
         workspaces: req
             .workspaces
@@ -100,5 +110,28 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
                 Ok(ember_engine::WorkspaceRequest { name: w.name, path, read_only: w.read_only, steal: w.steal })
             })
             .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Only the `host` backend exists; `pvc` (ember workspaces) and `ossfs` do not yet.
+fn volume(v: Volume) -> Result<HostVolumeRequest, ApiError> {
+    let backends = [v.host.is_some(), v.pvc.is_some(), v.ossfs.is_some()].iter().filter(|b| **b).count();
+    if backends != 1 {
+        return Err(ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "VOLUME::INVALID_BACKEND",
+            format!("volume {:?}: exactly one of host, pvc, ossfs is needed", v.name),
+        ));
+    }
+    let Some(host) = v.host else {
+        let which = if v.pvc.is_some() { "pvc (ember workspaces)" } else { "ossfs" };
+        return Err(ApiError::not_supported(format!("volume {:?}: the {which} backend is not supported yet", v.name)));
+    };
+    Ok(HostVolumeRequest {
+        name: v.name,
+        host_path: host.path,
+        sub_path: v.sub_path,
+        mount_path: v.mount_path,
+        read_only: v.read_only,
     })
 }

@@ -5,11 +5,14 @@
 //!
 //! Handlers only parse requests into [`ember_engine::Engine`] calls; errors become
 //! `{code, message}` in `error.rs`. Layout: `sandboxes.rs` (lifecycle),
-//! `proxy.rs` (agent proxy), `system.rs` (health, version, metrics),
+//! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
+//! `diagnostics.rs` (logs, events, the snapshot 501s), `system.rs` (health, version, metrics),
 //! `middleware.rs` (request id, API key).
 #![forbid(unsafe_code)]
 
 mod convert;
+mod diagnostics;
+mod egress;
 pub mod error;
 mod middleware;
 mod pools;
@@ -79,6 +82,14 @@ fn lifecycle() -> Router<ApiState> {
         .route("/sandboxes/{id}/metadata", patch(sandboxes::patch_metadata))
         .route("/sandboxes/{id}/endpoints/{port}", get(sandboxes::endpoint))
         .route("/sandboxes/{id}/boundary", get(sandboxes::boundary))
+        .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))
+        .route("/sandboxes/{id}/diagnostics/events", get(diagnostics::events))
+        .route("/sandboxes/{id}/snapshots", post(diagnostics::snapshots_not_supported))
+        .route("/snapshots", get(diagnostics::snapshots_not_supported))
+        .route(
+            "/snapshots/{snapshotId}",
+            get(diagnostics::snapshots_not_supported).delete(diagnostics::snapshots_not_supported),
+        )
         .route("/sandboxes/{id}/proxy/{port}", any(proxy::proxy_root))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(proxy::proxy))
 }

@@ -1,18 +1,22 @@
-//! `/v1/sandboxes/{id}/proxy/{port}/...`: HTTP to a port inside the sandbox.
-//!
-//! Port 44772 is the agent itself (execd), reached over its host-side unix socket,
-//! so exec and file traffic needs no network in the sandbox. The agent's replies
+//! `/v1/sandboxes/{id}/proxy/{port}/...`: HTTP and WebSocket to any port inside
+//! the sandbox, always over the agent's host-side unix socket, so the sandbox
+//! needs no network: port 44772 is the agent itself (execd); any other port is
+//! the agent's own `/proxy/{port}` route, which connects to `127.0.0.1:{port}`
+//! in the sandbox's network namespace. Port 18080 (egress policy) is answered
+//! by the daemon (`egress.rs`). The agent's replies
 //! are untrusted: hyper parses them with its limits and the body is streamed
 //! through, never buffered whole.
 use crate::error::{chain, ApiError};
 use crate::{ApiPath, ApiState};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use ember_types::execd::EXECD_PORT;
+use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
 use hyper_util::rt::TokioIo;
 
+/// Never forwarded in either direction; `connection` and `upgrade` are put
+/// back for an upgrade (WebSocket), which is then spliced through.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -28,8 +32,13 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 fn strip(h: &mut HeaderMap) {
+    let upgrade = h.get(header::UPGRADE).cloned();
     for name in HOP_BY_HOP {
         h.remove(*name);
+    }
+    if let Some(u) = upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u);
     }
 }
 
@@ -49,6 +58,9 @@ pub async fn proxy(
     forward(st, id, port, rest, req).await
 }
 
+/// Port 44772 is the agent's own API; 18080 the egress port, answered here;
+/// any other port goes to the agent's `/proxy/{port}/...`, which connects to
+/// `127.0.0.1:{port}` inside the sandbox.
 async fn forward(
     State(st): State<ApiState>,
     id: String,
@@ -56,11 +68,11 @@ async fn forward(
     rest: String,
     req: Request,
 ) -> Result<Response, ApiError> {
-    if port != EXECD_PORT {
-        st.engine.get(&id)?;
-        return Err(ApiError::not_supported(format!(
-            "port {port}: only the agent's port {EXECD_PORT} is proxied so far"
-        )));
+    if port == EGRESS_PORT {
+        return crate::egress::handle(&st, &id, &rest, req).await;
+    }
+    if port == 0 {
+        return Err(ApiError::bad_request("port 0 is not a port"));
     }
     if rest.starts_with("ember/") {
         // The agent's control routes (pool claim binding) are the daemon's alone.
@@ -78,18 +90,35 @@ async fn forward(
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| bad_gateway("handshake", &e))?;
     tokio::spawn(async move {
-        let _ = conn.await;
+        let _ = conn.with_upgrades().await;
     });
     let (mut parts, body) = req.into_parts();
+    let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let rest = match (port, rest.is_empty()) {
+        (EXECD_PORT, _) => rest,
+        (_, true) => format!("proxy/{port}"),
+        (_, false) => format!("proxy/{port}/{rest}"),
+    };
     let path = match parts.uri.query() {
         Some(q) => format!("/{rest}?{q}"),
         None => format!("/{rest}"),
     };
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
     strip(&mut parts.headers);
-    parts.headers.insert(header::HOST, "agent".parse().expect("static header value"));
+    parts.headers.insert(header::HOST, HeaderValue::from_static("agent"));
     let out = hyper::Request::from_parts(parts, body);
-    let resp = sender.send_request(out).await.map_err(|e| bad_gateway("request", &e))?;
+    let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway("request", &e))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let agent_upgrade = hyper::upgrade::on(&mut resp);
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(ApiError::bad_request("the sandbox switched protocols for a request that was no upgrade"));
+        };
+        tokio::spawn(async move {
+            if let (Ok(a), Ok(b)) = (client_upgrade.await, agent_upgrade.await) {
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+            }
+        });
+    }
     let (mut rparts, rbody) = resp.into_parts();
     strip(&mut rparts.headers);
     Ok(Response::from_parts(rparts, Body::new(rbody)))

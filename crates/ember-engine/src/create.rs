@@ -1,9 +1,12 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::{templates, Engine, EngineError, Entry};
-use ember_types::{parse_cpu_millis, parse_memory_bytes, NetworkMode, SandboxId, SandboxSpec, SandboxState, UserSpec};
+use ember_types::{
+    parse_cpu_millis, parse_memory_bytes, NetworkMode, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
+};
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, Notify};
@@ -24,11 +27,24 @@ pub struct CreateSandbox {
     pub entrypoint: Vec<String>,
     pub user: Option<UserSpec>,
     pub runtime_class: Option<String>,
+    pub network_policy: Option<ember_types::api::NetworkPolicy>,
+    pub volumes: Vec<HostVolumeRequest>,
     /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
     /// any pool of the resolved template and resources is used.
     pub pool: Option<String>,
     /// Workspaces to mount, bound at create or claim time.
     pub workspaces: Vec<crate::WorkspaceRequest>,
+}
+
+/// A `host` volume as asked for: validated against the allow-list in
+/// [`Engine::resolve`].
+#[derive(Clone, Debug, Default)]
+pub struct HostVolumeRequest {
+    pub name: String,
+    pub host_path: String,
+    pub sub_path: Option<String>,
+    pub mount_path: String,
+    pub read_only: bool,
 }
 
 const MIN_MEMORY: u64 = 16 << 20;
@@ -88,7 +104,41 @@ impl Engine {
             entrypoint: req.entrypoint.clone(),
             user: req.user.unwrap_or(t.user),
             network: NetworkMode::None,
+            volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
         })
+    }
+
+    /// A host volume is allowed when its (canonical) path is an existing
+    /// directory under one of the allowed host paths, and its mount path is an
+    /// absolute path outside what the sandbox's own root needs.
+    fn check_volume(&self, v: &HostVolumeRequest) -> Result<VolumeMount, EngineError> {
+        let bad = |m: String| EngineError::invalid("volumes", format!("{}: {m}", v.name));
+        let mut host = PathBuf::from(&v.host_path);
+        if let Some(sub) = v.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            if Path::new(sub).is_absolute() || Path::new(sub).components().any(|c| c == Component::ParentDir) {
+                return Err(bad(format!("subPath {sub:?} must be relative, without ..")));
+            }
+            host.push(sub);
+        }
+        let real = host.canonicalize().map_err(|e| bad(format!("host path {}: {e}", host.display())))?;
+        if !real.is_dir() {
+            return Err(bad(format!("host path {} is not a directory", real.display())));
+        }
+        if !self.cfg.allowed_host_paths.iter().any(|a| real.starts_with(a)) {
+            return Err(bad(format!(
+                "host path {} is not under an allowed host path (ember serve --allow-host-path)",
+                real.display()
+            )));
+        }
+        let mp = Path::new(&v.mount_path);
+        let normal = mp.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !mp.is_absolute() || !normal || mp == Path::new("/") {
+            return Err(bad(format!("mountPath {:?} must be an absolute path without . or ..", v.mount_path)));
+        }
+        if ["/proc", "/dev", "/usr", "/etc", "/sys"].iter().any(|p| mp.starts_with(p)) {
+            return Err(bad(format!("mountPath {:?} would hide a system directory", v.mount_path)));
+        }
+        Ok(VolumeMount { host_path: real, mount_path: v.mount_path.clone(), read_only: v.read_only })
     }
 
     /// Creates a sandbox and returns once its agent answers: claimed warm from
@@ -100,7 +150,7 @@ impl Engine {
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return Ok(rec);
+                return self.record_policy(rec, req.network_policy);
             }
         }
         let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
@@ -123,7 +173,20 @@ impl Engine {
             }
         };
         self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-        Ok(rec)
+        self.record_policy(rec, req.network_policy)
+    }
+
+    /// Records the create request's egress policy on the new sandbox.
+    fn record_policy(
+        &self,
+        rec: SandboxRecord,
+        policy: Option<ember_types::api::NetworkPolicy>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let Some(policy) = policy else { return Ok(rec) };
+        let e = self.entry(rec.id.as_str())?;
+        e.update(|r| r.network_policy = Some(policy));
+        self.persist(&e);
+        Ok(e.snapshot())
     }
 
     /// Starts a sandbox cold. The record is persisted as Pending before anything
@@ -152,10 +215,14 @@ impl Engine {
             start_time: None,
             launch: None,
             deleting: false,
+            network_policy: None,
+            events: Vec::new(),
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
         };
+        let mut rec = rec;
+        rec.event("Pending: create requested".to_string());
         self.store.save(rec.id.as_str(), &rec)?;
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
@@ -181,7 +248,6 @@ impl Engine {
             ("agentReady".to_string(), t.ready_us),
         ]);
         let (tx, rx) = mpsc::channel(4);
-        let mut rec = rec;
         rec.pid = Some(launched.pid);
         rec.start_time = Some(launched.start_time);
         rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });

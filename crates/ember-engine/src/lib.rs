@@ -24,7 +24,7 @@ mod workspaces;
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
-pub use create::CreateSandbox;
+pub use create::{CreateSandbox, HostVolumeRequest};
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use ops::ListFilter;
@@ -46,6 +46,9 @@ pub struct EngineConfig {
     pub retention: Duration,
     /// Upper bound on a sandbox's TTL, if any.
     pub max_ttl: Option<Duration>,
+    /// Host directories (and everything under them) that `host` volumes may
+    /// bind into sandboxes. Empty: no host volumes.
+    pub allowed_host_paths: Vec<PathBuf>,
 }
 
 /// A request to the monitor of one sandbox.

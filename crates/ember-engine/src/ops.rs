@@ -2,6 +2,7 @@
 //! metadata, agent access, and the retention sweep.
 use crate::record::{now_ms, SandboxRecord};
 use crate::{Control, Engine, EngineError};
+use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::{BoundaryReport, SandboxState, TerminationReason};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -127,7 +128,10 @@ impl Engine {
                 return Err(EngineError::invalid("expiresAt", format!("at most {} seconds from now", max.as_secs())));
             }
         }
-        e.update(|r| r.expires_at_ms = Some(expires_at_ms));
+        e.update(|r| {
+            r.expires_at_ms = Some(expires_at_ms);
+            r.event(format!("expiry renewed to {expires_at_ms} ms"));
+        });
         self.persist(&e);
         e.wake.notify_one();
         Ok(e.snapshot())
@@ -153,6 +157,75 @@ impl Engine {
         });
         self.persist(&e);
         Ok(e.snapshot())
+    }
+
+    /// The recorded egress policy; none recorded reads as deny-all, which is
+    /// what a sandbox without network has.
+    pub fn egress_policy(&self, id: &str) -> Result<NetworkPolicy, EngineError> {
+        let r = self.entry(id)?.snapshot();
+        Ok(r.network_policy.unwrap_or_else(|| NetworkPolicy { default_action: Some("deny".into()), egress: vec![] }))
+    }
+
+    /// Merges rules into the recorded policy by target (a new rule replaces
+    /// the one with its target; within `rules` the first per target wins).
+    pub fn patch_egress(&self, id: &str, rules: Vec<NetworkRule>) -> Result<NetworkPolicy, EngineError> {
+        for r in &rules {
+            if !["allow", "deny"].contains(&r.action.as_str()) || r.target.trim().is_empty() {
+                return Err(EngineError::invalid("rules", format!("{r:?}: action allow|deny and a target are needed")));
+            }
+        }
+        self.update_policy(id, |p| {
+            let mut seen = std::collections::HashSet::new();
+            for rule in rules.into_iter().filter(|r| seen.insert(r.target.clone())) {
+                match p.egress.iter_mut().find(|x| x.target == rule.target) {
+                    Some(x) => *x = rule,
+                    None => p.egress.push(rule),
+                }
+            }
+        })
+    }
+
+    /// Removes the rules of these targets (absent targets are fine).
+    pub fn delete_egress(&self, id: &str, targets: Vec<String>) -> Result<NetworkPolicy, EngineError> {
+        self.update_policy(id, |p| p.egress.retain(|r| !targets.contains(&r.target)))
+    }
+
+    fn update_policy(&self, id: &str, f: impl FnOnce(&mut NetworkPolicy)) -> Result<NetworkPolicy, EngineError> {
+        let mut policy = self.egress_policy(id)?;
+        f(&mut policy);
+        let e = self.entry(id)?;
+        e.update(|r| {
+            r.network_policy = Some(policy.clone());
+            r.event("egress policy changed".to_string());
+        });
+        self.persist(&e);
+        Ok(policy)
+    }
+
+    /// The tail (at most `max` bytes) of the sandbox's agent log, and whether
+    /// it was cut.
+    pub async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
+        let r = self.entry(id)?.snapshot();
+        let Some(path) = self.runtime.log_path(&r.id) else {
+            return Ok((String::new(), false));
+        };
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((String::new(), false)),
+                Err(source) => return Err(EngineError::Store { path, source }),
+            };
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let cut = len > max;
+            let mut buf = Vec::new();
+            f.seek(SeekFrom::Start(len.saturating_sub(max)))
+                .and_then(|_| f.take(max).read_to_end(&mut buf))
+                .map_err(|source| EngineError::Store { path: path.clone(), source })?;
+            Ok((String::from_utf8_lossy(&buf).into_owned(), cut))
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?
     }
 
     /// What is enforced on a running sandbox, read back from the kernel.

@@ -32,6 +32,13 @@ pub struct SandboxRecord {
     /// Set before a removal starts, so a restart finishes it instead of
     /// re-adopting the sandbox.
     pub deleting: bool,
+    /// The egress policy as last set (create, then the egress port's
+    /// `/policy`). Recorded and reported; not enforced yet.
+    #[serde(default)]
+    pub network_policy: Option<ember_types::api::NetworkPolicy>,
+    /// Lifecycle events, oldest first, at most [`MAX_EVENTS`]: (unix ms, text).
+    #[serde(default)]
+    pub events: Vec<(i64, String)>,
     /// The warm pool that started this sandbox, if any.
     #[serde(default)]
     pub pool: Option<String>,
@@ -43,6 +50,8 @@ pub struct SandboxRecord {
     #[serde(default)]
     pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
 }
+
+pub const MAX_EVENTS: usize = 200;
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -61,6 +70,19 @@ impl SandboxRecord {
             self.reason = reason;
         }
         self.last_transition_ms = now_ms();
+        let text = match &self.reason {
+            Some(r) if to.is_terminal() => format!("{to} ({r})"),
+            _ => to.to_string(),
+        };
+        self.event(text);
         true
+    }
+
+    /// Appends a lifecycle event, dropping the oldest past [`MAX_EVENTS`].
+    pub fn event(&mut self, text: String) {
+        self.events.push((now_ms(), text));
+        if self.events.len() > MAX_EVENTS {
+            self.events.remove(0);
+        }
     }
 }

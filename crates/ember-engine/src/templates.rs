@@ -34,5 +34,6 @@ pub(crate) fn pooled_spec(p: &crate::pool::PoolSpec) -> SandboxSpec {
         entrypoint: Vec::new(),
         user,
         network: NetworkMode::None,
+        volumes: Vec::new(),
     }
 }

@@ -23,6 +23,7 @@ fn main() {
         metadata: Default::default(),
         entrypoint: vec![],
         user: UserSpec::SANDBOX,
+        volumes: Vec::new(),
         network: NetworkMode::None,
     };
     for i in 0..5 {

@@ -119,6 +119,10 @@ pub trait Runtime: Send + Sync {
     fn leftovers(&self) -> Result<Vec<String>, RuntimeError>;
     /// Removes the host resources of a sandbox the engine has no record of.
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError>;
+    /// The file the sandbox's agent writes its own log to, if the class keeps one.
+    fn log_path(&self, _id: &SandboxId) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// Default time a sandbox init gets from release to exec, and the agent to answer.

@@ -214,6 +214,67 @@ pub fn set_credentials(cmd: &mut Command, creds: Credentials, cwd: PathBuf) {
     }
 }
 
+/// The calling thread's filesystem identity (fsuid, fsgid, supplementary
+/// groups), switched by [`ThreadFsIdentity::enter`] and restored on drop.
+///
+/// Per thread: raw syscalls, not glibc's wrappers (glibc's setgroups is
+/// broadcast to every thread of the process). While fsuid is not 0 the kernel
+/// drops the thread's effective file capabilities (DAC override, chown,
+/// fowner...), so file operations are checked exactly as for that user; going
+/// back to fsuid 0 gives them back. Meant for a blocking worker thread that
+/// runs one file operation and then drops the guard.
+pub struct ThreadFsIdentity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+impl ThreadFsIdentity {
+    pub fn enter(uid: u32, gid: u32, groups: &[u32]) -> io::Result<ThreadFsIdentity> {
+        let mut prev = vec![0 as libc::gid_t; 256];
+        // SAFETY: `prev` has room for 256 entries and its length is passed.
+        let n = unsafe { libc::syscall(libc::SYS_getgroups, prev.len() as libc::c_long, prev.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        prev.truncate(n as usize);
+        // SAFETY: raw per-thread credential syscalls on plain integers; `groups`
+        // lives across the call. setfsuid/setfsgid return the previous value
+        // and cannot fail in a way that leaves memory unsafe.
+        let (old_uid, old_gid) = unsafe {
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
+                let err = io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EPERM) {
+                    return Err(err);
+                }
+            }
+            let g = libc::syscall(libc::SYS_setfsgid, gid as libc::c_long) as u32;
+            let u = libc::syscall(libc::SYS_setfsuid, uid as libc::c_long) as u32;
+            (u, g)
+        };
+        let guard = ThreadFsIdentity { uid: old_uid, gid: old_gid, groups: prev };
+        // setfsuid reports no error: read the value back to know it took.
+        // SAFETY: as above; -1 (as u32::MAX) only queries.
+        let now = unsafe { libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) as u32 };
+        if now != uid {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("setfsuid({uid}) did not take")));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for ThreadFsIdentity {
+    fn drop(&mut self) {
+        // SAFETY: the same raw per-thread syscalls, in reverse order: fsuid
+        // first so the capabilities needed for setgroups come back.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, self.uid as libc::c_long);
+            libc::syscall(libc::SYS_setfsgid, self.gid as libc::c_long);
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
+        }
+    }
+}
+
 fn cvt(r: libc::c_int) -> io::Result<()> {
     cvt_int(r).map(|_| ())
 }

@@ -70,9 +70,85 @@ pub struct CreateSandboxRequest {
     /// Default identity of commands: `{"uid":1000,"gid":1000}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<crate::UserSpec>,
+    /// Recorded and reported on port 18080; not enforced yet (the sandbox has
+    /// no network but loopback, so every egress is blocked anyway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<Volume>>,
+    /// Accepted only as `false`: ember has no ingress gateway to secure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_access: Option<bool>,
     /// Workspaces to mount (ember's durable volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceMountSpec>,
+}
+
+/// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress
+/// port's `/policy`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_action: Option<String>,
+    #[serde(default)]
+    pub egress: Vec<NetworkRule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRule {
+    pub action: String,
+    pub target: String,
+}
+
+/// `GET|PATCH|DELETE /policy` on port 18080.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatusResponse {
+    pub status: String,
+    pub mode: String,
+    /// How the policy is enforced: `none` in ember today.
+    pub enforcement_mode: String,
+    pub reason: String,
+    pub policy: NetworkPolicy,
+}
+
+/// A volume of the create request: exactly one backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostVolume>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ossfs: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostVolume {
+    pub path: String,
+}
+
+/// `GET /v1/sandboxes/{id}/diagnostics/{logs,events}`, always inline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiagnosticContentResponse {
+    pub sandbox_id: String,
+    pub kind: String,
+    pub scope: String,
+    pub delivery: String,
+    pub content_type: String,
+    pub truncated: bool,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,4 +16,5 @@ pub use id::{IdError, SandboxId};
 pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};
 pub use sandbox::{
     BoundaryReport, NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
+    VolumeMount,
 };

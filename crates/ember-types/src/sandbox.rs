@@ -59,6 +59,19 @@ pub struct SandboxSpec {
     pub entrypoint: Vec<String>,
     pub user: UserSpec,
     pub network: NetworkMode,
+    /// Host directories bound into the sandbox (validated against the
+    /// daemon's allow-list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A host directory bound at `mount_path` inside the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMount {
+    pub host_path: std::path::PathBuf,
+    pub mount_path: String,
+    pub read_only: bool,
 }
 
 /// Lifecycle states, as OpenSandbox names them.

@@ -47,6 +47,11 @@ pub fn start(app: &App, req: &RunCommandRequest, name: Option<&str>) -> Result<(
 
 /// `POST /command`.
 pub async fn run_command(State(app): State<App>, JsonBody(req): JsonBody<RunCommandRequest>) -> Response {
+    stream(app, req).await
+}
+
+/// Runs a command and answers with its event stream (also used by sessions).
+pub async fn stream(app: App, req: RunCommandRequest) -> Response {
     if let Err(e) = spawn::validate(&req) {
         return e.into_response();
     }

@@ -42,16 +42,50 @@ impl Fs {
     }
 }
 
+tokio::task_local! {
+    /// The (uid, gid) of an identity-scoped request (`/v1/filesystem/{uid}/{gid}/...`),
+    /// set by [`identity_scope`] around the handler.
+    static FS_IDENTITY: (u32, u32);
+}
+
+/// Middleware of the identity-scoped file routes: every file operation of the
+/// request runs with that uid/gid as the thread's filesystem identity, so the
+/// kernel checks permissions as for that user (no root override).
+pub async fn identity_scope(
+    axum::extract::Path(params): axum::extract::Path<Vec<(String, String)>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.parse::<u32>().ok());
+    match (get("uid"), get("gid")) {
+        (Some(uid), Some(gid)) => FS_IDENTITY.scope((uid, gid), next.run(req)).await,
+        _ => ApiError::bad_request("uid and gid must be non-negative integers").into_response(),
+    }
+}
+
 /// Runs `f` on the blocking pool with a fresh [`Fs`] (the user database is
-/// re-read so changes made inside the sandbox are seen).
+/// re-read so changes made inside the sandbox are seen), as the request's
+/// filesystem identity when it has one.
 pub async fn with_fs<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&Fs) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     let config = app.config.clone();
+    let identity = FS_IDENTITY.try_with(|i| *i).ok();
     blocking(move || {
         let db = UserDb::load();
-        let resolver = Resolver::new(&config, &db);
+        let mut resolver = Resolver::new(&config, &db);
+        let _guard = match identity {
+            Some((uid, gid)) => {
+                resolver.default_owner = Some((uid, gid));
+                let groups = db.groups_of(db.user_by_uid(uid), gid);
+                let g = ember_sys::process::ThreadFsIdentity::enter(uid, gid, &groups)
+                    .map_err(|e| ApiError::runtime(format!("switch to uid {uid} gid {gid}: {e}")))?;
+                Some(g)
+            }
+            None => None,
+        };
         f(&Fs { db, resolver })
     })
     .await

@@ -48,6 +48,29 @@ pub async fn upload(State(app): State<App>, form: Result<Multipart, MultipartRej
     Ok(())
 }
 
+/// Middleware of the upload route: the body is read to its end even after
+/// the handler is done with it. The multipart parser stops at the closing
+/// boundary, before the chunked body's terminator; answering then would make
+/// hyper close the connection under a client (the daemon's proxy) that is
+/// still writing the last bytes, and that client would see a broken pipe
+/// instead of the answer.
+pub async fn read_to_end(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use futures_util::StreamExt;
+    let (parts, body) = req.into_parts();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, axum::Error>>(4);
+    tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut forwarding = true;
+        while let Some(chunk) = stream.next().await {
+            if forwarding && tx.send(chunk).await.is_err() {
+                forwarding = false;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from_stream(stream))).await
+}
+
 fn bad_part(e: axum::extract::multipart::MultipartError) -> ApiError {
     ApiError::new(ErrorCode::InvalidFileContent, format!("error reading multipart body: {e}"))
 }

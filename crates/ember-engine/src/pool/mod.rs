@@ -166,6 +166,13 @@ impl Engine {
         spec: &ember_types::SandboxSpec,
         name: Option<&str>,
     ) -> Result<Option<Arc<Pool>>, EngineError> {
+        // Volumes are mounts made at launch; an idle pooled sandbox has none.
+        if !spec.volumes.is_empty() {
+            if let Some(n) = name {
+                return Err(EngineError::invalid("poolRef", format!("pool {n}: volumes cannot be bound at claim")));
+            }
+            return Ok(None);
+        }
         if let Some(n) = name {
             let p = self.pool(n)?;
             let ps = p.spec();

@@ -95,6 +95,7 @@ impl NativeRuntime {
             sandbox_dir: dir,
             lower_dirs: &lowers,
             host_binds: &binds,
+            volumes: &spec.volumes,
             disk_bytes: spec.resources.disk_bytes,
             hostname: &hostname,
         };
@@ -133,6 +134,11 @@ fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
     if !spec.entrypoint.is_empty() {
         let ep = serde_json::to_string(&spec.entrypoint).unwrap_or_default();
         env.push(format!("EMBER_AGENT_ENTRYPOINT={ep}"));
+    }
+    if !spec.env.contains_key("EXECD_ENVS") {
+        // The file the SDK's `commands.set_env` appends to; the agent creates
+        // it at boot, owned by the default user, and merges it into every command.
+        env.push("EXECD_ENVS=/opt/opensandbox/.env".to_string());
     }
     for (k, v) in &spec.env {
         if !k.starts_with("EMBER_AGENT_") {
@@ -296,6 +302,10 @@ impl Runtime for NativeRuntime {
             }
         }
         Ok(out)
+    }
+
+    fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
+        Some(self.sandbox_dir(id.as_str()).join("agent.log"))
     }
 
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {

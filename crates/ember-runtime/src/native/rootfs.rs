@@ -156,6 +156,8 @@ pub struct RootfsPlan<'a> {
     pub lower_dirs: &'a [PathBuf],
     /// Host directories bound read-only at the same path (`/usr` for `host`).
     pub host_binds: &'a [PathBuf],
+    /// Host directories bound at their mount paths (read-only or not).
+    pub volumes: &'a [ember_types::VolumeMount],
     pub disk_bytes: u64,
     pub hostname: &'a str,
 }
@@ -194,6 +196,16 @@ impl RootfsPlan<'_> {
         for b in self.host_binds {
             let target = root.join(b.strip_prefix("/").unwrap_or(b));
             ops.push(FsOp::BindReadOnly { source: cstr(b), target: cstr(target) });
+        }
+        for v in self.volumes {
+            // mkdir -p of the mount point inside the new root (EEXIST is fine).
+            let mut target = root.clone();
+            for part in Path::new(&v.mount_path).components().skip(1) {
+                target.push(part);
+                ops.push(mkdir(&target, 0o755));
+            }
+            let (source, target) = (cstr(&v.host_path), cstr(&target));
+            ops.push(if v.read_only { FsOp::BindReadOnly { source, target } } else { FsOp::Bind { source, target } });
         }
         ops.push(mount("proc", root.join("proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
         ops.extend(mask_proc(&root));

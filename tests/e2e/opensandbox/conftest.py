@@ -1,0 +1,98 @@
+"""End-to-end fixtures: a real `ember serve` on 127.0.0.1:<free port>, with its
+own data dir, cgroup parent and host-volume allow-list, driven through the real
+OpenSandbox SDKs from PyPI (opensandbox 1.1.1, opensandbox-code-interpreter,
+opensandbox-mcp). Run as root: the daemon creates real sandboxes.
+
+Binaries: $EMBER_BIN (default $CARGO_TARGET_DIR/debug/ember) and
+$EMBER_AGENT_BIN (default .../ember-agent-static, from scripts/build-agent.sh).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from opensandbox.config import ConnectionConfig
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _binary(env: str, name: str) -> str:
+    if os.environ.get(env):
+        return os.environ[env]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    path = target / "debug" / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: build it (scripts/test.sh does) or set ${env}", pytrace=False)
+    return str(path)
+
+
+@dataclass
+class Ember:
+    url: str
+    domain: str
+    host_dir: Path
+    data_dir: Path
+
+    def config(self) -> ConnectionConfig:
+        # A fresh config per event loop: the SDK binds its transport to one.
+        return ConnectionConfig(domain=self.domain, request_timeout=timedelta(seconds=60))
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def ember():
+    if os.geteuid() != 0:
+        pytest.fail("the OpenSandbox e2e suite creates real sandboxes and must run as root", pytrace=False)
+    tag = f"ember-e2e-{os.getpid()}"
+    data_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-data-"))
+    # mkdtemp makes 0700 dirs; the sandboxes' mapped ids must traverse the data dir.
+    os.chmod(data_dir, 0o755)
+    host_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-vol-"))
+    os.chmod(host_dir, 0o777)
+    proc = subprocess.Popen(
+        [
+            _binary("EMBER_BIN", "ember"), "serve",
+            "--listen", "127.0.0.1:0",
+            "--data-dir", str(data_dir),
+            "--cgroup-parent", tag,
+            "--agent", _binary("EMBER_AGENT_BIN", "ember-agent-static"),
+            "--allow-host-path", str(host_dir),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "EMBER_LOG": "warn"},
+        text=True,
+    )
+    line = proc.stdout.readline().strip()
+    assert line.startswith("ember listening on http://"), f"unexpected first line {line!r}"
+    url = line.removeprefix("ember listening on ")
+    e = Ember(url=url, domain=url.removeprefix("http://"), host_dir=host_dir, data_dir=data_dir)
+    try:
+        yield e
+    finally:
+        # Sandboxes outlive a daemon by design: remove them through the API first.
+        try:
+            with e.http() as c:
+                for s in c.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]:
+                    c.delete(f"/v1/sandboxes/{s['id']}")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            for root in Path("/sys/fs/cgroup").glob(f"*/{tag}"):
+                for d in sorted(root.glob("**/"), key=lambda p: -len(p.parts)):
+                    try:
+                        d.rmdir()
+                    except OSError:
+                        pass
+            shutil.rmtree(data_dir, ignore_errors=True)
+            shutil.rmtree(host_dir, ignore_errors=True)
