@@ -150,9 +150,12 @@ async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
 
     // Aging: a batch task behind a steady stream of interactive work starts
     // once it has waited two agings (3 s), not after the stream.
+    let mut stream = vec![submit(Tier::Interactive, &["sleep", "0.5"]).await];
+    while d.client.get_task(&stream[0]).await.unwrap().state != TaskState::Running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let batch = submit(Tier::Batch, &["true"]).await;
     let t0 = Instant::now();
-    let mut stream = Vec::new();
     while t0.elapsed() < Duration::from_secs(7) {
         let queued = d.client.list_tasks("state=Queued&tier=interactive").await.unwrap().len();
         if queued < 3 {
