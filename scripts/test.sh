@@ -18,6 +18,13 @@ echo "== static agent"
 scripts/build-agent.sh >/dev/null
 export EMBER_AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ember-agent-static"
 
+echo "== S3 test server (moto, in .venv)"
+if [[ ! -x .venv/bin/moto_server ]]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check 'moto[server]'
+fi
+export EMBER_MOTO_SERVER="$PWD/.venv/bin/moto_server"
+
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
 

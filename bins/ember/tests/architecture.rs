@@ -15,6 +15,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-engine", &["ember-types", "ember-runtime", "ember-workspace", "ember-queue"]),
         ("ember-api", &["ember-types", "ember-engine", "ember-workspace"]),
         ("ember-client", &["ember-types"]),
+        ("ember-snapshot", &[]),
         ("ember", &["ember-types", "ember-client", "ember-api", "ember-engine", "ember-runtime", "ember-cgroups"]),
         ("ember-agent", &["ember-types", "ember-sys"]),
     ];

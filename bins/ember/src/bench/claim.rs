@@ -42,6 +42,8 @@ pub struct ClaimFigures {
     pub first_output: Series,
     /// Create call returned → first stdout event.
     pub first_output_exec: Series,
+    /// The create call of the same runs.
+    pub first_output_claim: Series,
     pub burst_server: Series,
     pub burst_wall: Series,
     /// Release of a burst → its last reply.
@@ -238,6 +240,7 @@ async fn first_output(client: &Client, runs: usize, f: &mut ClaimFigures, claime
             Ok(Some((total, exec))) => {
                 f.first_output.push(total);
                 f.first_output_exec.push(exec);
+                f.first_output_claim.push(total - exec);
             }
             Ok(None) => f.misses += 1,
             Err(e) => {

@@ -85,6 +85,7 @@ impl ClaimReport<'_> {
             row("burstServer", "    same, server", &f.burst_server, vec![]),
             row("burstSpan", "    release → last reply", &f.burst_span, vec![]),
             row("firstOutput", "4 claim → first stdout (echo x)", &f.first_output, vec![lim("p50", FIRST_OUTPUT_MS)]),
+            row("firstOutputClaim", "    create call", &f.first_output_claim, vec![]),
             row("firstOutputExec", "    create returned → first stdout", &f.first_output_exec, vec![]),
             row("coldServer", "5 cold create, server", &f.cold_server, vec![]),
             row("coldClient", "    cold create, client", &f.cold_wall, vec![]),
@@ -128,7 +129,8 @@ impl ClaimReport<'_> {
             PHASES.iter().filter_map(|p| f.phases.get(*p).map(|s| format!("{p} {}", v(p50(s))))).collect();
         let (cw, cs) = (p50(&f.cold_wall), p50(&f.cold_server));
         let (ww, ws, wo) = (p50(&f.warm_wall), p50(&f.warm_server), p50(&f.warm_outside));
-        let (fo, fe) = (p50(&f.first_output), p50(&f.first_output_exec));
+        let (fo, fc, fe) = (p50(&f.first_output), p50(&f.first_output_claim), p50(&f.first_output_exec));
+        let (bw, bs) = (p50(&f.burst_wall), p50(&f.burst_server));
         vec![
             format!(
                 "cold   {} ms client = {} server [{}] + {} HTTP/loopback",
@@ -144,11 +146,13 @@ impl ClaimReport<'_> {
                 v(wo)
             ),
             format!(
-                "output {} ms = claim {} + exec until the first stdout event {}",
-                v(fo),
-                v(fo.zip(fe).map(|(a, b)| a - b)),
-                v(fe)
+                "burst  {} ms client = {} server (one claim alone: {}; the rest is waiting behind the others) + {} outside",
+                v(bw),
+                v(bs),
+                v(ws),
+                v(bw.zip(bs).map(|(a, b)| a - b))
             ),
+            format!("output {} ms = claim {} + exec until the first stdout event {}", v(fo), v(fc), v(fe)),
         ]
     }
 
@@ -224,7 +228,7 @@ impl ClaimReport<'_> {
         }
         println!();
         println!("{}", self.sustain_line());
-        println!("3 bursts: {} of {} claims warm", f.burst_warm, f.burst_claims);
+        println!("3 burst claims: {} of {} warm", f.burst_warm, f.burst_claims);
         println!();
         println!("where the time goes (p50, ms):");
         self.where_time_goes().iter().for_each(|l| println!("  {l}"));

@@ -7,8 +7,10 @@ use std::collections::BTreeSet;
 pub struct MemInfo {
     pub available: u64,
     pub slab: u64,
+    pub slab_unreclaimable: u64,
     pub page_tables: u64,
     pub kernel_stack: u64,
+    pub percpu: u64,
 }
 
 pub fn meminfo() -> Option<MemInfo> {
@@ -24,8 +26,10 @@ pub fn meminfo() -> Option<MemInfo> {
                 &mut m.available
             }
             "Slab:" => &mut m.slab,
+            "SUnreclaim:" => &mut m.slab_unreclaimable,
             "PageTables:" => &mut m.page_tables,
             "KernelStack:" => &mut m.kernel_stack,
+            "Percpu:" => &mut m.percpu,
             _ => continue,
         };
         *slot = kb * 1024;
@@ -116,4 +120,26 @@ pub fn port_of(url: &str) -> Option<u16> {
     let rest = url.strip_prefix("http://")?;
     let authority = rest.split('/').next()?;
     authority.rsplit(':').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_and_fields() {
+        assert_eq!(port_of("http://127.0.0.1:8299"), Some(8299));
+        assert_eq!(port_of("http://[::1]:80/"), Some(80));
+        assert_eq!(port_of("https://x:1"), None);
+        let rollup = "Rss:  2928 kB\nPss:   244 kB\nPss_Anon: 200 kB\nPrivate_Clean: 4 kB\n";
+        assert_eq!(kb_field(rollup, "Pss:"), Some(244 * 1024));
+        assert_eq!(kb_field(rollup, "Private_Dirty:"), None);
+    }
+
+    #[test]
+    fn this_process_is_readable() {
+        let m = proc_mem(std::process::id() as i32).expect("own /proc entry");
+        assert!(m.rss > 0);
+        assert!(meminfo().is_some_and(|m| m.available > 0));
+    }
 }

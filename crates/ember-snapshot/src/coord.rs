@@ -1,0 +1,74 @@
+//! Keeping gc and snapshots apart, with two kinds of marker object.
+//!
+//! 1. A snapshot puts `pending/<id>` first, then looks for `locks/gc`; if a
+//!    fresh one is there it removes its marker and fails with
+//!    [`SnapshotError::GcRunning`].
+//! 2. gc puts `locks/gc` first, then looks for `pending/*`; if a fresh one is
+//!    there it removes its lock and fails with
+//!    [`SnapshotError::SnapshotsInProgress`].
+//!
+//! Each side writes before it reads, so on a store with read-after-write
+//! consistency (a local directory; S3 since 2020) at least one of them sees the
+//! other: gc never sweeps a chunk that a running snapshot has just found
+//! present and decided to reuse. Markers of crashed processes go stale by age
+//! (their store timestamp), and gc removes stale snapshot markers.
+use std::time::{Duration, SystemTime};
+
+use crate::{ObjectStore, SnapshotError, StoreError};
+
+pub(crate) const GC_LOCK: &str = "locks/gc";
+pub(crate) const PENDING: &str = "pending/";
+/// A gc lock older than this is a crashed gc's; snapshots ignore it.
+pub(crate) const GC_LOCK_STALE: Duration = Duration::from_secs(3600);
+
+pub(crate) fn pending_key(id: &str) -> String {
+    format!("{PENDING}{id}")
+}
+
+fn fresh(modified: SystemTime, stale_after: Duration) -> bool {
+    SystemTime::now().duration_since(modified).map(|age| age < stale_after).unwrap_or(true)
+}
+
+/// Step 1 for a snapshot: announce it, then check for a running gc.
+pub(crate) fn begin_snapshot(store: &dyn ObjectStore, id: &str) -> Result<(), SnapshotError> {
+    store.put(&pending_key(id), id.as_bytes())?;
+    let gc = store.list("locks/").map_err(|e| end_after(store, id, e.into()))?;
+    if gc.iter().any(|m| m.key == GC_LOCK && fresh(m.modified, GC_LOCK_STALE)) {
+        return Err(end_after(store, id, SnapshotError::GcRunning { key: GC_LOCK.into() }));
+    }
+    Ok(())
+}
+
+/// Removes the snapshot's marker (best effort) and passes `err` through.
+pub(crate) fn end_after(store: &dyn ObjectStore, id: &str, err: SnapshotError) -> SnapshotError {
+    let _ = store.delete(&pending_key(id));
+    err
+}
+
+/// Step 2 for gc: take the lock, then check for snapshots in progress, and
+/// delete the markers older than `stale_after`.
+pub(crate) fn begin_gc(store: &dyn ObjectStore, stale_after: Duration) -> Result<(), SnapshotError> {
+    store.put(GC_LOCK, b"gc")?;
+    let check = || -> Result<(), SnapshotError> {
+        let mut running = Vec::new();
+        for m in store.list(PENDING)? {
+            if fresh(m.modified, stale_after) {
+                running.push(m.key[PENDING.len()..].to_string());
+            } else {
+                store.delete(&m.key)?;
+            }
+        }
+        if running.is_empty() {
+            Ok(())
+        } else {
+            Err(SnapshotError::SnapshotsInProgress { ids: running })
+        }
+    };
+    check().inspect_err(|_| {
+        let _ = store.delete(GC_LOCK);
+    })
+}
+
+pub(crate) fn end_gc(store: &dyn ObjectStore) -> Result<(), StoreError> {
+    store.delete(GC_LOCK)
+}

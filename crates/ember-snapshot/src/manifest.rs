@@ -1,0 +1,221 @@
+//! The manifest: what a snapshot holds, persisted as `manifests/<id>.json`.
+//!
+//! On the wire it is an envelope `{"format", "version", "sha256", "manifest"}`
+//! where `sha256` is the hex digest of the canonical (serde_json) encoding of
+//! `manifest`. Every type here serializes deterministically (fixed field order,
+//! `BTreeMap`s), so a reader re-encodes what it parsed and compares digests.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::SnapshotError;
+
+/// The envelope's `format` value.
+pub const FORMAT: &str = "ember-snapshot";
+/// The manifest version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// One snapshot: its tree, where each file's bytes are, and how it was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub id: String,
+    /// Milliseconds since the Unix epoch when the snapshot was committed.
+    pub created_unix_ms: u64,
+    /// Caller's labels, such as the workspace name and the lease epoch.
+    pub labels: BTreeMap<String, String>,
+    pub chunking: Chunking,
+    /// Entries in walk order: a directory always precedes what it contains;
+    /// the first entry is the root, with path `.`.
+    pub entries: Vec<Entry>,
+    pub stats: Stats,
+    /// Things the walk skipped (devices, sockets, fifos, non-UTF-8 names).
+    pub warnings: Vec<String>,
+}
+
+/// The content-defined chunking parameters, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunking {
+    pub min: u32,
+    pub avg: u32,
+    pub max: u32,
+    /// zstd level used for the chunk objects.
+    pub zstd_level: i32,
+}
+
+impl Default for Chunking {
+    fn default() -> Self {
+        Chunking { min: 256 * 1024, avg: 1024 * 1024, max: 4 * 1024 * 1024, zstd_level: 3 }
+    }
+}
+
+/// One path in the tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Relative, `/`-separated; `.` for the root.
+    pub path: String,
+    #[serde(flatten)]
+    pub kind: EntryKind,
+    /// Permission bits, including setuid, setgid and sticky (`mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum EntryKind {
+    Dir,
+    /// A regular file: its chunks in order; their lengths add up to `size`.
+    File {
+        size: u64,
+        chunks: Vec<ChunkRef>,
+    },
+    Symlink {
+        target: String,
+    },
+}
+
+/// A chunk: `chunks/<sha256>` holds its zstd-compressed bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// Hex sha256 of the uncompressed bytes.
+    pub sha256: String,
+    /// Uncompressed length.
+    pub len: u64,
+}
+
+/// Counts recorded when the snapshot was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Sum of the regular files' sizes.
+    pub logical_bytes: u64,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Chunk references, counting repeats.
+    pub chunk_refs: u64,
+    /// Distinct chunks, and their uncompressed bytes.
+    pub unique_chunks: u64,
+    pub unique_bytes: u64,
+    /// Chunks this snapshot uploaded (absent before), uncompressed and as stored.
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub stored_bytes_uploaded: u64,
+    /// Chunk references satisfied by a chunk already stored or already uploaded.
+    pub chunks_reused: u64,
+    pub bytes_reused: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    format: String,
+    version: u32,
+    sha256: String,
+    manifest: serde_json::Value,
+}
+
+pub(crate) fn manifest_key(id: &str) -> String {
+    format!("manifests/{id}.json")
+}
+
+pub(crate) fn chunk_key(sha256: &str) -> String {
+    format!("chunks/{sha256}")
+}
+
+fn digest(manifest: &Manifest) -> Result<String, serde_json::Error> {
+    Ok(hex::encode(Sha256::digest(serde_json::to_vec(manifest)?)))
+}
+
+impl Manifest {
+    /// The envelope bytes to store.
+    pub fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
+        let corrupt = |e: serde_json::Error| SnapshotError::CorruptManifest {
+            key: manifest_key(&self.id),
+            reason: format!("encoding: {e}"),
+        };
+        let env = Envelope {
+            format: FORMAT.into(),
+            version: VERSION,
+            sha256: digest(self).map_err(corrupt)?,
+            manifest: serde_json::to_value(self).map_err(corrupt)?,
+        };
+        serde_json::to_vec_pretty(&env).map_err(corrupt)
+    }
+
+    /// Parses and verifies the envelope stored under `key`.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<Manifest, SnapshotError> {
+        let corrupt = |reason: String| SnapshotError::CorruptManifest { key: key.to_string(), reason };
+        let env: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not an envelope: {e}")))?;
+        if env.format != FORMAT {
+            return Err(corrupt(format!("format is {:?}, not {FORMAT:?}", env.format)));
+        }
+        if env.version != VERSION {
+            return Err(SnapshotError::UnsupportedVersion { key: key.into(), found: env.version, supported: VERSION });
+        }
+        let manifest: Manifest =
+            serde_json::from_value(env.manifest).map_err(|e| corrupt(format!("bad manifest: {e}")))?;
+        let actual = digest(&manifest).map_err(|e| corrupt(e.to_string()))?;
+        if actual != env.sha256 {
+            return Err(corrupt(format!("checksum mismatch: recorded {}, computed {actual}", env.sha256)));
+        }
+        Ok(manifest)
+    }
+
+    /// Every chunk the manifest references, without repeats.
+    pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EntryKind::File { chunks, .. } => Some(chunks),
+                _ => None,
+            })
+            .flatten()
+            .map(|c| c.sha256.as_str())
+            .filter(move |s| seen.insert(*s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            id: "s1".into(),
+            created_unix_ms: 1,
+            labels: [("workspace".to_string(), "w".to_string())].into(),
+            chunking: Chunking::default(),
+            entries: vec![Entry {
+                path: "a".into(),
+                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }] },
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                mtime_sec: 5,
+                mtime_nsec: 6,
+            }],
+            stats: Stats::default(),
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_detects_tampering() {
+        let m = sample();
+        let bytes = m.encode().unwrap();
+        assert_eq!(Manifest::decode("k", &bytes).unwrap(), m);
+        let tampered = String::from_utf8(bytes).unwrap().replace("\"mode\": 420", "\"mode\": 493");
+        assert!(matches!(Manifest::decode("k", tampered.as_bytes()), Err(SnapshotError::CorruptManifest { .. })));
+        assert!(Manifest::decode("k", b"{").is_err());
+    }
+
+    #[test]
+    fn refuses_other_versions() {
+        let text = String::from_utf8(sample().encode().unwrap()).unwrap().replace("\"version\": 1", "\"version\": 9");
+        assert!(matches!(Manifest::decode("k", text.as_bytes()), Err(SnapshotError::UnsupportedVersion { .. })));
+    }
+}

@@ -1,0 +1,255 @@
+//! `restore`: manifest → a temp dir beside the target → verified chunks →
+//! metadata deepest-first → rename into place.
+use std::collections::HashSet;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{lchown, symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use filetime::FileTime;
+use sha2::{Digest, Sha256};
+
+use crate::manifest::{chunk_key, manifest_key, ChunkRef, Entry, EntryKind, Manifest};
+use crate::{ObjectStore, Progress, SnapshotError};
+
+fn no_progress(_: Progress) {}
+
+/// How to restore. `new` gives defaults; set the public fields.
+pub struct RestoreOptions<'a> {
+    /// Restore the recorded uid/gid (needs root, or CAP_CHOWN). Default true.
+    pub ownership: bool,
+    /// Called after every chunk written (and once at the start).
+    pub progress: &'a dyn Fn(Progress),
+}
+
+impl Default for RestoreOptions<'_> {
+    fn default() -> Self {
+        RestoreOptions { ownership: true, progress: &no_progress }
+    }
+}
+
+/// What a finished restore reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreInfo {
+    pub id: String,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// File bytes written (all verified).
+    pub bytes: u64,
+    /// Chunks fetched and verified, counting repeats.
+    pub chunks: u64,
+    pub elapsed: Duration,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SnapshotError + 'a {
+    move |source| SnapshotError::Io { op, path: path.to_path_buf(), source }
+}
+
+/// Reads and verifies a snapshot's manifest.
+pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, SnapshotError> {
+    crate::validate_id(id)?;
+    let key = manifest_key(id);
+    let bytes = store.get(&key).map_err(|e| match e {
+        e if e.is_not_found() => SnapshotError::NotFound { id: id.to_string() },
+        e => e.into(),
+    })?;
+    Manifest::decode(&key, &bytes)
+}
+
+/// Restores snapshot `id` as the new directory `into` (which must not exist;
+/// its parent must). The tree is built in a hidden sibling directory and
+/// renamed into place only when every chunk has been verified and every
+/// mode, owner and mtime set; on failure the sibling is removed.
+pub fn restore(
+    store: &dyn ObjectStore,
+    id: &str,
+    into: &Path,
+    opts: RestoreOptions<'_>,
+) -> Result<RestoreInfo, SnapshotError> {
+    let start = Instant::now();
+    let manifest = load(store, id)?;
+    match fs::symlink_metadata(into) {
+        Ok(_) => return Err(SnapshotError::TargetExists { path: into.to_path_buf() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("stat", into)(e)),
+    }
+    let (Some(parent), Some(name)) = (into.parent(), into.file_name()) else {
+        return Err(SnapshotError::NotADirectory { path: into.to_path_buf() });
+    };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = parent.join(format!(".{}.restore-{}-{n}", name.to_string_lossy(), std::process::id()));
+    fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(io("create", &tmp))?;
+    let result = build(store, &manifest, &tmp, &opts)
+        .and_then(|info| fs::rename(&tmp, into).map(|()| info).map_err(io("rename into", into)));
+    match result {
+        Ok(mut info) => {
+            info.elapsed = start.elapsed();
+            Ok(info)
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Checks a manifest path: relative plain names, and returns its parent's path.
+fn parent_of<'p>(id: &str, path: &'p str) -> Result<&'p str, SnapshotError> {
+    let bad = |reason| Err(SnapshotError::UnsafeEntry { id: id.into(), path: path.into(), reason });
+    if path.split('/').any(|p| p.is_empty() || p == "." || p == ".." || p.contains('\0')) {
+        return bad("not a relative path of plain names");
+    }
+    Ok(path.rfind('/').map(|i| &path[..i]).unwrap_or("."))
+}
+
+fn build(
+    store: &dyn ObjectStore,
+    m: &Manifest,
+    root: &Path,
+    opts: &RestoreOptions<'_>,
+) -> Result<RestoreInfo, SnapshotError> {
+    let mut info =
+        RestoreInfo { id: m.id.clone(), files: 0, dirs: 0, symlinks: 0, bytes: 0, chunks: 0, elapsed: Duration::ZERO };
+    let total = m.stats.logical_bytes;
+    (opts.progress)(Progress { bytes_done: 0, bytes_total: total });
+    let Some((first, rest)) = m.entries.split_first() else {
+        return Err(SnapshotError::UnsafeEntry {
+            id: m.id.clone(),
+            path: String::new(),
+            reason: "manifest has no root",
+        });
+    };
+    if first.path != "." || first.kind != EntryKind::Dir {
+        return Err(SnapshotError::UnsafeEntry {
+            id: m.id.clone(),
+            path: first.path.clone(),
+            reason: "first entry is not the root directory",
+        });
+    }
+    // Every entry's parent must be a directory this restore created: no writing through symlinks.
+    let mut dirs: HashSet<&str> = HashSet::from(["."]);
+    let mut placed: Vec<(PathBuf, &Entry)> = vec![(root.to_path_buf(), first)];
+    for e in rest {
+        let parent = parent_of(&m.id, &e.path)?;
+        if !dirs.contains(parent) {
+            return Err(SnapshotError::UnsafeEntry {
+                id: m.id.clone(),
+                path: e.path.clone(),
+                reason: "its parent is not a restored directory",
+            });
+        }
+        let dest = root.join(&e.path);
+        match &e.kind {
+            EntryKind::Dir => {
+                fs::DirBuilder::new().mode(0o700).create(&dest).map_err(io("create dir", &dest))?;
+                if !dirs.insert(&e.path) {
+                    return Err(SnapshotError::UnsafeEntry {
+                        id: m.id.clone(),
+                        path: e.path.clone(),
+                        reason: "listed twice",
+                    });
+                }
+                info.dirs += 1;
+            }
+            EntryKind::Symlink { target } => {
+                symlink(target, &dest).map_err(io("create symlink", &dest))?;
+                info.symlinks += 1;
+            }
+            EntryKind::File { size, chunks } => {
+                write_file(store, m, &e.path, &dest, *size, chunks, &mut |n| {
+                    info.bytes += n;
+                    info.chunks += 1;
+                    (opts.progress)(Progress { bytes_done: info.bytes, bytes_total: total });
+                })?;
+                info.files += 1;
+            }
+        }
+        placed.push((dest, e));
+    }
+    // Deepest first, so setting a child never bumps a parent's mtime after it was set.
+    for (dest, e) in placed.iter().rev() {
+        set_metadata(dest, e, opts.ownership)?;
+    }
+    Ok(info)
+}
+
+fn write_file(
+    store: &dyn ObjectStore,
+    m: &Manifest,
+    path: &str,
+    dest: &Path,
+    size: u64,
+    chunks: &[ChunkRef],
+    on_chunk: &mut dyn FnMut(u64),
+) -> Result<(), SnapshotError> {
+    if chunks.iter().map(|c| c.len).sum::<u64>() != size {
+        return Err(SnapshotError::CorruptManifest {
+            key: manifest_key(&m.id),
+            reason: format!("chunks of {path} do not add up to its size"),
+        });
+    }
+    let mut f =
+        fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))?;
+    for c in chunks {
+        let data = fetch_chunk(store, c, m.chunking.max as u64)?;
+        f.write_all(&data).map_err(io("write", dest))?;
+        on_chunk(c.len);
+    }
+    Ok(())
+}
+
+/// Fetches a chunk and verifies its length and sha256.
+pub(crate) fn fetch_chunk(store: &dyn ObjectStore, c: &ChunkRef, max_len: u64) -> Result<Vec<u8>, SnapshotError> {
+    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
+    // Bounded by the chunker's limit too, so a tampered manifest cannot ask for a huge buffer.
+    let max_len = max_len.min(16 << 20);
+    if c.len > max_len {
+        return Err(corrupt(format!("recorded length {} exceeds the chunker's maximum {max_len}", c.len)));
+    }
+    let packed = store.get(&chunk_key(&c.sha256)).map_err(|e| match e {
+        e if e.is_not_found() => SnapshotError::MissingChunk { chunk: c.sha256.clone() },
+        e => e.into(),
+    })?;
+    let data =
+        zstd::bulk::decompress(&packed, c.len as usize).map_err(|e| corrupt(format!("does not decompress: {e}")))?;
+    if data.len() as u64 != c.len {
+        return Err(corrupt(format!("{} bytes, expected {}", data.len(), c.len)));
+    }
+    let actual = hex::encode(Sha256::digest(&data));
+    if actual != c.sha256 {
+        return Err(corrupt(format!("content hashes to {actual}")));
+    }
+    Ok(data)
+}
+
+fn set_metadata(dest: &Path, e: &Entry, ownership: bool) -> Result<(), SnapshotError> {
+    if ownership {
+        lchown(dest, Some(e.uid), Some(e.gid)).map_err(io("chown", dest))?;
+    }
+    // After chown, which clears setuid/setgid bits.
+    if !matches!(e.kind, EntryKind::Symlink { .. }) {
+        fs::set_permissions(dest, fs::Permissions::from_mode(e.mode & 0o7777)).map_err(io("chmod", dest))?;
+    }
+    let t = FileTime::from_unix_time(e.mtime_sec, e.mtime_nsec);
+    filetime::set_symlink_file_times(dest, t, t).map_err(io("set mtime", dest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parent_of;
+
+    #[test]
+    fn paths_are_checked() {
+        assert_eq!(parent_of("s", "a").unwrap(), ".");
+        assert_eq!(parent_of("s", "a/b/c").unwrap(), "a/b");
+        for bad in ["", "/a", "a//b", "../a", "a/..", "a/./b"] {
+            assert!(parent_of("s", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The [`ObjectStore`] trait and its two backends: [`LocalStore`] (a directory)
+//! and [`S3Store`] (any S3-compatible endpoint).
+//!
+//! Keys are relative, `/`-separated paths of plain names, such as
+//! `chunks/<sha256>` and `manifests/<id>.json`. A `put` is atomic: readers see
+//! the whole object or nothing.
+use std::time::SystemTime;
+
+use crate::StoreError;
+
+mod local;
+mod s3;
+
+pub use local::LocalStore;
+pub use s3::{S3Config, S3Store};
+
+/// One listed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub size: u64,
+    /// When the object was last written; gc spares objects younger than its grace period.
+    pub modified: SystemTime,
+}
+
+/// A flat key-value object store. Synchronous: call it from a blocking thread.
+pub trait ObjectStore: Send + Sync {
+    /// Writes `data` under `key`, replacing any object there. Atomic.
+    fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError>;
+    /// Reads the whole object; [`StoreError::NotFound`] when absent.
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
+    fn exists(&self, key: &str) -> Result<bool, StoreError>;
+    /// Every object whose key starts with `prefix` (a folder such as `chunks/`), in key order.
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
+    /// Deletes the object; deleting an absent key is not an error.
+    fn delete(&self, key: &str) -> Result<(), StoreError>;
+}
+
+/// Checks that `key` is relative, `/`-separated plain names (no `.`, `..` or empty parts).
+pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
+    let bad = |reason| Err(StoreError::InvalidKey { key: key.to_string(), reason });
+    if key.is_empty() || key.len() > 1024 {
+        return bad("empty or longer than 1024 bytes");
+    }
+    for part in key.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return bad("has an empty, `.` or `..` component");
+        }
+        if part.starts_with(".tmp") || part.chars().any(|c| c.is_control() || c == '\\') {
+            return bad("has a reserved or control character name");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_key;
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(check_key("chunks/abc").is_ok());
+        assert!(check_key("manifests/x.json").is_ok());
+        for bad in ["", "/abs", "a//b", "../x", "a/./b", "a/", ".tmp/x", "a\\b"] {
+            assert!(check_key(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! [`S3Store`]: any S3-compatible endpoint through the `object_store` crate.
+//!
+//! `object_store` is async; this store owns a small tokio runtime, spawns each
+//! request on it and waits on a std channel, so the synchronous [`ObjectStore`]
+//! calls work from any thread: plain, `spawn_blocking`, or (blocking it) even an
+//! async worker of another runtime. Concurrent callers' requests run
+//! concurrently on the runtime's two threads.
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures_util::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{ObjectStore as _, ObjectStoreExt as _, PutPayload};
+
+use super::{check_key, ObjectMeta, ObjectStore};
+use crate::StoreError;
+
+/// Where and how to reach the bucket. Input only: validated by [`S3Store::open`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Config {
+    /// `https://host:port` or, with `allow_http`, `http://...`. Empty: AWS for `region`.
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Prefix under which all keys live (`""` for the bucket root).
+    pub prefix: String,
+    /// Permit plain-HTTP endpoints (loopback test servers, in-cluster MinIO).
+    pub allow_http: bool,
+}
+
+/// An S3 bucket (or a prefix of one) as an [`ObjectStore`].
+#[derive(Debug)]
+pub struct S3Store {
+    inner: Arc<AmazonS3>,
+    prefix: String,
+    /// `Some` until drop, which shuts it down in the background: dropping a
+    /// runtime the ordinary way panics inside another runtime's context.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for S3Store {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl S3Store {
+    pub fn open(config: S3Config) -> Result<Self, StoreError> {
+        let bad = |reason: String| StoreError::Config { bucket: config.bucket.clone(), reason };
+        if config.bucket.is_empty() {
+            return Err(bad("bucket is empty".into()));
+        }
+        let prefix = config.prefix.trim_matches('/').to_string();
+        if !prefix.is_empty() {
+            check_key(&prefix).map_err(|e| bad(e.to_string()))?;
+        }
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&config.bucket)
+            .with_region(if config.region.is_empty() { "us-east-1" } else { &config.region })
+            .with_access_key_id(&config.access_key_id)
+            .with_secret_access_key(&config.secret_access_key)
+            .with_allow_http(config.allow_http)
+            .with_virtual_hosted_style_request(false);
+        if !config.endpoint.is_empty() {
+            builder = builder.with_endpoint(&config.endpoint);
+        }
+        let inner = builder.build().map_err(|e| bad(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ember-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| bad(format!("starting its runtime: {e}")))?;
+        Ok(S3Store { inner: Arc::new(inner), prefix, rt: Some(rt) })
+    }
+
+    fn path(&self, key: &str) -> Result<Path, StoreError> {
+        check_key(key)?;
+        Ok(if self.prefix.is_empty() { Path::from(key) } else { Path::from(format!("{}/{key}", self.prefix)) })
+    }
+
+    /// Runs `f(client)` on the store's runtime and waits for it.
+    fn run<T, F>(&self, op: &'static str, key: &str, f: impl FnOnce(Arc<AmazonS3>) -> F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let gone = || StoreError::RuntimeStopped { op, key: key.to_string() };
+        let rt = self.rt.as_ref().ok_or_else(gone)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = f(Arc::clone(&self.inner));
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().map_err(|_| gone())
+    }
+}
+
+fn s3<'a>(op: &'static str, key: &'a str) -> impl FnOnce(object_store::Error) -> StoreError + 'a {
+    move |source| match source {
+        object_store::Error::NotFound { .. } => StoreError::NotFound { key: key.to_string() },
+        source => StoreError::S3 { op, key: key.to_string(), source },
+    }
+}
+
+impl ObjectStore for S3Store {
+    fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        let path = self.path(key)?;
+        let payload = PutPayload::from(data.to_vec());
+        self.run("put", key, |c| async move { c.put(&path, payload).await })?.map_err(s3("put", key))?;
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.path(key)?;
+        let bytes = self.run("get", key, |c| async move { c.get(&path).await?.bytes().await })?;
+        Ok(bytes.map_err(s3("get", key))?.to_vec())
+    }
+
+    fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        let path = self.path(key)?;
+        match self.run("head", key, |c| async move { c.head(&path).await })? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(s3("head", key)(e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        // object_store lists by whole path segments: list the folder, filter by the full prefix.
+        let folder = prefix.rfind('/').map(|i| &prefix[..i]).unwrap_or("");
+        let full = match (self.prefix.is_empty(), folder.is_empty()) {
+            (true, _) => folder.to_string(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}/{folder}", self.prefix),
+        };
+        let dir = if full.is_empty() { None } else { Some(Path::from(full)) };
+        let listed: Vec<object_store::ObjectMeta> = self
+            .run("list", prefix, |c| async move { c.list(dir.as_ref()).try_collect().await })?
+            .map_err(s3("list", prefix))?;
+        let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let mut out: Vec<ObjectMeta> = listed
+            .into_iter()
+            .filter_map(|m| {
+                let key = m.location.as_ref().strip_prefix(strip.as_str())?.to_string();
+                let modified = SystemTime::from(m.last_modified);
+                key.starts_with(prefix).then_some(ObjectMeta { key, size: m.size, modified })
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let path = self.path(key)?;
+        match self.run("delete", key, |c| async move { c.delete(&path).await })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(s3("delete", key)(e)),
+        }
+    }
+}
