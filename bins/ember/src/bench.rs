@@ -10,6 +10,7 @@ mod claim_report;
 mod crun;
 mod density;
 mod ember;
+mod network;
 mod oci;
 mod pool;
 mod procfs;
@@ -23,12 +24,19 @@ use ember_client::Client;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
+        BenchCmd::Snapshot { size_mb, forks, work_dir } => {
+            let cfg = ember_snapshot::bench::BenchConfig { dir_size_mb: size_mb, work_dir, forks, keep: false };
+            let report = tokio::task::spawn_blocking(move || ember_snapshot::bench::bench(&cfg)).await??;
+            println!("{report}");
+            Ok(0)
+        }
         BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
         BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json } => {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
         BenchCmd::Tasks(a) => tasks::run(client, a).await,
+        BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await
         }

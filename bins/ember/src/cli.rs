@@ -38,6 +38,9 @@ pub enum Cmd {
     /// Manage workspaces: durable volumes that outlive sandboxes.
     #[command(subcommand)]
     Workspace(WorkspaceCmd),
+    /// Workspace snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -72,6 +75,11 @@ pub struct ServeArgs {
     /// different ones.
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
+    /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
+    /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    pub snapshot_store: Option<String>,
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
@@ -81,6 +89,32 @@ pub struct ServeArgs {
     pub allow_host_path: Vec<PathBuf>,
     #[command(flatten)]
     pub tasks: crate::commands::task::TaskFlags,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+/// Egress networking of `ember serve`.
+#[derive(Args, Clone)]
+pub struct NetArgs {
+    /// Sandbox address range (/16../28), one /30 per sandbox with egress;
+    /// `none` turns egress networking off. Default 10.203.0.0/16 (off, with a
+    /// warning, when nft or ip is missing).
+    #[arg(long)]
+    pub network_range: Option<String>,
+    /// Names the nftables table and the slots' namespaces and veths; daemons
+    /// sharing a host need different tags.
+    #[arg(long, default_value = "ember")]
+    pub network_tag: String,
+    /// Where the sandboxes' resolver forwards allowed queries, IP[:PORT]
+    /// (default: the first IPv4 nameserver of /etc/resolv.conf).
+    #[arg(long)]
+    pub dns_upstream: Option<String>,
+    /// nflog group of the denied-flow log (one daemon per group).
+    #[arg(long, default_value_t = 4721)]
+    pub nflog_group: u16,
+    /// Network slots kept ready ahead of creates with egress.
+    #[arg(long, default_value_t = 4)]
+    pub network_slots: usize,
 }
 
 #[derive(Args, Clone, Default)]
@@ -117,6 +151,14 @@ pub struct CreateArgs {
     /// Take read-write workspace leases from live holders, fencing them.
     #[arg(long)]
     pub steal: bool,
+    /// `none` (loopback only, the default) or `egress` (outbound through NAT;
+    /// the host, other sandboxes and private ranges stay denied).
+    #[arg(long, value_name = "none|egress")]
+    pub network: Option<String>,
+    /// Allow only these destinations: CIDR, IP, DOMAIN or *.DOMAIN, each with
+    /// an optional :PORT (repeatable; implies --network egress).
+    #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+    pub allow: Vec<String>,
 }
 
 #[derive(Args, Clone, Default)]
@@ -169,10 +211,40 @@ pub enum SandboxCmd {
     },
     /// Remove sandboxes.
     Rm { ids: Vec<String> },
+    /// Show a sandbox's network policy, or replace it while it runs.
+    Policy {
+        id: String,
+        /// Replace the policy with this allow-list (repeatable).
+        #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+        allow: Vec<String>,
+        /// Replace the policy with open egress (no allow-list).
+        #[arg(long, conflicts_with = "allow")]
+        open: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Blocked connection attempts and DNS queries of a sandbox.
+    Events {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
+    /// the bench builds, beside `tar | zstd` of the same directory. Local, in
+    /// this process (no daemon needed).
+    Snapshot {
+        /// Size of the generated tree in MB.
+        #[arg(long, default_value_t = 500)]
+        size_mb: u64,
+        #[arg(long, default_value_t = 10)]
+        forks: usize,
+        #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
+        work_dir: std::path::PathBuf,
+    },
     /// Cold create-to-ready and exec round trip, beside crun in the same run.
     Create {
         #[arg(long, default_value_t = 100)]
@@ -207,6 +279,15 @@ pub enum BenchCmd {
     },
     /// Task throughput, submit→start latency, and MTTD after a worker kill.
     Tasks(crate::bench::tasks::TasksArgs),
+    /// Warm claims with and without egress networking, and the network slot
+    /// refill rate (pools of its own; the daemon needs egress networking on).
+    Network {
+        /// Claims per figure.
+        #[arg(long, default_value_t = 50)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Fill a pool with idle sandboxes and report what each costs the host
     /// (the daemon must run on this host).
     Density {
@@ -244,6 +325,12 @@ pub enum PoolCmd {
         pids: Option<u64>,
         #[arg(long)]
         disk: Option<String>,
+        /// Network of the pool's sandboxes: none or egress.
+        #[arg(long, value_name = "none|egress")]
+        network: Option<String>,
+        /// Allow-list of the pool's sandboxes (repeatable; implies egress).
+        #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+        allow: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -291,4 +378,49 @@ pub enum WorkspaceCmd {
     },
     /// Delete workspaces and their data (refused while a sandbox writes them).
     Rm { names: Vec<String> },
+    /// Snapshot a workspace into the snapshot store; prints the snapshot id.
+    Snapshot {
+        name: String,
+        /// Commit only while this sandbox holds the writer lease at --epoch.
+        #[arg(long, requires = "epoch")]
+        holder: Option<String>,
+        #[arg(long, requires = "holder")]
+        epoch: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new workspace from a snapshot (every chunk verified).
+    Restore {
+        snapshot: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        size: Option<String>,
+    },
+    /// N new workspaces <prefix>-1..N from one snapshot.
+    Fork {
+        snapshot: String,
+        #[arg(long)]
+        count: u32,
+        #[arg(long)]
+        prefix: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCmd {
+    Ls {
+        #[arg(long)]
+        workspace: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Inspect {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    Rm {
+        ids: Vec<String>,
+    },
 }

@@ -6,6 +6,7 @@
 mod bench;
 mod cli;
 mod commands;
+mod netsetup;
 mod serve;
 
 use clap::Parser;

@@ -31,17 +31,15 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
-    let engine = Engine::start(
-        EngineConfig {
-            data_dir: args.data_dir.clone(),
-            retention,
-            max_ttl,
-            allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
-        },
-        Arc::new(runtime),
-    )
-    .await
-    .context("engine")?;
+    let network = crate::netsetup::open(&args.net)?;
+    let cfg = EngineConfig {
+        data_dir: args.data_dir.clone(),
+        retention,
+        max_ttl,
+        allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
+        snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+    };
+    let engine = Engine::start_networked(cfg, Arc::new(runtime), network).await.context("engine")?;
     engine.start_tasks(args.tasks.config()?).context("tasks")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
@@ -83,4 +81,28 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// `--snapshot-store`: a directory (default `<data-dir>/snapshots`) or
+/// `s3://bucket[/prefix]` with `EMBER_S3_ENDPOINT`, `AWS_REGION`,
+/// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` from the environment.
+fn snapshot_store(flag: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<ember_engine::SnapshotStoreConfig> {
+    use ember_engine::SnapshotStoreConfig as C;
+    let Some(v) = flag else { return Ok(C::Local(data_dir.join("snapshots"))) };
+    let Some(rest) = v.strip_prefix("s3://") else { return Ok(C::Local(PathBuf::from(v))) };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        bail!("--snapshot-store {v:?}: expected s3://bucket[/prefix]");
+    }
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let endpoint = env("EMBER_S3_ENDPOINT");
+    Ok(C::S3(ember_snapshot::S3Config {
+        allow_http: endpoint.starts_with("http://"),
+        endpoint,
+        bucket: bucket.to_string(),
+        region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
+        access_key_id: env("AWS_ACCESS_KEY_ID"),
+        secret_access_key: env("AWS_SECRET_ACCESS_KEY"),
+        prefix: prefix.to_string(),
+    }))
 }

@@ -12,11 +12,27 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
         ("ember-workspace", &[]),
         ("ember-queue", &["ember-types"]),
-        ("ember-engine", &["ember-types", "ember-runtime", "ember-workspace", "ember-queue"]),
-        ("ember-api", &["ember-types", "ember-engine", "ember-workspace"]),
+        ("ember-net", &["ember-types", "ember-sys"]),
+        (
+            "ember-engine",
+            &["ember-types", "ember-runtime", "ember-workspace", "ember-snapshot", "ember-net", "ember-queue"],
+        ),
+        ("ember-api", &["ember-types", "ember-engine", "ember-workspace", "ember-snapshot"]),
         ("ember-client", &["ember-types"]),
         ("ember-snapshot", &[]),
-        ("ember", &["ember-types", "ember-client", "ember-api", "ember-engine", "ember-runtime", "ember-cgroups"]),
+        (
+            "ember",
+            &[
+                "ember-types",
+                "ember-client",
+                "ember-api",
+                "ember-engine",
+                "ember-runtime",
+                "ember-cgroups",
+                "ember-snapshot",
+                "ember-net",
+            ],
+        ),
         ("ember-agent", &["ember-types", "ember-sys"]),
     ];
     m.iter().map(|(k, v)| (*k, v.iter().copied().collect())).collect()

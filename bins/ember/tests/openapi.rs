@@ -625,6 +625,31 @@ async fn workspaces(api: &Api) {
     assert_eq!(r.json()["lease"]["holder"].as_str(), Some(id.as_str()));
     let r = api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await;
     assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("WORKSPACE::IN_USE")));
+    let r = api.req("POST", "/v1/workspaces/{name}/snapshots", &["ws1"]).send().await;
+    assert_eq!(r.status, 201);
+    let snap = r.json()["id"].as_str().expect("snapshot id").to_string();
+    let r = api
+        .req("POST", "/v1/workspaces/{name}/snapshots", &["ws1"])
+        .json(json!({"holder": "x", "epoch": 9}))
+        .send()
+        .await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("WORKSPACE::FENCED")));
+    assert_eq!(api.req("POST", "/v1/workspaces/{name}/snapshots", &["nope"]).send().await.status, 404);
+    assert_eq!(api.req("GET", "/v1/workspace-snapshots", &[]).send().await.json()["items"][0]["id"], snap.as_str());
+    assert_eq!(api.req("GET", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 200);
+    let r = api.req("POST", "/v1/workspace-snapshots/{id}/restore", &[&snap]).json(json!({"name": "ws2"})).send().await;
+    assert_eq!((r.status, r.json()["name"].as_str()), (201, Some("ws2")));
+    let r = api
+        .req("POST", "/v1/workspace-snapshots/{id}/fork", &[&snap])
+        .json(json!({"count": 2, "prefix": "kid"}))
+        .send()
+        .await;
+    assert_eq!((r.status, r.json()["items"][1]["name"].as_str()), (201, Some("kid-2")));
+    for w in ["ws2", "kid-1", "kid-2"] {
+        assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &[w]).send().await.status, 204);
+    }
+    assert_eq!(api.req("DELETE", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 204);
+    assert_eq!(api.req("GET", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 404);
     assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&id]).send().await.status, 204);
     assert_eq!(api.req("GET", "/v1/workspaces/{name}", &["nope"]).send().await.status, 404);
     assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await.status, 204);

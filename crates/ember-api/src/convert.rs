@@ -57,6 +57,7 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
                 epoch: w.epoch,
             })
             .collect(),
+        network: (r.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
     }
 }
 
@@ -81,7 +82,10 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
     if let Some(k) = limits.keys().find(|k| !["cpu", "memory"].contains(&k.as_str())) {
         return Err(ApiError::bad_request(format!("resourceLimits.{k} is not supported (cpu and memory are)")));
     }
+    let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, req.network_policy.is_some())?;
     Ok(CreateSandbox {
+        network,
+        egress,
         template,
         image_uri,
         memory: res.memory.or_else(|| limits.get("memory").cloned()),

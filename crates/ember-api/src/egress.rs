@@ -2,10 +2,11 @@
 //! by the daemon itself, never by anything inside the sandbox (sandboxed code
 //! must not be able to change its own policy).
 //!
-//! The policy is recorded with the sandbox and reported back; it is not
-//! enforced: `enforcementMode` says `none`. A sandbox has no network but
-//! loopback, so all egress is blocked whatever the policy says, until
-//! ember's networking work gives sandboxes egress and enforces this.
+//! On a sandbox with egress networking the policy is the one enforced
+//! (nftables on the node, domain rules by DNS pinning: `enforcementMode:
+//! dns+nft`) and a change applies at once. On a sandbox without network
+//! (loopback only) it is recorded and reported, `enforcementMode: none`: all
+//! egress is blocked whatever it says.
 use crate::error::ApiError;
 use crate::ApiJson;
 use crate::ApiState;
@@ -14,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_types::api::{NetworkPolicy, NetworkRule, PolicyStatusResponse};
 
-fn status(policy: NetworkPolicy) -> PolicyStatusResponse {
+fn status(policy: NetworkPolicy, enforced: bool) -> PolicyStatusResponse {
     let mode = match (policy.default_action.as_deref(), policy.egress.is_empty()) {
         (Some("allow"), true) => "allow_all",
         (Some("allow"), false) => "allow_with_rules",
@@ -24,10 +25,15 @@ fn status(policy: NetworkPolicy) -> PolicyStatusResponse {
     PolicyStatusResponse {
         status: "ok".into(),
         mode: mode.into(),
-        enforcement_mode: "none".into(),
-        reason: "recorded, not enforced: ember sandboxes have no network but loopback, so all egress is blocked \
-                 regardless of this policy"
-            .into(),
+        enforcement_mode: if enforced { "dns+nft" } else { "none" }.into(),
+        reason: if enforced {
+            "enforced on the node: nftables per sandbox, domain rules by pinning the addresses the node's resolver \
+             answered; the host, other sandboxes and private ranges are always denied"
+        } else {
+            "recorded, not enforced: this sandbox has no network but loopback (created without egress), so all \
+             egress is blocked regardless of this policy"
+        }
+        .into(),
         policy,
     }
 }
@@ -48,12 +54,12 @@ pub async fn handle(st: &ApiState, id: &str, rest: &str, req: axum::extract::Req
         Method::PATCH => {
             let ApiJson(rules) =
                 <ApiJson<Vec<NetworkRule>> as axum::extract::FromRequest<()>>::from_request(req, &()).await?;
-            st.engine.patch_egress(id, rules)?
+            st.engine.patch_egress(id, rules).await?
         }
         Method::DELETE => {
             let ApiJson(targets) =
                 <ApiJson<Vec<String>> as axum::extract::FromRequest<()>>::from_request(req, &()).await?;
-            st.engine.delete_egress(id, targets)?
+            st.engine.delete_egress(id, targets).await?
         }
         m => {
             return Err(ApiError::new(
@@ -63,5 +69,5 @@ pub async fn handle(st: &ApiState, id: &str, rest: &str, req: axum::extract::Req
             ))
         }
     };
-    Ok(Json(status(policy)).into_response())
+    Ok(Json(status(policy, st.engine.egress_enforced(id)?)).into_response())
 }

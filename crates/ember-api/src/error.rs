@@ -57,6 +57,8 @@ impl From<EngineError> for ApiError {
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Workspace(w) => workspace_status(w),
             EngineError::Task(t) => task_status(t),
+            EngineError::Snapshot(s) => snapshot_status(s),
+            EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {
@@ -88,6 +90,15 @@ fn task_status(e: &ember_engine::tasks::QueueError) -> (StatusCode, &'static str
         Q::Finished { .. } => (S::CONFLICT, "TASK::ALREADY_ENDED"),
         Q::Fenced { .. } => (S::CONFLICT, "TASK::FENCED"),
         Q::Journal { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
+    }
+}
+
+fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static str) {
+    use ember_snapshot::SnapshotError as E;
+    match e {
+        E::CommitRefused { .. } => (StatusCode::CONFLICT, "WORKSPACE::FENCED"),
+        E::NotFound { .. } => (StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }
 

@@ -15,9 +15,11 @@ mod diagnostics;
 mod egress;
 pub mod error;
 mod middleware;
+mod network;
 mod pools;
 mod proxy;
 mod sandboxes;
+mod snapshots;
 mod system;
 mod tasks;
 mod workspaces;
@@ -104,7 +106,15 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks", post(tasks::submit).get(tasks::list))
         .route("/tasks/{id}", get(tasks::get_one))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
-        .route("/tasks/{id}/logs", get(tasks::logs));
+        .route("/tasks/{id}/logs", get(tasks::logs))
+        .route("/workspaces/{name}/snapshots", post(snapshots::create))
+        .route("/workspace-snapshots", get(snapshots::list))
+        .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
+        .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
+        .route("/workspace-snapshots/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
+        .route("/sandboxes/{id}/network/events", get(network::events))
+        .route("/network", get(network::node));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -49,6 +49,7 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
             target: s.sizing.target,
             window_secs: WINDOW.as_secs(),
         },
+        network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
     }
 }
 
@@ -57,6 +58,7 @@ pub async fn create(
     ApiJson(req): ApiJson<CreatePoolRequest>,
 ) -> Result<Response, ApiError> {
     let res = req.resources.unwrap_or_default();
+    let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, false)?;
     let status = st
         .engine
         .create_pool(CreatePool {
@@ -70,6 +72,8 @@ pub async fn create(
             pids: res.pids,
             disk: res.disk,
             runtime_class: req.runtime_class,
+            network,
+            egress,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(info(&status))).into_response())

@@ -11,6 +11,9 @@ use ember_types::api::{
     CreatePoolRequest, CreateSandboxRequest, CreateWorkspaceRequest, ErrorBody, PoolInfo, PoolList, ResizePoolRequest,
     SandboxInfo, SandboxList, WorkspaceInfo, WorkspaceList,
 };
+use ember_types::api::{
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
+};
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -147,6 +150,33 @@ impl Client {
         Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/boundary"), None).await?.0)
     }
 
+    /// A sandbox's network mode and egress policy.
+    pub async fn network(&self, id: &str) -> Result<ember_types::NetworkInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/network"), None).await?.0)
+    }
+
+    /// Replaces a running sandbox's egress policy.
+    pub async fn set_network_policy(
+        &self,
+        id: &str,
+        policy: &ember_types::EgressPolicy,
+    ) -> Result<ember_types::NetworkInfo, ClientError> {
+        let body = serde_json::to_vec(policy)
+            .map_err(|e| ClientError::Protocol { path: "network".into(), message: e.to_string() })?;
+        Ok(self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(body)).await?.0)
+    }
+
+    /// A sandbox's denied flows, oldest first.
+    pub async fn network_events(&self, id: &str) -> Result<Vec<ember_types::DeniedFlow>, ClientError> {
+        let path = format!("/v1/sandboxes/{id}/network/events");
+        Ok(self.json::<ember_types::DeniedFlowList>(Method::GET, &path, None).await?.0.items)
+    }
+
+    /// The node's network slot pool.
+    pub async fn network_node(&self) -> Result<ember_types::NetworkNodeInfo, ClientError> {
+        Ok(self.json(Method::GET, "/v1/network", None).await?.0)
+    }
+
     pub async fn create_pool(&self, req: &CreatePoolRequest) -> Result<PoolInfo, ClientError> {
         let body = serde_json::to_vec(req)
             .map_err(|e| ClientError::Protocol { path: "pool".into(), message: e.to_string() })?;
@@ -191,6 +221,55 @@ impl Client {
         let path = format!("/v1/workspaces/{name}");
         let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
         Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn snapshot_workspace(
+        &self,
+        name: &str,
+        fence: Option<(&str, u64)>,
+    ) -> Result<WorkspaceSnapshotInfo, ClientError> {
+        let req = SnapshotWorkspaceRequest { holder: fence.map(|f| f.0.to_string()), epoch: fence.map(|f| f.1) };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "snapshot".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, &format!("/v1/workspaces/{name}/snapshots"), Some(body)).await?.0)
+    }
+
+    pub async fn list_snapshots(&self, workspace: Option<&str>) -> Result<Vec<WorkspaceSnapshotInfo>, ClientError> {
+        let q = workspace.map(|w| format!("?workspace={w}")).unwrap_or_default();
+        Ok(self.json::<WorkspaceSnapshotList>(Method::GET, &format!("/v1/workspace-snapshots{q}"), None).await?.0.items)
+    }
+
+    pub async fn get_snapshot(&self, id: &str) -> Result<WorkspaceSnapshotInfo, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/workspace-snapshots/{id}"), None).await?.0)
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/workspace-snapshots/{id}");
+        let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    pub async fn restore_snapshot(
+        &self,
+        id: &str,
+        name: &str,
+        size: Option<&str>,
+    ) -> Result<WorkspaceInfo, ClientError> {
+        let req = RestoreSnapshotRequest { name: name.into(), size: size.map(str::to_string) };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "restore".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, &format!("/v1/workspace-snapshots/{id}/restore"), Some(body)).await?.0)
+    }
+
+    pub async fn fork_snapshot(&self, id: &str, count: u32, prefix: &str) -> Result<Vec<WorkspaceInfo>, ClientError> {
+        let req = ForkSnapshotRequest { count, prefix: prefix.into() };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| ClientError::Protocol { path: "fork".into(), message: e.to_string() })?;
+        Ok(self
+            .json::<WorkspaceList>(Method::POST, &format!("/v1/workspace-snapshots/{id}/fork"), Some(body))
+            .await?
+            .0
+            .items)
     }
 
     /// Raw GET returning status and body (health, metrics, anything).

@@ -1,9 +1,7 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::{templates, Engine, EngineError, Entry};
-use ember_types::{
-    parse_cpu_millis, parse_memory_bytes, NetworkMode, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
-};
+use ember_types::{parse_cpu_millis, parse_memory_bytes, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -34,6 +32,9 @@ pub struct CreateSandbox {
     pub pool: Option<String>,
     /// Workspaces to mount, bound at create or claim time.
     pub workspaces: Vec<crate::WorkspaceRequest>,
+    /// `none` (default) or `egress`; a policy alone implies `egress`.
+    pub network: Option<ember_types::NetworkMode>,
+    pub egress: Option<ember_types::EgressPolicy>,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -94,6 +95,7 @@ impl Engine {
                 return Err(EngineError::invalid("env", format!("bad variable name {k:?}")));
             }
         }
+        let (network, egress) = self.resolve_network(req)?;
         Ok(SandboxSpec {
             template: t.name,
             runtime_class: class,
@@ -103,7 +105,8 @@ impl Engine {
             metadata: req.metadata.clone(),
             entrypoint: req.entrypoint.clone(),
             user: req.user.unwrap_or(t.user),
-            network: NetworkMode::None,
+            network,
+            egress,
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
         })
     }
@@ -220,19 +223,31 @@ impl Engine {
             pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
+            snapshot_freeze: false,
+            net_slot: None,
         };
+        let net = self.attach_network(&id, &spec).await?;
         let mut rec = rec;
+        rec.net_slot = net.as_ref().map(|a| a.slot);
         rec.event("Pending: create requested".to_string());
-        self.store.save(rec.id.as_str(), &rec)?;
+        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+            self.release_network(&rec).await;
+            return Err(e);
+        }
         let rt = self.runtime.clone();
         let (lid, lspec) = (id.clone(), spec.clone());
-        let launched = tokio::task::spawn_blocking(move || rt.launch(&lid, &lspec))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
+        let launched = tokio::task::spawn_blocking(move || match join {
+            Some(j) => rt.launch_in_network(&lid, &lspec, &j),
+            None => rt.launch(&lid, &lspec),
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
         let launched = match launched {
             Ok(l) => l,
             Err(source) => {
                 self.metrics.create_failures.inc();
+                self.release_network(&rec).await;
                 let rt = self.runtime.clone();
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;

@@ -37,6 +37,14 @@ pub enum EngineError {
     Workspace(ember_workspace::WorkspaceError),
     #[error(transparent)]
     Task(ember_queue::QueueError),
+    #[error(transparent)]
+    Snapshot(#[from] ember_snapshot::SnapshotError),
+    #[error("network of sandbox {id}")]
+    Network {
+        id: String,
+        #[source]
+        source: ember_net::NetError,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }

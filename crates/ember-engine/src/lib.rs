@@ -13,20 +13,25 @@ mod create;
 mod error;
 mod metrics;
 mod monitor;
+mod network;
 mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod snapshots;
 mod store;
 pub mod tasks;
 pub mod templates;
 mod workspaces;
+
+pub use snapshots::SnapshotStoreConfig;
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
 pub use create::{CreateSandbox, HostVolumeRequest};
 pub use error::EngineError;
 pub use metrics::Metrics;
+pub use network::{enforcement, NetworkStatus};
 pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
 
@@ -46,6 +51,8 @@ pub struct EngineConfig {
     pub retention: Duration,
     /// Upper bound on a sandbox's TTL, if any.
     pub max_ttl: Option<Duration>,
+    /// Where workspace snapshots go.
+    pub snapshot_store: SnapshotStoreConfig,
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -87,22 +94,36 @@ pub struct Engine {
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
     workspaces: ember_workspace::WorkspaceStore,
+    snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
     /// Set once by [`Engine::start_tasks`].
     tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
+    /// Egress networking; `None` when the daemon runs without it.
+    network: Option<Arc<ember_net::Network>>,
 }
 
 impl Engine {
     /// Opens the state dir, re-adopts or reaps what an earlier process left, and
     /// starts the background tasks. Must run inside a tokio runtime.
     pub async fn start(cfg: EngineConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Engine>, EngineError> {
+        Self::start_networked(cfg, runtime, None).await
+    }
+
+    /// [`Engine::start`] with egress networking: sandboxes asking for it get a
+    /// slot of `network`.
+    pub async fn start_networked(
+        cfg: EngineConfig,
+        runtime: Arc<dyn Runtime>,
+        network: Option<Arc<ember_net::Network>>,
+    ) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner = runtime.host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        let snapshot_store = snapshots::open_store(&cfg.snapshot_store)?;
         let engine = Arc::new(Engine {
             cfg,
             runtime,
@@ -111,9 +132,11 @@ impl Engine {
             pools: Mutex::new(HashMap::new()),
             pool_store,
             workspaces,
+            snapshot_store,
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
             tasks: std::sync::OnceLock::new(),
+            network,
         });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));

@@ -23,6 +23,11 @@ pub struct StateLabels {
     pub state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: String,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub launch_seconds: Family<LaunchLabels, Histogram>,
@@ -30,6 +35,7 @@ pub struct Metrics {
     pub create_failures: Counter,
     pub terminated: Family<ReasonLabels, Counter>,
     pub sandboxes: Family<StateLabels, Gauge>,
+    pub network_denied: Family<RuleLabels, Counter>,
 }
 
 fn launch_histogram() -> Histogram {
@@ -51,7 +57,13 @@ impl Metrics {
         registry.register("sandbox_create_failures", "Sandbox creates that failed", create_failures.clone());
         registry.register("sandboxes_terminated", "Sandboxes that ended, by reason", terminated.clone());
         registry.register("sandboxes", "Sandboxes by state", sandboxes.clone());
-        Metrics { registry, launch_seconds, created, create_failures, terminated, sandboxes }
+        let network_denied = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "network_denied_flows",
+            "Connection attempts and DNS queries denied by sandbox egress policy, by rule",
+            network_denied.clone(),
+        );
+        Metrics { registry, launch_seconds, created, create_failures, terminated, sandboxes, network_denied }
     }
 
     /// The Prometheus text exposition.

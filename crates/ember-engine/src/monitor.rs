@@ -150,6 +150,7 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reas
     entry.update(|r| r.transition(reason.terminal_state(), Some(reason)));
     let rec = entry.snapshot();
     engine.release_leases(rec.id.as_str(), &rec.workspaces);
+    engine.release_network(&rec).await;
     if rec.pooled {
         // An idle pool member died: no caller knows it, so nothing to keep.
         if let Some(pool) = rec.pool.as_deref().and_then(|n| engine.pool(n).ok()) {

@@ -61,6 +61,7 @@ impl Engine {
                 .await
                 .map_err(|e| EngineError::Internal(e.to_string()))?
                 .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
+            self.release_network(&rec).await;
         }
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
         self.store.remove(rec.id.as_str())
@@ -163,12 +164,15 @@ impl Engine {
     /// what a sandbox without network has.
     pub fn egress_policy(&self, id: &str) -> Result<NetworkPolicy, EngineError> {
         let r = self.entry(id)?.snapshot();
+        if r.spec.network == ember_types::NetworkMode::Egress {
+            return Ok(crate::network::egress_to_wire(&r.spec.egress));
+        }
         Ok(r.network_policy.unwrap_or_else(|| NetworkPolicy { default_action: Some("deny".into()), egress: vec![] }))
     }
 
     /// Merges rules into the recorded policy by target (a new rule replaces
     /// the one with its target; within `rules` the first per target wins).
-    pub fn patch_egress(&self, id: &str, rules: Vec<NetworkRule>) -> Result<NetworkPolicy, EngineError> {
+    pub async fn patch_egress(&self, id: &str, rules: Vec<NetworkRule>) -> Result<NetworkPolicy, EngineError> {
         for r in &rules {
             if !["allow", "deny"].contains(&r.action.as_str()) || r.target.trim().is_empty() {
                 return Err(EngineError::invalid("rules", format!("{r:?}: action allow|deny and a target are needed")));
@@ -183,16 +187,28 @@ impl Engine {
                 }
             }
         })
+        .await
     }
 
     /// Removes the rules of these targets (absent targets are fine).
-    pub fn delete_egress(&self, id: &str, targets: Vec<String>) -> Result<NetworkPolicy, EngineError> {
-        self.update_policy(id, |p| p.egress.retain(|r| !targets.contains(&r.target)))
+    pub async fn delete_egress(&self, id: &str, targets: Vec<String>) -> Result<NetworkPolicy, EngineError> {
+        self.update_policy(id, |p| p.egress.retain(|r| !targets.contains(&r.target))).await
     }
 
-    fn update_policy(&self, id: &str, f: impl FnOnce(&mut NetworkPolicy)) -> Result<NetworkPolicy, EngineError> {
+    /// Whether the sandbox's egress policy is enforced (it has egress networking).
+    pub fn egress_enforced(&self, id: &str) -> Result<bool, EngineError> {
+        Ok(self.entry(id)?.snapshot().spec.network == ember_types::NetworkMode::Egress)
+    }
+
+    /// Changes the policy; on a sandbox with egress networking the change is
+    /// enforced (one nftables transaction) before it is recorded.
+    async fn update_policy(&self, id: &str, f: impl FnOnce(&mut NetworkPolicy)) -> Result<NetworkPolicy, EngineError> {
         let mut policy = self.egress_policy(id)?;
         f(&mut policy);
+        if self.egress_enforced(id)? {
+            let typed = crate::network::egress_from_wire(&policy)?;
+            self.set_network_policy(id, typed).await?;
+        }
         let e = self.entry(id)?;
         e.update(|r| {
             r.network_policy = Some(policy.clone());

@@ -49,6 +49,14 @@ pub struct SandboxRecord {
     /// Workspaces mounted in the sandbox, with their lease epochs.
     #[serde(default)]
     pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
+    /// Paused by ember for a consistent workspace snapshot (not by the user): a
+    /// restart that finds it set thaws the sandbox.
+    #[serde(default)]
+    pub snapshot_freeze: bool,
+    /// The network slot the sandbox joined (egress networking), recorded
+    /// before launch so a restart can re-adopt or reclaim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_slot: Option<u32>,
 }
 
 pub const MAX_EVENTS: usize = 200;

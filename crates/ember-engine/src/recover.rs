@@ -40,6 +40,7 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
         let rt = engine.runtime.clone();
         let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
     }
+    engine.start_network().await?;
     let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
     for pool in pools {
         crate::pool::spawn_driver(engine, pool);
@@ -56,6 +57,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
             let adopted = tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await;
             if let Ok(Ok(launched)) = adopted {
                 tracing::info!(sandbox = %rec.id, pid, "re-adopted sandbox");
+                engine.adopt_network(&rec).await;
                 let (tx, rx) = mpsc::channel(4);
                 let entry = Arc::new(Entry {
                     record: Mutex::new(rec.clone()),
@@ -64,7 +66,13 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
                     wake: Notify::new(),
                 });
                 engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
-                crate::monitor::spawn(engine.clone(), entry, launched, rx);
+                crate::monitor::spawn(engine.clone(), entry.clone(), launched, rx);
+                // Frozen for a snapshot the crash interrupted: give the writer back.
+                if rec.snapshot_freeze {
+                    let _ = engine.resume(rec.id.as_str()).await;
+                    entry.update(|r| r.snapshot_freeze = false);
+                    engine.persist(&entry);
+                }
                 // An idle pooled sandbox goes back to its pool: its record says it
                 // was never handed out (a claim persists before it answers).
                 if rec.pooled {

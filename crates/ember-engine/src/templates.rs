@@ -1,7 +1,7 @@
 //! Templates: named defaults a sandbox is created from. The built-in `host`
 //! template uses the host's `/usr` read-only under a generated `/etc`; OCI image
 //! templates arrive with image support.
-use ember_types::{NetworkMode, Resources, SandboxSpec, UserSpec};
+use ember_types::{Resources, SandboxSpec, UserSpec};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Template {
@@ -33,7 +33,8 @@ pub(crate) fn pooled_spec(p: &crate::pool::PoolSpec) -> SandboxSpec {
         metadata: Default::default(),
         entrypoint: Vec::new(),
         user,
-        network: NetworkMode::None,
+        network: p.network,
+        egress: p.egress.clone(),
         volumes: Vec::new(),
     }
 }

@@ -25,6 +25,7 @@ fn main() {
         user: UserSpec::SANDBOX,
         volumes: Vec::new(),
         network: NetworkMode::None,
+        egress: Default::default(),
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

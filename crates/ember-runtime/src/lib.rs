@@ -58,6 +58,18 @@ pub enum RuntimeError {
     Sys(#[from] ember_sys::SysError),
     #[error(transparent)]
     Seccomp(#[from] ember_sys::seccomp::SeccompError),
+    #[error("runtime class {0} cannot join a prepared network namespace")]
+    NetworkUnsupported(&'static str),
+}
+
+/// A prepared network namespace (a network slot) that a sandbox joins instead
+/// of getting a fresh one with only `lo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetJoin {
+    /// The namespace file, e.g. `/run/netns/ember-3`.
+    pub netns: PathBuf,
+    /// Written to the sandbox's `/etc/resolv.conf`.
+    pub resolver: std::net::Ipv4Addr,
 }
 
 /// Where each part of a launch went, in microseconds.
@@ -90,6 +102,12 @@ pub trait Runtime: Send + Sync {
     fn class(&self) -> &'static str;
     /// Starts a sandbox and returns once its agent answers `/ping`.
     fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError>;
+    /// Like [`Runtime::launch`], but the sandbox joins the network namespace
+    /// `net` (egress networking) instead of getting one with only `lo`.
+    fn launch_in_network(&self, id: &SandboxId, spec: &SandboxSpec, net: &NetJoin) -> Result<Launched, RuntimeError> {
+        let _ = (id, spec, net);
+        Err(RuntimeError::NetworkUnsupported(self.class()))
+    }
     /// Re-attaches to a sandbox started by an earlier daemon process.
     fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError>;
     /// Kills everything in the sandbox and removes its cgroups and host files.

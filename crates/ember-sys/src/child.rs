@@ -91,7 +91,9 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
             run_fs_op(fds, op);
         }
         pivot(fds, &plan.new_root);
-        lo_up(fds);
+        if args.lo_up {
+            lo_up(fds);
+        }
         check!(fds, 13, libc::unshare(libc::CLONE_NEWCGROUP));
         drop_caps(fds, plan.keep_caps, args.cap_last);
         stdio(fds);

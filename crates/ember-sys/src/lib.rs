@@ -9,11 +9,15 @@
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
 //! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
 //! - [`fd`]: eventfd and small fd helpers.
+//! - [`netns`]: entering a network namespace from a thread of its own.
+//! - [`nflog`]: the netfilter log socket (nfnetlink_log) and its message parser.
 //! - [`process`]: process control for the in-sandbox agent.
 
 mod child;
 pub mod fd;
 pub mod inject;
+pub mod netns;
+pub mod nflog;
 pub mod pidfd;
 pub mod process;
 pub mod seccomp;

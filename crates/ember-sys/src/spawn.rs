@@ -123,6 +123,10 @@ pub(crate) struct ExecArgs {
     pub argv: Vec<*const libc::c_char>,
     pub envp: Vec<*const libc::c_char>,
     pub cap_last: u32,
+    /// False when the child joins a prepared network namespace: `lo` is up
+    /// already, and the child has no CAP_NET_ADMIN over a namespace its user
+    /// namespace does not own.
+    pub lo_up: bool,
 }
 
 #[repr(C)]
@@ -155,6 +159,44 @@ pub fn spawn_sandbox(
     fds: LaunchFds<'_>,
     parent_setup: impl FnOnce(i32) -> Result<(), String>,
 ) -> Result<Spawned, SpawnError> {
+    spawn_inner(plan, fds, parent_setup, NS_FLAGS)
+}
+
+/// Like [`spawn_sandbox`], but the sandbox joins the network namespace `netns`
+/// (a pre-created network slot) instead of getting a fresh one.
+///
+/// A process can only enter a network namespace with CAP_SYS_ADMIN over the
+/// user namespace that owns it, which the child loses the moment it enters its
+/// new user namespace. So the parent enters first: a short-lived thread calls
+/// `setns(netns)` (which changes only that thread) and runs the clone from
+/// there, without CLONE_NEWNET, so the child inherits the slot's namespace. The
+/// thread then exits and the daemon's other threads never leave the host's
+/// namespace. The child is reparented to another thread of this process; its
+/// pidfd and wait status are the process's, as before.
+pub fn spawn_sandbox_in_netns(
+    netns: BorrowedFd<'_>,
+    plan: &LaunchPlan,
+    fds: LaunchFds<'_>,
+    parent_setup: impl FnOnce(i32) -> Result<(), String> + Send,
+) -> Result<Spawned, SpawnError> {
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            crate::netns::enter(netns)?;
+            spawn_inner(plan, fds, parent_setup, NS_FLAGS & !(libc::CLONE_NEWNET as u64))
+        });
+        t.join().unwrap_or_else(|_| {
+            Err(SysError::new("spawn thread", "sandbox init", std::io::Error::other("the spawn thread panicked"))
+                .into())
+        })
+    })
+}
+
+fn spawn_inner(
+    plan: &LaunchPlan,
+    fds: LaunchFds<'_>,
+    parent_setup: impl FnOnce(i32) -> Result<(), String>,
+    ns_flags: u64,
+) -> Result<Spawned, SpawnError> {
     let (sync_r, sync_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let keep = [
@@ -177,11 +219,16 @@ pub fn spawn_sandbox(
         listen: listen.as_raw_fd(),
         log: log.as_raw_fd(),
     };
-    let args = ExecArgs { argv: ptr_array(&plan.argv), envp: ptr_array(&plan.env), cap_last: cap_last_cap() };
+    let args = ExecArgs {
+        argv: ptr_array(&plan.argv),
+        envp: ptr_array(&plan.env),
+        cap_last: cap_last_cap(),
+        lo_up: ns_flags & libc::CLONE_NEWNET as u64 != 0,
+    };
 
     let mut pidfd: RawFd = -1;
     let mut cl = CloneArgs {
-        flags: NS_FLAGS | libc::CLONE_PIDFD as u64,
+        flags: ns_flags | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
         ..Default::default()

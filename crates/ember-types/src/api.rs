@@ -70,8 +70,9 @@ pub struct CreateSandboxRequest {
     /// Default identity of commands: `{"uid":1000,"gid":1000}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<crate::UserSpec>,
-    /// Recorded and reported on port 18080; not enforced yet (the sandbox has
-    /// no network but loopback, so every egress is blocked anyway).
+    /// OpenSandbox's egress policy: enforced (it implies `network: egress`)
+    /// when the daemon has egress networking; otherwise recorded and reported
+    /// on port 18080 with `enforcementMode: none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +83,13 @@ pub struct CreateSandboxRequest {
     /// Workspaces to mount (ember's durable volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceMountSpec>,
+    /// `"none"` (default: loopback only) or `"egress"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// Allow-list targets, `CIDR|IP|DOMAIN|*.DOMAIN[:PORT]`; implies `egress`
+    /// with everything else denied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress
@@ -197,6 +205,9 @@ pub struct SandboxInfo {
     pub launch: Option<LaunchInfo>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<MountedWorkspaceInfo>,
+    /// `"egress"` for sandboxes with egress networking (absent: loopback only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// A workspace mounted in a sandbox.
@@ -258,6 +269,12 @@ pub struct CreatePoolRequest {
     pub resources: Option<ResourcesSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+    /// Network of the pool's sandboxes (`"none"` or `"egress"`); a claim
+    /// matches a pool only with the same network and policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
 }
 
 /// `PUT /v1/pools/{name}`: new bounds or target.
@@ -309,6 +326,8 @@ pub struct PoolInfo {
     /// Memory charged to the idle sandboxes' cgroups.
     pub idle_memory_bytes: u64,
     pub sizing: PoolSizing,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -362,4 +381,55 @@ pub struct WorkspaceInfo {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkspaceList {
     pub items: Vec<WorkspaceInfo>,
+}
+
+/// A workspace snapshot (ember's `/v1/workspace-snapshots`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSnapshotInfo {
+    pub id: String,
+    pub workspace: String,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    pub logical_bytes: u64,
+    pub files: u64,
+    pub chunks: u64,
+    pub unique_chunks: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub stored_bytes_uploaded: u64,
+    pub chunks_reused: u64,
+    /// Logical bytes over uploaded bytes: 1 for a first snapshot, large for an incremental one.
+    pub dedup_ratio: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceSnapshotList {
+    pub items: Vec<WorkspaceSnapshotInfo>,
+}
+
+/// `POST /v1/workspaces/{name}/snapshots`: optional fencing by a writer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotWorkspaceRequest {
+    /// Commit only while this sandbox holds the lease at `epoch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreSnapshotRequest {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkSnapshotRequest {
+    pub count: u32,
+    pub prefix: String,
 }

@@ -8,11 +8,15 @@
 pub mod api;
 pub mod execd;
 pub mod id;
+pub mod network;
 pub mod quantity;
 pub mod sandbox;
 pub mod task;
 
 pub use id::{IdError, SandboxId};
+pub use network::{
+    DeniedFlow, DeniedFlowList, EgressAction, EgressPolicy, EgressRule, EgressTarget, NetworkInfo, NetworkNodeInfo,
+};
 pub use quantity::{parse_cpu_millis, parse_memory_bytes, QuantityError};
 pub use sandbox::{
     BoundaryReport, NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,

@@ -3,6 +3,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub use crate::network::NetworkMode;
+
 /// Resource limits applied through cgroups and the writable layer's size.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,14 +37,6 @@ impl UserSpec {
     pub const SANDBOX: UserSpec = UserSpec { uid: 1000, gid: 1000 };
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NetworkMode {
-    /// A network namespace with only `lo`.
-    #[default]
-    None,
-}
-
 /// What a caller asked for, after validation and template defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +53,9 @@ pub struct SandboxSpec {
     pub entrypoint: Vec<String>,
     pub user: UserSpec,
     pub network: NetworkMode,
+    /// Enforced when `network` is `Egress`.
+    #[serde(default, skip_serializing_if = "crate::network::is_open_egress")]
+    pub egress: crate::network::EgressPolicy,
     /// Host directories bound into the sandbox (validated against the
     /// daemon's allow-list).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -47,11 +47,23 @@ class Ember:
         return httpx.Client(base_url=self.url, timeout=30)
 
 
+def _remove_network(net_tag, resolver):
+    """Slots, table and resolver address of the daemon's egress networking
+    outlive it by design, like its sandboxes."""
+    for d in ("/run/netns", "/sys/class/net"):
+        for p in Path(d).glob(f"{net_tag}-*"):
+            subprocess.run(["ip", "link", "del", p.name], capture_output=True)
+            subprocess.run(["ip", "netns", "del", p.name], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "inet", net_tag], capture_output=True)
+    subprocess.run(["ip", "addr", "del", resolver, "dev", "lo"], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def ember():
     if os.geteuid() != 0:
         pytest.fail("the OpenSandbox e2e suite creates real sandboxes and must run as root", pytrace=False)
     tag = f"ember-e2e-{os.getpid()}"
+    net_tag = f"e2e{os.getpid() % 100000}"
     data_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-data-"))
     # mkdtemp makes 0700 dirs; the sandboxes' mapped ids must traverse the data dir.
     os.chmod(data_dir, 0o755)
@@ -65,6 +77,13 @@ def ember():
             "--cgroup-parent", tag,
             "--agent", _binary("EMBER_AGENT_BIN", "ember-agent-static"),
             "--allow-host-path", str(host_dir),
+            # Egress networking on a range and tag of its own, removed below;
+            # no test here sends traffic off the machine (no upstream resolver).
+            "--network-range", "10.214.0.0/24",
+            "--network-tag", net_tag,
+            "--nflog-group", str(4000 + os.getpid() % 1000),
+            "--dns-upstream", "127.0.0.1:9",
+            "--network-slots", "1",
         ],
         stdout=subprocess.PIPE,
         env={**os.environ, "EMBER_LOG": "warn"},
@@ -96,3 +115,4 @@ def ember():
                         pass
             shutil.rmtree(data_dir, ignore_errors=True)
             shutil.rmtree(host_dir, ignore_errors=True)
+            _remove_network(net_tag, "10.214.0.254/32")

@@ -152,7 +152,7 @@ def test_diagnostics_logs_and_events(ember):
     arun(go())
 
 
-def test_egress_policy_is_recorded_and_reported_honestly(ember):
+def test_egress_policy_is_enforced_and_reported_honestly(ember):
     async def go():
         from opensandbox.models.sandboxes import NetworkPolicy
 
@@ -165,11 +165,19 @@ def test_egress_policy_is_recorded_and_reported_honestly(ember):
             assert [(r.action, r.target) for r in got.egress] == [("deny", "pypi.org"), ("allow", "*.example.com")]
             await sb.delete_egress_rules(["pypi.org"])
             assert [r.target for r in (await sb.get_egress_policy()).egress] == ["*.example.com"]
-            # The raw answer says the policy is not enforced.
+            # The policy implied egress networking, and it is enforced.
             with ember.http() as c:
                 raw = c.get(f"/v1/sandboxes/{sb.id}/proxy/18080/policy").json()
-            assert raw["enforcementMode"] == "none" and raw["mode"] == "deny_with_rules"
-            # And the sandbox indeed has no interface but loopback.
+                native = c.get(f"/v1/sandboxes/{sb.id}/network").json()
+            assert raw["enforcementMode"] == "dns+nft" and raw["mode"] == "deny_with_rules"
+            assert native["network"] == "egress" and [r["target"] for r in native["egress"]] == ["*.example.com"]
+            ex = await sb.commands.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort")
+            assert stdout(ex) == "eth0\nlo\n"
+        # Without a policy a sandbox still has loopback only, and says so.
+        async with sandbox(ember) as sb:
+            with ember.http() as c:
+                raw = c.get(f"/v1/sandboxes/{sb.id}/proxy/18080/policy").json()
+            assert raw["enforcementMode"] == "none"
             ex = await sb.commands.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
             assert stdout(ex) == "lo\n"
 

@@ -1,5 +1,6 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
+mod network;
 mod pool;
 mod sandbox;
 pub mod task;
@@ -21,6 +22,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Snapshot(c) => workspace::snapshots(&client()?, c).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Task(c) => task::run(&client()?, c).await,

@@ -30,7 +30,7 @@ fn print_inspect(p: &PoolInfo) {
 
 pub async fn run(client: &Client, cmd: PoolCmd) -> anyhow::Result<i32> {
     match cmd {
-        PoolCmd::Create { template, name, min, max, target: t, memory, cpus, pids, disk, json } => {
+        PoolCmd::Create { template, name, min, max, target: t, memory, cpus, pids, disk, network, allow, json } => {
             let req = CreatePoolRequest {
                 name,
                 template,
@@ -39,6 +39,8 @@ pub async fn run(client: &Client, cmd: PoolCmd) -> anyhow::Result<i32> {
                 target: Some(target(&t)),
                 resources: Some(ResourcesSpec { memory, cpu: cpus, pids, disk }),
                 runtime_class: None,
+                network,
+                allow,
             };
             let p = client.create_pool(&req).await?;
             if json {

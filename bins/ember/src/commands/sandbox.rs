@@ -22,6 +22,8 @@ pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
         metadata: (!labels.is_empty()).then_some(labels),
         runtime_class: a.runtime.clone(),
         workspaces: a.workspaces.iter().map(|w| workspace_mount(w, a.steal)).collect::<anyhow::Result<_>>()?,
+        network: a.network.clone(),
+        allow: a.allow.clone(),
         ..Default::default()
     })
 }
@@ -76,6 +78,10 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
                 println!("{}", serde_yaml_like(&v, 0));
             }
         }
+        SandboxCmd::Policy { id, allow, open, json } => {
+            return super::network::policy(client, &id, allow, open, json).await
+        }
+        SandboxCmd::Events { id, json } => return super::network::events(client, &id, json).await,
         SandboxCmd::Rm { ids } => {
             let mut failed = 0;
             for id in ids {

@@ -1,5 +1,5 @@
 //! `ember workspace ...`.
-use crate::cli::WorkspaceCmd;
+use crate::cli::{SnapshotCmd, WorkspaceCmd};
 use ember_client::Client;
 use ember_types::api::WorkspaceInfo;
 
@@ -47,6 +47,32 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
                 println!("  writer lease: {}; last epoch granted {}", lease(&w), w.epoch);
             }
         }
+        WorkspaceCmd::Snapshot { name, holder, epoch, json } => {
+            let s = client.snapshot_workspace(&name, holder.as_deref().zip(epoch)).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("{}", s.id);
+                eprintln!(
+                    "{} in {} files; uploaded {} in {} new chunks, reused {} chunks (dedup {:.1}x)",
+                    mib(s.logical_bytes),
+                    s.files,
+                    mib(s.stored_bytes_uploaded),
+                    s.chunks_uploaded,
+                    s.chunks_reused,
+                    s.dedup_ratio
+                );
+            }
+        }
+        WorkspaceCmd::Restore { snapshot, name, size } => {
+            let w = client.restore_snapshot(&snapshot, &name, size.as_deref()).await?;
+            println!("{}", w.name);
+        }
+        WorkspaceCmd::Fork { snapshot, count, prefix } => {
+            for w in client.fork_snapshot(&snapshot, count, &prefix).await? {
+                println!("{}", w.name);
+            }
+        }
         WorkspaceCmd::Rm { names } => {
             let mut failed = 0;
             for n in names {
@@ -54,6 +80,66 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
                     Ok(()) => println!("{n}"),
                     Err(e) => {
                         eprintln!("ember: {n}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            return Ok(i32::from(failed > 0));
+        }
+    }
+    Ok(0)
+}
+
+pub async fn snapshots(client: &Client, cmd: SnapshotCmd) -> anyhow::Result<i32> {
+    match cmd {
+        SnapshotCmd::Ls { workspace, json } => {
+            let all = client.list_snapshots(workspace.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!("{:<40} {:<20} {:>12} {:>8} {:>8}", "ID", "WORKSPACE", "SIZE", "CHUNKS", "DEDUP");
+                for s in all {
+                    println!(
+                        "{:<40} {:<20} {:>12} {:>8} {:>7.1}x",
+                        s.id,
+                        s.workspace,
+                        mib(s.logical_bytes),
+                        s.chunks,
+                        s.dedup_ratio
+                    );
+                }
+            }
+        }
+        SnapshotCmd::Inspect { id, json } => {
+            let s = client.get_snapshot(&id).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("snapshot {} of workspace {} at {}", s.id, s.workspace, s.created_at);
+                println!(
+                    "  {} in {} files; {} chunks ({} distinct)",
+                    mib(s.logical_bytes),
+                    s.files,
+                    s.chunks,
+                    s.unique_chunks
+                );
+                println!(
+                    "  uploaded {} ({} stored) in {} chunks; reused {}; dedup {:.1}x",
+                    mib(s.bytes_uploaded),
+                    mib(s.stored_bytes_uploaded),
+                    s.chunks_uploaded,
+                    s.chunks_reused,
+                    s.dedup_ratio
+                );
+            }
+        }
+        SnapshotCmd::Rm { ids } => {
+            let mut failed = 0;
+            for id in ids {
+                match client.delete_snapshot(&id).await {
+                    Ok(()) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("ember: {id}: {e}");
                         failed += 1;
                     }
                 }

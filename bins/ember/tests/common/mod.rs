@@ -3,6 +3,8 @@
 //! create real sandboxes.
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
+pub mod internet;
+
 use ember_client::Client;
 use ember_types::api::{CreateSandboxRequest, ResourcesSpec, SandboxInfo};
 use ember_types::execd::RunCommandRequest;
@@ -52,6 +54,11 @@ impl Daemon {
             client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
+        // Egress networking changes the host (a table, namespaces, an address
+        // on lo): only tests that ask for it, with a range and tag of their own.
+        if !d.extra.iter().any(|a| a == "--network-range") {
+            d.extra.extend(["--network-range".to_string(), "none".to_string()]);
+        }
         d.spawn();
         d
     }
@@ -167,5 +174,34 @@ impl Drop for Daemon {
         }
         let _ = cg.remove_group();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        self.remove_network();
+    }
+}
+
+impl Daemon {
+    fn flag(&self, name: &str) -> Option<&str> {
+        self.extra.iter().position(|a| a == name).and_then(|i| self.extra.get(i + 1)).map(String::as_str)
+    }
+
+    /// Removes the slots, table and resolver address of this daemon's egress
+    /// networking (they outlive the daemon by design, like its sandboxes).
+    fn remove_network(&self) {
+        let (Some(tag), Some(range)) = (self.flag("--network-tag"), self.flag("--network-range")) else { return };
+        if range == "none" {
+            return;
+        }
+        for dir in ["/run/netns", "/sys/class/net"] {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.strip_prefix(&format!("{tag}-")).is_some_and(|r| r.parse::<u32>().is_ok()) {
+                    let _ = Command::new("ip").args(["link", "del", &n]).output();
+                    let _ = Command::new("ip").args(["netns", "del", &n]).output();
+                }
+            }
+        }
+        let _ = Command::new("nft").args(["delete", "table", "inet", tag]).output();
+        if let Ok(plan) = ember_net::AddrPlan::parse(range) {
+            let _ = Command::new("ip").args(["addr", "del", &format!("{}/32", plan.resolver()), "dev", "lo"]).output();
+        }
     }
 }

@@ -19,6 +19,8 @@ pub struct CreatePool {
     pub pids: Option<u64>,
     pub disk: Option<String>,
     pub runtime_class: Option<String>,
+    pub network: Option<ember_types::NetworkMode>,
+    pub egress: Option<ember_types::EgressPolicy>,
 }
 
 /// The most idle sandboxes one pool may hold.
@@ -50,6 +52,8 @@ impl Engine {
             pids: req.pids,
             disk: req.disk,
             runtime_class: req.runtime_class,
+            network: req.network,
+            egress: req.egress,
             ..Default::default()
         })?;
         let spec = PoolSpec {
@@ -60,6 +64,8 @@ impl Engine {
             target,
             resources: sandbox.resources,
             runtime_class: sandbox.runtime_class,
+            network: sandbox.network,
+            egress: sandbox.egress,
         };
         let pool = {
             let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());

@@ -39,6 +39,12 @@ pub struct PoolSpec {
     pub target: Target,
     pub resources: Resources,
     pub runtime_class: String,
+    /// Idle sandboxes are started with this network and policy, so a claim
+    /// with egress finds its slot joined and policed already.
+    #[serde(default)]
+    pub network: ember_types::NetworkMode,
+    #[serde(default)]
+    pub egress: ember_types::EgressPolicy,
 }
 
 /// What `ember pool inspect` shows: the configuration, the arithmetic and the state.
@@ -182,6 +188,13 @@ impl Engine {
                     format!("pool {n} serves template {} ({})", ps.template, ps.runtime_class),
                 ));
             }
+            if ps.network != spec.network || (ps.network != ember_types::NetworkMode::None && ps.egress != spec.egress)
+            {
+                return Err(EngineError::invalid(
+                    "poolRef",
+                    format!("pool {n} serves network {:?} with another policy; ask for the same network", ps.network),
+                ));
+            }
             return Ok(Some(p));
         }
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
@@ -189,7 +202,11 @@ impl Engine {
             .values()
             .find(|p| {
                 let ps = p.spec();
-                ps.template == spec.template && ps.resources == spec.resources && ps.runtime_class == spec.runtime_class
+                ps.template == spec.template
+                    && ps.resources == spec.resources
+                    && ps.runtime_class == spec.runtime_class
+                    && ps.network == spec.network
+                    && (ps.network == ember_types::NetworkMode::None || ps.egress == spec.egress)
             })
             .cloned())
     }

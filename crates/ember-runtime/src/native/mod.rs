@@ -9,9 +9,9 @@
 mod boundary;
 pub mod rootfs;
 
-use crate::{LaunchTiming, Launched, Runtime, RuntimeError, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, READY_TIMEOUT};
 use ember_cgroups::{Cgroups, Limits};
-use ember_sys::spawn::{spawn_sandbox, LaunchFds, LaunchPlan};
+use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use rootfs::{cstr, RootfsPlan, ID_RANGE};
 use std::ffi::CString;
@@ -87,7 +87,7 @@ impl NativeRuntime {
         &self.cgroups
     }
 
-    fn plan(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> LaunchPlan {
+    fn plan(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path, net: Option<&NetJoin>) -> LaunchPlan {
         let hostname = format!("sbx-{}", id.short());
         let lowers = [self.host_template.clone()];
         let binds = [PathBuf::from("/usr")];
@@ -100,9 +100,17 @@ impl NativeRuntime {
             hostname: &hostname,
         };
         let map = format!("0 {} {}\n", self.cfg.uid_base, ID_RANGE);
+        let mut fs_ops = rootfs.ops();
+        if let Some(n) = net {
+            fs_ops.push(FsOp::WriteFile {
+                path: cstr(rootfs.new_root().join("etc/resolv.conf")),
+                contents: format!("nameserver {}\noptions timeout:2 attempts:2\n", n.resolver).into_bytes(),
+                mode: 0o644,
+            });
+        }
         LaunchPlan {
             hostname: cstr(&hostname),
-            fs_ops: rootfs.ops(),
+            fs_ops,
             new_root: cstr(rootfs.new_root()),
             keep_caps: KEEP_CAPS.iter().fold(0u64, |m, (c, _)| m | 1 << c),
             seccomp: self.seccomp.clone(),
@@ -112,6 +120,62 @@ impl NativeRuntime {
             gid_map: map,
             exec_timeout: READY_TIMEOUT,
         }
+    }
+
+    fn launch_with(&self, id: &SandboxId, spec: &SandboxSpec, net: Option<&NetJoin>) -> Result<Launched, RuntimeError> {
+        let t0 = Instant::now();
+        let name = id.as_str();
+        let dir = self.sandbox_dir(name);
+        let prep = |what| {
+            let path = dir.clone();
+            move |source| RuntimeError::Prepare { what, path, source }
+        };
+        std::fs::create_dir_all(dir.join("mnt")).map_err(prep("sandbox dir"))?;
+        let limits = Limits {
+            memory_bytes: spec.resources.memory_bytes,
+            cpu_millis: spec.resources.cpu_millis,
+            pids: spec.resources.pids,
+        };
+        self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
+        let oom = self.cgroups.oom_notifier(name).map_err(Self::cg_err(id))?;
+        let t_cg = t0.elapsed();
+
+        let sock = dir.join("agent.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).map_err(prep("agent socket"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("agent.log"))
+            .map_err(prep("agent log"))?;
+        let plan = self.plan(id, spec, &dir, net);
+        let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
+        let cg = &self.cgroups;
+        let setup = |pid| cg.attach(name, pid).map_err(|e| e.to_string());
+        let spawned = match net {
+            None => spawn_sandbox(&plan, fds, setup),
+            Some(n) => spawn_sandbox_in_netns(ember_sys::netns::open(&n.netns)?.as_fd(), &plan, fds, setup),
+        }
+        .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
+        drop(listener);
+        let t_spawn = t0.elapsed();
+        crate::ping_agent(&sock, READY_TIMEOUT)
+            .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
+        let total = t0.elapsed();
+        let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
+        Ok(Launched {
+            pid: spawned.pid,
+            pidfd: spawned.pidfd,
+            start_time,
+            agent_socket: sock,
+            oom: Some(oom),
+            timing: LaunchTiming {
+                cgroup_us: t_cg.as_micros() as u64,
+                spawn_us: (t_spawn - t_cg).as_micros() as u64,
+                ready_us: (total - t_spawn).as_micros() as u64,
+                total_us: total.as_micros() as u64,
+            },
+        })
     }
 
     fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
@@ -176,55 +240,11 @@ impl Runtime for NativeRuntime {
     }
 
     fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
-        let t0 = Instant::now();
-        let name = id.as_str();
-        let dir = self.sandbox_dir(name);
-        let prep = |what| {
-            let path = dir.clone();
-            move |source| RuntimeError::Prepare { what, path, source }
-        };
-        std::fs::create_dir_all(dir.join("mnt")).map_err(prep("sandbox dir"))?;
-        let limits = Limits {
-            memory_bytes: spec.resources.memory_bytes,
-            cpu_millis: spec.resources.cpu_millis,
-            pids: spec.resources.pids,
-        };
-        self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
-        let oom = self.cgroups.oom_notifier(name).map_err(Self::cg_err(id))?;
-        let t_cg = t0.elapsed();
+        self.launch_with(id, spec, None)
+    }
 
-        let sock = dir.join("agent.sock");
-        let _ = std::fs::remove_file(&sock);
-        let listener = UnixListener::bind(&sock).map_err(prep("agent socket"))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("agent.log"))
-            .map_err(prep("agent log"))?;
-        let plan = self.plan(id, spec, &dir);
-        let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
-        let cg = &self.cgroups;
-        let spawned = spawn_sandbox(&plan, fds, |pid| cg.attach(name, pid).map_err(|e| e.to_string()))
-            .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
-        drop(listener);
-        let t_spawn = t0.elapsed();
-        crate::ping_agent(&sock, READY_TIMEOUT)
-            .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
-        let total = t0.elapsed();
-        let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
-        Ok(Launched {
-            pid: spawned.pid,
-            pidfd: spawned.pidfd,
-            start_time,
-            agent_socket: sock,
-            oom: Some(oom),
-            timing: LaunchTiming {
-                cgroup_us: t_cg.as_micros() as u64,
-                spawn_us: (t_spawn - t_cg).as_micros() as u64,
-                ready_us: (total - t_spawn).as_micros() as u64,
-                total_us: total.as_micros() as u64,
-            },
-        })
+    fn launch_in_network(&self, id: &SandboxId, spec: &SandboxSpec, net: &NetJoin) -> Result<Launched, RuntimeError> {
+        self.launch_with(id, spec, Some(net))
     }
 
     fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError> {

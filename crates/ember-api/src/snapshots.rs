@@ -1,0 +1,95 @@
+//! Workspace snapshots: `/v1/workspaces/{name}/snapshots` and
+//! `/v1/workspace-snapshots/...` (OpenSandbox's `/v1/snapshots` are sandbox
+//! snapshots, a different thing).
+use crate::convert::rfc3339;
+use crate::error::ApiError;
+use crate::workspaces::info as workspace_info;
+use crate::{ApiJson, ApiPath, ApiState};
+use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ember_snapshot::SnapshotSummary;
+use ember_types::api::{
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceList, WorkspaceSnapshotInfo,
+    WorkspaceSnapshotList,
+};
+
+pub fn info(s: &SnapshotSummary) -> WorkspaceSnapshotInfo {
+    let st = &s.stats;
+    WorkspaceSnapshotInfo {
+        id: s.id.clone(),
+        workspace: s.labels.get("workspace").cloned().unwrap_or_default(),
+        created_at: rfc3339(s.created_unix_ms as i64),
+        epoch: s.labels.get("epoch").and_then(|e| e.parse().ok()),
+        logical_bytes: st.logical_bytes,
+        files: st.files,
+        chunks: st.chunk_refs,
+        unique_chunks: st.unique_chunks,
+        chunks_uploaded: st.chunks_uploaded,
+        bytes_uploaded: st.bytes_uploaded,
+        stored_bytes_uploaded: st.stored_bytes_uploaded,
+        chunks_reused: st.chunks_reused,
+        dedup_ratio: if st.bytes_uploaded == 0 { st.logical_bytes.max(1) as f64 } else { st.dedup_ratio() },
+        warnings: s.warnings.clone(),
+    }
+}
+
+pub async fn create(
+    State(st): State<ApiState>,
+    ApiPath(name): ApiPath<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    // The body is optional: an empty one means "no fencing".
+    let req: SnapshotWorkspaceRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        SnapshotWorkspaceRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?
+    };
+    let fence = match (req.holder, req.epoch) {
+        (Some(h), Some(e)) => Some((h, e)),
+        (None, None) => None,
+        _ => return Err(ApiError::bad_request("holder and epoch go together")),
+    };
+    let s = st.engine.snapshot_workspace(&name, fence).await?;
+    Ok((StatusCode::CREATED, Json(info(&s))).into_response())
+}
+
+pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let ws = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "workspace")
+        .map(|(_, v)| v.into_owned());
+    let items = st.engine.list_snapshots(ws).await?.iter().map(info).collect();
+    Ok(Json(WorkspaceSnapshotList { items }).into_response())
+}
+
+pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(info(&st.engine.inspect_snapshot(&id).await?)).into_response())
+}
+
+pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
+    st.engine.delete_snapshot(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn restore(
+    State(st): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<RestoreSnapshotRequest>,
+) -> Result<Response, ApiError> {
+    let size = req
+        .size
+        .map(|s| ember_types::parse_memory_bytes(&s).map_err(|e| ApiError::bad_request(format!("size: {e}"))))
+        .transpose()?;
+    let w = st.engine.restore_workspace(&id, &req.name, size).await?;
+    Ok((StatusCode::CREATED, Json(workspace_info(&w))).into_response())
+}
+
+pub async fn fork(
+    State(st): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<ForkSnapshotRequest>,
+) -> Result<Response, ApiError> {
+    let all = st.engine.fork_snapshot(&id, req.count, &req.prefix).await?;
+    Ok((StatusCode::CREATED, Json(WorkspaceList { items: all.iter().map(workspace_info).collect() })).into_response())
+}
