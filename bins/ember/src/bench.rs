@@ -19,6 +19,7 @@ mod procfs;
 pub mod registry;
 mod report;
 mod stats;
+pub mod tasks;
 
 use crate::cli::BenchCmd;
 use anyhow::Context;
@@ -41,6 +42,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             claim_bench(client, args, json).await
         }
         BenchCmd::Classes { runs, json } => classes::run(client, runs, json).await,
+        BenchCmd::Tasks(a) => tasks::run(client, a).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await

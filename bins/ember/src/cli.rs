@@ -53,6 +53,9 @@ pub enum Cmd {
     /// Runtime classes (native, runsc, crun, runc, ...).
     #[command(subcommand)]
     Runtime(RuntimeCmd),
+    /// Queue commands for the node's workers to pull and run.
+    #[command(subcommand)]
+    Task(crate::commands::task::TaskCmd),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -105,6 +108,8 @@ pub struct ServeArgs {
     /// it); repeatable. Without it, host volumes are refused.
     #[arg(long, value_name = "DIR")]
     pub allow_host_path: Vec<PathBuf>,
+    #[command(flatten)]
+    pub tasks: crate::commands::task::TaskFlags,
     #[command(flatten)]
     pub net: NetArgs,
 }
@@ -320,6 +325,8 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Task throughput, submit→start latency, and MTTD after a worker kill.
+    Tasks(crate::bench::tasks::TasksArgs),
     /// Warm claims with and without egress networking, and the network slot
     /// refill rate (pools of its own; the daemon needs egress networking on).
     Network {

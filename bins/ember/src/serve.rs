@@ -28,6 +28,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     };
     let retention = parse_duration(&args.retention).context("--retention")?;
     let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
+    args.tasks.config()?;
 
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
@@ -48,6 +49,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
+    engine.start_tasks(args.tasks.config()?).context("tasks")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

@@ -288,6 +288,7 @@ async fn every_operation_answers_as_documented() {
     pools(&api).await;
     image_ops::images_and_templates(&api, &reg.addr).await;
     workspaces(&api).await;
+    tasks(&api).await;
 
     // Every operation of the lifecycle, ember and system tags was answered with a 2xx.
     let seen = api.seen.lock().unwrap().clone();
@@ -662,6 +663,38 @@ async fn workspaces(api: &Api) {
     assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&id]).send().await.status, 204);
     assert_eq!(api.req("GET", "/v1/workspaces/{name}", &["nope"]).send().await.status, 404);
     assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await.status, 204);
+}
+
+async fn tasks(api: &Api) {
+    let body = json!({"command": ["sh", "-c", "echo hi"], "key": "k1", "tier": "interactive"});
+    let r = api.req("POST", "/v1/tasks", &[]).json(body.clone()).send().await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_str().expect("id").to_string();
+    assert_eq!(api.req("POST", "/v1/tasks", &[]).json(body).send().await.status, 200, "same key, same task");
+    let r = api.req("POST", "/v1/tasks", &[]).json(json!({"command": []})).send().await;
+    assert_eq!(r.status, 400);
+    let r = api.req("POST", "/v1/tasks", &[]).json(json!({"command": ["true"], "workspace": "nope"})).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("WORKSPACE::NOT_FOUND")));
+    for _ in 0..200 {
+        if api.req("GET", "/v1/tasks/{id}", &[&id]).send().await.json()["state"] == "Succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = api.req("GET", "/v1/tasks/{id}/logs", &[&id]).query("follow=true").send().await;
+    assert_eq!((r.status, r.text().as_str(), r.header("x-ember-attempt")), (200, "hi\n", Some("1")));
+    let r = api.req("GET", "/v1/tasks", &[]).query("state=Succeeded&tier=interactive").send().await;
+    assert_eq!(r.json()["items"][0]["id"].as_str(), Some(id.as_str()));
+    assert_eq!(api.req("GET", "/v1/tasks", &[]).query("tier=urgent").send().await.status, 400);
+    let r = api.req("POST", "/v1/tasks/{id}/cancel", &[&id]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("TASK::ALREADY_ENDED")));
+    let long = json!({"command": ["sleep", "600"], "tier": "batch"});
+    let long = api.req("POST", "/v1/tasks", &[]).json(long).send().await.json()["id"].as_str().unwrap().to_string();
+    let r = api.req("POST", "/v1/tasks/{id}/cancel", &[&long]).send().await;
+    assert_eq!((r.status, r.json()["state"].as_str()), (200, Some("Cancelled")));
+    assert_eq!(api.req("GET", "/v1/tasks/{id}", &["t-nope"]).send().await.status, 404);
+    assert_eq!(api.req("GET", "/v1/tasks/{id}/logs", &["t-nope"]).send().await.status, 404);
+    assert_eq!(api.req("POST", "/v1/tasks/{id}/cancel", &["t-nope"]).send().await.status, 404);
 }
 
 async fn router_fallbacks(api: &Api, a: &str) {

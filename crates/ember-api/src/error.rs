@@ -58,6 +58,7 @@ impl From<EngineError> for ApiError {
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
             EngineError::Workspace(w) => workspace_status(w),
+            EngineError::Task(t) => task_status(t),
             EngineError::Snapshot(s) => snapshot_status(s),
             EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
@@ -103,6 +104,17 @@ fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'stati
         W::Lease(LeaseError::Held { .. }) => (S::CONFLICT, "WORKSPACE::LEASED"),
         W::Lease(LeaseError::Fenced { .. }) => (S::CONFLICT, "WORKSPACE::FENCED"),
         W::Io { .. } | W::Command { .. } => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
+    }
+}
+
+fn task_status(e: &ember_engine::tasks::QueueError) -> (StatusCode, &'static str) {
+    use ember_engine::tasks::QueueError as Q;
+    use StatusCode as S;
+    match e {
+        Q::NotFound(_) => (S::NOT_FOUND, "TASK::NOT_FOUND"),
+        Q::Finished { .. } => (S::CONFLICT, "TASK::ALREADY_ENDED"),
+        Q::Fenced { .. } => (S::CONFLICT, "TASK::FENCED"),
+        Q::Journal { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
     }
 }
 

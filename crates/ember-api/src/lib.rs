@@ -22,6 +22,7 @@ mod proxy;
 mod sandboxes;
 mod snapshots;
 mod system;
+mod tasks;
 mod workspaces;
 
 use axum::extract::{FromRequest, Request};
@@ -112,6 +113,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
         .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/tasks", post(tasks::submit).get(tasks::list))
+        .route("/tasks/{id}", get(tasks::get_one))
+        .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/tasks/{id}/logs", get(tasks::logs))
         .route("/workspaces/{name}/snapshots", post(snapshots::create))
         .route("/workspace-snapshots", get(snapshots::list))
         .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))

@@ -7,6 +7,7 @@ mod execd;
 mod images;
 
 pub use images::segment;
+mod tasks;
 
 use bytes::Bytes;
 use ember_types::api::{

@@ -40,6 +40,8 @@ pub enum EngineError {
     #[error(transparent)]
     Workspace(ember_workspace::WorkspaceError),
     #[error(transparent)]
+    Task(ember_queue::QueueError),
+    #[error(transparent)]
     Snapshot(#[from] ember_snapshot::SnapshotError),
     #[error("network of sandbox {id}")]
     Network {

@@ -21,6 +21,7 @@ pub mod record;
 mod recover;
 mod snapshots;
 mod store;
+pub mod tasks;
 pub mod templates;
 mod workspaces;
 
@@ -100,6 +101,8 @@ pub struct Engine {
     metrics: Metrics,
     images: Arc<ember_image::ImageStore>,
     templates: templates::TemplateStore,
+    /// Set once by [`Engine::start_tasks`].
+    tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
     /// Egress networking; `None` when the daemon runs without it.
     network: Option<Arc<ember_net::Network>>,
 }
@@ -144,6 +147,7 @@ impl Engine {
             metrics: Metrics::new(),
             images,
             templates,
+            tasks: std::sync::OnceLock::new(),
             network,
         });
         recover::recover(&engine).await?;

@@ -4,6 +4,7 @@ pub mod image;
 mod network;
 mod pool;
 mod sandbox;
+pub mod task;
 mod workspace;
 
 use crate::cli::{Cli, Cmd, ExecOpts};
@@ -28,6 +29,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Runtime(crate::cli::RuntimeCmd::Ls { json }) => runtime_ls(&client()?, json).await,
+        Cmd::Task(c) => task::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
     }
 }

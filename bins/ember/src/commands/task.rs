@@ -1,0 +1,218 @@
+//! `ember task ...` and the task flags of `ember serve`.
+use crate::commands::parse_duration;
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use ember_client::Client;
+use ember_types::task::{SubmitTaskRequest, TaskRecord, Tier};
+use std::io::Write;
+
+#[derive(Subcommand)]
+pub enum TaskCmd {
+    /// Queue a command; prints the task id (the existing one for a known --key).
+    Submit {
+        #[arg(long)]
+        template: Option<String>,
+        /// Mounted read-write at /workspace for each attempt.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// interactive, standard or batch.
+        #[arg(long, default_value = "standard")]
+        tier: String,
+        /// Idempotency key: resubmitting with it returns the same task.
+        #[arg(long)]
+        key: Option<String>,
+        /// How long one attempt may run, e.g. 10m.
+        #[arg(long)]
+        timeout: Option<String>,
+        /// Attempts before the task is dead-lettered.
+        #[arg(long)]
+        attempts: Option<u32>,
+        /// Lease (ack wait) of each attempt, e.g. 10s.
+        #[arg(long)]
+        lease: Option<String>,
+        /// Heartbeat interval, shorter than the lease.
+        #[arg(long)]
+        heartbeat: Option<String>,
+        /// Environment for the command, K=V (repeatable).
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+        #[arg(long)]
+        json: bool,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// List tasks.
+    Ls {
+        #[arg(long)]
+        state: Vec<String>,
+        #[arg(long)]
+        tier: Vec<String>,
+        #[arg(long)]
+        workspace: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a task with every transition and attempt.
+    Inspect {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    Cancel {
+        ids: Vec<String>,
+    },
+    /// Print an attempt's output (default: the latest); -f follows it live.
+    Logs {
+        id: String,
+        #[arg(short, long)]
+        follow: bool,
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
+}
+
+/// Task flags of `ember serve`.
+#[derive(Args, Clone)]
+pub struct TaskFlags {
+    /// Worker slots on this node: at most this many task attempts at once.
+    #[arg(long, default_value_t = 4)]
+    pub task_workers: u32,
+    /// Default lease (ack wait) of an attempt.
+    #[arg(long, default_value = "10s")]
+    pub task_lease: String,
+    /// Default heartbeat interval (shorter than the lease).
+    #[arg(long, default_value = "2s")]
+    pub task_heartbeat: String,
+    /// A task waiting this long moves up one tier.
+    #[arg(long, default_value = "30s")]
+    pub task_aging: String,
+    /// Cap on running tasks of a tier, TIER=N (repeatable).
+    #[arg(long = "task-cap", value_name = "TIER=N")]
+    pub task_caps: Vec<String>,
+    #[arg(long, default_value_t = 3)]
+    pub task_attempts: u32,
+}
+
+impl TaskFlags {
+    pub fn config(&self) -> anyhow::Result<ember_engine::tasks::TaskConfig> {
+        let lease = parse_duration(&self.task_lease).context("--task-lease")?;
+        let heartbeat = parse_duration(&self.task_heartbeat).context("--task-heartbeat")?;
+        if heartbeat >= lease || heartbeat.is_zero() {
+            bail!("--task-heartbeat must be shorter than --task-lease");
+        }
+        let mut caps = [None; 3];
+        for c in &self.task_caps {
+            let (t, n) = c.split_once('=').with_context(|| format!("--task-cap {c:?} is not TIER=N"))?;
+            let tier = Tier::parse(t).with_context(|| format!("--task-cap: unknown tier {t:?}"))?;
+            caps[tier.rank()] = Some(n.parse().with_context(|| format!("--task-cap {c:?}"))?);
+        }
+        if !(1..=100).contains(&self.task_attempts) {
+            bail!("--task-attempts must be between 1 and 100");
+        }
+        let node = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+        Ok(ember_engine::tasks::TaskConfig {
+            workers: self.task_workers,
+            node: if node.is_empty() { "node0".into() } else { node },
+            lease,
+            heartbeat,
+            queue: ember_engine::tasks::QueueConfig {
+                aging_ms: parse_duration(&self.task_aging).context("--task-aging")?.as_millis() as i64,
+                tier_caps: caps,
+            },
+            default_attempts: self.task_attempts,
+            ..Default::default()
+        })
+    }
+}
+
+fn ms(d: Option<String>, what: &str) -> anyhow::Result<Option<u64>> {
+    d.map(|d| parse_duration(&d).with_context(|| what.to_string()).map(|d| d.as_millis() as u64)).transpose()
+}
+
+fn line(t: &TaskRecord) -> String {
+    let reason = t.attempts.last().and_then(|a| a.reason.clone()).unwrap_or_default();
+    format!("{:<20} {:<13} {:<12} {:>7}  {}", t.id, t.state.as_str(), t.spec.tier.as_str(), t.attempt(), reason)
+}
+
+pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
+    match cmd {
+        TaskCmd::Submit { template, workspace, tier, key, timeout, attempts, lease, heartbeat, env, json, argv } => {
+            let req = SubmitTaskRequest {
+                command: argv,
+                template,
+                workspace,
+                tier: Some(
+                    Tier::parse(&tier).with_context(|| format!("--tier {tier:?}: interactive, standard or batch"))?,
+                ),
+                key,
+                timeout: ms(timeout, "--timeout")?.map(|m| m.div_ceil(1000)),
+                attempts,
+                lease_ms: ms(lease, "--lease")?,
+                heartbeat_ms: ms(heartbeat, "--heartbeat")?,
+                env: super::parse_kv(&env, "--env")?,
+            };
+            let (t, _) = client.submit_task(&req).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                println!("{}", t.id);
+            }
+        }
+        TaskCmd::Ls { state, tier, workspace, json } => {
+            let mut q: Vec<String> = state.iter().map(|s| format!("state={s}")).collect();
+            q.extend(tier.iter().map(|t| format!("tier={t}")));
+            q.extend(workspace.iter().map(|w| format!("workspace={w}")));
+            let all = client.list_tasks(&q.join("&")).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!("{:<20} {:<13} {:<12} {:>7}  {}", "ID", "STATE", "TIER", "ATTEMPT", "LAST REASON");
+                all.iter().for_each(|t| println!("{}", line(t)));
+            }
+        }
+        TaskCmd::Inspect { id, json } => {
+            let t = client.get_task(&id).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+                return Ok(0);
+            }
+            println!("task {} ({}, {}): {:?}", t.id, t.state.as_str(), t.spec.tier.as_str(), t.spec.command);
+            for tr in &t.transitions {
+                println!(
+                    "  {:>15} ms  {:<13} attempt {} {}",
+                    tr.at_ms,
+                    tr.state.as_str(),
+                    tr.attempt,
+                    tr.worker.as_deref().unwrap_or("")
+                );
+            }
+            for a in &t.attempts {
+                let why = a.reason.as_deref().unwrap_or(if a.exit_code == Some(0) { "succeeded" } else { "" });
+                println!("  attempt {} by {} in {}: {why}", a.attempt, a.worker, a.sandbox.as_deref().unwrap_or("-"));
+            }
+        }
+        TaskCmd::Cancel { ids } => {
+            let mut failed = 0;
+            for id in ids {
+                match client.cancel_task(&id).await {
+                    Ok(t) => println!("{}", t.id),
+                    Err(e) => {
+                        eprintln!("ember: {id}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            return Ok(i32::from(failed > 0));
+        }
+        TaskCmd::Logs { id, follow, attempt } => {
+            client
+                .task_logs(&id, attempt, follow, |b| {
+                    let mut o = std::io::stdout().lock();
+                    let _ = o.write_all(b);
+                    let _ = o.flush();
+                })
+                .await?;
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,174 @@
+//! Tasks pulled by workers, against a real daemon and real sandboxes: exactly
+//! once at scale, dead letters, idempotency, tier order with aging.
+mod common;
+
+use common::Daemon;
+use ember_client::ClientError;
+use ember_types::api::CreatePoolRequest;
+use ember_types::task::{SubmitTaskRequest, TaskRecord, TaskState, Tier};
+use std::time::{Duration, Instant};
+
+pub fn task(argv: &[&str]) -> SubmitTaskRequest {
+    SubmitTaskRequest { command: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+/// Polls until every task has ended; panics with the stragglers after `within`.
+pub async fn wait_all(d: &Daemon, ids: &[String], within: Duration) -> Vec<TaskRecord> {
+    let deadline = Instant::now() + within;
+    loop {
+        let all = d.client.list_tasks("").await.expect("list");
+        let mine: Vec<TaskRecord> = all.into_iter().filter(|t| ids.contains(&t.id)).collect();
+        assert_eq!(mine.len(), ids.len(), "tasks lost from the list");
+        if mine.iter().all(|t| t.state.is_terminal()) {
+            return mine;
+        }
+        let open: Vec<_> = mine.iter().filter(|t| !t.state.is_terminal()).map(|t| (&t.id, t.state)).collect();
+        assert!(Instant::now() < deadline, "{} tasks unfinished, e.g. {:?}", open.len(), &open[..open.len().min(5)]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn log(d: &Daemon, id: &str, attempt: Option<u32>) -> String {
+    let mut out = Vec::new();
+    d.client.task_logs(id, attempt, false, |b| out.extend_from_slice(b)).await.expect("logs");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tasks_across_eight_workers_each_run_exactly_once() {
+    let d = Daemon::start_with(&["--task-workers", "8"]);
+    let pool = CreatePoolRequest {
+        name: Some("tasks".into()),
+        template: "host".into(),
+        max: 16,
+        target: Some(16.into()),
+        ..Default::default()
+    };
+    d.client.create_pool(&pool).await.expect("pool");
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        let (t, created) = d.client.submit_task(&task(&["sh", "-c", "echo ran $EMBER_TASK_ID"])).await.expect("submit");
+        assert!(created);
+        ids.push(t.id);
+    }
+    let done = wait_all(&d, &ids, Duration::from_secs(600)).await;
+    let mut workers = std::collections::BTreeSet::new();
+    let mut spans = Vec::new();
+    for t in &done {
+        assert_eq!(t.state, TaskState::Succeeded, "{}: {:?}", t.id, t.attempts);
+        assert_eq!(t.attempts.len(), 1, "{} ran more than once: {:?}", t.id, t.attempts);
+        let runs = t.transitions.iter().filter(|x| x.state == TaskState::Running).count();
+        assert_eq!(runs, 1, "{}: {:?}", t.id, t.transitions);
+        let a = &t.attempts[0];
+        workers.insert(a.worker.clone());
+        spans.push((a.leased_at_ms, a.ended_at_ms.expect("ended")));
+    }
+    // Each task's own record of its run: its log says it ran, once, as itself.
+    for id in &ids {
+        assert_eq!(log(&d, id, None).await, format!("ran {id}\n"));
+    }
+    // Never more attempts at once than slots.
+    let mut edges: Vec<(i64, i32)> = spans.iter().flat_map(|(s, e)| [(*s, 1), (*e, -1)]).collect();
+    edges.sort();
+    let (mut cur, mut peak) = (0, 0);
+    for (_, delta) in edges {
+        cur += delta;
+        peak = peak.max(cur);
+    }
+    assert!(peak <= 8, "{peak} attempts overlapped with 8 worker slots");
+    assert!(workers.len() > 1, "one worker did everything: {workers:?}");
+    let (_, m) = d.client.get_raw("/metrics").await.expect("metrics");
+    let m = String::from_utf8_lossy(&m);
+    assert!(m.contains("ember_task_attempts_total{outcome=\"succeeded\"} 1000"), "{m}");
+    assert!(m.contains("ember_task_queue_depth{tier=\"standard\"} 0"));
+    println!("1000 tasks, {} workers used, peak concurrency {peak}", workers.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_always_failing_task_dead_letters_with_every_reason() {
+    let d = Daemon::start_with(&["--task-workers", "2"]);
+    let req = SubmitTaskRequest { attempts: Some(3), ..task(&["sh", "-c", "echo boom $EMBER_TASK_ATTEMPT; exit 7"]) };
+    let (t, _) = d.client.submit_task(&req).await.expect("submit");
+    let t = wait_all(&d, std::slice::from_ref(&t.id), Duration::from_secs(60)).await.remove(0);
+    assert_eq!(t.state, TaskState::DeadLettered);
+    let reasons: Vec<_> = t.attempts.iter().map(|a| (a.reason.as_deref(), a.exit_code)).collect();
+    assert_eq!(reasons, vec![(Some("exit code 7"), Some(7)); 3]);
+    assert_eq!(log(&d, &t.id, Some(2)).await, "boom 2\n", "each attempt keeps its own log");
+    let last = t.transitions.last().expect("transitions");
+    assert_eq!((last.state, last.attempt, last.worker.is_some()), (TaskState::DeadLettered, 3, true));
+    assert_eq!(d.client.list_tasks("state=DeadLettered").await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resubmission_with_a_key_returns_the_same_task() {
+    let d = Daemon::start_with(&["--task-workers", "1"]);
+    let req = SubmitTaskRequest { key: Some("build-42".into()), ..task(&["sh", "-c", "echo once"]) };
+    let (a, created_a) = d.client.submit_task(&req).await.expect("submit");
+    let (b, created_b) = d.client.submit_task(&req).await.expect("resubmit");
+    assert_eq!((a.id.as_str(), created_a, created_b), (b.id.as_str(), true, false));
+    wait_all(&d, std::slice::from_ref(&a.id), Duration::from_secs(60)).await;
+    let (c, created_c) = d.client.submit_task(&req).await.expect("resubmit after the end");
+    assert_eq!((c.id.as_str(), c.state, created_c), (a.id.as_str(), TaskState::Succeeded, false));
+    assert_eq!(d.client.list_tasks("").await.unwrap().len(), 1, "one task, not two");
+    match d.client.get_task("t-nope").await {
+        Err(ClientError::Api { status: 404, code, .. }) => assert_eq!(code, "TASK::NOT_FOUND"),
+        other => panic!("{other:?}"),
+    }
+    match d.client.submit_task(&task(&[])).await {
+        Err(ClientError::Api { status: 400, .. }) => {}
+        other => panic!("an empty command was accepted: {other:?}"),
+    }
+    match d.client.cancel_task(&a.id).await {
+        Err(ClientError::Api { status: 409, code, .. }) => assert_eq!(code, "TASK::ALREADY_ENDED"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
+    let d = Daemon::start_with(&["--task-workers", "1", "--task-aging", "1500ms"]);
+    let submit = |tier: Tier, argv: &'static [&'static str]| {
+        let c = d.client.clone();
+        async move { c.submit_task(&SubmitTaskRequest { tier: Some(tier), ..task(argv) }).await.expect("submit").0.id }
+    };
+    // The one worker is busy while the backlog is submitted, batch first.
+    let blocker = submit(Tier::Interactive, &["sleep", "1"]).await;
+    while d.client.get_task(&blocker).await.unwrap().state != TaskState::Running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ids = Vec::new();
+    for tier in [Tier::Batch, Tier::Standard, Tier::Interactive] {
+        for _ in 0..4 {
+            ids.push(submit(tier, &["true"]).await);
+        }
+    }
+    let mut done = wait_all(&d, &ids, Duration::from_secs(120)).await;
+    done.sort_by_key(|t| t.started_at(1));
+    let order: Vec<Tier> = done.iter().map(|t| t.spec.tier).collect();
+    let want: Vec<Tier> = [Tier::Interactive, Tier::Standard, Tier::Batch].iter().flat_map(|t| [*t; 4]).collect();
+    assert_eq!(order, want, "strict tier order");
+
+    // Aging: a batch task behind a steady stream of interactive work starts
+    // once it has waited two agings (3 s), not after the stream.
+    let mut stream = vec![submit(Tier::Interactive, &["sleep", "0.5"]).await];
+    while d.client.get_task(&stream[0]).await.unwrap().state != TaskState::Running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let batch = submit(Tier::Batch, &["true"]).await;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(7) {
+        let queued = d.client.list_tasks("state=Queued&tier=interactive").await.unwrap().len();
+        if queued < 3 {
+            stream.push(submit(Tier::Interactive, &["sleep", "0.2"]).await);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = d.client.get_task(&batch).await.unwrap();
+    let b_start = b.started_at(1).expect("the batch task started while interactive work kept coming");
+    let done = wait_all(&d, &stream, Duration::from_secs(120)).await;
+    let before = done.iter().filter(|t| t.started_at(1) < Some(b_start)).count();
+    let after = done.len() - before;
+    let waited = b_start - b.submitted_at_ms;
+    assert!(before >= 3 && after >= 3, "batch started amid the stream: {before} before, {after} after");
+    assert!((2_900..5_000).contains(&waited), "batch waited {waited} ms; two agings are 3000 ms");
+}

@@ -1,0 +1,107 @@
+//! `/v1/tasks`: queued work pulled by the node's workers.
+use crate::error::ApiError;
+use crate::{ApiJson, ApiPath, ApiState};
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderName;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ember_engine::tasks::{TaskFilter, TaskState};
+use ember_types::task::{SubmitTaskRequest, TaskList, Tier};
+use std::time::Duration;
+
+const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-ember-attempt");
+
+fn query(q: Option<String>) -> Vec<(String, String)> {
+    form_urlencoded::parse(q.unwrap_or_default().as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
+}
+
+/// 201 with a new task, 200 with the existing one when the key was known.
+pub async fn submit(
+    State(st): State<ApiState>,
+    ApiJson(req): ApiJson<SubmitTaskRequest>,
+) -> Result<Response, ApiError> {
+    let (rec, created) = st.engine.submit_task(req)?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(rec)).into_response())
+}
+
+pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let mut f = TaskFilter::default();
+    for (k, v) in query(q) {
+        match k.as_str() {
+            "state" => f.states.push(
+                TaskState::parse(&v)
+                    .ok_or_else(|| ApiError::bad_request(format!("state {v:?} is not a task state")))?,
+            ),
+            "tier" => f.tiers.push(Tier::parse(&v).ok_or_else(|| {
+                ApiError::bad_request(format!("tier {v:?}: expected interactive, standard or batch"))
+            })?),
+            "workspace" => f.workspace = Some(v),
+            _ => {}
+        }
+    }
+    Ok(Json(TaskList { items: st.engine.list_tasks(&f)? }).into_response())
+}
+
+pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(st.engine.task(&id)?).into_response())
+}
+
+pub async fn cancel(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(st.engine.cancel_task(&id).await?).into_response())
+}
+
+/// The attempt's output as text; with `follow=true` the reply streams until
+/// the attempt ends. `X-Ember-Attempt` says which attempt it is.
+pub async fn logs(
+    State(st): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let (mut follow, mut attempt) = (false, None);
+    for (k, v) in query(q) {
+        match k.as_str() {
+            "follow" => follow = v == "true" || v == "1",
+            "attempt" => {
+                attempt = Some(v.parse::<u32>().map_err(|_| ApiError::bad_request("attempt must be a number"))?)
+            }
+            _ => {}
+        }
+    }
+    let (first, ended, n) = st.engine.task_log(&id, attempt, 0).await?;
+    let head = [(header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()), (ATTEMPT_HEADER, n.to_string())];
+    if !follow || ended {
+        return Ok((head, first).into_response());
+    }
+    let engine = st.engine.clone();
+    let offset = first.len() as u64;
+    let stream = futures_util::stream::unfold((Some(first), offset, false), move |(pending, offset, done)| {
+        let engine = engine.clone();
+        let id = id.clone();
+        async move {
+            if let Some(p) = pending.filter(|p| !p.is_empty()) {
+                return Some((Ok::<_, std::io::Error>(p), (None, offset, done)));
+            }
+            let mut done = done;
+            loop {
+                if done {
+                    return None;
+                }
+                match engine.task_log(&id, Some(n), offset).await {
+                    Ok((data, ended, _)) if !data.is_empty() => {
+                        let next = offset + data.len() as u64;
+                        return Some((Ok(data), (None, next, ended)));
+                    }
+                    Ok((_, ended, _)) => done = ended,
+                    Err(_) => return None,
+                }
+                if !done {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    Ok((head, Body::from_stream(stream)).into_response())
+}

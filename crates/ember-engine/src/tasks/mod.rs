@@ -1,0 +1,211 @@
+//! Tasks: queued work that the node's workers pull. See `worker.rs` for an
+//! attempt's protocol and `ember_queue` for the queue and its leases.
+//!
+//! Layout: `mod.rs` (configuration, submit/get/list/cancel/logs),
+//! `worker.rs` (the pull loop and one attempt), `execd.rs` (the command's
+//! stream over the agent socket), `metrics.rs`.
+mod execd;
+mod metrics;
+mod worker;
+
+use crate::{Engine, EngineError};
+use ember_queue::{EmbeddedQueue, TaskQueue};
+use ember_types::task::{SubmitTaskRequest, TaskRecord, TaskSpec, Tier};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+pub use ember_queue::{QueueConfig, QueueError, TaskFilter};
+pub use ember_types::task::TaskState;
+
+/// Task settings of this node, validated by the binary and fixed at start.
+#[derive(Clone, Debug)]
+pub struct TaskConfig {
+    /// Worker slots: at most this many attempts run at once on this node.
+    pub workers: u32,
+    /// Names this node's workers (`<node>-w<slot>.<generation>`).
+    pub node: String,
+    /// Default lease (ack wait) and heartbeat interval.
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    pub queue: QueueConfig,
+    pub default_attempts: u32,
+    pub default_timeout: Duration,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig {
+            workers: 2,
+            node: "node0".into(),
+            lease: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(2),
+            queue: QueueConfig::default(),
+            default_attempts: 3,
+            default_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The node's task machinery: the queue, its workers' wake-up, the logs.
+pub struct TaskService {
+    cfg: TaskConfig,
+    queue: Arc<dyn TaskQueue>,
+    logs: PathBuf,
+    /// Wakes one idle worker (a permit is kept if none waits).
+    wake: Notify,
+    metrics: metrics::TaskMetrics,
+}
+
+/// The metadata key marking a sandbox as a task attempt's.
+pub const TASK_LABEL: &str = "ember.task";
+
+impl Engine {
+    /// Opens the task queue in the data dir and starts this node's workers
+    /// and the lease-expiry loop.
+    pub fn start_tasks(self: &Arc<Self>, cfg: TaskConfig) -> Result<(), EngineError> {
+        let dir = self.cfg.data_dir.join("state/tasks");
+        let q = EmbeddedQueue::open(&dir, cfg.queue.clone(), ember_queue::system_clock())?;
+        if q.damaged > 0 {
+            tracing::warn!(lines = q.damaged, "task journal: damaged lines skipped");
+        }
+        let logs = self.cfg.data_dir.join("tasks/logs");
+        std::fs::create_dir_all(&logs).map_err(|source| EngineError::Store { path: logs.clone(), source })?;
+        let svc = Arc::new(TaskService {
+            cfg: cfg.clone(),
+            queue: Arc::new(q),
+            logs,
+            wake: Notify::new(),
+            metrics: metrics::TaskMetrics::new(),
+        });
+        if self.tasks.set(svc.clone()).is_err() {
+            return Err(EngineError::Internal("tasks already started".into()));
+        }
+        for slot in 0..cfg.workers {
+            tokio::spawn(worker::worker_loop(Arc::downgrade(self), svc.clone(), slot));
+        }
+        tokio::spawn(worker::expiry_loop(Arc::downgrade(self), svc));
+        Ok(())
+    }
+
+    fn task_service(&self) -> Result<&Arc<TaskService>, EngineError> {
+        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
+    }
+
+    /// Validates and enqueues a task; `false` when its key named an existing one.
+    pub fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
+        let svc = self.task_service()?;
+        let c = &svc.cfg;
+        if req.command.is_empty() || req.command[0].is_empty() {
+            return Err(EngineError::invalid("command", "an argv with at least the program is required"));
+        }
+        let template = req.template.unwrap_or_else(|| "host".into());
+        crate::templates::builtin(&template).ok_or_else(|| EngineError::UnknownTemplate(template.clone()))?;
+        if let Some(w) = &req.workspace {
+            self.workspaces.meta(w)?;
+        }
+        let max_attempts = req.attempts.unwrap_or(c.default_attempts);
+        if !(1..=100).contains(&max_attempts) {
+            return Err(EngineError::invalid("attempts", "between 1 and 100"));
+        }
+        let timeout_secs = req.timeout.unwrap_or(c.default_timeout.as_secs());
+        if timeout_secs == 0 || self.cfg.max_ttl.is_some_and(|m| timeout_secs > m.as_secs()) {
+            return Err(EngineError::invalid("timeout", "at least 1 second and at most the daemon's --max-ttl"));
+        }
+        let lease_ms = req.lease_ms.unwrap_or(c.lease.as_millis() as u64);
+        let heartbeat_ms = req.heartbeat_ms.unwrap_or(c.heartbeat.as_millis() as u64);
+        if lease_ms < 100 || heartbeat_ms < 10 || heartbeat_ms >= lease_ms {
+            return Err(EngineError::invalid(
+                "leaseMs",
+                "lease ≥ 100 ms and heartbeat ≥ 10 ms, shorter than the lease",
+            ));
+        }
+        if req.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 256) {
+            return Err(EngineError::invalid("key", "1 to 256 characters"));
+        }
+        let spec = TaskSpec {
+            command: req.command,
+            template,
+            workspace: req.workspace,
+            tier: req.tier.unwrap_or(Tier::Standard),
+            key: req.key,
+            timeout_secs,
+            max_attempts,
+            lease_ms,
+            heartbeat_ms,
+            env: req.env,
+        };
+        let id = format!("t-{}", hex(&crate::create::random16()[..8]));
+        let out = svc.queue.submit(&id, spec)?;
+        if out.1 {
+            svc.wake.notify_one();
+        }
+        Ok(out)
+    }
+
+    pub fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
+        Ok(self.task_service()?.queue.get(id)?)
+    }
+
+    pub fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
+        Ok(self.task_service()?.queue.list(filter))
+    }
+
+    /// Cancels a task; a running attempt's sandbox is destroyed.
+    pub async fn cancel_task(self: &Arc<Self>, id: &str) -> Result<TaskRecord, EngineError> {
+        let rec = self.task_service()?.queue.cancel(id)?;
+        if let Some(sb) = rec.attempts.last().and_then(|a| a.sandbox.clone()) {
+            let _ = self.remove(&sb).await;
+        }
+        Ok(rec)
+    }
+
+    /// Bytes of an attempt's log (default: the latest) from `offset`, and
+    /// whether that attempt has ended (nothing more will be written).
+    pub async fn task_log(
+        &self,
+        id: &str,
+        attempt: Option<u32>,
+        offset: u64,
+    ) -> Result<(Vec<u8>, bool, u32), EngineError> {
+        let svc = self.task_service()?;
+        let rec = svc.queue.get(id)?;
+        let n = attempt.unwrap_or(rec.attempt());
+        if n > rec.attempt() {
+            return Err(EngineError::invalid("attempt", format!("task {id} has {} attempts", rec.attempt())));
+        }
+        let ended = rec.state.is_terminal()
+            || n == 0
+            || rec.attempts.get(n as usize - 1).is_some_and(|a| a.ended_at_ms.is_some());
+        let path = svc.log_path(id, n);
+        let data = match tokio::fs::read(&path).await {
+            Ok(d) => d.get(offset as usize..).map(<[u8]>::to_vec).unwrap_or_default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => return Err(EngineError::Store { path, source }),
+        };
+        Ok((data, ended, n))
+    }
+
+    /// The task metrics' text exposition, or `None` when tasks are off.
+    pub fn encode_task_metrics(&self) -> Option<String> {
+        let svc = self.tasks.get()?;
+        Some(svc.metrics.encode(&svc.queue.stats()))
+    }
+}
+
+impl TaskService {
+    fn log_path(&self, id: &str, attempt: u32) -> PathBuf {
+        self.logs.join(format!("{id}.{attempt}.log"))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl From<QueueError> for EngineError {
+    fn from(e: QueueError) -> Self {
+        EngineError::Task(e)
+    }
+}

@@ -1,0 +1,304 @@
+//! The embedded backend: the single-node default. All state is in memory behind
+//! one std Mutex (every section is a few map operations and one journal
+//! append, never an await), and every state change is appended to the journal
+//! before the call returns, so a restarted daemon finds every queued, leased
+//! and finished task. Heartbeats only move an in-memory deadline: after a
+//! restart every lease gets a fresh full deadline, so a worker that died with
+//! the daemon is detected one lease later.
+use crate::journal::Journal;
+use crate::pick::pick;
+use crate::{Clock, Expired, Lease, Outcome, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
+use ember_types::task::{TaskAttempt, TaskRecord, TaskSpec, TaskState, Tier};
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// A lease that is live now.
+struct Live {
+    attempt: u32,
+    worker: String,
+    tier: Tier,
+    deadline_ms: i64,
+    last_beat_ms: i64,
+}
+
+struct State {
+    tasks: HashMap<String, TaskRecord>,
+    keys: HashMap<String, String>,
+    /// Waiting tasks per tier: (enqueue time, sequence, id), oldest first.
+    ready: [BTreeSet<(i64, u64, String)>; 3],
+    live: HashMap<String, Live>,
+    active: [u64; 3],
+    seq: u64,
+    journal: Journal,
+}
+
+pub struct EmbeddedQueue {
+    cfg: QueueConfig,
+    clock: Clock,
+    state: Mutex<State>,
+    /// Damaged journal lines skipped at open.
+    pub damaged: usize,
+}
+
+impl State {
+    fn enqueue(&mut self, r: &TaskRecord) {
+        self.seq += 1;
+        self.ready[r.spec.tier.rank()].insert((r.submitted_at_ms, self.seq, r.id.clone()));
+    }
+
+    fn persist(&mut self, id: &str) -> Result<TaskRecord, QueueError> {
+        let r = self.tasks.get(id).cloned().ok_or_else(|| QueueError::NotFound(id.into()))?;
+        self.journal.append(&r)?;
+        if self.journal.wants_compaction() {
+            let State { journal, tasks, .. } = self;
+            journal.rewrite(tasks.values())?;
+        }
+        Ok(r)
+    }
+
+    fn drop_live(&mut self, id: &str) {
+        if let Some(l) = self.live.remove(id) {
+            self.active[l.tier.rank()] -= 1;
+        }
+    }
+
+    /// The live lease `lease` names, or why it is fenced.
+    fn check(&self, lease: &Lease) -> Result<&Live, QueueError> {
+        let rec = self.tasks.get(&lease.task).ok_or_else(|| QueueError::NotFound(lease.task.clone()))?;
+        match self.live.get(&lease.task) {
+            Some(l) if l.attempt == lease.attempt && l.worker == lease.worker => Ok(l),
+            _ => Err(QueueError::Fenced {
+                task: lease.task.clone(),
+                attempt: lease.attempt,
+                worker: lease.worker.clone(),
+                current: rec.attempt(),
+                state: rec.state,
+            }),
+        }
+    }
+
+    /// Ends the current attempt of `id` as failed with `reason`: back to the
+    /// queue while attempts remain, else dead-lettered.
+    fn fail_attempt(&mut self, id: &str, reason: String, exit_code: Option<i32>, worker: &str, now: i64) -> TaskState {
+        self.drop_live(id);
+        let Some(r) = self.tasks.get_mut(id) else { return TaskState::Failed };
+        if let Some(a) = r.attempts.last_mut() {
+            a.ended_at_ms = Some(now);
+            a.reason = Some(reason);
+            a.exit_code = exit_code;
+        }
+        let next = if r.attempt() < r.spec.max_attempts { TaskState::Queued } else { TaskState::DeadLettered };
+        r.transition(next, now, Some(worker.to_string()));
+        if next == TaskState::Queued {
+            let r = r.clone();
+            self.enqueue(&r);
+        }
+        next
+    }
+}
+
+impl EmbeddedQueue {
+    /// Opens (or creates) the queue in `dir` and restores every task.
+    pub fn open(dir: &Path, cfg: QueueConfig, clock: Clock) -> Result<EmbeddedQueue, QueueError> {
+        let (journal, tasks, damaged) = Journal::open(dir)?;
+        let now = clock();
+        let mut st = State {
+            tasks: HashMap::new(),
+            keys: HashMap::new(),
+            ready: Default::default(),
+            live: HashMap::new(),
+            active: [0; 3],
+            seq: 0,
+            journal,
+        };
+        let mut recs: Vec<TaskRecord> = tasks.into_values().collect();
+        recs.sort_by(|a, b| (a.submitted_at_ms, &a.id).cmp(&(b.submitted_at_ms, &b.id)));
+        for r in recs {
+            if let Some(k) = &r.spec.key {
+                st.keys.insert(k.clone(), r.id.clone());
+            }
+            match r.state {
+                TaskState::Queued => st.enqueue(&r),
+                TaskState::Leased | TaskState::Running => {
+                    let worker = r.attempts.last().map(|a| a.worker.clone()).unwrap_or_default();
+                    let deadline_ms = now + r.spec.lease_ms as i64;
+                    st.active[r.spec.tier.rank()] += 1;
+                    let live = Live { attempt: r.attempt(), worker, tier: r.spec.tier, deadline_ms, last_beat_ms: now };
+                    st.live.insert(r.id.clone(), live);
+                }
+                _ => {}
+            }
+            st.tasks.insert(r.id.clone(), r);
+        }
+        Ok(EmbeddedQueue { cfg, clock, state: Mutex::new(st), damaged })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl TaskQueue for EmbeddedQueue {
+    fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        if let Some(existing) = spec.key.as_ref().and_then(|k| st.keys.get(k)) {
+            let r = st.tasks.get(existing).cloned().ok_or_else(|| QueueError::NotFound(existing.clone()))?;
+            return Ok((r, false));
+        }
+        let mut r = TaskRecord {
+            id: id.to_string(),
+            spec,
+            state: TaskState::Queued,
+            submitted_at_ms: now,
+            transitions: Vec::new(),
+            attempts: Vec::new(),
+        };
+        r.transition(TaskState::Queued, now, None);
+        if let Some(k) = &r.spec.key {
+            st.keys.insert(k.clone(), r.id.clone());
+        }
+        st.tasks.insert(r.id.clone(), r.clone());
+        st.enqueue(&r);
+        st.persist(id).map(|r| (r, true))
+    }
+
+    fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        let heads = [0, 1, 2].map(|t| st.ready[t].first().map(|(at, _, _)| *at));
+        let Some(rank) = pick(heads, st.active, self.cfg.tier_caps, self.cfg.aging_ms) else { return Ok(None) };
+        let Some((_, _, id)) = st.ready[rank].pop_first() else { return Ok(None) };
+        let Some(r) = st.tasks.get_mut(&id) else { return Err(QueueError::NotFound(id)) };
+        r.attempts.push(TaskAttempt {
+            attempt: r.attempt() + 1,
+            worker: worker.to_string(),
+            leased_at_ms: now,
+            ..Default::default()
+        });
+        r.transition(TaskState::Leased, now, Some(worker.to_string()));
+        let (attempt, tier, lease_ms) = (r.attempt(), r.spec.tier, r.spec.lease_ms as i64);
+        let live = Live { attempt, worker: worker.to_string(), tier, deadline_ms: now + lease_ms, last_beat_ms: now };
+        st.live.insert(id.clone(), live);
+        st.active[rank] += 1;
+        let rec = st.persist(&id)?;
+        Ok(Some((Lease { task: id, attempt, worker: worker.to_string() }, rec)))
+    }
+
+    fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        st.check(lease)?;
+        let lease_ms = st.tasks.get(&lease.task).map_or(0, |r| r.spec.lease_ms as i64);
+        if let Some(l) = st.live.get_mut(&lease.task) {
+            l.deadline_ms = now + lease_ms;
+            l.last_beat_ms = now;
+        }
+        Ok(())
+    }
+
+    fn placed(&self, lease: &Lease, sandbox: &str) -> Result<(), QueueError> {
+        let mut st = self.lock();
+        st.check(lease)?;
+        if let Some(a) = st.tasks.get_mut(&lease.task).and_then(|r| r.attempts.last_mut()) {
+            a.sandbox = Some(sandbox.to_string());
+        }
+        st.persist(&lease.task).map(|_| ())
+    }
+
+    fn started(&self, lease: &Lease, sandbox: &str, workspace_epoch: Option<u64>) -> Result<TaskRecord, QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        st.check(lease)?;
+        if let Some(r) = st.tasks.get_mut(&lease.task) {
+            if let Some(a) = r.attempts.last_mut() {
+                a.sandbox = Some(sandbox.to_string());
+                a.workspace_epoch = workspace_epoch;
+                a.started_at_ms = Some(now);
+            }
+            r.transition(TaskState::Running, now, Some(lease.worker.clone()));
+        }
+        st.persist(&lease.task)
+    }
+
+    fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<TaskRecord, QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        st.check(lease)?;
+        match outcome {
+            Outcome::Succeeded | Outcome::Fail { .. } => {
+                st.drop_live(&lease.task);
+                if let Some(r) = st.tasks.get_mut(&lease.task) {
+                    let (state, reason, code) = match outcome {
+                        Outcome::Fail { reason } => (TaskState::Failed, Some(reason), None),
+                        _ => (TaskState::Succeeded, None, Some(0)),
+                    };
+                    if let Some(a) = r.attempts.last_mut() {
+                        (a.ended_at_ms, a.reason, a.exit_code) = (Some(now), reason, code);
+                    }
+                    r.transition(state, now, Some(lease.worker.clone()));
+                }
+            }
+            Outcome::Retry { reason, exit_code } => {
+                st.fail_attempt(&lease.task, reason, exit_code, &lease.worker, now);
+            }
+        }
+        st.persist(&lease.task)
+    }
+
+    fn expire(&self) -> Result<Vec<Expired>, QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        let due: Vec<(String, u32, String, Tier, i64)> = st
+            .live
+            .iter()
+            .filter(|(_, l)| l.deadline_ms <= now)
+            .map(|(id, l)| (id.clone(), l.attempt, l.worker.clone(), l.tier, now - l.last_beat_ms))
+            .collect();
+        let mut out = Vec::new();
+        for (task, attempt, worker, tier, silent_ms) in due {
+            let reason = format!("lease expired: no heartbeat from {worker} for {silent_ms} ms");
+            let next = st.fail_attempt(&task, reason, None, &worker, now);
+            st.persist(&task)?;
+            out.push(Expired { task, attempt, worker, tier, silent_ms, now: next });
+        }
+        Ok(out)
+    }
+
+    fn cancel(&self, id: &str) -> Result<TaskRecord, QueueError> {
+        let now = (self.clock)();
+        let mut st = self.lock();
+        let r = st.tasks.get(id).ok_or_else(|| QueueError::NotFound(id.into()))?;
+        if r.state.is_terminal() {
+            return Err(QueueError::Finished { task: id.into(), state: r.state });
+        }
+        let (tier, state) = (r.spec.tier.rank(), r.state);
+        if state == TaskState::Queued {
+            st.ready[tier].retain(|(_, _, t)| t != id);
+        }
+        st.drop_live(id);
+        if let Some(r) = st.tasks.get_mut(id) {
+            if let Some(a) = r.attempts.last_mut().filter(|a| a.ended_at_ms.is_none()) {
+                (a.ended_at_ms, a.reason) = (Some(now), Some("cancelled".into()));
+            }
+            r.transition(TaskState::Cancelled, now, None);
+        }
+        st.persist(id)
+    }
+
+    fn get(&self, id: &str) -> Result<TaskRecord, QueueError> {
+        self.lock().tasks.get(id).cloned().ok_or_else(|| QueueError::NotFound(id.into()))
+    }
+
+    fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord> {
+        let mut out: Vec<TaskRecord> = self.lock().tasks.values().filter(|r| filter.matches(r)).cloned().collect();
+        out.sort_by(|a, b| (a.submitted_at_ms, &a.id).cmp(&(b.submitted_at_ms, &b.id)));
+        out
+    }
+
+    fn stats(&self) -> QueueStats {
+        let st = self.lock();
+        QueueStats { queued: [0, 1, 2].map(|t| st.ready[t].len() as u64), active: st.active }
+    }
+}

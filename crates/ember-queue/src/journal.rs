@@ -1,0 +1,121 @@
+//! The embedded queue's durable log: `<dir>/tasks.journal`, one line per task
+//! state change, `<fnv64 of the JSON, 16 hex> <TaskRecord JSON>\n`. The last
+//! line for an id wins.
+//!
+//! Why a log and not a file per record: a task changes state four or five
+//! times, and one `write(2)` on an `O_APPEND` file costs a few microseconds
+//! where a temp file + rename costs a create, a rename and a directory update.
+//! A torn last line (the daemon died mid-write) fails its checksum and is
+//! dropped; a bad line elsewhere is skipped and counted. On open, and when the
+//! log has grown well past its live content, it is rewritten to a temp file
+//! and renamed into place (compaction). No fsync, as for the other records: a
+//! daemon crash keeps the page cache, and a host crash ends the sandboxes that
+//! ran the tasks anyway.
+use crate::QueueError;
+use ember_types::task::TaskRecord;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub(crate) struct Journal {
+    path: PathBuf,
+    file: File,
+    /// Bytes in the log now, and right after the last compaction.
+    bytes: u64,
+    compacted: u64,
+}
+
+fn fnv64(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100000001b3))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> QueueError {
+    let path = path.to_path_buf();
+    move |source| QueueError::Journal { path, source }
+}
+
+fn line(r: &TaskRecord) -> Vec<u8> {
+    // A TaskRecord is plain data: serialising it cannot fail.
+    let body = serde_json::to_vec(r).unwrap_or_default();
+    let mut out = format!("{:016x} ", fnv64(&body)).into_bytes();
+    out.extend_from_slice(&body);
+    out.push(b'\n');
+    out
+}
+
+fn parse(l: &[u8]) -> Option<TaskRecord> {
+    let (sum, body) = (l.get(..16)?, l.get(17..)?);
+    let sum = u64::from_str_radix(std::str::from_utf8(sum).ok()?, 16).ok()?;
+    (sum == fnv64(body)).then(|| serde_json::from_slice(body).ok()).flatten()
+}
+
+impl Journal {
+    /// Reads the log (if any), compacts it and opens it for appending.
+    /// Returns the records and how many damaged lines were skipped.
+    pub fn open(dir: &Path) -> Result<(Journal, HashMap<String, TaskRecord>, usize), QueueError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let path = dir.join("tasks.journal");
+        let data = match std::fs::read(&path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let mut recs = HashMap::new();
+        let mut damaged = 0;
+        for l in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            match parse(l) {
+                Some(r) => {
+                    recs.insert(r.id.clone(), r);
+                }
+                None => damaged += 1,
+            }
+        }
+        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
+        let mut j = Journal { path, file, bytes: 0, compacted: 0 };
+        j.rewrite(recs.values())?;
+        Ok((j, recs, damaged))
+    }
+
+    pub fn append(&mut self, r: &TaskRecord) -> Result<(), QueueError> {
+        let l = line(r);
+        self.file.write_all(&l).map_err(io_err(&self.path))?;
+        self.bytes += l.len() as u64;
+        Ok(())
+    }
+
+    /// Whether the log holds mostly superseded lines.
+    pub fn wants_compaction(&self) -> bool {
+        self.bytes > 4 * self.compacted + (8 << 20)
+    }
+
+    /// Replaces the log with one line per record (temp file + rename).
+    pub fn rewrite<'a>(&mut self, recs: impl Iterator<Item = &'a TaskRecord>) -> Result<(), QueueError> {
+        let tmp = self.path.with_extension("journal.tmp");
+        let mut out = Vec::new();
+        for r in recs {
+            out.extend_from_slice(&line(r));
+        }
+        std::fs::write(&tmp, &out).map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, &self.path).map_err(io_err(&self.path))?;
+        self.file = OpenOptions::new().append(true).open(&self.path).map_err(io_err(&self.path))?;
+        self.bytes = out.len() as u64;
+        self.compacted = self.bytes;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checksum_catches_a_torn_or_altered_line() {
+        assert!(parse(b"0000000000000000 {}").is_none());
+        assert!(parse(b"short").is_none());
+        let body = br#"{"x":1}"#;
+        let good = format!("{:016x} {}", fnv64(body), std::str::from_utf8(body).unwrap());
+        // Right checksum, but not a TaskRecord.
+        assert!(parse(good.as_bytes()).is_none());
+    }
+}

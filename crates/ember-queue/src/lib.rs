@@ -1,0 +1,158 @@
+//! ember's task queue: one [`TaskQueue`] trait and its backends. Workers pull:
+//! nothing here pushes a task to a chosen worker. A task is leased to exactly
+//! one worker at a time; a lease carries a deadline that the worker's
+//! heartbeats renew, and a lease that is not renewed expires and the task goes
+//! back to the queue for its next attempt.
+//!
+//! The trait is shaped after a NATS JetStream work-queue consumer, so the
+//! cluster backend can implement it without changing the workers:
+//!
+//! | trait | JetStream |
+//! |---|---|
+//! | [`TaskQueue::submit`] with a key | publish with `Nats-Msg-Id` (dedup window) |
+//! | [`TaskQueue::lease`] | pull consumer `fetch(1)` |
+//! | [`Lease`] deadline (`TaskSpec::lease_ms`) | `AckWait` |
+//! | [`TaskQueue::heartbeat`] | `AckProgress` (`+WPI`) |
+//! | [`Outcome::Succeeded`] / [`Outcome::Retry`] / [`Outcome::Fail`] | `Ack` / `Nak` / `Term` |
+//! | `TaskSpec::max_attempts` → `DeadLettered` | `MaxDeliver` + advisory |
+//! | [`TaskQueue::expire`] | server-side redelivery (a no-op there) |
+//!
+//! Layout: `embedded.rs` (the single-node backend), `journal.rs` (its durable
+//! log), `pick.rs` (tier order with aging, pure).
+#![forbid(unsafe_code)]
+
+mod embedded;
+mod journal;
+pub mod pick;
+
+pub use embedded::EmbeddedQueue;
+
+use ember_types::task::{TaskRecord, TaskSpec, TaskState, Tier};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A grant to run one attempt of one task. Every later call about the attempt
+/// carries it; a lease that is no longer the task's current one is refused
+/// with [`QueueError::Fenced`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub task: String,
+    pub attempt: u32,
+    pub worker: String,
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command exited 0 (ack).
+    Succeeded,
+    /// The attempt failed; retried while attempts remain, else dead-lettered (nak).
+    Retry { reason: String, exit_code: Option<i32> },
+    /// The task can never run as specified; not retried (term).
+    Fail { reason: String },
+}
+
+/// A lease that ran out without being renewed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expired {
+    pub task: String,
+    pub attempt: u32,
+    pub worker: String,
+    pub tier: Tier,
+    /// Time from the last heartbeat to detection: the measured MTTD.
+    pub silent_ms: i64,
+    /// Where the task went: `Queued` or `DeadLettered`.
+    pub now: TaskState,
+}
+
+/// Which tasks `list` returns; empty fields match everything.
+#[derive(Clone, Debug, Default)]
+pub struct TaskFilter {
+    pub states: Vec<TaskState>,
+    pub tiers: Vec<Tier>,
+    pub workspace: Option<String>,
+}
+
+impl TaskFilter {
+    pub fn matches(&self, r: &TaskRecord) -> bool {
+        (self.states.is_empty() || self.states.contains(&r.state))
+            && (self.tiers.is_empty() || self.tiers.contains(&r.spec.tier))
+            && self.workspace.as_ref().is_none_or(|w| r.spec.workspace.as_ref() == Some(w))
+    }
+}
+
+/// Queue depth and load, per tier (indexed by [`Tier::rank`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub queued: [u64; 3],
+    /// Leased or running.
+    pub active: [u64; 3],
+}
+
+/// Scheduling settings, fixed at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// A task waiting this long moves up one tier in the pick order, so
+    /// `batch` waits at most two agings behind a stream of `interactive` work.
+    pub aging_ms: i64,
+    /// At most this many leased or running tasks per tier (`None`: no cap).
+    pub tier_caps: [Option<u32>; 3],
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig { aging_ms: 30_000, tier_caps: [None; 3] }
+    }
+}
+
+/// Wall-clock milliseconds. Injected so tests can move time.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("task {0} not found")]
+    NotFound(String),
+    #[error("task {task}: attempt {attempt} of worker {worker} no longer holds the lease (task is {state:?}, attempt {current}); its report is refused")]
+    Fenced { task: String, attempt: u32, worker: String, current: u32, state: TaskState },
+    #[error("task {task} already ended ({state:?})")]
+    Finished { task: String, state: TaskState },
+    #[error("task journal {path}")]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The queue every backend implements. Calls are synchronous and short; async
+/// callers cross over with `spawn_blocking` or accept the few microseconds.
+pub trait TaskQueue: Send + Sync {
+    /// Enqueues `spec` as task `id`. With a key the queue already knows, the
+    /// existing task is returned instead and `false` says so.
+    fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError>;
+    /// The next task `worker` may run, leased to it (Queued → Leased), or
+    /// `None`. Call only with a free slot.
+    fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError>;
+    /// Renews the lease's deadline.
+    fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError>;
+    /// The attempt's command started in `sandbox` (Leased → Running).
+    fn started(&self, lease: &Lease, sandbox: &str, workspace_epoch: Option<u64>) -> Result<TaskRecord, QueueError>;
+    /// Records that the attempt runs in `sandbox` before it started, so the
+    /// next attempt can destroy it even if this one never reports again.
+    fn placed(&self, lease: &Lease, sandbox: &str) -> Result<(), QueueError>;
+    /// Reports the attempt's end; accepted only from the current lease.
+    fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<TaskRecord, QueueError>;
+    /// Returns every lease past its deadline to the queue (or dead-letters it).
+    fn expire(&self) -> Result<Vec<Expired>, QueueError>;
+    fn cancel(&self, id: &str) -> Result<TaskRecord, QueueError>;
+    fn get(&self, id: &str) -> Result<TaskRecord, QueueError>;
+    /// Matching tasks, oldest first.
+    fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord>;
+    fn stats(&self) -> QueueStats;
+}
