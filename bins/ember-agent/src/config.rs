@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub base_env: Vec<(OsString, OsString)>,
     /// `EXECD_ENVS`: a KEY=VALUE file merged into every command's env.
     pub execd_envs: Option<PathBuf>,
+    /// `EMBER_AGENT_WORKDIR`: default cwd of commands (an image's WorkingDir).
+    pub workdir: Option<PathBuf>,
     /// What a warm-pool claim bound (env, user, entrypoint); shared and mutable.
     pub binding: std::sync::Arc<crate::claim::Binding>,
 }
@@ -92,6 +94,7 @@ impl AgentConfig {
         let cpu_millis = opt_u64("EMBER_AGENT_CPU_MILLIS")?.filter(|m| *m > 0);
         let grace = Duration::from_millis(opt_u64("EMBER_AGENT_GRACE_MS")?.unwrap_or(0));
         let execd_envs = var("EXECD_ENVS").filter(|p| !p.is_empty()).map(PathBuf::from);
+        let workdir = var("EMBER_AGENT_WORKDIR").filter(|w| !w.is_empty()).map(PathBuf::from);
         let base_env = env.into_iter().filter(|(k, _)| !k.to_string_lossy().starts_with(CONTROL_PREFIX)).collect();
         Ok(AgentConfig {
             listen,
@@ -103,6 +106,7 @@ impl AgentConfig {
             grace,
             base_env,
             execd_envs,
+            workdir,
             binding: Default::default(),
         })
     }

@@ -11,10 +11,12 @@ mod classes;
 mod crun;
 mod density;
 mod ember;
+mod image;
 mod network;
 mod oci;
 mod pool;
 mod procfs;
+pub mod registry;
 mod report;
 mod stats;
 
@@ -31,6 +33,9 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
+        BenchCmd::Image { runs, size_mib, registry_port, json } => {
+            image::run(client, image::Args { runs, size_mib, port: registry_port, json }).await
+        }
         BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json } => {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await

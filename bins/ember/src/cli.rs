@@ -41,6 +41,12 @@ pub enum Cmd {
     /// Workspace snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Manage OCI images: pull, import, list, remove, prune.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Manage templates: named image + resources + runtime settings.
+    #[command(subcommand)]
+    Template(TemplateCmd),
     /// Manage warm pools.
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -92,6 +98,9 @@ pub struct ServeArgs {
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
+    /// A registry (host:port) to reach over plain http (repeatable).
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registry: Vec<String>,
     /// A host directory that `host` volumes may bind (it and everything under
     /// it); repeatable. Without it, host volumes are refused.
     #[arg(long, value_name = "DIR")]
@@ -241,6 +250,24 @@ pub enum SandboxCmd {
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// Cold pull+unpack of a >= 100 MB image the bench builds and serves from
+    /// a local registry, and create-to-ready from the cached image beside the
+    /// `host` template. The daemon needs --insecure-registry 127.0.0.1:PORT.
+    Image {
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Image size in MiB.
+        #[arg(long, default_value_t = 128)]
+        size_mib: u64,
+        /// Local registry port (the daemon must list it as insecure).
+        #[arg(long, default_value_t = 5099)]
+        registry_port: u16,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cold create-to-ready and exec round trip, beside crun in the same run.
+    /// Cold create-to-ready and exec round trip, beside crun in the same run.
+    /// Cold create-to-ready and exec round trip, beside crun in the same run.
     /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
     /// the bench builds, beside `tar | zstd` of the same directory. Local, in
     /// this process (no daemon needed).
@@ -436,5 +463,89 @@ pub enum SnapshotCmd {
     },
     Rm {
         ids: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ImageCmd {
+    /// Pull an image from its registry (shows progress; `--json` for scripts).
+    Pull {
+        reference: String,
+        /// Registry user (basic auth); the password comes from EMBER_REGISTRY_PASSWORD.
+        #[arg(long)]
+        username: Option<String>,
+        #[arg(long, env = "EMBER_REGISTRY_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
+        /// Bearer token instead of a user and password.
+        #[arg(long, env = "EMBER_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import a root filesystem dir, a tar, or an OCI image layout (dir or tar).
+    Import {
+        path: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List images and the layers on this node.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget images (their layers go with the next prune).
+    Rm { names: Vec<String> },
+    /// Remove layers that no image and no running sandbox uses.
+    Prune {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TemplateCmd {
+    /// Create a template (pulls its image first).
+    Create {
+        name: String,
+        #[arg(long)]
+        image: Option<String>,
+        #[arg(long)]
+        memory: Option<String>,
+        #[arg(long)]
+        cpus: Option<String>,
+        #[arg(long)]
+        pids: Option<u64>,
+        #[arg(long)]
+        disk: Option<String>,
+        /// Runtime class (only "native" is installed).
+        #[arg(long)]
+        runtime: Option<String>,
+        /// Network mode (only "none": loopback only).
+        #[arg(long)]
+        network: Option<String>,
+        /// user, uid, user:group or uid:gid, looked up in the image.
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        workdir: Option<String>,
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+        /// Entrypoint argv as JSON, e.g. '["sleep","inf"]'; '[]' runs none.
+        #[arg(long)]
+        entrypoint: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    Inspect {
+        name: String,
+    },
+    Rm {
+        names: Vec<String>,
     },
 }

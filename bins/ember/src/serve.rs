@@ -32,6 +32,12 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
+    let images = ember_image::ImageStore::open(ember_image::StoreConfig {
+        root: ember_engine::templates::images_dir(&args.data_dir),
+        uid_base: args.uid_base,
+        insecure_registries: args.insecure_registry.clone(),
+    })
+    .context("image store")?;
     let runtimes = runtimes(Arc::new(runtime), &args, &agent);
     let network = crate::netsetup::open(&args.net)?;
     let cfg = EngineConfig {
@@ -41,7 +47,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
     };
-    let engine = Engine::start_networked(cfg, runtimes, network).await.context("engine")?;
+    let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");

@@ -6,6 +6,10 @@
 //! too). A drift test checks the document's paths and methods against the
 //! router sources of the daemon and of the agent.
 mod common;
+#[path = "openapi/images.rs"]
+mod image_ops;
+#[path = "../src/bench/registry.rs"]
+mod registry;
 #[path = "common/schema.rs"]
 mod schema;
 
@@ -273,7 +277,8 @@ fn multipart(boundary: &str, path: &str, contents: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_answers_as_documented() {
-    let api = Api::new(Daemon::start());
+    let reg = image_ops::registry_with_image();
+    let api = Api::new(Daemon::start_with(&["--insecure-registry", &reg.addr]));
     system_routes(&api).await;
     let (a, b) = create_and_read(&api).await;
     change_and_inspect(&api, &a, &b).await;
@@ -281,6 +286,7 @@ async fn every_operation_answers_as_documented() {
     pause_resume_and_delete(&api, &a, &b).await;
     router_fallbacks(&api, &a).await;
     pools(&api).await;
+    image_ops::images_and_templates(&api, &reg.addr).await;
     workspaces(&api).await;
 
     // Every operation of the lifecycle, ember and system tags was answered with a 2xx.

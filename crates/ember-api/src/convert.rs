@@ -75,6 +75,13 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
     let limits = req.resource_limits.unwrap_or_default();
     let res = req.resources.unwrap_or_default();
     let template = req.template.or(req.template_id);
+    let image_auth = match req.image.as_ref().and_then(|i| i.auth.clone()) {
+        None => None,
+        Some(a) => Some(
+            serde_json::from_value(a)
+                .map_err(|e| ApiError::bad_request(format!("image.auth: {e} (expected username+password or token)")))?,
+        ),
+    };
     let image_uri = req.image.map(|i| i.uri);
     if template.is_some() && image_uri.is_some() && template != image_uri {
         return Err(ApiError::bad_request("give either a template or an image, not both"));
@@ -98,6 +105,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         entrypoint: req.entrypoint.unwrap_or_default(),
         user: req.user,
         runtime_class: req.runtime_class,
+        image_auth,
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),

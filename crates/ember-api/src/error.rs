@@ -50,6 +50,8 @@ impl From<EngineError> for ApiError {
             EngineError::NotPaused { .. } => (S::CONFLICT, "SANDBOX::NOT_PAUSED"),
             EngineError::InvalidRequest { .. } => (S::BAD_REQUEST, "SANDBOX::INVALID_PARAMETER"),
             EngineError::UnknownTemplate(_) => (S::BAD_REQUEST, "SANDBOX::UNKNOWN_TEMPLATE"),
+            EngineError::TemplateExists(_) => (S::CONFLICT, "TEMPLATE::EXISTS"),
+            EngineError::Image(i) => image_status(i),
             EngineError::NoExpiration(_) => (S::CONFLICT, "SANDBOX::NO_EXPIRATION"),
             EngineError::Runtime { .. } => (S::INTERNAL_SERVER_ERROR, "SANDBOX::RUNTIME_ERROR"),
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
@@ -64,6 +66,29 @@ impl From<EngineError> for ApiError {
             tracing::error!(error = %chain(&e), "request failed");
         }
         ApiError::new(status, code, chain(&e))
+    }
+}
+
+/// Image errors: the registry's refusals are the caller's problem (4xx) or the
+/// registry's (502); the store's are ours (500).
+fn image_status(e: &ember_image::ImageError) -> (StatusCode, &'static str) {
+    use ember_image::ImageError as I;
+    use StatusCode as S;
+    match e {
+        I::BadReference { .. } => (S::BAD_REQUEST, "IMAGE::INVALID_REFERENCE"),
+        I::NotFound(_) => (S::NOT_FOUND, "IMAGE::NOT_FOUND"),
+        I::Unauthorized { .. } => (S::UNAUTHORIZED, "IMAGE::REGISTRY_UNAUTHORIZED"),
+        I::NotInRegistry { .. } => (S::NOT_FOUND, "IMAGE::NOT_IN_REGISTRY"),
+        I::Registry { .. } => (S::BAD_GATEWAY, "IMAGE::REGISTRY_ERROR"),
+        I::DigestMismatch { .. } => (S::BAD_GATEWAY, "IMAGE::DIGEST_MISMATCH"),
+        I::NoPlatform { .. } => (S::BAD_REQUEST, "IMAGE::NO_PLATFORM"),
+        I::MediaType { .. } => (S::BAD_REQUEST, "IMAGE::UNSUPPORTED_MEDIA_TYPE"),
+        I::UnsafeEntry { .. } => (S::UNPROCESSABLE_ENTITY, "IMAGE::UNSAFE_LAYER"),
+        I::BadLayer { .. } => (S::UNPROCESSABLE_ENTITY, "IMAGE::BAD_LAYER"),
+        I::BadImport { .. } => (S::BAD_REQUEST, "IMAGE::BAD_IMPORT"),
+        I::InUse { .. } => (S::CONFLICT, "IMAGE::IN_USE"),
+        I::User { .. } => (S::BAD_REQUEST, "IMAGE::BAD_USER"),
+        I::Io { .. } | I::Sys(_) => (S::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),
     }
 }
 

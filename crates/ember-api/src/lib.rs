@@ -14,6 +14,7 @@ mod convert;
 mod diagnostics;
 mod egress;
 pub mod error;
+mod images;
 mod middleware;
 mod network;
 mod pools;
@@ -98,6 +99,14 @@ fn lifecycle() -> Router<ApiState> {
 pub fn router(state: ApiState) -> Router {
     let v1 = lifecycle()
         .route("/metrics/events", post(system::metrics_event))
+        .route("/images", get(images::list))
+        .route("/images/pull", post(images::pull))
+        .route("/images/pulls", get(images::pulls))
+        .route("/images/import", post(images::import))
+        .route("/images/prune", post(images::prune))
+        .route("/images/{name}", get(images::get_one).delete(images::remove))
+        .route("/templates", post(images::create_template).get(images::list_templates))
+        .route("/templates/{name}", get(images::get_template).delete(images::delete_template))
         .route("/runtimes", get(system::runtimes))
         .route("/pools", post(pools::create).get(pools::list))
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))

@@ -4,6 +4,9 @@
 #![forbid(unsafe_code)]
 
 mod execd;
+mod images;
+
+pub use images::segment;
 
 use bytes::Bytes;
 use ember_types::api::{

@@ -1,7 +1,10 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
-use crate::{templates, Engine, EngineError, Entry};
-use ember_types::{parse_cpu_millis, parse_memory_bytes, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount};
+use crate::templates::{self, Template};
+use crate::{Engine, EngineError, Entry};
+use ember_types::{
+    parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
+};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -25,6 +28,8 @@ pub struct CreateSandbox {
     pub entrypoint: Vec<String>,
     pub user: Option<UserSpec>,
     pub runtime_class: Option<String>,
+    /// Registry credentials, used if the image has to be pulled.
+    pub image_auth: Option<ember_types::image::RegistryAuth>,
     pub network_policy: Option<ember_types::api::NetworkPolicy>,
     pub volumes: Vec<HostVolumeRequest>,
     /// Claim from this pool only (OpenSandbox `extensions.poolRef`); without it
@@ -51,33 +56,90 @@ pub struct HostVolumeRequest {
 const MIN_MEMORY: u64 = 16 << 20;
 const MIN_DISK: u64 = 1 << 20;
 
+/// Resource fields as a request spells them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ResourceArgs {
+    pub memory: Option<String>,
+    pub cpu: Option<String>,
+    pub pids: Option<u64>,
+    pub disk: Option<String>,
+}
+
+/// `base` with the given fields parsed and checked.
+pub(crate) fn apply_resources(mut res: Resources, a: &ResourceArgs) -> Result<Resources, EngineError> {
+    if let Some(m) = &a.memory {
+        res.memory_bytes = parse_memory_bytes(m).map_err(|e| EngineError::invalid("memory", e.to_string()))?;
+    }
+    if res.memory_bytes < MIN_MEMORY {
+        return Err(EngineError::invalid("memory", "at least 16Mi is needed for the agent and a command"));
+    }
+    if let Some(c) = &a.cpu {
+        res.cpu_millis = parse_cpu_millis(c).map_err(|e| EngineError::invalid("cpu", e.to_string()))?;
+    }
+    if let Some(p) = a.pids {
+        if !(8..=1 << 22).contains(&p) {
+            return Err(EngineError::invalid("pids", "between 8 and 4194304"));
+        }
+        res.pids = p;
+    }
+    if let Some(d) = &a.disk {
+        res.disk_bytes = parse_memory_bytes(d).map_err(|e| EngineError::invalid("disk", e.to_string()))?;
+    }
+    if res.disk_bytes < MIN_DISK {
+        return Err(EngineError::invalid("disk", "at least 1Mi"));
+    }
+    Ok(res)
+}
+
+pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Result<(), EngineError> {
+    for k in keys {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(EngineError::invalid("env", format!("bad variable name {k:?}")));
+        }
+    }
+    Ok(())
+}
+
 impl Engine {
-    /// Resolves the template and validates every field into a [`SandboxSpec`].
-    pub fn resolve(&self, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
+    /// The template a request names: `template`, else `image.uri` naming a
+    /// template, else an ad-hoc one for the image `image.uri`, else `host`.
+    fn template_of(&self, req: &CreateSandbox) -> Result<Template, EngineError> {
         let name = req.template.clone().or_else(|| req.image_uri.clone()).unwrap_or_else(|| "host".into());
-        let t = templates::builtin(&name).ok_or(EngineError::UnknownTemplate(name))?;
-        let mut res = t.resources.clone();
-        if let Some(m) = &req.memory {
-            res.memory_bytes = parse_memory_bytes(m).map_err(|e| EngineError::invalid("memory", e.to_string()))?;
-        }
-        if res.memory_bytes < MIN_MEMORY {
-            return Err(EngineError::invalid("memory", "at least 16Mi is needed for the agent and a command"));
-        }
-        if let Some(c) = &req.cpu {
-            res.cpu_millis = parse_cpu_millis(c).map_err(|e| EngineError::invalid("cpu", e.to_string()))?;
-        }
-        if let Some(p) = req.pids {
-            if !(8..=1 << 22).contains(&p) {
-                return Err(EngineError::invalid("pids", "between 8 and 4194304"));
+        match self.template(&name) {
+            Ok(t) => Ok(t),
+            Err(e) if req.template.is_some() => Err(e),
+            Err(_) => {
+                let image = ember_image::ImageStore::normalize(&name)?;
+                Ok(Template {
+                    name: image.clone(),
+                    builtin: false,
+                    image: Some(image),
+                    ..templates::builtin("host").expect("host")
+                })
+                .map(|mut t| {
+                    t.user = None;
+                    t
+                })
             }
-            res.pids = p;
         }
-        if let Some(d) = &req.disk {
-            res.disk_bytes = parse_memory_bytes(d).map_err(|e| EngineError::invalid("disk", e.to_string()))?;
+    }
+
+    /// Pulls the image the request needs if the store lacks it.
+    pub(crate) async fn prepare_image(&self, req: &CreateSandbox) -> Result<(), EngineError> {
+        if let Some(image) = self.template_of(req)?.image {
+            self.image_or_pull(&image, req.image_auth.clone()).await?;
         }
-        if res.disk_bytes < MIN_DISK {
-            return Err(EngineError::invalid("disk", "at least 1Mi"));
-        }
+        Ok(())
+    }
+
+    /// Resolves the template and validates every field into a [`SandboxSpec`].
+    /// Image settings (Env, WorkingDir, User, Entrypoint+Cmd) apply unless the
+    /// template or the request overrides them. The image must be in the store.
+    pub fn resolve(&self, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
+        let t = self.template_of(req)?;
+        let args =
+            ResourceArgs { memory: req.memory.clone(), cpu: req.cpu.clone(), pids: req.pids, disk: req.disk.clone() };
+        let res = apply_resources(t.resources.clone(), &args)?;
         if let (Some(ttl), Some(max)) = (req.ttl_secs, self.cfg.max_ttl) {
             if ttl > max.as_secs() {
                 return Err(EngineError::invalid("timeout", format!("at most {} seconds", max.as_secs())));
@@ -90,11 +152,34 @@ impl Engine {
         if let Some(why) = self.runtimes.why_unavailable(&class) {
             return Err(EngineError::invalid("runtimeClass", why));
         }
-        for k in req.env.keys() {
-            if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(EngineError::invalid("env", format!("bad variable name {k:?}")));
+        check_env(req.env.keys())?;
+        let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;
+        let cfg = image.as_ref().map(|i| i.config.clone()).unwrap_or_default();
+        let mut env: BTreeMap<String, String> =
+            cfg.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        env.extend(t.env.clone());
+        env.extend(req.env.clone());
+        let user = match (req.user, &image, t.user.as_deref().or(cfg.user.as_deref())) {
+            (Some(u), _, _) => u,
+            (None, Some(img), u) => {
+                let (uid, gid) = self.images.resolve_user(img, u.unwrap_or(""))?;
+                UserSpec { uid, gid }
             }
-        }
+            (None, None, u) => {
+                u.and_then(templates::numeric_user).map_or(UserSpec::SANDBOX, |(uid, gid)| UserSpec { uid, gid })
+            }
+        };
+        let entrypoint = if !req.entrypoint.is_empty() {
+            req.entrypoint.clone()
+        } else if let Some(ep) = &t.entrypoint {
+            ep.clone()
+        } else if !cfg.entrypoint.is_empty() {
+            // An image's ENTRYPOINT is its program; a bare CMD (a shell, a REPL)
+            // is only a default for interactive use and would exit at once here.
+            cfg.entrypoint.iter().chain(&cfg.cmd).cloned().collect()
+        } else {
+            Vec::new()
+        };
         let (network, egress) = self.resolve_network(req)?;
         if network != ember_types::NetworkMode::None && class != self.runtime_class() {
             return Err(EngineError::invalid(
@@ -107,12 +192,14 @@ impl Engine {
             runtime_class: class,
             resources: res,
             ttl_secs: req.ttl_secs,
-            env: req.env.clone(),
+            env,
             metadata: req.metadata.clone(),
-            entrypoint: req.entrypoint.clone(),
-            user: req.user.unwrap_or(t.user),
+            entrypoint,
+            user,
             network,
             egress,
+            lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
+            workdir: t.workdir.clone().or(cfg.working_dir),
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
         })
     }
@@ -155,6 +242,7 @@ impl Engine {
     /// miss is never an error).
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
+        self.prepare_image(&req).await?;
         let spec = self.resolve(&req)?;
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {

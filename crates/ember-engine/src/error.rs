@@ -13,8 +13,12 @@ pub enum EngineError {
     NotPaused { id: SandboxId, state: SandboxState },
     #[error("invalid {field}: {message}")]
     InvalidRequest { field: &'static str, message: String },
-    #[error("unknown template or image {0:?}: the built-in template is \"host\" (OCI images are not supported yet)")]
+    #[error("unknown template {0:?} (see `ember template ls`; the built-in one is \"host\")")]
     UnknownTemplate(String),
+    #[error("template {0:?} exists already")]
+    TemplateExists(String),
+    #[error(transparent)]
+    Image(#[from] ember_image::ImageError),
     #[error("sandbox {0} has no expiration (manual cleanup); it cannot be renewed")]
     NoExpiration(SandboxId),
     #[error("sandbox {id}: {source}")]

@@ -11,6 +11,7 @@
 
 mod create;
 mod error;
+mod images;
 mod metrics;
 mod monitor;
 mod network;
@@ -97,6 +98,8 @@ pub struct Engine {
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
+    images: Arc<ember_image::ImageStore>,
+    templates: templates::TemplateStore,
     /// Egress networking; `None` when the daemon runs without it.
     network: Option<Arc<ember_net::Network>>,
 }
@@ -104,8 +107,12 @@ pub struct Engine {
 impl Engine {
     /// Opens the state dir, re-adopts or reaps what an earlier process left, and
     /// starts the background tasks. Must run inside a tokio runtime.
-    pub async fn start(cfg: EngineConfig, runtimes: Runtimes) -> Result<Arc<Engine>, EngineError> {
-        Self::start_networked(cfg, runtimes, None).await
+    pub async fn start(
+        cfg: EngineConfig,
+        runtimes: Runtimes,
+        images: Arc<ember_image::ImageStore>,
+    ) -> Result<Arc<Engine>, EngineError> {
+        Self::start_networked(cfg, runtimes, images, None).await
     }
 
     /// [`Engine::start`] with egress networking: sandboxes asking for it get a
@@ -113,9 +120,11 @@ impl Engine {
     pub async fn start_networked(
         cfg: EngineConfig,
         runtimes: Runtimes,
+        images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
+        let templates = templates::TemplateStore::open(cfg.data_dir.join("state/templates"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
@@ -133,6 +142,8 @@ impl Engine {
             snapshot_store,
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
+            images,
+            templates,
             network,
         });
         recover::recover(&engine).await?;

@@ -1,40 +1,219 @@
-//! Templates: named defaults a sandbox is created from. The built-in `host`
-//! template uses the host's `/usr` read-only under a generated `/etc`; OCI image
-//! templates arrive with image support.
-use ember_types::{Resources, SandboxSpec, UserSpec};
+//! Templates: named, validated defaults a sandbox is created from: an image (or
+//! the host rootfs), resources, runtime class, network, user, workdir, env and
+//! entrypoint. `host` is built in; the others are persisted one JSON file each
+//! under `<data>/state/templates/` (temp file + rename). Creating a template
+//! pulls its image first, so the first sandbox from it starts from cached
+//! layers.
+use crate::create::{apply_resources, ResourceArgs};
+use crate::{Engine, EngineError};
+use ember_image::ImageRecord;
+use ember_types::image::{TemplateInfo, TemplateRequest};
+use ember_types::{NetworkMode, Resources};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Template {
-    pub name: String,
-    pub runtime_class: String,
-    pub resources: Resources,
-    pub user: UserSpec,
-}
+/// A template as the engine keeps it: the wire shape, validated.
+pub type Template = TemplateInfo;
 
 pub fn builtin(name: &str) -> Option<Template> {
     (name == "host").then(|| Template {
         name: "host".into(),
+        builtin: true,
+        image: None,
+        image_digest: None,
         runtime_class: "native".into(),
         resources: Resources::default(),
-        user: UserSpec::SANDBOX,
+        network: NetworkMode::None,
+        user: Some("1000:1000".into()),
+        workdir: None,
+        env: Default::default(),
+        entrypoint: None,
+        created_at: None,
     })
 }
 
-/// The spec a pool starts its idle sandboxes with: the template's defaults and
-/// the pool's resources; everything per-caller is bound at claim.
-pub(crate) fn pooled_spec(p: &crate::pool::PoolSpec) -> SandboxSpec {
-    let user = builtin(&p.template).map_or(UserSpec::SANDBOX, |t| t.user);
-    SandboxSpec {
-        template: p.template.clone(),
-        runtime_class: p.runtime_class.clone(),
-        resources: p.resources.clone(),
-        ttl_secs: None,
-        env: Default::default(),
-        metadata: Default::default(),
-        entrypoint: Vec::new(),
-        user,
-        network: p.network,
-        egress: p.egress.clone(),
-        volumes: Vec::new(),
+/// `[a-z0-9][a-z0-9._-]*`, at most 63 characters.
+pub fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 63
+        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && n.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+pub(crate) struct TemplateStore {
+    dir: PathBuf,
+}
+
+impl TemplateStore {
+    pub fn open(dir: PathBuf) -> Result<TemplateStore, EngineError> {
+        std::fs::create_dir_all(&dir).map_err(|source| EngineError::Store { path: dir.clone(), source })?;
+        Ok(TemplateStore { dir })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
+    }
+
+    pub fn get(&self, name: &str) -> Option<Template> {
+        if !valid_name(name) {
+            return None;
+        }
+        serde_json::from_slice(&std::fs::read(self.path(name)).ok()?).ok()
+    }
+
+    pub fn list(&self) -> Vec<Template> {
+        let mut out: Vec<Template> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    pub fn save(&self, t: &Template) -> Result<(), EngineError> {
+        let p = self.path(&t.name);
+        let tmp = p.with_extension("json.tmp");
+        let err = |source| EngineError::Store { path: p.clone(), source };
+        std::fs::write(&tmp, serde_json::to_vec_pretty(t).unwrap_or_default()).map_err(err)?;
+        std::fs::rename(&tmp, &p).map_err(err)
+    }
+
+    pub fn remove(&self, name: &str) -> Result<(), EngineError> {
+        let p = self.path(name);
+        std::fs::remove_file(&p).map_err(|source| EngineError::Store { path: p, source })
+    }
+}
+
+/// `uid[:gid]` for templates without an image (no passwd to look names up in).
+pub(crate) fn numeric_user(user: &str) -> Option<(u32, u32)> {
+    let (u, g) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
+    let uid: u32 = u.parse().ok()?;
+    let gid: u32 = match g {
+        Some(g) => g.parse().ok()?,
+        None => uid,
+    };
+    (uid < 65536 && gid < 65536).then_some((uid, gid))
+}
+
+impl Engine {
+    /// The built-in or stored template `name`.
+    pub fn template(&self, name: &str) -> Result<Template, EngineError> {
+        builtin(name).or_else(|| self.templates.get(name)).ok_or_else(|| EngineError::UnknownTemplate(name.into()))
+    }
+
+    pub fn templates(&self) -> Vec<Template> {
+        let mut all = vec![builtin("host").expect("host is built in")];
+        all.extend(self.templates.list());
+        all
+    }
+
+    /// Validates, pulls the image (pre-warming), resolves the user in it, and
+    /// persists the template.
+    pub async fn create_template(self: &Arc<Self>, req: TemplateRequest) -> Result<Template, EngineError> {
+        if !valid_name(&req.name) {
+            return Err(EngineError::invalid("name", "lowercase letters, digits, '.', '_' and '-', at most 63"));
+        }
+        if builtin(&req.name).is_some() || self.templates.get(&req.name).is_some() {
+            return Err(EngineError::TemplateExists(req.name));
+        }
+        let r = req.resources.clone().unwrap_or_default();
+        let args = ResourceArgs { memory: r.memory, cpu: r.cpu, pids: r.pids, disk: r.disk };
+        let resources = apply_resources(Resources::default(), &args)?;
+        // A class that is not installed is refused here, at template creation,
+        // not at the first claim.
+        let class = req.runtime_class.clone().unwrap_or_else(|| self.runtimes.default_runtime().class().to_string());
+        if let Some(why) = self.runtimes.why_unavailable(&class) {
+            return Err(EngineError::invalid("runtimeClass", why));
+        }
+        match req.network.as_deref() {
+            None | Some("none") => {}
+            Some(other) => {
+                return Err(EngineError::invalid("network", format!("{other:?}: only \"none\" is supported")))
+            }
+        }
+        crate::create::check_env(req.env.iter().flatten().map(|(k, _)| k))?;
+        if req.workdir.as_deref().is_some_and(|w| !w.starts_with('/')) {
+            return Err(EngineError::invalid("workdir", "must be an absolute path"));
+        }
+        let image = match &req.image {
+            Some(i) => Some(self.image_or_pull(i, req.auth.clone()).await?),
+            None => None,
+        };
+        if let Some(u) = &req.user {
+            match &image {
+                Some(rec) => {
+                    self.images.resolve_user(rec, u)?;
+                }
+                None if numeric_user(u).is_none() => {
+                    return Err(EngineError::invalid(
+                        "user",
+                        "uid[:gid] below 65536 (a template without an image has no /etc/passwd)",
+                    ))
+                }
+                None => {}
+            }
+        }
+        let t = Template {
+            name: req.name,
+            builtin: false,
+            image: image.as_ref().map(|i| i.name.clone()),
+            image_digest: image.as_ref().map(|i| i.digest.clone()),
+            runtime_class: class,
+            resources,
+            network: NetworkMode::None,
+            user: req.user,
+            workdir: req.workdir,
+            env: req.env.unwrap_or_default(),
+            entrypoint: req.entrypoint,
+            created_at: Some(crate::record::now_ms().to_string()),
+        };
+        self.templates.save(&t)?;
+        Ok(t)
+    }
+
+    pub fn delete_template(&self, name: &str) -> Result<(), EngineError> {
+        if builtin(name).is_some() {
+            return Err(EngineError::invalid("name", format!("{name:?} is built in and cannot be removed")));
+        }
+        self.template(name)?;
+        self.templates.remove(name)
+    }
+
+    /// The stored image `reference`, pulled first if the store lacks it.
+    pub(crate) async fn image_or_pull(
+        &self,
+        reference: &str,
+        auth: Option<ember_types::image::RegistryAuth>,
+    ) -> Result<ImageRecord, EngineError> {
+        match self.images.get(reference) {
+            Ok(rec) => Ok(rec),
+            Err(ember_image::ImageError::NotFound(_)) => {
+                Ok(self.images.pull(reference, crate::images::auth(auth)).await?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The images directory inside the data dir.
+pub fn images_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("images")
+}
+
+impl Engine {
+    /// The spec a pool starts its idle sandboxes with: the template's defaults
+    /// (image layers, env, workdir, user) and the pool's resources; everything
+    /// per-caller is bound at claim, so no entrypoint runs.
+    pub(crate) fn pooled_spec(&self, p: &crate::pool::PoolSpec) -> Result<ember_types::SandboxSpec, EngineError> {
+        let req = crate::CreateSandbox { template: Some(p.template.clone()), ..Default::default() };
+        let mut spec = self.resolve(&req)?;
+        spec.resources = p.resources.clone();
+        spec.runtime_class = p.runtime_class.clone();
+        spec.network = p.network;
+        spec.egress = p.egress.clone();
+        spec.entrypoint = Vec::new();
+        Ok(spec)
     }
 }

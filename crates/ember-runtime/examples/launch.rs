@@ -25,6 +25,8 @@ fn main() {
         user: UserSpec::SANDBOX,
         volumes: Vec::new(),
         network: NetworkMode::None,
+        lower_dirs: vec![],
+        workdir: None,
         egress: Default::default(),
     };
     for i in 0..5 {

@@ -8,10 +8,12 @@
 pub mod api;
 pub mod execd;
 pub mod id;
+pub mod image;
 pub mod network;
 pub mod quantity;
 pub mod sandbox;
 
+pub use api::ResourcesSpec;
 pub use id::{IdError, SandboxId};
 pub use network::{
     DeniedFlow, DeniedFlowList, EgressAction, EgressPolicy, EgressRule, EgressTarget, NetworkInfo, NetworkNodeInfo,

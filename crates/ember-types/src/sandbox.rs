@@ -53,6 +53,13 @@ pub struct SandboxSpec {
     pub entrypoint: Vec<String>,
     pub user: UserSpec,
     pub network: NetworkMode,
+    /// The rootfs's overlay lower dirs, top first (an image's unpacked layers);
+    /// empty means the built-in `host` layer with the host's `/usr`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lower_dirs: Vec<std::path::PathBuf>,
+    /// Default working directory of commands and the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
     /// Enforced when `network` is `Egress`.
     #[serde(default, skip_serializing_if = "crate::network::is_open_egress")]
     pub egress: crate::network::EgressPolicy,

@@ -82,8 +82,11 @@ pub fn plan(config: &AgentConfig, req: &RunCommandRequest) -> Result<Plan, Strin
             }
             cwd
         }
-        None if home.is_dir() => home,
-        None => PathBuf::from("/"),
+        None => match &config.workdir {
+            Some(w) if w.is_dir() => w.clone(),
+            _ if home.is_dir() => home,
+            _ => PathBuf::from("/"),
+        },
     };
     let (program, args) = match (&req.command, &req.argv) {
         (Some(command), _) => {

@@ -1,5 +1,6 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
+pub mod image;
 mod network;
 mod pool;
 mod sandbox;
@@ -21,6 +22,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
+        Cmd::Image(c) => image::image(&client()?, c).await,
+        Cmd::Template(c) => image::template(&client()?, c).await,
         Cmd::Snapshot(c) => workspace::snapshots(&client()?, c).await,
         Cmd::Workspace(c) => workspace::run(&client()?, c).await,
         Cmd::Pool(c) => pool::run(&client()?, c).await,

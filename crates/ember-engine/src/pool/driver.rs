@@ -58,9 +58,12 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
 
 async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
     let spec = pool.spec();
-    let sandbox = crate::templates::pooled_spec(&spec);
     let t0 = Instant::now();
-    match engine.launch(sandbox, None, Some(spec.name.clone()), t0).await {
+    let launched = match engine.pooled_spec(&spec) {
+        Ok(sandbox) => engine.launch(sandbox, None, Some(spec.name.clone()), t0).await,
+        Err(e) => Err(e),
+    };
+    match launched {
         Ok(rec) => {
             pool.record_refill(t0.elapsed().as_micros() as u64);
             if pool.removed.load(Ordering::Relaxed) {

@@ -89,8 +89,12 @@ impl NativeRuntime {
 
     fn plan(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path, net: Option<&NetJoin>) -> LaunchPlan {
         let hostname = format!("sbx-{}", id.short());
-        let lowers = [self.host_template.clone()];
-        let binds = [PathBuf::from("/usr")];
+        // An image brings its own /usr; only the host template borrows the host's.
+        let (lowers, binds) = if spec.lower_dirs.is_empty() {
+            (vec![self.host_template.clone()], vec![PathBuf::from("/usr")])
+        } else {
+            (spec.lower_dirs.clone(), vec![])
+        };
         let rootfs = RootfsPlan {
             sandbox_dir: dir,
             lower_dirs: &lowers,
@@ -148,6 +152,7 @@ impl NativeRuntime {
             .append(true)
             .open(dir.join("agent.log"))
             .map_err(prep("agent log"))?;
+        rootfs::check_image_root(&spec.lower_dirs)?;
         let plan = self.plan(id, spec, &dir, net);
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
@@ -187,7 +192,6 @@ impl NativeRuntime {
 /// commands) and the sandbox's own env.
 pub(crate) fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
     let mut env = vec![
-        format!("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
         format!("HOSTNAME={hostname}"),
         "EMBER_AGENT_LISTEN_FD=3".to_string(),
         format!("EMBER_AGENT_UID={}", spec.user.uid),
@@ -195,6 +199,12 @@ pub(crate) fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
         format!("EMBER_AGENT_MEMORY_LIMIT_BYTES={}", spec.resources.memory_bytes),
         format!("EMBER_AGENT_CPU_MILLIS={}", spec.resources.cpu_millis),
     ];
+    if !spec.env.contains_key("PATH") {
+        env.push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    }
+    if let Some(w) = &spec.workdir {
+        env.push(format!("EMBER_AGENT_WORKDIR={w}"));
+    }
     if !spec.entrypoint.is_empty() {
         let ep = serde_json::to_string(&spec.entrypoint).unwrap_or_default();
         env.push(format!("EMBER_AGENT_ENTRYPOINT={ep}"));

@@ -193,6 +193,10 @@ impl RootfsPlan<'_> {
                 &format!("lowerdir={lower},upperdir={}/upper,workdir={}/work,userxattr", mnt.display(), mnt.display()),
             ),
         ];
+        // An image may lack these; the rest of the plan mounts or writes in them.
+        for d in ["proc", "dev", "etc", "tmp"] {
+            ops.push(mkdir(root.join(d), if d == "tmp" { 0o1777 } else { 0o755 }));
+        }
         for b in self.host_binds {
             let target = root.join(b.strip_prefix("/").unwrap_or(b));
             ops.push(FsOp::BindReadOnly { source: cstr(b), target: cstr(target) });
@@ -289,4 +293,30 @@ fn mkdir(p: impl AsRef<Path>, mode: u32) -> FsOp {
 
 fn write(p: impl AsRef<Path>, contents: Vec<u8>, mode: u32) -> FsOp {
     FsOp::WriteFile { path: cstr(p), contents, mode }
+}
+
+/// Refuses an image whose `/etc`, `/proc` or `/dev` is not a directory: the
+/// mount plan writes and mounts there before `pivot_root`, and a symlink would
+/// point those at host paths. The top-most layer that has the name decides
+/// (layers are immutable; the upper dir starts empty).
+pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for name in ["etc", "proc", "dev", "tmp"] {
+        for l in lower_dirs {
+            let p = l.join(name);
+            match std::fs::symlink_metadata(&p) {
+                Err(_) => continue,
+                Ok(m) if m.is_dir() => break,
+                Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => break, // whiteout
+                Ok(_) => {
+                    return Err(RuntimeError::Prepare {
+                        what: "image root (/etc, /proc, /dev and /tmp must be directories)",
+                        path: p,
+                        source: std::io::ErrorKind::InvalidInput.into(),
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
 }

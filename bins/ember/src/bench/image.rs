@@ -1,0 +1,123 @@
+//! `ember bench image`: cold pull+unpack of an image of at least 100 MB that
+//! the bench builds itself and serves from a real local registry
+//! (`docker-registry` on loopback, pushed with `skopeo`), then create-to-ready
+//! from the cached image beside the `host` template, in the same run, through
+//! the public API only. The daemon must list the registry as insecure
+//! (`ember serve --insecure-registry 127.0.0.1:PORT`).
+use super::registry::{layer_tar, push, write_layout, Config, Entry, Registry};
+use super::stats::{Progress, Series};
+use anyhow::Context;
+use ember_client::Client;
+use ember_types::api::CreateSandboxRequest;
+use ember_types::image::{PullRequest, TemplateRequest};
+use std::time::Instant;
+
+pub struct Args {
+    pub runs: usize,
+    pub size_mib: u64,
+    pub port: u16,
+    pub json: bool,
+}
+
+/// Pseudo-random, so gzip cannot shrink it and every run has new digests.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub async fn run(client: &Client, a: Args) -> anyhow::Result<i32> {
+    let size = a.size_mib.max(100) as usize;
+    let reg = tokio::task::spawn_blocking(move || Registry::start(a.port)).await?.map_err(anyhow::Error::msg)?;
+    let dir = std::env::temp_dir().join(format!("ember-bench-image-{}", std::process::id()));
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    eprintln!("building a {size} MiB image (4 layers) and pushing it to {}", reg.addr);
+    let d2 = dir.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let bb = std::fs::read("/bin/busybox").context("/bin/busybox (apt-get install busybox-static)")?;
+        let mut layers = vec![layer_tar(&[
+            Entry::Dir("bin"),
+            Entry::File("bin/busybox", &bb, 0o755),
+            Entry::Symlink("bin/sh", "busybox"),
+            Entry::Dir("etc"),
+        ])];
+        for i in 0..4u64 {
+            let data = noise(size / 4 << 20, seed ^ i);
+            let name = format!("data/part{i}");
+            layers.push(layer_tar(&[Entry::Dir("data"), Entry::File(&name, &data, 0o644)]));
+        }
+        write_layout(&d2, &layers, &Config { env: &["PATH=/bin"], ..Default::default() }, "1")?;
+        Ok(())
+    })
+    .await??;
+    let image = format!("{}/ember-bench/big:{seed}", reg.addr);
+    let (d3, img) = (dir.clone(), image.clone());
+    tokio::task::spawn_blocking(move || push(&d3, "1", &img)).await?.map_err(anyhow::Error::msg)?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let t0 = Instant::now();
+    let info =
+        crate::commands::image::pull_with_progress(client, &PullRequest { image: image.clone(), auth: None }, !a.json)
+            .await
+            .context("cold pull (does the daemon have --insecure-registry for this port?)")?;
+    let pull_s = t0.elapsed().as_secs_f64();
+    let mb = info.size as f64 / 1e6;
+
+    let tname = format!("bench-image-{}", seed % 1_000_000);
+    let treq = TemplateRequest { name: tname.clone(), image: Some(image.clone()), ..Default::default() };
+    client.create_template(&treq).await.context("template from the cached image")?;
+    let host = creates(client, "host", a.runs).await;
+    let img = creates(client, &tname, a.runs).await;
+    let _ = client.delete_template(&tname).await;
+    let _ = client.remove_image(&image).await;
+    let _ = client.prune_images().await;
+
+    let (h, i) = (host.summary(), img.summary());
+    if a.json {
+        let v = serde_json::json!({
+            "image": image, "compressedMB": mb, "layers": info.layers.len(),
+            "coldPullUnpackSeconds": pull_s, "coldPullMBps": mb / pull_s,
+            "createServer": {"host": h, "image": i},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("\nimage {image}: {} layers, {mb:.1} MB compressed", info.layers.len());
+        println!("cold pull + verify + unpack: {pull_s:.2} s, {:.1} MB/s", mb / pull_s);
+        println!("\ncreate-to-ready, server side (X-Ember-Launch-Micros), {} runs each:", a.runs);
+        println!("{:<22} {:>9} {:>9} {:>9}", "template", "p50 ms", "p90 ms", "p99 ms");
+        for (n, s) in [("host", &h), ("image (cached)", &i)] {
+            let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+            println!("{n:<22} {:>9} {:>9} {:>9}", f(s.p50_ms), f(s.p90_ms), f(s.p99_ms));
+        }
+        if let (Some(a), Some(b)) = (h.p50_ms, i.p50_ms) {
+            println!("image - host at p50: {:+.2} ms (target: within 2 ms)", b - a);
+        }
+    }
+    Ok(i32::from(h.failed + i.failed > 0))
+}
+
+async fn creates(client: &Client, template: &str, runs: usize) -> Series {
+    let mut s = Series::default();
+    let p = Progress::new(format!("create {template}"), runs);
+    let req = CreateSandboxRequest { template: Some(template.into()), ..Default::default() };
+    for n in 0..=runs {
+        match client.create_sandbox(&req).await {
+            Ok((info, us)) => {
+                if n > 0 {
+                    s.push_ms(us as f64 / 1000.0);
+                }
+                let _ = client.delete_sandbox(&info.id).await;
+            }
+            Err(e) => s.fail(e),
+        }
+        p.tick(n);
+    }
+    p.finish(&s);
+    s
+}

@@ -1,0 +1,80 @@
+//! File-system calls std does not offer: overlay whiteouts and extended
+//! attributes, used when OCI layers are unpacked into overlay lower dirs.
+use crate::SysError;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cpath(op: &'static str, p: &Path) -> Result<CString, SysError> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| SysError::new(op, p.display().to_string(), std::io::ErrorKind::InvalidInput.into()))
+}
+
+/// Creates an overlayfs whiteout at `path`: a character device 0/0, which
+/// overlayfs reads as "this name is deleted in the layers below". Needs
+/// CAP_MKNOD in the initial user namespace (the daemon runs as root).
+pub fn mknod_whiteout(path: &Path) -> Result<(), SysError> {
+    let c = cpath("mknod whiteout", path)?;
+    // SAFETY: c is a NUL-terminated path that lives across the call; mknod takes
+    // no other pointers.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, libc::makedev(0, 0)) };
+    if r != 0 {
+        return Err(SysError::last("mknod whiteout", path.display().to_string()));
+    }
+    Ok(())
+}
+
+/// Sets the extended attribute `name` on `path` itself (never a symlink's target).
+pub fn lsetxattr(path: &Path, name: &str, value: &[u8]) -> Result<(), SysError> {
+    let c = cpath("lsetxattr", path)?;
+    let n =
+        CString::new(name).map_err(|_| SysError::new("lsetxattr", name, std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: both strings are NUL-terminated and live across the call; value
+    // points to value.len() readable bytes.
+    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r != 0 {
+        return Err(SysError::last("lsetxattr", format!("{} {name}", path.display())));
+    }
+    Ok(())
+}
+
+/// Reads the extended attribute `name` of `path` itself; `None` if it has none.
+pub fn lgetxattr(path: &Path, name: &str) -> Result<Option<Vec<u8>>, SysError> {
+    let c = cpath("lgetxattr", path)?;
+    let n =
+        CString::new(name).map_err(|_| SysError::new("lgetxattr", name, std::io::ErrorKind::InvalidInput.into()))?;
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; buf has buf.len() writable bytes.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENODATA) {
+            return Ok(None);
+        }
+        return Err(SysError::new("lgetxattr", format!("{} {name}", path.display()), e));
+    }
+    buf.truncate(r as usize);
+    Ok(Some(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    #[test]
+    fn whiteout_and_xattr() {
+        let d = std::env::temp_dir().join(format!("ember-sys-fs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let wh = d.join("gone");
+        mknod_whiteout(&wh).expect("mknod (the tests run as root)");
+        let m = std::fs::symlink_metadata(&wh).unwrap();
+        assert!(m.file_type().is_char_device());
+        assert_eq!(m.rdev(), 0);
+        assert_eq!(lgetxattr(&d, "user.overlay.opaque").unwrap(), None);
+        lsetxattr(&d, "user.overlay.opaque", b"y").unwrap();
+        assert_eq!(lgetxattr(&d, "user.overlay.opaque").unwrap().as_deref(), Some(&b"y"[..]));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
