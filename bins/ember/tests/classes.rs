@@ -189,3 +189,47 @@ async fn cli_lists_classes_and_runs_a_command_under_gvisor() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("kata"), "{bad:?}");
 }
+
+/// `kill -9` of the daemon, then a restart: OCI sandboxes are re-adopted
+/// through `<runtime> state` and keep serving; one whose container was deleted
+/// behind the daemon's back is reaped, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_sandboxes_are_readopted_after_a_daemon_restart() {
+    let mut d = Daemon::start();
+    let mut kept = Vec::new();
+    for class in ["crun", "runsc"] {
+        let s = create(&d, class, "128Mi").await;
+        let (code, _, _) = d.sh(&s.id, "echo kept > /tmp/marker", None).await;
+        assert_eq!(code, Some(0));
+        kept.push((class, s.id));
+    }
+    let doomed = create(&d, "runc", "128Mi").await;
+    d.kill9();
+    let root = d.data_dir.join("oci/runc/state");
+    let del =
+        std::process::Command::new("runc").arg("--root").arg(&root).args(["delete", "--force", &doomed.id]).output();
+    assert!(del.is_ok_and(|o| o.status.success()), "runc delete behind the daemon's back");
+    d.spawn();
+    for (class, id) in &kept {
+        let s = d.client.get_sandbox(id).await.expect("kept sandbox is known");
+        assert_eq!(s.status.state, "Running", "{class}");
+        let (code, out, _) = d.sh(id, "cat /tmp/marker", None).await;
+        assert_eq!((code, out.as_str()), (Some(0), "kept\n"), "{class} sandbox after restart");
+    }
+    // Recovery runs before the daemon serves: the record is already final.
+    let gone = d.client.get_sandbox(&doomed.id).await.expect("the doomed record is kept");
+    assert!(["Failed", "Terminated"].contains(&gone.status.state.as_str()), "{:?}", gone.status);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !leftovers(&d, "runc", &doomed.id).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(leftovers(&d, "runc", &doomed.id).is_empty(), "{:?}", leftovers(&d, "runc", &doomed.id));
+    for (class, id) in &kept {
+        d.client.delete_sandbox(id).await.expect("delete");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !leftovers(&d, class, id).is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(leftovers(&d, class, id).is_empty(), "{class}: {:?}", leftovers(&d, class, id));
+    }
+}

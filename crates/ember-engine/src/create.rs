@@ -181,6 +181,12 @@ impl Engine {
             Vec::new()
         };
         let (network, egress) = self.resolve_network(req)?;
+        if network != ember_types::NetworkMode::None && class != self.runtime_class() {
+            return Err(EngineError::invalid(
+                "network",
+                format!("egress networking is not available for the {class} class yet (native only)"),
+            ));
+        }
         Ok(SandboxSpec {
             template: t.name,
             runtime_class: class,

@@ -22,13 +22,26 @@ pub fn try_wait(pidfd: &OwnedFd) -> Option<ExitKind> {
 }
 
 /// Whether the init behind `pidfd` is gone: reaped here if it is our child
-/// (native), or simply dead if an OCI runtime started it (its parent reaps it).
+/// (native), or dead if an OCI runtime started it. Such an init is not our
+/// child: it may stay a zombie until its own parent reaps it, and a zombie still
+/// answers signal 0, so its state is read from `/proc`.
 pub fn wait_done(pidfd: &OwnedFd) -> bool {
     match ember_sys::pidfd::pidfd_try_wait(pidfd) {
-        Ok(Some(_)) => true,
-        Ok(None) => false,
-        Err(_) => !ember_sys::pidfd::is_alive(pidfd),
+        Ok(Some(_)) | Err(_) => true,
+        // No pid any more (fdinfo says -1 once it is reaped): gone.
+        Ok(None) => pidfd_pid(pidfd).is_none_or(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+            matches!(state, None | Some("Z") | Some("X"))
+        }),
     }
+}
+
+/// The pid behind a pidfd (`Pid:` in its fdinfo).
+fn pidfd_pid(pidfd: &OwnedFd) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("Pid:")).and_then(|p| p.trim().parse().ok()).filter(|p| *p > 0)
 }
 
 /// Empties a notification descriptor (OOM eventfd or inotify) after it fired.

@@ -150,10 +150,12 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         mount("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])
             .map_err(&e)?,
         mount("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]).map_err(&e)?,
-        mount("/usr", "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"]).map_err(&e)?,
         mount(AGENT_PATH, "bind", &s(b.agent), &["bind", "ro", "nosuid", "nodev"]).map_err(&e)?,
         mount(SOCKET_DIR, "bind", &s(b.socket_dir), &["bind", "rw", "nosuid", "nodev", "noexec"]).map_err(&e)?,
     ];
+    if b.spec.lower_dirs.is_empty() {
+        mounts.push(mount("/usr", "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"]).map_err(&e)?);
+    }
     for v in &b.spec.volumes {
         let rw = if v.read_only { "ro" } else { "rw" };
         mounts.push(mount(&v.mount_path, "bind", &s(&v.host_path), &["rbind", rw, "nosuid", "nodev"]).map_err(&e)?);
@@ -267,6 +269,8 @@ mod tests {
             network: Default::default(),
             volumes: vec![],
             egress: Default::default(),
+            lower_dirs: vec![],
+            workdir: None,
         };
         let inputs = BundleInputs {
             id: &id,
@@ -291,8 +295,14 @@ mod tests {
         assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN"));
         let denied = &v["linux"]["seccomp"]["syscalls"][0]["names"];
         assert!(denied.as_array().unwrap().iter().any(|n| n == "keyctl"));
+        let usr_bound =
+            |v: &serde_json::Value| v["mounts"].as_array().unwrap().iter().any(|m| m["destination"] == "/usr");
+        assert!(usr_bound(&v), "the host template borrows the host's /usr");
         let no_userns = BundleInputs { user_namespace: false, ..inputs };
         let v = serde_json::to_value(build(&no_userns).unwrap()).unwrap();
         assert!(v["linux"]["uidMappings"].is_null());
+        let image = SandboxSpec { lower_dirs: vec![PathBuf::from("/layers/a")], ..spec.clone() };
+        let v = serde_json::to_value(build(&BundleInputs { spec: &image, ..no_userns }).unwrap()).unwrap();
+        assert!(!usr_bound(&v), "an image brings its own /usr");
     }
 }

@@ -142,13 +142,11 @@ impl OciRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         let hostname = format!("sbx-{}", id.short());
-        let root = rootfs::assemble(
-            dir,
-            std::slice::from_ref(&self.host_template),
-            spec.resources.disk_bytes,
-            self.cfg.uid_base,
-            &hostname,
-        )?;
+        // An image brings its own /usr (bundle.rs binds the host's only for `host`).
+        crate::native::rootfs::check_image_root(&spec.lower_dirs)?;
+        let lowers =
+            if spec.lower_dirs.is_empty() { vec![self.host_template.clone()] } else { spec.lower_dirs.clone() };
+        let root = rootfs::assemble(dir, &lowers, spec.resources.disk_bytes, self.cfg.uid_base, &hostname)?;
         let sock_dir = dir.join("sock");
         std::fs::create_dir_all(&sock_dir).map_err(prep("socket dir", &sock_dir))?;
         chown(&sock_dir, Some(self.cfg.uid_base), Some(self.cfg.uid_base)).map_err(prep("chown", &sock_dir))?;
