@@ -267,6 +267,8 @@ mod tests {
             network: Default::default(),
             volumes: vec![],
             egress: Default::default(),
+            lower_dirs: vec![],
+            workdir: None,
         };
         let inputs = BundleInputs {
             id: &id,
