@@ -133,6 +133,15 @@ async fn images_from_a_real_registry_share_layers_and_honour_config() {
     let (_, o, _) = out(&d, &bid, &["id", "-u"]).await;
     assert_eq!(o, "0\n", "no User in b's config: root (of the user namespace)");
 
+    // The OCI classes cannot mount image layers yet: refused, not run on the host rootfs.
+    let req = CreateSandboxRequest {
+        image: Some(ImageSpec { uri: name("a"), auth: None }),
+        runtime_class: Some("runc".into()),
+        ..Default::default()
+    };
+    let err = d.client.create_sandbox(&req).await.expect_err("an image on runc is refused").to_string();
+    assert!(err.contains("SANDBOX::INVALID_PARAMETER") && err.contains("runtimeClass"), "{err}");
+
     // An image with no /bin/sh still runs argv commands (pulled on create).
     let n = create(&d, &name("nosh")).await;
     let (code, o, _) = out(&d, &n, &["/bin/busybox", "echo", "no shell needed"]).await;
