@@ -64,6 +64,9 @@ fn no_snapshots() -> ApiError {
 }
 
 /// `POST /v1/sandboxes/{id}/snapshots`, `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{id}`.
-pub async fn snapshots_not_supported() -> ApiError {
+/// Reads (and drops) the request body first: answering before the body is
+/// consumed makes hyper close a kept-alive connection, and clients that reuse it
+/// see "server disconnected" on their next request.
+pub async fn snapshots_not_supported(_body: axum::body::Bytes) -> ApiError {
     no_snapshots()
 }

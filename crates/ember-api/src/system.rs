@@ -37,10 +37,10 @@ pub async fn metrics_event() -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-pub async fn not_found() -> ApiError {
+pub async fn not_found(_body: axum::body::Bytes) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route")
 }
 
-pub async fn method_not_allowed() -> ApiError {
+pub async fn method_not_allowed(_body: axum::body::Bytes) -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "GENERAL::METHOD_NOT_ALLOWED", "method not allowed on this route")
 }
