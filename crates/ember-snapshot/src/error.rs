@@ -85,8 +85,8 @@ pub enum SnapshotError {
     TargetExists { path: PathBuf },
     #[error("{} is not a directory", path.display())]
     NotADirectory { path: PathBuf },
-    /// The upload workers stopped without reporting an error (one panicked).
-    #[error("chunk upload workers stopped")]
+    /// The chunk workers (upload or restore) stopped without reporting an error (one panicked).
+    #[error("chunk workers stopped")]
     UploadStopped,
     /// A gc holds the store's lock; the snapshot did not start.
     #[error("gc is running on this store (lock {key}); retry later")]

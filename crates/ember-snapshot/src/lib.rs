@@ -35,7 +35,9 @@ pub mod bench;
 mod catalog;
 mod coord;
 mod error;
+mod fetch;
 pub mod manifest;
+mod pack;
 mod restore;
 mod snapshot;
 mod store;
@@ -46,5 +48,5 @@ pub use catalog::{delete, gc, inspect, list, GcOptions, GcReport, SnapshotSummar
 pub use error::{SnapshotError, StoreError};
 pub use manifest::{Chunking, Stats};
 pub use restore::{restore, RestoreInfo, RestoreOptions};
-pub use snapshot::{snapshot, validate_id, Progress, SnapshotInfo, SnapshotOptions};
-pub use store::{LocalStore, ObjectMeta, ObjectStore, S3Config, S3Store};
+pub use snapshot::{snapshot, validate_id, Phase, Progress, SnapshotInfo, SnapshotOptions};
+pub use store::{LocalStore, ObjectMeta, ObjectStore, S3Config, S3Store, Staged};

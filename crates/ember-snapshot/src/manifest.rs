@@ -107,6 +107,15 @@ pub struct Stats {
     /// Chunk references satisfied by a chunk already stored or already uploaded.
     pub chunks_reused: u64,
     pub bytes_reused: u64,
+    /// What the snapshot's distinct chunks take in the store (compressed),
+    /// reused ones included. Absent (0) in manifests of older builds; omitted
+    /// when 0 so those still verify.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stored_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize, Deserialize)]

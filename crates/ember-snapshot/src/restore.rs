@@ -1,8 +1,8 @@
-//! `restore`: manifest → a temp dir beside the target → verified chunks →
-//! metadata deepest-first → rename into place.
+//! `restore`: manifest → a temp dir beside the target → verified chunks
+//! (fetched, decompressed and checked by a few worker threads, written at
+//! their offsets) → metadata deepest-first → rename into place.
 use std::collections::HashSet;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{lchown, symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use filetime::FileTime;
 use sha2::{Digest, Sha256};
 
+use crate::fetch::{Fetcher, FileJob};
 use crate::manifest::{chunk_key, manifest_key, ChunkRef, Entry, EntryKind, Manifest};
-use crate::{ObjectStore, Progress, SnapshotError};
+use crate::{ObjectStore, Phase, Progress, SnapshotError};
 
 fn no_progress(_: Progress) {}
 
@@ -20,13 +21,16 @@ fn no_progress(_: Progress) {}
 pub struct RestoreOptions<'a> {
     /// Restore the recorded uid/gid (needs root, or CAP_CHOWN). Default true.
     pub ownership: bool,
-    /// Called after every chunk written (and once at the start).
+    /// Called on the calling thread as chunks are handed out and at each phase.
     pub progress: &'a dyn Fn(Progress),
+    /// Worker threads that fetch, decompress, verify and write chunks
+    /// (default: the available cores, at least 2 so fetches overlap, at most 4).
+    pub threads: usize,
 }
 
 impl Default for RestoreOptions<'_> {
     fn default() -> Self {
-        RestoreOptions { ownership: true, progress: &no_progress }
+        RestoreOptions { ownership: true, progress: &no_progress, threads: crate::snapshot::default_threads().max(2) }
     }
 }
 
@@ -117,7 +121,7 @@ fn build(
     let mut info =
         RestoreInfo { id: m.id.clone(), files: 0, dirs: 0, symlinks: 0, bytes: 0, chunks: 0, elapsed: Duration::ZERO };
     let total = m.stats.logical_bytes;
-    (opts.progress)(Progress { bytes_done: 0, bytes_total: total });
+    (opts.progress)(Progress { bytes_total: total, ..Default::default() });
     let Some((first, rest)) = m.entries.split_first() else {
         return Err(SnapshotError::UnsafeEntry {
             id: m.id.clone(),
@@ -132,80 +136,87 @@ fn build(
             reason: "first entry is not the root directory",
         });
     }
-    // Every entry's parent must be a directory this restore created: no writing through symlinks.
-    let mut dirs: HashSet<&str> = HashSet::from(["."]);
-    let mut placed: Vec<(PathBuf, &Entry)> = vec![(root.to_path_buf(), first)];
-    for e in rest {
-        let parent = parent_of(&m.id, &e.path)?;
-        if !dirs.contains(parent) {
-            return Err(SnapshotError::UnsafeEntry {
-                id: m.id.clone(),
-                path: e.path.clone(),
-                reason: "its parent is not a restored directory",
-            });
-        }
-        let dest = root.join(&e.path);
-        match &e.kind {
-            EntryKind::Dir => {
-                fs::DirBuilder::new().mode(0o700).create(&dest).map_err(io("create dir", &dest))?;
-                if !dirs.insert(&e.path) {
-                    return Err(SnapshotError::UnsafeEntry {
-                        id: m.id.clone(),
-                        path: e.path.clone(),
-                        reason: "listed twice",
-                    });
+    let fetcher = Fetcher::new(store, m.chunking.max as u64);
+    let report = |phase| {
+        let (bytes_done, chunks_done) = fetcher.done();
+        (opts.progress)(Progress { bytes_done, bytes_total: total, chunks_done, chunks_new: 0, phase })
+    };
+    let placed = fetcher.run(opts.threads, |jobs| {
+        // Every entry's parent must be a directory this restore created: no writing through symlinks.
+        let mut dirs: HashSet<&str> = HashSet::from(["."]);
+        let mut placed: Vec<(PathBuf, &Entry)> = vec![(root.to_path_buf(), first)];
+        for e in rest {
+            let parent = parent_of(&m.id, &e.path)?;
+            if !dirs.contains(parent) {
+                return Err(SnapshotError::UnsafeEntry {
+                    id: m.id.clone(),
+                    path: e.path.clone(),
+                    reason: "its parent is not a restored directory",
+                });
+            }
+            let dest = root.join(&e.path);
+            match &e.kind {
+                EntryKind::Dir => {
+                    fs::DirBuilder::new().mode(0o700).create(&dest).map_err(io("create dir", &dest))?;
+                    if !dirs.insert(&e.path) {
+                        return Err(SnapshotError::UnsafeEntry {
+                            id: m.id.clone(),
+                            path: e.path.clone(),
+                            reason: "listed twice",
+                        });
+                    }
+                    info.dirs += 1;
                 }
-                info.dirs += 1;
+                EntryKind::Symlink { target } => {
+                    symlink(target, &dest).map_err(io("create symlink", &dest))?;
+                    info.symlinks += 1;
+                }
+                EntryKind::File { size, chunks } => {
+                    let file = create_file(m, &e.path, &dest, *size, chunks)?;
+                    jobs.file(FileJob { file, path: dest.clone(), chunks })?;
+                    info.files += 1;
+                    info.bytes += size;
+                    info.chunks += chunks.len() as u64;
+                    report(Phase::Transferring);
+                }
             }
-            EntryKind::Symlink { target } => {
-                symlink(target, &dest).map_err(io("create symlink", &dest))?;
-                info.symlinks += 1;
-            }
-            EntryKind::File { size, chunks } => {
-                write_file(store, m, &e.path, &dest, *size, chunks, &mut |n| {
-                    info.bytes += n;
-                    info.chunks += 1;
-                    (opts.progress)(Progress { bytes_done: info.bytes, bytes_total: total });
-                })?;
-                info.files += 1;
-            }
+            placed.push((dest, e));
         }
-        placed.push((dest, e));
-    }
+        Ok(placed)
+    })?;
+    report(Phase::Committing);
     // Deepest first, so setting a child never bumps a parent's mtime after it was set.
     for (dest, e) in placed.iter().rev() {
         set_metadata(dest, e, opts.ownership)?;
     }
+    report(Phase::Done);
     Ok(info)
 }
 
-fn write_file(
-    store: &dyn ObjectStore,
+/// Creates a file to restore into, after checking its chunks add up to its size.
+fn create_file(
     m: &Manifest,
     path: &str,
     dest: &Path,
     size: u64,
     chunks: &[ChunkRef],
-    on_chunk: &mut dyn FnMut(u64),
-) -> Result<(), SnapshotError> {
+) -> Result<fs::File, SnapshotError> {
     if chunks.iter().map(|c| c.len).sum::<u64>() != size {
         return Err(SnapshotError::CorruptManifest {
             key: manifest_key(&m.id),
             reason: format!("chunks of {path} do not add up to its size"),
         });
     }
-    let mut f =
-        fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))?;
-    for c in chunks {
-        let data = fetch_chunk(store, c, m.chunking.max as u64)?;
-        f.write_all(&data).map_err(io("write", dest))?;
-        on_chunk(c.len);
-    }
-    Ok(())
+    fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))
 }
 
 /// Fetches a chunk and verifies its length and sha256.
-pub(crate) fn fetch_chunk(store: &dyn ObjectStore, c: &ChunkRef, max_len: u64) -> Result<Vec<u8>, SnapshotError> {
+pub(crate) fn fetch_chunk(
+    store: &dyn ObjectStore,
+    dctx: &mut zstd::bulk::Decompressor<'static>,
+    c: &ChunkRef,
+    max_len: u64,
+) -> Result<Vec<u8>, SnapshotError> {
     let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
     // Bounded by the chunker's limit too, so a tampered manifest cannot ask for a huge buffer.
     let max_len = max_len.min(16 << 20);
@@ -216,8 +227,7 @@ pub(crate) fn fetch_chunk(store: &dyn ObjectStore, c: &ChunkRef, max_len: u64) -
         e if e.is_not_found() => SnapshotError::MissingChunk { chunk: c.sha256.clone() },
         e => e.into(),
     })?;
-    let data =
-        zstd::bulk::decompress(&packed, c.len as usize).map_err(|e| corrupt(format!("does not decompress: {e}")))?;
+    let data = dctx.decompress(&packed, c.len as usize).map_err(|e| corrupt(format!("does not decompress: {e}")))?;
     if data.len() as u64 != c.len {
         return Err(corrupt(format!("{} bytes, expected {}", data.len(), c.len)));
     }

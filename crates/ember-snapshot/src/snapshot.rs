@@ -1,16 +1,41 @@
-//! `snapshot`: walk → chunk → upload absent chunks → guard → manifest.
+//! `snapshot`: walk → chunk → stage absent chunks → make them durable → guard → manifest.
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::manifest::{manifest_key, Chunking, Manifest};
-use crate::{coord, upload, walk, ObjectStore, SnapshotError, SnapshotSummary};
+use crate::upload::Counters;
+use crate::{coord, upload, walk, ObjectStore, SnapshotError, SnapshotSummary, Staged};
+
+/// What a snapshot, restore or fork is doing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Walking the tree, listing the store, reading the manifest.
+    #[default]
+    Scanning,
+    /// Chunks moving: read, hashed, packed and stored; or fetched, verified and written.
+    Transferring,
+    /// Waiting for the stored chunks to be durable.
+    Syncing,
+    /// Writing the manifest (snapshot) or setting metadata and renaming (restore).
+    Committing,
+    /// Fork: copying the restored tree into the other targets.
+    Copying,
+    Done,
+}
 
 /// Bytes of file content processed so far, out of the total the walk found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
     pub bytes_done: u64,
     pub bytes_total: u64,
+    /// Chunks processed (counting repeats), and of those, the ones this
+    /// snapshot stored (absent before). Restores leave `chunks_new` at 0.
+    pub chunks_done: u64,
+    pub chunks_new: u64,
+    pub phase: Phase,
 }
 
 fn always() -> bool {
@@ -28,7 +53,7 @@ pub struct SnapshotOptions<'a> {
     /// Called immediately before the manifest is written: the caller's lease
     /// fencing. `false` refuses the commit ([`SnapshotError::CommitRefused`]).
     pub commit_guard: &'a dyn Fn() -> bool,
-    /// Called after every chunk (and once at the start).
+    /// Called on the calling thread after every chunk read and at each phase.
     pub progress: &'a dyn Fn(Progress),
     pub chunking: Chunking,
     /// Worker threads that check, compress and upload chunks (default: the
@@ -44,7 +69,7 @@ impl<'a> SnapshotOptions<'a> {
             commit_guard: &always,
             progress: &no_progress,
             chunking: Chunking::default(),
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            threads: default_threads(),
         }
     }
 
@@ -52,6 +77,11 @@ impl<'a> SnapshotOptions<'a> {
         self.labels.insert(key.into(), value.into());
         self
     }
+}
+
+/// The available cores, at most 4: chunk work is CPU-bound (hash, zstd).
+pub(crate) fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// What a finished snapshot reports.
@@ -123,14 +153,29 @@ fn build_and_commit(
     opts: &SnapshotOptions<'_>,
     key: &str,
 ) -> Result<SnapshotSummary, SnapshotError> {
+    (opts.progress)(Progress::default());
     let walked = walk::walk(dir)?;
     let mut items = walked.items;
-    let mut progress = Progress { bytes_done: 0, bytes_total: walked.file_bytes };
-    (opts.progress)(progress);
-    let stats = upload::upload(&mut items, store, opts.chunking, opts.threads, &mut |n| {
-        progress.bytes_done += n;
-        (opts.progress)(progress);
+    let total = walked.file_bytes;
+    let counters = Counters::default();
+    let report = |phase| {
+        (opts.progress)(Progress {
+            bytes_done: counters.bytes.load(Ordering::Relaxed),
+            bytes_total: total,
+            chunks_done: counters.chunks.load(Ordering::Relaxed),
+            chunks_new: counters.new_chunks.load(Ordering::Relaxed),
+            phase,
+        })
+    };
+    let batch = Staged::new();
+    report(Phase::Transferring);
+    let stats = upload::upload(&mut items, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
+        report(Phase::Transferring)
     })?;
+    report(Phase::Syncing);
+    // Every chunk durable before the manifest can name it.
+    store.commit_staged(&batch)?;
+    report(Phase::Committing);
     let entries = items.into_iter().map(|i| i.entry).collect();
     let mut manifest = Manifest {
         id: opts.id.clone(),
@@ -147,5 +192,6 @@ fn build_and_commit(
     manifest.created_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
     store.put(key, &manifest.encode()?)?;
+    report(Phase::Done);
     Ok(SnapshotSummary::from(&manifest))
 }

@@ -1,11 +1,14 @@
-//! Reading and uploading a walked tree. The calling thread reads each file,
-//! cuts it into chunks and hashes them (in order, so the manifest is
-//! deterministic); a few worker threads take the chunks from a bounded channel,
-//! check whether the store already has them, and compress and put the new ones.
-//! Uploads to a remote store overlap their latency; compression uses the cores.
-use std::collections::HashSet;
+//! Reading and uploading a walked tree. The calling thread reads each file and
+//! cuts it into chunks (FastCDC, in order, so the manifest is deterministic);
+//! worker threads take the chunks from a bounded channel, hash them, and pack
+//! (see [`crate::pack`]) and stage the ones the store does not have. The
+//! store's chunks are listed once up front instead of asked about one by one
+//! (a HEAD per chunk on S3). Staged chunks become durable together when the
+//! caller commits the batch, before the manifest is written.
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -14,27 +17,42 @@ use sha2::{Digest, Sha256};
 
 use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, Stats};
 use crate::walk::Walked;
-use crate::{ObjectStore, SnapshotError};
+use crate::{pack, ObjectStore, SnapshotError, Staged};
 
 struct Job {
-    sha: [u8; 32],
+    /// Index of the chunk in walk order: where its hash goes.
+    slot: usize,
     data: Vec<u8>,
+}
+
+/// Counters the calling thread reads to report progress while workers run.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub bytes: AtomicU64,
+    pub chunks: AtomicU64,
+    pub new_chunks: AtomicU64,
 }
 
 /// State the workers share. Every mutex is a std one held for a few field
 /// updates, never across IO.
 struct Shared<'s> {
     store: &'s dyn ObjectStore,
+    batch: &'s Staged,
     level: i32,
+    /// The store's chunks when the snapshot started, with their stored sizes.
+    present: HashMap<[u8; 32], u64>,
     /// Chunks claimed by this snapshot: the first worker to insert a hash handles it.
     seen: Mutex<HashSet<[u8; 32]>>,
+    /// Every chunk's hash, by slot.
+    hashes: Mutex<Vec<[u8; 32]>>,
     stats: Mutex<Stats>,
+    counters: &'s Counters,
     /// The first failure; the others are dropped, the producer stops.
     error: Mutex<Option<SnapshotError>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A worker that panicked cannot leave these half-updated in a way that matters: counters and a set.
+    // A worker that panicked cannot leave these half-updated in a way that matters: counters and sets.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -44,64 +62,99 @@ impl Shared<'_> {
     }
 
     fn worker(&self, rx: &Mutex<Receiver<Job>>) {
+        let mut packer = pack::Packer::new(self.level);
         loop {
             let job = lock(rx).recv();
             let Ok(job) = job else { return };
             if self.failed() {
                 continue; // drain, so the producer never blocks on a full channel
             }
-            if let Err(e) = self.handle(job) {
+            if let Err(e) = self.handle(job, &mut packer) {
                 lock(&self.error).get_or_insert(e);
             }
         }
     }
 
-    fn handle(&self, job: Job) -> Result<(), SnapshotError> {
+    fn handle(&self, job: Job, packer: &mut pack::Packer) -> Result<(), SnapshotError> {
         let len = job.data.len() as u64;
+        let sha: [u8; 32] = Sha256::digest(&job.data).into();
+        lock(&self.hashes)[job.slot] = sha;
+        let done = || {
+            self.counters.bytes.fetch_add(len, Ordering::Relaxed);
+            self.counters.chunks.fetch_add(1, Ordering::Relaxed);
+        };
         let reused = |s: &mut Stats| {
             s.chunks_reused += 1;
             s.bytes_reused += len;
         };
-        if !lock(&self.seen).insert(job.sha) {
+        if !lock(&self.seen).insert(sha) {
             reused(&mut lock(&self.stats));
+            done();
             return Ok(());
         }
-        let sha256 = hex::encode(job.sha);
-        let key = chunk_key(&sha256);
-        let present = self.store.exists(&key)?;
-        if present {
+        if let Some(stored) = self.present.get(&sha) {
             let mut s = lock(&self.stats);
-            (s.unique_chunks, s.unique_bytes) = (s.unique_chunks + 1, s.unique_bytes + len);
+            (s.unique_chunks, s.unique_bytes, s.stored_bytes) =
+                (s.unique_chunks + 1, s.unique_bytes + len, s.stored_bytes + stored);
             reused(&mut s);
+            drop(s);
+            done();
             return Ok(());
         }
-        let packed = zstd::bulk::compress(&job.data, self.level)
+        let sha256 = hex::encode(sha);
+        let packed = packer
+            .pack(&job.data)
             .map_err(|e| SnapshotError::CorruptChunk { chunk: sha256.clone(), reason: format!("compressing: {e}") })?;
-        self.store.put(&key, &packed)?;
+        self.store.put_staged(&chunk_key(&sha256), &packed, self.batch)?;
         let mut s = lock(&self.stats);
         (s.unique_chunks, s.unique_bytes) = (s.unique_chunks + 1, s.unique_bytes + len);
         s.chunks_uploaded += 1;
         s.bytes_uploaded += len;
         s.stored_bytes_uploaded += packed.len() as u64;
+        s.stored_bytes += packed.len() as u64;
+        drop(s);
+        self.counters.new_chunks.fetch_add(1, Ordering::Relaxed);
+        done();
         Ok(())
     }
 }
 
-/// Fills in every file entry's chunks and size, uploading absent chunks with
-/// `threads` workers; `on_bytes` is told of every chunk read. Returns the stats.
+/// The store's chunks, by hash, with their stored sizes. Listed after the
+/// snapshot's marker is up, so gc cannot remove any of them meanwhile.
+fn present_chunks(store: &dyn ObjectStore) -> Result<HashMap<[u8; 32], u64>, SnapshotError> {
+    let mut out = HashMap::new();
+    for m in store.list("chunks/")? {
+        let mut sha = [0u8; 32];
+        let Some(name) = m.key.strip_prefix("chunks/") else { continue };
+        if hex::decode_to_slice(name, &mut sha).is_ok() {
+            out.insert(sha, m.size);
+        }
+    }
+    Ok(out)
+}
+
+/// Fills in every file entry's chunks and size, staging absent chunks in
+/// `batch` with `threads` workers; `on_chunk` is called on the calling thread
+/// after every chunk read. Returns the stats.
 pub(crate) fn upload(
     items: &mut [Walked],
     store: &dyn ObjectStore,
+    batch: &Staged,
     chunking: Chunking,
     threads: usize,
-    on_bytes: &mut dyn FnMut(u64),
+    counters: &Counters,
+    on_chunk: &mut dyn FnMut(),
 ) -> Result<Stats, SnapshotError> {
     let threads = threads.max(1);
     let shared = Shared {
         store,
+        batch,
         level: chunking.zstd_level,
+        present: present_chunks(store)?,
         seen: Mutex::new(HashSet::new()),
+        hashes: Mutex::new(Vec::new()),
         stats: Mutex::new(Stats::default()),
+        counters,
         error: Mutex::new(None),
     };
     let (tx, rx) = sync_channel::<Job>(threads * 2);
@@ -112,12 +165,14 @@ pub(crate) fn upload(
             scope.spawn(|| shared.worker(&rx));
         }
         // `tx` moves in and is dropped on return: the workers then drain and exit.
-        produce(items, tx, &shared, chunking, &mut counts, on_bytes)
+        produce(items, tx, &shared, chunking, &mut counts, on_chunk)
     });
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
     }
     produced?;
+    let hashes = std::mem::take(&mut *lock(&shared.hashes));
+    fill_hashes(items, &hashes);
     let s = lock(&shared.stats).clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
@@ -129,13 +184,25 @@ pub(crate) fn upload(
     })
 }
 
+/// Writes the workers' hashes into the chunk references, in walk order.
+fn fill_hashes(items: &mut [Walked], hashes: &[[u8; 32]]) {
+    let mut slots = hashes.iter();
+    for item in items {
+        if let EntryKind::File { chunks, .. } = &mut item.entry.kind {
+            for (c, sha) in chunks.iter_mut().zip(&mut slots) {
+                c.sha256 = hex::encode(sha);
+            }
+        }
+    }
+}
+
 fn produce(
     items: &mut [Walked],
     tx: SyncSender<Job>,
     shared: &Shared<'_>,
     c: Chunking,
     counts: &mut Stats,
-    on_bytes: &mut dyn FnMut(u64),
+    on_chunk: &mut dyn FnMut(),
 ) -> Result<(), SnapshotError> {
     for item in items {
         let source = item.source.as_path();
@@ -144,7 +211,7 @@ fn produce(
             EntryKind::Symlink { .. } => counts.symlinks += 1,
             EntryKind::File { size, chunks } => {
                 counts.files += 1;
-                *size = chunk_file(source, c, chunks, &tx, shared, on_bytes)?;
+                *size = chunk_file(source, c, chunks, &tx, shared, on_chunk)?;
                 counts.logical_bytes += *size;
                 counts.chunk_refs += chunks.len() as u64;
             }
@@ -154,13 +221,14 @@ fn produce(
 }
 
 /// Chunks one file, sending every chunk to the workers; returns the bytes read.
+/// The references get their hashes later, from the workers ([`fill_hashes`]).
 fn chunk_file(
     path: &Path,
     c: Chunking,
     out: &mut Vec<ChunkRef>,
     tx: &SyncSender<Job>,
     shared: &Shared<'_>,
-    on_bytes: &mut dyn FnMut(u64),
+    on_chunk: &mut dyn FnMut(),
 ) -> Result<u64, SnapshotError> {
     let io = |op| move |source| SnapshotError::Io { op, path: path.to_path_buf(), source };
     let f = File::open(path).map_err(io("open"))?;
@@ -168,14 +236,18 @@ fn chunk_file(
     for chunk in StreamCDC::new(f, c.min as usize, c.avg as usize, c.max as usize) {
         let data = chunk.map_err(|e| io("read")(e.into()))?.data;
         let len = data.len() as u64;
-        let sha: [u8; 32] = Sha256::digest(&data).into();
-        out.push(ChunkRef { sha256: hex::encode(sha), len });
-        if shared.failed() || tx.send(Job { sha, data }).is_err() {
+        out.push(ChunkRef { sha256: String::new(), len });
+        let slot = {
+            let mut hashes = lock(&shared.hashes);
+            hashes.push([0; 32]);
+            hashes.len() - 1
+        };
+        if shared.failed() || tx.send(Job { slot, data }).is_err() {
             // A worker's error, if any, is what `upload` returns; this one only stops the walk.
             return Err(SnapshotError::UploadStopped);
         }
         total += len;
-        on_bytes(len);
+        on_chunk();
     }
     Ok(total)
 }

@@ -4,6 +4,8 @@
 //! Keys are relative, `/`-separated paths of plain names, such as
 //! `chunks/<sha256>` and `manifests/<id>.json`. A `put` is atomic: readers see
 //! the whole object or nothing.
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use crate::StoreError;
@@ -34,6 +36,59 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
     /// Deletes the object; deleting an absent key is not an error.
     fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// The keys under `prefix`, in no particular order. A store can answer
+    /// this more cheaply than [`list`](Self::list) (no sizes or times).
+    fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self.list(prefix)?.into_iter().map(|m| m.key).collect())
+    }
+
+    /// Writes `data` under `key` as part of `batch`: the object need not be
+    /// visible or durable before [`commit_staged`](Self::commit_staged) returns
+    /// for that batch. Lets a local store fsync many objects at once instead of
+    /// one at a time. The default is a plain `put`.
+    fn put_staged(&self, key: &str, data: &[u8], batch: &Staged) -> Result<(), StoreError> {
+        let _ = batch;
+        self.put(key, data)
+    }
+
+    /// Makes every object of `batch` durable and visible (atomically each).
+    fn commit_staged(&self, batch: &Staged) -> Result<(), StoreError> {
+        let _ = batch;
+        Ok(())
+    }
+}
+
+/// Objects put with [`ObjectStore::put_staged`] and not yet committed: for
+/// [`LocalStore`], temp files written but neither fsynced nor renamed. One
+/// batch per snapshot, so committing one snapshot's batch never races another's.
+/// Dropping an uncommitted batch removes its temp files.
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// (temp file, final path)
+    files: Mutex<Vec<(PathBuf, PathBuf)>>,
+}
+
+impl Staged {
+    pub fn new() -> Self {
+        Staged::default()
+    }
+
+    fn push(&self, tmp: PathBuf, dest: PathBuf) {
+        self.files.lock().unwrap_or_else(PoisonError::into_inner).push((tmp, dest));
+    }
+
+    fn take(&self) -> Vec<(PathBuf, PathBuf)> {
+        std::mem::take(&mut *self.files.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for (tmp, _) in self.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
 }
 
 /// Checks that `key` is relative, `/`-separated plain names (no `.`, `..` or empty parts).

@@ -1,0 +1,133 @@
+//! The restore's worker pool: the calling thread creates the files and hands
+//! out their chunks; workers fetch, decompress and verify each chunk and
+//! write it at its offset, so fetch latency, zstd and sha256 use every core.
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::manifest::ChunkRef;
+use crate::restore::fetch_chunk;
+use crate::{ObjectStore, SnapshotError};
+
+/// A file created empty, and the chunks to write into it.
+pub(crate) struct FileJob<'m> {
+    pub file: File,
+    pub path: PathBuf,
+    pub chunks: &'m [ChunkRef],
+}
+
+struct Job<'m> {
+    file: Arc<(File, PathBuf)>,
+    offset: u64,
+    chunk: &'m ChunkRef,
+}
+
+/// Hands chunks to the workers.
+pub(crate) struct Jobs<'f, 'm> {
+    tx: SyncSender<Job<'m>>,
+    fetcher: &'f Fetcher<'f>,
+}
+
+impl<'m> Jobs<'_, 'm> {
+    /// Queues every chunk of `job`; blocks while the workers are busy.
+    pub(crate) fn file(&self, job: FileJob<'m>) -> Result<(), SnapshotError> {
+        let file = Arc::new((job.file, job.path));
+        let mut offset = 0;
+        for chunk in job.chunks {
+            if self.fetcher.failed() || self.tx.send(Job { file: Arc::clone(&file), offset, chunk }).is_err() {
+                return Err(SnapshotError::UploadStopped);
+            }
+            offset += chunk.len;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) struct Fetcher<'s> {
+    store: &'s dyn ObjectStore,
+    max_len: u64,
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+    error: Mutex<Option<SnapshotError>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'s> Fetcher<'s> {
+    pub(crate) fn new(store: &'s dyn ObjectStore, max_len: u64) -> Self {
+        Fetcher { store, max_len, bytes: AtomicU64::new(0), chunks: AtomicU64::new(0), error: Mutex::new(None) }
+    }
+
+    /// Bytes and chunks written and verified so far.
+    pub(crate) fn done(&self) -> (u64, u64) {
+        (self.bytes.load(Ordering::Relaxed), self.chunks.load(Ordering::Relaxed))
+    }
+
+    fn failed(&self) -> bool {
+        lock(&self.error).is_some()
+    }
+
+    /// Runs `produce` on the calling thread with `threads` workers behind it;
+    /// returns once every queued chunk is written. A worker's error wins over
+    /// the producer's (which is then only "stopped").
+    pub(crate) fn run<'m, T>(
+        &self,
+        threads: usize,
+        produce: impl FnOnce(&Jobs<'_, 'm>) -> Result<T, SnapshotError>,
+    ) -> Result<T, SnapshotError> {
+        let threads = threads.max(1);
+        let (tx, rx) = sync_channel::<Job<'m>>(threads * 2);
+        let rx = Mutex::new(rx);
+        let produced = std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| self.worker(&rx));
+            }
+            let jobs = Jobs { tx, fetcher: self };
+            produce(&jobs)
+            // `jobs` (the sender) drops here: the workers drain and exit.
+        });
+        if let Some(e) = lock(&self.error).take() {
+            return Err(e);
+        }
+        produced
+    }
+
+    fn worker(&self, rx: &Mutex<Receiver<Job<'_>>>) {
+        let mut dctx = match zstd::bulk::Decompressor::new() {
+            Ok(d) => d,
+            Err(e) => {
+                let path = Path::new("zstd").to_path_buf();
+                lock(&self.error).get_or_insert(SnapshotError::Io { op: "create decompressor", path, source: e });
+                return;
+            }
+        };
+        loop {
+            let job = lock(rx).recv();
+            let Ok(job) = job else { return };
+            if self.failed() {
+                continue; // drain, so the producer never blocks on a full channel
+            }
+            if let Err(e) = self.write(&mut dctx, &job) {
+                lock(&self.error).get_or_insert(e);
+            }
+        }
+    }
+
+    fn write(&self, dctx: &mut zstd::bulk::Decompressor<'static>, job: &Job<'_>) -> Result<(), SnapshotError> {
+        let data = fetch_chunk(self.store, dctx, job.chunk, self.max_len)?;
+        let (file, path) = &*job.file;
+        file.write_all_at(&data, job.offset).map_err(|source| SnapshotError::Io {
+            op: "write",
+            path: path.clone(),
+            source,
+        })?;
+        self.bytes.fetch_add(job.chunk.len, Ordering::Relaxed);
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
