@@ -651,10 +651,18 @@ async fn workspaces(api: &Api) {
     assert_eq!((r.status, r.json()["name"].as_str()), (201, Some("ws2")));
     let r = api
         .req("POST", "/v1/workspace-snapshots/{id}/fork", &[&snap])
-        .json(json!({"count": 2, "prefix": "kid"}))
+        .json(json!({"count": 2, "prefix": "kid", "operationId": "fork-op-1"}))
         .send()
         .await;
     assert_eq!((r.status, r.json()["items"][1]["name"].as_str()), (201, Some("kid-2")));
+    let r = api.req("GET", "/v1/workspace-snapshots/operations/{id}", &["fork-op-1"]).send().await;
+    assert_eq!((r.status, r.json()["phase"].as_str(), r.json()["itemsDone"].as_u64()), (200, Some("done"), Some(2)));
+    assert_eq!(r.json()["result"][1], "kid-2");
+    let r = api.req("GET", "/v1/workspace-snapshots/operations", &[]).send().await;
+    assert_eq!(r.status, 200);
+    assert!(r.json()["items"].as_array().is_some_and(|a| a.iter().any(|o| o["id"] == "fork-op-1")));
+    let r = api.req("GET", "/v1/workspace-snapshots/operations/{id}", &["nope"]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("SNAPSHOT::OPERATION_NOT_FOUND")));
     for w in ["ws2", "kid-1", "kid-2"] {
         assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &[w]).send().await.status, 204);
     }

@@ -46,6 +46,7 @@ impl From<EngineError> for ApiError {
         use StatusCode as S;
         let (status, code) = match &e {
             EngineError::NotFound(_) => (S::NOT_FOUND, "SANDBOX::NOT_FOUND"),
+            EngineError::OperationNotFound(_) => (S::NOT_FOUND, "SNAPSHOT::OPERATION_NOT_FOUND"),
             EngineError::NotRunning { .. } => (S::CONFLICT, "SANDBOX::NOT_RUNNING"),
             EngineError::NotPaused { .. } => (S::CONFLICT, "SANDBOX::NOT_PAUSED"),
             EngineError::InvalidRequest { .. } => (S::BAD_REQUEST, "SANDBOX::INVALID_PARAMETER"),

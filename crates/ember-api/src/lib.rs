@@ -119,6 +119,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks/{id}/logs", get(tasks::logs))
         .route("/workspaces/{name}/snapshots", post(snapshots::create))
         .route("/workspace-snapshots", get(snapshots::list))
+        .route("/workspace-snapshots/operations", get(snapshots::operations))
+        .route("/workspace-snapshots/operations/{id}", get(snapshots::operation_one))
         .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
         .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
         .route("/workspace-snapshots/{id}/fork", post(snapshots::fork))

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_snapshot::SnapshotSummary;
 use ember_types::api::{
-    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceList, WorkspaceSnapshotInfo,
-    WorkspaceSnapshotList,
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotOperation, SnapshotOperationList, SnapshotWorkspaceRequest,
+    WorkspaceList, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
 };
 
 pub fn info(s: &SnapshotSummary) -> WorkspaceSnapshotInfo {
@@ -31,6 +31,8 @@ pub fn info(s: &SnapshotSummary) -> WorkspaceSnapshotInfo {
         stored_bytes_uploaded: st.stored_bytes_uploaded,
         chunks_reused: st.chunks_reused,
         dedup_ratio: if st.bytes_uploaded == 0 { st.logical_bytes.max(1) as f64 } else { st.dedup_ratio() },
+        stored_bytes: st.stored_bytes,
+        compression_ratio: st.compression_ratio(),
         warnings: s.warnings.clone(),
     }
 }
@@ -51,7 +53,7 @@ pub async fn create(
         (None, None) => None,
         _ => return Err(ApiError::bad_request("holder and epoch go together")),
     };
-    let s = st.engine.snapshot_workspace(&name, fence).await?;
+    let s = st.engine.snapshot_workspace_op(&name, fence, req.operation_id).await?;
     Ok((StatusCode::CREATED, Json(info(&s))).into_response())
 }
 
@@ -81,7 +83,7 @@ pub async fn restore(
         .size
         .map(|s| ember_types::parse_memory_bytes(&s).map_err(|e| ApiError::bad_request(format!("size: {e}"))))
         .transpose()?;
-    let w = st.engine.restore_workspace(&id, &req.name, size).await?;
+    let w = st.engine.restore_workspace_op(&id, &req.name, size, req.operation_id).await?;
     Ok((StatusCode::CREATED, Json(workspace_info(&w))).into_response())
 }
 
@@ -90,6 +92,35 @@ pub async fn fork(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkSnapshotRequest>,
 ) -> Result<Response, ApiError> {
-    let all = st.engine.fork_snapshot(&id, req.count, &req.prefix).await?;
+    let all = st.engine.fork_snapshot_op(&id, req.count, &req.prefix, req.operation_id).await?;
     Ok((StatusCode::CREATED, Json(WorkspaceList { items: all.iter().map(workspace_info).collect() })).into_response())
+}
+
+fn operation(o: &ember_engine::SnapshotOp) -> SnapshotOperation {
+    SnapshotOperation {
+        id: o.id.clone(),
+        kind: o.kind.as_str().into(),
+        target: o.target.clone(),
+        phase: o.phase().into(),
+        bytes_done: o.bytes_done(),
+        bytes_total: o.progress.bytes_total,
+        chunks_done: o.progress.chunks_done,
+        chunks_new: o.progress.chunks_new,
+        items_done: o.items_done,
+        items_total: o.items_total,
+        started_at: rfc3339(o.started_ms),
+        finished_at: o.finished_ms.map(rfc3339),
+        error: o.error.clone(),
+        result: o.result.clone(),
+    }
+}
+
+/// `GET /v1/workspace-snapshots/operations`: running and recently finished operations.
+pub async fn operations(State(st): State<ApiState>) -> Response {
+    Json(SnapshotOperationList { items: st.engine.snapshot_ops().iter().map(operation).collect() }).into_response()
+}
+
+/// `GET /v1/workspace-snapshots/operations/{id}`.
+pub async fn operation_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(operation(&st.engine.snapshot_op(&id)?)).into_response())
 }

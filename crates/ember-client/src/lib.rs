@@ -15,7 +15,8 @@ use ember_types::api::{
     SandboxInfo, SandboxList, WorkspaceInfo, WorkspaceList,
 };
 use ember_types::api::{
-    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotOperation, SnapshotOperationList, SnapshotWorkspaceRequest,
+    WorkspaceSnapshotInfo, WorkspaceSnapshotList,
 };
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
@@ -235,10 +236,33 @@ impl Client {
         name: &str,
         fence: Option<(&str, u64)>,
     ) -> Result<WorkspaceSnapshotInfo, ClientError> {
-        let req = SnapshotWorkspaceRequest { holder: fence.map(|f| f.0.to_string()), epoch: fence.map(|f| f.1) };
-        let body = serde_json::to_vec(&req)
+        let req = SnapshotWorkspaceRequest {
+            holder: fence.map(|f| f.0.to_string()),
+            epoch: fence.map(|f| f.1),
+            operation_id: None,
+        };
+        self.snapshot_workspace_with(name, &req).await
+    }
+
+    /// Snapshot with every request field (fencing, an operation id to poll).
+    pub async fn snapshot_workspace_with(
+        &self,
+        name: &str,
+        req: &SnapshotWorkspaceRequest,
+    ) -> Result<WorkspaceSnapshotInfo, ClientError> {
+        let body = serde_json::to_vec(req)
             .map_err(|e| ClientError::Protocol { path: "snapshot".into(), message: e.to_string() })?;
         Ok(self.json(Method::POST, &format!("/v1/workspaces/{name}/snapshots"), Some(body)).await?.0)
+    }
+
+    /// A snapshot, restore or fork's progress (`operationId` of its request).
+    pub async fn snapshot_operation(&self, id: &str) -> Result<SnapshotOperation, ClientError> {
+        Ok(self.json(Method::GET, &format!("/v1/workspace-snapshots/operations/{id}"), None).await?.0)
+    }
+
+    pub async fn snapshot_operations(&self) -> Result<Vec<SnapshotOperation>, ClientError> {
+        let path = "/v1/workspace-snapshots/operations";
+        Ok(self.json::<SnapshotOperationList>(Method::GET, path, None).await?.0.items)
     }
 
     pub async fn list_snapshots(&self, workspace: Option<&str>) -> Result<Vec<WorkspaceSnapshotInfo>, ClientError> {
@@ -262,15 +286,31 @@ impl Client {
         name: &str,
         size: Option<&str>,
     ) -> Result<WorkspaceInfo, ClientError> {
-        let req = RestoreSnapshotRequest { name: name.into(), size: size.map(str::to_string) };
-        let body = serde_json::to_vec(&req)
+        let req = RestoreSnapshotRequest { name: name.into(), size: size.map(str::to_string), operation_id: None };
+        self.restore_snapshot_with(id, &req).await
+    }
+
+    pub async fn restore_snapshot_with(
+        &self,
+        id: &str,
+        req: &RestoreSnapshotRequest,
+    ) -> Result<WorkspaceInfo, ClientError> {
+        let body = serde_json::to_vec(req)
             .map_err(|e| ClientError::Protocol { path: "restore".into(), message: e.to_string() })?;
         Ok(self.json(Method::POST, &format!("/v1/workspace-snapshots/{id}/restore"), Some(body)).await?.0)
     }
 
     pub async fn fork_snapshot(&self, id: &str, count: u32, prefix: &str) -> Result<Vec<WorkspaceInfo>, ClientError> {
-        let req = ForkSnapshotRequest { count, prefix: prefix.into() };
-        let body = serde_json::to_vec(&req)
+        let req = ForkSnapshotRequest { count, prefix: prefix.into(), operation_id: None };
+        self.fork_snapshot_with(id, &req).await
+    }
+
+    pub async fn fork_snapshot_with(
+        &self,
+        id: &str,
+        req: &ForkSnapshotRequest,
+    ) -> Result<Vec<WorkspaceInfo>, ClientError> {
+        let body = serde_json::to_vec(req)
             .map_err(|e| ClientError::Protocol { path: "fork".into(), message: e.to_string() })?;
         Ok(self
             .json::<WorkspaceList>(Method::POST, &format!("/v1/workspace-snapshots/{id}/fork"), Some(body))

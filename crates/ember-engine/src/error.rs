@@ -7,6 +7,9 @@ use std::path::PathBuf;
 pub enum EngineError {
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// No running or recently finished snapshot, restore or fork has this id.
+    #[error("snapshot operation {0} not found (finished ones are kept for 10 minutes)")]
+    OperationNotFound(String),
     #[error("sandbox {id} is {state}, not Running")]
     NotRunning { id: SandboxId, state: SandboxState },
     #[error("sandbox {id} is {state}, not Paused")]

@@ -19,12 +19,14 @@ mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod snapshot_ops;
 mod snapshots;
 mod store;
 pub mod tasks;
 pub mod templates;
 mod workspaces;
 
+pub use snapshot_ops::{OpKind, SnapshotOp};
 pub use snapshots::SnapshotStoreConfig;
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
@@ -96,6 +98,8 @@ pub struct Engine {
     pool_store: store::Store<pool::PoolSpec>,
     workspaces: ember_workspace::WorkspaceStore,
     snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
+    /// Progress of running (and recently finished) snapshots, restores, forks.
+    snapshot_ops: snapshot_ops::SnapshotOps,
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
@@ -143,6 +147,7 @@ impl Engine {
             pool_store,
             workspaces,
             snapshot_store,
+            snapshot_ops: Default::default(),
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
             images,

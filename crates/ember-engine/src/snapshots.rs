@@ -1,9 +1,10 @@
 //! Workspace snapshots: consistent (the writer is frozen), fenced (a commit is
 //! accepted only while the lease epoch it started under is current),
 //! content-addressed and incremental in the configured object store.
+use crate::snapshot_ops::{OpKind, SnapshotOp};
 use crate::workspaces::WorkspaceStatus;
 use crate::{Engine, EngineError};
-use ember_snapshot::{ObjectStore, RestoreOptions, SnapshotOptions, SnapshotSummary};
+use ember_snapshot::{ObjectStore, Phase, Progress, RestoreOptions, SnapshotOptions, SnapshotSummary};
 use std::sync::Arc;
 
 /// Where snapshots are written.
@@ -44,6 +45,29 @@ impl Engine {
         name: &str,
         fence: Option<(String, u64)>,
     ) -> Result<SnapshotSummary, EngineError> {
+        self.snapshot_workspace_op(name, fence, None).await
+    }
+
+    /// [`snapshot_workspace`](Self::snapshot_workspace), its progress under
+    /// operation `op` (or a generated id) in [`snapshot_ops`](Self::snapshot_ops).
+    pub async fn snapshot_workspace_op(
+        self: &Arc<Self>,
+        name: &str,
+        fence: Option<(String, u64)>,
+        op: Option<String>,
+    ) -> Result<SnapshotSummary, EngineError> {
+        let op = self.snapshot_ops.begin(op, OpKind::Snapshot, name, 0)?;
+        let res = self.snapshot_workspace_inner(name, fence, &op).await;
+        self.snapshot_ops.finish(&op, &res, |s| vec![s.id.clone()]);
+        res
+    }
+
+    async fn snapshot_workspace_inner(
+        self: &Arc<Self>,
+        name: &str,
+        fence: Option<(String, u64)>,
+        op: &str,
+    ) -> Result<SnapshotSummary, EngineError> {
         let meta = self.workspaces.meta(name)?;
         let start = meta.leases.lease.clone();
         if let Some((holder, epoch)) = &fence {
@@ -61,7 +85,7 @@ impl Engine {
                 self.persist(&e);
             }
         }
-        let n = name.to_string();
+        let (n, op) = (name.to_string(), op.to_string());
         let res = self
             .snap(move |e, store| {
                 let mnt = e.workspaces.ensure_mounted(&n)?;
@@ -73,12 +97,14 @@ impl Engine {
                         None => now == start,
                     }
                 };
+                let progress = |p: Progress| e.snapshot_ops.update(&op, |o| o.progress = p);
                 let mut opts = SnapshotOptions::new(id).label("workspace", n.clone());
                 opts.labels.insert("sizeBytes".into(), meta.size_bytes.to_string());
                 if let Some(l) = &start {
                     opts.labels.insert("epoch".into(), l.epoch.to_string());
                 }
                 opts.commit_guard = &guard;
+                opts.progress = &progress;
                 Ok(ember_snapshot::snapshot(&mnt, store, opts).map(|i| i.summary)?)
             })
             .await;
@@ -90,6 +116,16 @@ impl Engine {
             }
         }
         res
+    }
+
+    /// One operation's progress (running, or finished in the last minutes).
+    pub fn snapshot_op(&self, id: &str) -> Result<SnapshotOp, EngineError> {
+        self.snapshot_ops.get(id).ok_or_else(|| EngineError::OperationNotFound(id.to_string()))
+    }
+
+    /// Every operation running or finished in the last minutes, oldest first.
+    pub fn snapshot_ops(&self) -> Vec<SnapshotOp> {
+        self.snapshot_ops.list()
     }
 
     pub async fn list_snapshots(
@@ -127,35 +163,25 @@ impl Engine {
         name: &str,
         size: Option<u64>,
     ) -> Result<WorkspaceStatus, EngineError> {
-        let summary = self.inspect_snapshot(id).await?;
-        let size = size
-            .or_else(|| summary.labels.get("sizeBytes").and_then(|s| s.parse().ok()))
-            .unwrap_or(1 << 30)
-            .max(summary.stats.logical_bytes + (16 << 20));
-        let (id, n) = (id.to_string(), name.to_string());
-        self.snap(move |e, store| {
-            e.workspaces.create(&n, size)?;
-            let res = (|| {
-                let mnt = e.workspaces.ensure_mounted(&n)?;
-                let tmp = mnt.join(".ember-restore");
-                ember_snapshot::restore(store, &id, &tmp, RestoreOptions::default())?;
-                for entry in
-                    std::fs::read_dir(&tmp).map_err(|err| EngineError::Internal(format!("{}: {err}", tmp.display())))?
-                {
-                    let entry = entry.map_err(|err| EngineError::Internal(err.to_string()))?;
-                    std::fs::rename(entry.path(), mnt.join(entry.file_name()))
-                        .map_err(|err| EngineError::Internal(format!("moving {}: {err}", entry.path().display())))?;
-                }
-                std::fs::remove_dir(&tmp).map_err(|err| EngineError::Internal(err.to_string()))?;
-                Ok(())
-            })();
-            if res.is_err() {
-                let _ = e.workspaces.remove(&n, |_| false);
-            }
-            res
-        })
-        .await?;
-        self.workspace(name).await
+        self.restore_workspace_op(id, name, size, None).await
+    }
+
+    /// [`restore_workspace`](Self::restore_workspace) with its progress under operation `op`.
+    pub async fn restore_workspace_op(
+        self: &Arc<Self>,
+        id: &str,
+        name: &str,
+        size: Option<u64>,
+        op: Option<String>,
+    ) -> Result<WorkspaceStatus, EngineError> {
+        let op = self.snapshot_ops.begin(op, OpKind::Restore, id, 1)?;
+        let res = self.make_workspaces(id, &[name.to_string()], size, &op).await;
+        let res = match res {
+            Ok(_) => self.workspace(name).await,
+            Err(e) => Err(e),
+        };
+        self.snapshot_ops.finish(&op, &res, |w| vec![w.meta.name.clone()]);
+        res
     }
 
     /// `count` new workspaces `<prefix>-<i>` from one snapshot.
@@ -165,13 +191,135 @@ impl Engine {
         count: u32,
         prefix: &str,
     ) -> Result<Vec<WorkspaceStatus>, EngineError> {
+        self.fork_snapshot_op(id, count, prefix, None).await
+    }
+
+    /// [`fork_snapshot`](Self::fork_snapshot) with its progress under operation `op`.
+    pub async fn fork_snapshot_op(
+        self: &Arc<Self>,
+        id: &str,
+        count: u32,
+        prefix: &str,
+        op: Option<String>,
+    ) -> Result<Vec<WorkspaceStatus>, EngineError> {
         if count == 0 || count > 1000 {
             return Err(EngineError::invalid("count", "1..=1000"));
         }
-        let mut out = Vec::new();
-        for i in 1..=count {
-            out.push(self.restore_workspace(id, &format!("{prefix}-{i}"), None).await?);
-        }
-        Ok(out)
+        let names: Vec<String> = (1..=count).map(|i| format!("{prefix}-{i}")).collect();
+        let op = self.snapshot_ops.begin(op, OpKind::Fork, id, count)?;
+        let res = self.make_workspaces(id, &names, None, &op).await;
+        let res = match res {
+            Ok(()) => {
+                let mut out = Vec::new();
+                for n in &names {
+                    out.push(self.workspace(n).await?);
+                }
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        };
+        self.snapshot_ops.finish(&op, &res, |ws| ws.iter().map(|w| w.meta.name.clone()).collect());
+        res
     }
+
+    /// New workspaces `names` holding snapshot `id`: the first restored (every
+    /// chunk fetched and verified), the others copied from it by the kernel,
+    /// which is several times cheaper than decompressing and hashing again.
+    /// All or nothing: on failure every workspace made here is removed.
+    async fn make_workspaces(
+        self: &Arc<Self>,
+        id: &str,
+        names: &[String],
+        size: Option<u64>,
+        op: &str,
+    ) -> Result<(), EngineError> {
+        let summary = self.inspect_snapshot(id).await?;
+        let size = size
+            .or_else(|| summary.labels.get("sizeBytes").and_then(|s| s.parse().ok()))
+            .unwrap_or(1 << 30)
+            .max(summary.stats.logical_bytes + (16 << 20));
+        let logical = summary.stats.logical_bytes;
+        self.snapshot_ops.update(op, |o| o.progress.bytes_total = logical * names.len() as u64);
+        let (id, names, op) = (id.to_string(), names.to_vec(), op.to_string());
+        self.snap(move |e, store| {
+            let mut made = Vec::new();
+            let res = fill_workspaces(e, store, &id, &names, size, &op, &mut made);
+            if res.is_err() {
+                for n in &made {
+                    let _ = e.workspaces.remove(n, |_| false);
+                }
+            }
+            res
+        })
+        .await
+    }
+}
+
+/// Where a restore builds the tree inside a new workspace before its entries
+/// move up into the workspace's root.
+const STAGING: &str = ".ember-restore";
+
+/// The blocking half of `make_workspaces`; `made` collects what to remove on failure.
+fn fill_workspaces(
+    e: &Engine,
+    store: &dyn ObjectStore,
+    id: &str,
+    names: &[String],
+    size: u64,
+    op: &str,
+    made: &mut Vec<String>,
+) -> Result<(), EngineError> {
+    let mut mounts = Vec::new();
+    for n in names {
+        e.workspaces.create(n, size)?;
+        made.push(n.clone());
+        mounts.push(e.workspaces.ensure_mounted(n)?);
+    }
+    let Some((first, rest)) = mounts.split_first() else { return Ok(()) };
+    let first_tmp = first.join(STAGING);
+    // The op's total covers every workspace; a step reports only its own bytes.
+    let progress =
+        |p: Progress| e.snapshot_ops.update(op, |o| o.progress = Progress { bytes_total: o.progress.bytes_total, ..p });
+    let info =
+        ember_snapshot::restore(store, id, &first_tmp, RestoreOptions { progress: &progress, ..Default::default() })?;
+    let item_done = || {
+        e.snapshot_ops.update(op, |o| {
+            o.items_done += 1;
+            o.bytes_before += info.bytes;
+            o.progress = Progress { bytes_total: o.progress.bytes_total, phase: Phase::Copying, ..Progress::default() };
+        })
+    };
+    item_done();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4).min(rest.len().max(1));
+    std::thread::scope(|scope| -> Result<(), EngineError> {
+        let handles: Vec<_> = rest
+            .chunks(rest.len().div_ceil(threads).max(1))
+            .map(|part| {
+                let (first_tmp, item_done) = (&first_tmp, &item_done);
+                scope.spawn(move || -> Result<(), EngineError> {
+                    for mnt in part {
+                        let opts = RestoreOptions::default();
+                        ember_snapshot::copy_restored(store, id, first_tmp, &mnt.join(STAGING), opts)?;
+                        item_done();
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join().unwrap_or_else(|_| Err(EngineError::Internal("fork copy thread panicked".into())))
+        })
+    })?;
+    mounts.iter().try_for_each(|m| move_up(m, &m.join(STAGING)))
+}
+
+/// Moves a restored tree's entries from `tmp` into the workspace root `mnt`.
+fn move_up(mnt: &std::path::Path, tmp: &std::path::Path) -> Result<(), EngineError> {
+    let internal = |what: String| EngineError::Internal(what);
+    for entry in std::fs::read_dir(tmp).map_err(|err| internal(format!("{}: {err}", tmp.display())))? {
+        let entry = entry.map_err(|err| internal(err.to_string()))?;
+        std::fs::rename(entry.path(), mnt.join(entry.file_name()))
+            .map_err(|err| internal(format!("moving {}: {err}", entry.path().display())))?;
+    }
+    std::fs::remove_dir(tmp).map_err(|err| internal(format!("{}: {err}", tmp.display())))
 }

@@ -1,15 +1,19 @@
 //! `ember bench snapshot`: builds a tree of mixed files, then times a full
 //! snapshot, an incremental one after changing 1 % of the data, a restore, a
-//! fork of N restores, and `tar | zstd` (and back) of the same tree as the
+//! fork into N trees (one restore, then copies), and `tar | zstd` (and back) of the same tree as the
 //! reference. Single runs: the sizes are large enough that one run is a
 //! throughput figure, not a latency sample.
+use std::cell::RefCell;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{restore, snapshot, LocalStore, RestoreOptions, SnapshotError, SnapshotOptions, StoreError};
+use crate::{
+    copy_restored, restore, snapshot, LocalStore, Phase, Progress, RestoreOptions, SnapshotError, SnapshotOptions,
+    StoreError,
+};
 
 /// What to build and where.
 #[derive(Debug, Clone)]
@@ -69,9 +73,12 @@ pub struct BenchReport {
     pub incremental: Step,
     pub incremental_uploaded: u64,
     pub incremental_chunks_uploaded: u64,
+    /// Seconds in each phase of the full snapshot and of the restore.
+    pub full_phases: Vec<(Phase, f64)>,
+    pub restore_phases: Vec<(Phase, f64)>,
     pub restore: Step,
     pub forks: usize,
-    /// All forks, run concurrently on the available cores.
+    /// One restore, then copies of it for the other forks, on the available cores.
     pub fork: Step,
     pub tar_zstd: Step,
     pub untar_zstd: Step,
@@ -100,10 +107,36 @@ impl fmt::Display for BenchReport {
             self.incremental_chunks_uploaded,
             mb(self.incremental.stored_bytes)
         )?;
+        writeln!(f, "  phases: {}", phases(&self.full_phases))?;
         row(f, "ember restore", &self.restore)?;
+        writeln!(f, "  phases: {}", phases(&self.restore_phases))?;
         row(f, &format!("ember fork x{}", self.forks), &self.fork)?;
         row(f, "tar | zstd (reference)", &self.tar_zstd)?;
         row(f, "zstd -d | tar -x (reference)", &self.untar_zstd)
+    }
+}
+
+fn phases(p: &[(Phase, f64)]) -> String {
+    p.iter().map(|(phase, s)| format!("{phase:?} {s:.2} s")).collect::<Vec<_>>().join(", ")
+}
+
+/// Time spent in each phase, from the progress callback (called on one thread).
+#[derive(Default)]
+struct PhaseTimer {
+    seen: RefCell<Vec<(Phase, Instant)>>,
+}
+
+impl PhaseTimer {
+    fn saw(&self, phase: Phase) {
+        let mut seen = self.seen.borrow_mut();
+        if seen.last().is_none_or(|(p, _)| *p != phase) {
+            seen.push((phase, Instant::now()));
+        }
+    }
+
+    fn take(&self) -> Vec<(Phase, f64)> {
+        let seen = std::mem::take(&mut *self.seen.borrow_mut());
+        seen.windows(2).map(|w| (w[0].0, (w[1].1 - w[0].1).as_secs_f64())).collect()
     }
 }
 
@@ -134,7 +167,12 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let mut r =
         BenchReport { tree_bytes: tree.bytes, files: tree.files.len() as u64, forks: cfg.forks, ..Default::default() };
 
-    let full = snapshot(src, &store, SnapshotOptions::new("bench-full"))?;
+    let timer = PhaseTimer::default();
+    let mut opts = SnapshotOptions::new("bench-full");
+    let on_progress = |p: Progress| timer.saw(p.phase);
+    opts.progress = &on_progress;
+    let full = snapshot(src, &store, opts)?;
+    r.full_phases = timer.take();
     let s = &full.summary.stats;
     r.full = Step { elapsed: full.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded };
 
@@ -146,28 +184,33 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     r.incremental_chunks_uploaded = s.chunks_uploaded;
 
     let out = w.join("restore");
-    let info = restore(&store, "bench-inc", &out, RestoreOptions::default())?;
+    let info = restore(&store, "bench-inc", &out, RestoreOptions { progress: &on_progress, ..Default::default() })?;
+    r.restore_phases = timer.take();
     r.restore = Step { elapsed: info.elapsed, bytes: info.bytes, stored_bytes: 0 };
     fs::remove_dir_all(&out).map_err(io("remove", &out))?;
 
+    // A fork restores once, then copies that tree (as the engine's fork does).
     let start = Instant::now();
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(cfg.forks.max(1));
     let forks: Vec<PathBuf> = (0..cfg.forks).map(|i| w.join(format!("fork-{i}"))).collect();
-    std::thread::scope(|scope| -> Result<(), SnapshotError> {
-        let handles: Vec<_> = forks
-            .chunks(forks.len().div_ceil(threads).max(1))
-            .map(|part| {
-                let store = &store;
-                scope.spawn(move || -> Result<(), SnapshotError> {
-                    for p in part {
-                        restore(store, "bench-inc", p, RestoreOptions::default())?;
-                    }
-                    Ok(())
+    if let Some((first, rest)) = forks.split_first() {
+        restore(&store, "bench-inc", first, RestoreOptions::default())?;
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(rest.len().max(1));
+        std::thread::scope(|scope| -> Result<(), SnapshotError> {
+            let handles: Vec<_> = rest
+                .chunks(rest.len().div_ceil(threads).max(1))
+                .map(|part| {
+                    let store = &store;
+                    scope.spawn(move || -> Result<(), SnapshotError> {
+                        for p in part {
+                            copy_restored(store, "bench-inc", first, p, RestoreOptions::default())?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or(Ok(())))
-    })?;
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().unwrap_or(Err(SnapshotError::UploadStopped)))
+        })?;
+    }
     r.fork = Step { elapsed: start.elapsed(), bytes: info.bytes * cfg.forks as u64, stored_bytes: 0 };
     for p in &forks {
         fs::remove_dir_all(p).map_err(io("remove", p))?;

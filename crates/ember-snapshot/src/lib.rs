@@ -47,6 +47,6 @@ mod walk;
 pub use catalog::{delete, gc, inspect, list, GcOptions, GcReport, SnapshotSummary};
 pub use error::{SnapshotError, StoreError};
 pub use manifest::{Chunking, Stats};
-pub use restore::{restore, RestoreInfo, RestoreOptions};
+pub use restore::{copy_restored, restore, RestoreInfo, RestoreOptions};
 pub use snapshot::{snapshot, validate_id, Phase, Progress, SnapshotInfo, SnapshotOptions};
 pub use store::{LocalStore, ObjectMeta, ObjectStore, S3Config, S3Store, Staged};

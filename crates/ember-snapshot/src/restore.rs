@@ -75,6 +75,32 @@ pub fn restore(
     into: &Path,
     opts: RestoreOptions<'_>,
 ) -> Result<RestoreInfo, SnapshotError> {
+    restore_from(store, id, into, opts, None)
+}
+
+/// Makes `into` a copy of `from`, a tree this process restored from snapshot
+/// `id` moments ago and that nothing else writes (the first workspace of a
+/// fork, before it is handed out). Same result as [`restore`] — entries, modes,
+/// owners, mtimes, atomic appearance — but file bytes are copied by the kernel
+/// (`copy_file_range`) instead of fetched, decompressed and verified again;
+/// each file's size is checked against the manifest.
+pub fn copy_restored(
+    store: &dyn ObjectStore,
+    id: &str,
+    from: &Path,
+    into: &Path,
+    opts: RestoreOptions<'_>,
+) -> Result<RestoreInfo, SnapshotError> {
+    restore_from(store, id, into, opts, Some(from))
+}
+
+fn restore_from(
+    store: &dyn ObjectStore,
+    id: &str,
+    into: &Path,
+    opts: RestoreOptions<'_>,
+    from: Option<&Path>,
+) -> Result<RestoreInfo, SnapshotError> {
     let start = Instant::now();
     let manifest = load(store, id)?;
     match fs::symlink_metadata(into) {
@@ -89,7 +115,7 @@ pub fn restore(
     let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = parent.join(format!(".{}.restore-{}-{n}", name.to_string_lossy(), std::process::id()));
     fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(io("create", &tmp))?;
-    let result = build(store, &manifest, &tmp, &opts)
+    let result = build(store, &manifest, &tmp, &opts, from)
         .and_then(|info| fs::rename(&tmp, into).map(|()| info).map_err(io("rename into", into)));
     match result {
         Ok(mut info) => {
@@ -117,6 +143,7 @@ fn build(
     m: &Manifest,
     root: &Path,
     opts: &RestoreOptions<'_>,
+    from: Option<&Path>,
 ) -> Result<RestoreInfo, SnapshotError> {
     let mut info =
         RestoreInfo { id: m.id.clone(), files: 0, dirs: 0, symlinks: 0, bytes: 0, chunks: 0, elapsed: Duration::ZERO };
@@ -137,8 +164,10 @@ fn build(
         });
     }
     let fetcher = Fetcher::new(store, m.chunking.max as u64);
+    let copied = AtomicU64::new(0);
     let report = |phase| {
-        let (bytes_done, chunks_done) = fetcher.done();
+        let (fetched, chunks_done) = fetcher.done();
+        let bytes_done = fetched + copied.load(Ordering::Relaxed);
         (opts.progress)(Progress { bytes_done, bytes_total: total, chunks_done, chunks_new: 0, phase })
     };
     let placed = fetcher.run(opts.threads, |jobs| {
@@ -173,7 +202,13 @@ fn build(
                 }
                 EntryKind::File { size, chunks } => {
                     let file = create_file(m, &e.path, &dest, *size, chunks)?;
-                    jobs.file(FileJob { file, path: dest.clone(), chunks })?;
+                    match from {
+                        Some(from) => {
+                            copy_file(m, &from.join(&e.path), file, &dest, *size)?;
+                            copied.fetch_add(*size, Ordering::Relaxed);
+                        }
+                        None => jobs.file(FileJob { file, path: dest.clone(), chunks })?,
+                    }
                     info.files += 1;
                     info.bytes += size;
                     info.chunks += chunks.len() as u64;
@@ -208,6 +243,25 @@ fn create_file(
         });
     }
     fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))
+}
+
+/// Copies a file of an earlier restore of the same manifest (`copy_restored`).
+fn copy_file(m: &Manifest, src: &Path, mut dest_file: fs::File, dest: &Path, size: u64) -> Result<(), SnapshotError> {
+    let changed = |what: String| SnapshotError::CorruptManifest {
+        key: manifest_key(&m.id),
+        reason: format!("copying from the first restore: {} {what}", src.display()),
+    };
+    // Not through a symlink that replaced the restored file.
+    if !fs::symlink_metadata(src).map_err(io("stat", src))?.is_file() {
+        return Err(changed("is no longer a regular file".into()));
+    }
+    let mut f = fs::File::open(src).map_err(io("open", src))?;
+    // std copies file to file with copy_file_range: no bytes through user space.
+    let n = std::io::copy(&mut f, &mut dest_file).map_err(io("copy into", dest))?;
+    if n != size {
+        return Err(changed(format!("holds {n} bytes, the manifest says {size}")));
+    }
+    Ok(())
 }
 
 /// Fetches a chunk and verifies its length and sha256.

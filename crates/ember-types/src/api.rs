@@ -402,6 +402,13 @@ pub struct WorkspaceSnapshotInfo {
     pub chunks_reused: u64,
     /// Logical bytes over uploaded bytes: 1 for a first snapshot, large for an incremental one.
     pub dedup_ratio: f64,
+    /// What the snapshot's distinct chunks take in the store (compressed), reused
+    /// ones included; 0 for snapshots made before ember recorded it.
+    #[serde(default)]
+    pub stored_bytes: u64,
+    /// Uploaded bytes before over after compression (1 when nothing was uploaded).
+    #[serde(default)]
+    pub compression_ratio: f64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -419,6 +426,10 @@ pub struct SnapshotWorkspaceRequest {
     pub holder: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// Names the operation, so its progress can be polled while the request
+    /// runs (`GET /v1/workspace-snapshots/operations/{id}`).
+    #[serde(default, rename = "operationId", skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,12 +437,53 @@ pub struct RestoreSnapshotRequest {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<String>,
+    #[serde(default, rename = "operationId", skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForkSnapshotRequest {
     pub count: u32,
     pub prefix: String,
+    #[serde(default, rename = "operationId", skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
+
+/// A snapshot, restore or fork as it runs, and for a while after it ended
+/// (`GET /v1/workspace-snapshots/operations[/{id}]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotOperation {
+    pub id: String,
+    /// `snapshot`, `restore` or `fork`.
+    pub kind: String,
+    /// The workspace snapshotted, or the snapshot restored or forked.
+    pub target: String,
+    /// `scanning`, `transferring`, `syncing`, `committing`, `copying`, `done` or `failed`.
+    pub phase: String,
+    /// File bytes processed, of the total (for a fork: of all its workspaces).
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// Chunks processed, and of those the ones the snapshot had to store.
+    pub chunks_done: u64,
+    pub chunks_new: u64,
+    /// Workspaces finished, of those the operation makes (0/0 for a snapshot).
+    pub items_done: u32,
+    pub items_total: u32,
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Why it failed (the request itself answered with the structured error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The snapshot id made, or the workspaces made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub result: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotOperationList {
+    pub items: Vec<SnapshotOperation>,
 }
 
 /// `GET /v1/runtimes`.

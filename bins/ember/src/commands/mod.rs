@@ -4,6 +4,7 @@ pub mod image;
 mod network;
 mod pool;
 mod sandbox;
+mod snapshot_progress;
 pub mod task;
 mod workspace;
 

@@ -1,7 +1,8 @@
 //! `ember workspace ...`.
+use super::snapshot_progress::{new_op_id, with_progress};
 use crate::cli::{SnapshotCmd, WorkspaceCmd};
 use ember_client::Client;
-use ember_types::api::WorkspaceInfo;
+use ember_types::api::{ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotWorkspaceRequest, WorkspaceInfo};
 
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
@@ -48,7 +49,9 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
             }
         }
         WorkspaceCmd::Snapshot { name, holder, epoch, json } => {
-            let s = client.snapshot_workspace(&name, holder.as_deref().zip(epoch)).await?;
+            let op = new_op_id("snapshot");
+            let req = SnapshotWorkspaceRequest { holder, epoch, operation_id: Some(op.clone()) };
+            let s = with_progress(client, &op, !json, client.snapshot_workspace_with(&name, &req)).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -65,11 +68,15 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
             }
         }
         WorkspaceCmd::Restore { snapshot, name, size } => {
-            let w = client.restore_snapshot(&snapshot, &name, size.as_deref()).await?;
+            let op = new_op_id("restore");
+            let req = RestoreSnapshotRequest { name, size, operation_id: Some(op.clone()) };
+            let w = with_progress(client, &op, true, client.restore_snapshot_with(&snapshot, &req)).await?;
             println!("{}", w.name);
         }
         WorkspaceCmd::Fork { snapshot, count, prefix } => {
-            for w in client.fork_snapshot(&snapshot, count, &prefix).await? {
+            let op = new_op_id("fork");
+            let req = ForkSnapshotRequest { count, prefix, operation_id: Some(op.clone()) };
+            for w in with_progress(client, &op, true, client.fork_snapshot_with(&snapshot, &req)).await? {
                 println!("{}", w.name);
             }
         }
@@ -123,11 +130,14 @@ pub async fn snapshots(client: &Client, cmd: SnapshotCmd) -> anyhow::Result<i32>
                     s.chunks,
                     s.unique_chunks
                 );
+                let stored = if s.stored_bytes > 0 { mib(s.stored_bytes) } else { "not recorded".into() };
+                println!("  stored size {stored} (compressed, distinct chunks)");
                 println!(
-                    "  uploaded {} ({} stored) in {} chunks; reused {}; dedup {:.1}x",
+                    "  new chunks {} ({} uploaded, {} stored, compression {:.1}x); reused chunks {}; dedup {:.1}x",
+                    s.chunks_uploaded,
                     mib(s.bytes_uploaded),
                     mib(s.stored_bytes_uploaded),
-                    s.chunks_uploaded,
+                    s.compression_ratio,
                     s.chunks_reused,
                     s.dedup_ratio
                 );
