@@ -53,6 +53,9 @@ pub struct Step {
     pub bytes: u64,
     /// Bytes that reached the store or archive.
     pub stored_bytes: u64,
+    /// CPU time (user + system) of the step, all threads and child processes:
+    /// unlike wall time, barely moved by other load on the machine.
+    pub cpu: Duration,
 }
 
 impl Step {
@@ -90,10 +93,11 @@ impl fmt::Display for BenchReport {
         let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &Step| {
             writeln!(
                 f,
-                "{name:<28} {:>8.2} s  {:>8.1} MB/s  {:>9.1} MB stored",
+                "{name:<28} {:>8.2} s  {:>8.1} MB/s  {:>9.1} MB stored  {:>7.2} s CPU",
                 s.elapsed.as_secs_f64(),
                 s.mb_per_s(),
-                mb(s.stored_bytes)
+                mb(s.stored_bytes),
+                s.cpu.as_secs_f64()
             )
         };
         writeln!(f, "tree: {:.1} MB in {} files", mb(self.tree_bytes), self.files)?;
@@ -167,27 +171,39 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let mut r =
         BenchReport { tree_bytes: tree.bytes, files: tree.files.len() as u64, forks: cfg.forks, ..Default::default() };
 
+    // Every timed step starts with nothing dirty in the page cache, so none
+    // pays for the writeback of what the step before it wrote.
+    settle()?;
     let timer = PhaseTimer::default();
+    let mut cpu = cpu_time();
+    let mut lap = || std::mem::replace(&mut cpu, cpu_time()).map_or(Duration::ZERO, |c| cpu_time().unwrap_or(c) - c);
     let mut opts = SnapshotOptions::new("bench-full");
     let on_progress = |p: Progress| timer.saw(p.phase);
     opts.progress = &on_progress;
     let full = snapshot(src, &store, opts)?;
     r.full_phases = timer.take();
     let s = &full.summary.stats;
-    r.full = Step { elapsed: full.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded };
+    r.full = Step { elapsed: full.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded, cpu: lap() };
 
     r.changed_bytes = tree::change(&tree, tree.bytes / 100, &mut rng)?;
+    settle()?;
+    lap();
     let inc = snapshot(src, &store, SnapshotOptions::new("bench-inc"))?;
     let s = &inc.summary.stats;
-    r.incremental = Step { elapsed: inc.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded };
+    r.incremental =
+        Step { elapsed: inc.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded, cpu: lap() };
     r.incremental_uploaded = s.bytes_uploaded;
     r.incremental_chunks_uploaded = s.chunks_uploaded;
 
     let out = w.join("restore");
+    settle()?;
+    lap();
     let info = restore(&store, "bench-inc", &out, RestoreOptions { progress: &on_progress, ..Default::default() })?;
     r.restore_phases = timer.take();
-    r.restore = Step { elapsed: info.elapsed, bytes: info.bytes, stored_bytes: 0 };
+    r.restore = Step { elapsed: info.elapsed, bytes: info.bytes, stored_bytes: 0, cpu: lap() };
     fs::remove_dir_all(&out).map_err(io("remove", &out))?;
+    settle()?;
+    lap();
 
     // A fork restores once, then copies that tree (as the engine's fork does).
     let start = Instant::now();
@@ -211,10 +227,12 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
             handles.into_iter().try_for_each(|h| h.join().unwrap_or(Err(SnapshotError::UploadStopped)))
         })?;
     }
-    r.fork = Step { elapsed: start.elapsed(), bytes: info.bytes * cfg.forks as u64, stored_bytes: 0 };
+    r.fork = Step { elapsed: start.elapsed(), bytes: info.bytes * cfg.forks as u64, stored_bytes: 0, cpu: lap() };
     for p in &forks {
         fs::remove_dir_all(p).map_err(io("remove", p))?;
     }
+    settle()?;
+    lap();
 
     let archive = w.join("src.tar.zst");
     let (a, q) = (archive.display().to_string(), src.display().to_string());
@@ -222,16 +240,36 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
         elapsed: shell(&format!("tar -C '{q}' -cf - . | zstd -q -3 -o '{a}'"))?,
         bytes: tree.bytes,
         stored_bytes: fs::metadata(&archive).map_err(io("stat", &archive))?.len(),
+        cpu: lap(),
     };
     let untar = w.join("untar");
     fs::create_dir_all(&untar).map_err(io("create", &untar))?;
+    settle()?;
+    lap();
     let u = untar.display().to_string();
     r.untar_zstd = Step {
         elapsed: shell(&format!("zstd -q -dc '{a}' | tar -C '{u}' -xf -"))?,
         bytes: tree.bytes,
         stored_bytes: 0,
+        cpu: lap(),
     };
     Ok(r)
+}
+
+/// Writes back everything dirty (untimed).
+fn settle() -> Result<(), BenchError> {
+    shell("sync").map(drop)
+}
+
+/// This process's CPU time so far, its threads and its waited-for children
+/// (`/proc/self/stat` utime, stime, cutime, cstime; ticks of 1/100 s, the
+/// USER_HZ Linux reports on every architecture ember runs on).
+fn cpu_time() -> Option<Duration> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let ticks: u64 = rest.split(' ').skip(11).take(4).map(|f| f.parse::<u64>().unwrap_or(0)).sum();
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Runs a pipeline under `sh -c` with pipefail-like checking; returns its wall time.
