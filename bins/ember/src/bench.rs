@@ -27,8 +27,15 @@ use ember_client::Client;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
-        BenchCmd::Snapshot { size_mb, forks, work_dir } => {
-            let cfg = ember_snapshot::bench::BenchConfig { dir_size_mb: size_mb, work_dir, forks, keep: false };
+        BenchCmd::Snapshot { size_mb, forks, work_dir, store } => {
+            let s3 = match store.as_deref().map(|s| crate::serve::snapshot_store(Some(s), &work_dir)).transpose()? {
+                Some(ember_engine::SnapshotStoreConfig::S3(c)) => Some(c),
+                Some(ember_engine::SnapshotStoreConfig::Local(_)) => {
+                    anyhow::bail!("--store: expected s3://bucket[/prefix]; the local store lives in --work-dir")
+                }
+                None => None,
+            };
+            let cfg = ember_snapshot::bench::BenchConfig { dir_size_mb: size_mb, work_dir, forks, keep: false, s3 };
             let report = tokio::task::spawn_blocking(move || ember_snapshot::bench::bench(&cfg)).await??;
             println!("{report}");
             Ok(0)

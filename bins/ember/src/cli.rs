@@ -284,6 +284,10 @@ pub enum BenchCmd {
         forks: usize,
         #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
         work_dir: std::path::PathBuf,
+        /// s3://bucket[/prefix] (an existing bucket; endpoint and credentials
+        /// as for `serve --snapshot-store`) instead of a local store.
+        #[arg(long)]
+        store: Option<String>,
     },
     /// Per available runtime class (native, runsc, crun, runc), in one run:
     /// cold create p50/p99, remove, exec round trip, and the ratio to native.

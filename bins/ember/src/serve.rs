@@ -127,7 +127,10 @@ async fn shutdown_signal() {
 /// `--snapshot-store`: a directory (default `<data-dir>/snapshots`) or
 /// `s3://bucket[/prefix]` with `EMBER_S3_ENDPOINT`, `AWS_REGION`,
 /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` from the environment.
-fn snapshot_store(flag: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<ember_engine::SnapshotStoreConfig> {
+pub(crate) fn snapshot_store(
+    flag: Option<&str>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<ember_engine::SnapshotStoreConfig> {
     use ember_engine::SnapshotStoreConfig as C;
     let Some(v) = flag else { return Ok(C::Local(data_dir.join("snapshots"))) };
     let Some(rest) = v.strip_prefix("s3://") else { return Ok(C::Local(PathBuf::from(v))) };

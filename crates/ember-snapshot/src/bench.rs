@@ -8,11 +8,11 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::{
-    copy_restored, restore, snapshot, LocalStore, Phase, Progress, RestoreOptions, SnapshotError, SnapshotOptions,
-    StoreError,
+    copy_restored, restore, snapshot, LocalStore, ObjectStore, Phase, Progress, RestoreOptions, S3Config, S3Store,
+    SnapshotError, SnapshotOptions, StoreError,
 };
 
 /// What to build and where.
@@ -25,6 +25,9 @@ pub struct BenchConfig {
     /// Restores in the fork step.
     pub forks: usize,
     pub keep: bool,
+    /// Snapshot into this bucket (which must exist) instead of a local store
+    /// under `work_dir`; each run uses its own key prefix below `prefix`.
+    pub s3: Option<S3Config>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +170,16 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let w = &cfg.work_dir;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let tree = tree::build(src, cfg.dir_size_mb * 1_000_000, &mut rng)?;
-    let store = LocalStore::open(objects)?;
+    let store: Box<dyn ObjectStore> = match &cfg.s3 {
+        Some(c) => {
+            let run = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let prefix =
+                format!("{}/ember-bench-{run}", c.prefix.trim_matches('/')).trim_start_matches('/').to_string();
+            Box::new(S3Store::open(S3Config { prefix, ..c.clone() })?)
+        }
+        None => Box::new(LocalStore::open(objects)?),
+    };
+    let store = store.as_ref();
     let mut r =
         BenchReport { tree_bytes: tree.bytes, files: tree.files.len() as u64, forks: cfg.forks, ..Default::default() };
 
@@ -180,7 +192,7 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let mut opts = SnapshotOptions::new("bench-full");
     let on_progress = |p: Progress| timer.saw(p.phase);
     opts.progress = &on_progress;
-    let full = snapshot(src, &store, opts)?;
+    let full = snapshot(src, store, opts)?;
     r.full_phases = timer.take();
     let s = &full.summary.stats;
     r.full = Step { elapsed: full.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded, cpu: lap() };
@@ -188,7 +200,7 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     r.changed_bytes = tree::change(&tree, tree.bytes / 100, &mut rng)?;
     settle()?;
     lap();
-    let inc = snapshot(src, &store, SnapshotOptions::new("bench-inc"))?;
+    let inc = snapshot(src, store, SnapshotOptions::new("bench-inc"))?;
     let s = &inc.summary.stats;
     r.incremental =
         Step { elapsed: inc.elapsed, bytes: s.logical_bytes, stored_bytes: s.stored_bytes_uploaded, cpu: lap() };
@@ -198,7 +210,7 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let out = w.join("restore");
     settle()?;
     lap();
-    let info = restore(&store, "bench-inc", &out, RestoreOptions { progress: &on_progress, ..Default::default() })?;
+    let info = restore(store, "bench-inc", &out, RestoreOptions { progress: &on_progress, ..Default::default() })?;
     r.restore_phases = timer.take();
     r.restore = Step { elapsed: info.elapsed, bytes: info.bytes, stored_bytes: 0, cpu: lap() };
     fs::remove_dir_all(&out).map_err(io("remove", &out))?;
@@ -209,13 +221,12 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let start = Instant::now();
     let forks: Vec<PathBuf> = (0..cfg.forks).map(|i| w.join(format!("fork-{i}"))).collect();
     if let Some((first, rest)) = forks.split_first() {
-        restore(&store, "bench-inc", first, RestoreOptions::default())?;
+        restore(store, "bench-inc", first, RestoreOptions::default())?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(rest.len().max(1));
         std::thread::scope(|scope| -> Result<(), SnapshotError> {
             let handles: Vec<_> = rest
                 .chunks(rest.len().div_ceil(threads).max(1))
                 .map(|part| {
-                    let store = &store;
                     scope.spawn(move || -> Result<(), SnapshotError> {
                         for p in part {
                             copy_restored(store, "bench-inc", first, p, RestoreOptions::default())?;

@@ -2,19 +2,30 @@
 //!
 //! A snapshot is a set of chunks plus one manifest. Files are cut by
 //! content-defined chunking (FastCDC, ~1 MiB average), each chunk is named by
-//! the sha256 of its bytes and stored zstd-compressed as `chunks/<sha256>`,
-//! uploaded only if absent, so a second snapshot after a small change uploads
-//! only the changed chunks. The manifest (`manifests/<id>.json`: versioned,
-//! checksummed, see [`manifest`]) is written last, after the caller's commit
-//! guard, so a store never holds a manifest pointing at missing chunks.
-//! Restores verify every chunk's hash and appear atomically (temp dir, then
-//! rename). `gc` sweeps chunks no manifest references.
+//! the sha256 of its bytes and stored as `chunks/<sha256>` (zstd frames; raw
+//! frames for segments that do not compress, see `pack.rs`), uploaded only if
+//! absent, so a second snapshot after a small change uploads only the changed
+//! chunks. The manifest (`manifests/<id>.json`: versioned, checksummed, see
+//! [`manifest`]) is written last, after every chunk is durable and the
+//! caller's commit guard agreed, so a store never holds a manifest pointing at
+//! missing chunks. Restores verify every chunk's hash and appear atomically
+//! (temp dir, then rename). `gc` sweeps chunks no manifest references.
+//!
+//! Speed: the calling thread reads and chunks; a few workers hash, pack and
+//! stage chunks (restore: fetch, decompress, verify and write at offsets).
+//! The store's chunks are listed once per snapshot instead of asked about one
+//! by one. A [`LocalStore`] stages chunks as temp files and fsyncs a whole
+//! batch at once from several threads before renaming them into place
+//! ([`ObjectStore::put_staged`], [`ObjectStore::commit_staged`]). A fork
+//! restores once and copies that tree ([`copy_restored`]).
 //!
 //! Everything is synchronous: the engine calls it from blocking threads.
 //!
-//! Layout: `store/` (the [`ObjectStore`] trait, [`LocalStore`], [`S3Store`]),
-//! `manifest.rs` (format), `walk.rs` (tree → entries), `snapshot.rs`,
-//! `upload.rs` (parallel chunk upload), `restore.rs`, `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
+//! Layout: `store/` (the [`ObjectStore`] trait, [`LocalStore`], [`S3Store`],
+//! [`Staged`]), `manifest.rs` (format), `walk.rs` (tree → entries),
+//! `snapshot.rs` (and [`Progress`]), `upload.rs` (chunk, hash, pack, stage),
+//! `pack.rs` (the stored form of a chunk), `restore.rs` and `fetch.rs` (its
+//! worker pool), `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
 //! snapshot markers), `bench.rs` (`ember bench snapshot`).
 //!
 //! ```no_run

@@ -4,7 +4,7 @@ use ember_snapshot::bench::{bench, BenchConfig};
 #[test]
 fn bench_runs_at_a_small_size() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = BenchConfig { dir_size_mb: 20, work_dir: tmp.path().join("bench"), forks: 2, keep: false };
+    let cfg = BenchConfig { dir_size_mb: 20, work_dir: tmp.path().join("bench"), forks: 2, keep: false, s3: None };
     let r = bench(&cfg).unwrap();
     eprintln!("{r}");
     assert!(r.tree_bytes >= 20_000_000 && r.files > 100);
