@@ -1,6 +1,7 @@
 //! The restore's worker pool: the calling thread creates the files and hands
 //! out their chunks; workers fetch, decompress and verify each chunk and
 //! write it at its offset, so fetch latency, zstd and sha256 use every core.
+use std::cell::RefCell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -25,10 +26,17 @@ struct Job<'m> {
     chunk: &'m ChunkRef,
 }
 
-/// Hands chunks to the workers.
+/// Chunks go to the workers in batches of up to this many (uncompressed)
+/// bytes or [`BATCH_JOBS`] chunks, so a tree of small files does not cost a
+/// thread handoff per file.
+const BATCH_BYTES: u64 = 4 << 20;
+const BATCH_JOBS: usize = 64;
+
+/// Hands chunks to the workers. Used on the producing thread only.
 pub(crate) struct Jobs<'f, 'm> {
-    tx: SyncSender<Job<'m>>,
+    tx: SyncSender<Vec<Job<'m>>>,
     fetcher: &'f Fetcher<'f>,
+    pending: RefCell<(Vec<Job<'m>>, u64)>,
 }
 
 impl<'m> Jobs<'_, 'm> {
@@ -37,12 +45,24 @@ impl<'m> Jobs<'_, 'm> {
         let file = Arc::new((job.file, job.path));
         let mut offset = 0;
         for chunk in job.chunks {
-            if self.fetcher.failed() || self.tx.send(Job { file: Arc::clone(&file), offset, chunk }).is_err() {
+            let full = {
+                let mut p = self.pending.borrow_mut();
+                p.0.push(Job { file: Arc::clone(&file), offset, chunk });
+                p.1 += chunk.len;
+                p.1 >= BATCH_BYTES || p.0.len() >= BATCH_JOBS
+            };
+            if self.fetcher.failed() || (full && !self.flush()) {
                 return Err(SnapshotError::UploadStopped);
             }
             offset += chunk.len;
         }
         Ok(())
+    }
+
+    /// Sends what is pending; false when the workers are gone.
+    fn flush(&self) -> bool {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut()).0;
+        batch.is_empty() || self.tx.send(batch).is_ok()
     }
 }
 
@@ -81,14 +101,18 @@ impl<'s> Fetcher<'s> {
         produce: impl FnOnce(&Jobs<'_, 'm>) -> Result<T, SnapshotError>,
     ) -> Result<T, SnapshotError> {
         let threads = threads.max(1);
-        let (tx, rx) = sync_channel::<Job<'m>>(threads * 2);
+        let (tx, rx) = sync_channel::<Vec<Job<'m>>>(threads * 2);
         let rx = Mutex::new(rx);
         let produced = std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| self.worker(&rx));
             }
-            let jobs = Jobs { tx, fetcher: self };
-            produce(&jobs)
+            let jobs = Jobs { tx, fetcher: self, pending: RefCell::new((Vec::new(), 0)) };
+            let produced = produce(&jobs);
+            if produced.is_ok() && !jobs.flush() {
+                return Err(SnapshotError::UploadStopped);
+            }
+            produced
             // `jobs` (the sender) drops here: the workers drain and exit.
         });
         if let Some(e) = lock(&self.error).take() {
@@ -97,7 +121,7 @@ impl<'s> Fetcher<'s> {
         produced
     }
 
-    fn worker(&self, rx: &Mutex<Receiver<Job<'_>>>) {
+    fn worker(&self, rx: &Mutex<Receiver<Vec<Job<'_>>>>) {
         let mut dctx = match zstd::bulk::Decompressor::new() {
             Ok(d) => d,
             Err(e) => {
@@ -107,13 +131,15 @@ impl<'s> Fetcher<'s> {
             }
         };
         loop {
-            let job = lock(rx).recv();
-            let Ok(job) = job else { return };
-            if self.failed() {
-                continue; // drain, so the producer never blocks on a full channel
-            }
-            if let Err(e) = self.write(&mut dctx, &job) {
-                lock(&self.error).get_or_insert(e);
+            let batch = lock(rx).recv();
+            let Ok(batch) = batch else { return };
+            for job in &batch {
+                if self.failed() {
+                    break; // drain, so the producer never blocks on a full channel
+                }
+                if let Err(e) = self.write(&mut dctx, job) {
+                    lock(&self.error).get_or_insert(e);
+                }
             }
         }
     }

@@ -25,6 +25,37 @@ struct Job {
     data: Vec<u8>,
 }
 
+/// Chunks travel to the workers in batches of up to this many bytes or
+/// [`BATCH_JOBS`] chunks: a tree of small files would otherwise cost a thread
+/// handoff (and, on a busy machine, a scheduler wait) per file.
+const BATCH_BYTES: usize = 4 << 20;
+const BATCH_JOBS: usize = 64;
+
+/// The producer's side of the channel: collects jobs into batches.
+struct Batcher {
+    tx: SyncSender<Vec<Job>>,
+    pending: Vec<Job>,
+    bytes: usize,
+}
+
+impl Batcher {
+    /// Queues a job; false when the workers are gone.
+    fn push(&mut self, job: Job) -> bool {
+        self.bytes += job.data.len();
+        self.pending.push(job);
+        if self.bytes >= BATCH_BYTES || self.pending.len() >= BATCH_JOBS {
+            return self.flush();
+        }
+        true
+    }
+
+    fn flush(&mut self) -> bool {
+        self.bytes = 0;
+        let batch = std::mem::take(&mut self.pending);
+        batch.is_empty() || self.tx.send(batch).is_ok()
+    }
+}
+
 /// Counters the calling thread reads to report progress while workers run.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -61,16 +92,18 @@ impl Shared<'_> {
         lock(&self.error).is_some()
     }
 
-    fn worker(&self, rx: &Mutex<Receiver<Job>>) {
+    fn worker(&self, rx: &Mutex<Receiver<Vec<Job>>>) {
         let mut packer = pack::Packer::new(self.level);
         loop {
-            let job = lock(rx).recv();
-            let Ok(job) = job else { return };
-            if self.failed() {
-                continue; // drain, so the producer never blocks on a full channel
-            }
-            if let Err(e) = self.handle(job, &mut packer) {
-                lock(&self.error).get_or_insert(e);
+            let batch = lock(rx).recv();
+            let Ok(batch) = batch else { return };
+            for job in batch {
+                if self.failed() {
+                    break; // drain, so the producer never blocks on a full channel
+                }
+                if let Err(e) = self.handle(job, &mut packer) {
+                    lock(&self.error).get_or_insert(e);
+                }
             }
         }
     }
@@ -157,7 +190,7 @@ pub(crate) fn upload(
         counters,
         error: Mutex::new(None),
     };
-    let (tx, rx) = sync_channel::<Job>(threads * 2);
+    let (tx, rx) = sync_channel::<Vec<Job>>(threads * 2);
     let rx = Mutex::new(rx);
     let mut counts = Stats::default();
     let produced = std::thread::scope(|scope| {
@@ -165,7 +198,8 @@ pub(crate) fn upload(
             scope.spawn(|| shared.worker(&rx));
         }
         // `tx` moves in and is dropped on return: the workers then drain and exit.
-        produce(items, tx, &shared, chunking, &mut counts, on_chunk)
+        let mut out = Batcher { tx, pending: Vec::new(), bytes: 0 };
+        produce(items, &mut out, &shared, chunking, &mut counts, on_chunk)
     });
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
@@ -198,7 +232,7 @@ fn fill_hashes(items: &mut [Walked], hashes: &[[u8; 32]]) {
 
 fn produce(
     items: &mut [Walked],
-    tx: SyncSender<Job>,
+    out: &mut Batcher,
     shared: &Shared<'_>,
     c: Chunking,
     counts: &mut Stats,
@@ -211,11 +245,14 @@ fn produce(
             EntryKind::Symlink { .. } => counts.symlinks += 1,
             EntryKind::File { size, chunks } => {
                 counts.files += 1;
-                *size = chunk_file(source, c, chunks, &tx, shared, on_chunk)?;
+                *size = chunk_file(source, c, chunks, out, shared, on_chunk)?;
                 counts.logical_bytes += *size;
                 counts.chunk_refs += chunks.len() as u64;
             }
         }
+    }
+    if !out.flush() {
+        return Err(SnapshotError::UploadStopped);
     }
     Ok(())
 }
@@ -226,7 +263,7 @@ fn chunk_file(
     path: &Path,
     c: Chunking,
     out: &mut Vec<ChunkRef>,
-    tx: &SyncSender<Job>,
+    batches: &mut Batcher,
     shared: &Shared<'_>,
     on_chunk: &mut dyn FnMut(),
 ) -> Result<u64, SnapshotError> {
@@ -242,7 +279,7 @@ fn chunk_file(
             hashes.push([0; 32]);
             hashes.len() - 1
         };
-        if shared.failed() || tx.send(Job { slot, data }).is_err() {
+        if shared.failed() || !batches.push(Job { slot, data }) {
             // A worker's error, if any, is what `upload` returns; this one only stops the walk.
             return Err(SnapshotError::UploadStopped);
         }
