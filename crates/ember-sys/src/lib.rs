@@ -22,6 +22,7 @@ pub mod netns;
 pub mod nflog;
 pub mod pidfd;
 pub mod process;
+pub mod pty;
 pub mod seccomp;
 pub mod spawn;
 
