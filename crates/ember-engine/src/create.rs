@@ -252,6 +252,7 @@ impl Engine {
         let t0 = Instant::now();
         self.prepare_image(&req).await?;
         let spec = self.resolve(&req)?;
+        self.create_missing_workspaces(&req.workspaces).await?;
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {

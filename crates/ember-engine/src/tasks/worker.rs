@@ -190,7 +190,13 @@ async fn attempt(
         workspaces: spec
             .workspace
             .iter()
-            .map(|w| WorkspaceRequest { name: w.clone(), path: "/workspace".into(), read_only: false, steal: true })
+            .map(|w| WorkspaceRequest {
+                name: w.clone(),
+                path: "/workspace".into(),
+                read_only: false,
+                steal: true,
+                create_size: None,
+            })
             .collect(),
         ..Default::default()
     };
