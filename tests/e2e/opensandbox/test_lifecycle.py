@@ -1,6 +1,6 @@
 """Lifecycle through the real `opensandbox` SDK: create options, renew, list
 filters, pause/resume, connect, kill, metadata, diagnostics, egress policy,
-host volumes, the proxy for any port, and the not-yet-supported answers."""
+host and pvc (workspace) volumes, the proxy for any port, and the not-yet-supported answers."""
 import asyncio
 import socket
 import time
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from opensandbox import Sandbox, SandboxManager
 from opensandbox.exceptions import SandboxException
-from opensandbox.models.sandboxes import Host, NetworkRule, SandboxFilter, Volume
+from opensandbox.models.sandboxes import PVC, Host, NetworkRule, SandboxFilter, Volume
 
 from helpers import arun, sandbox, stdout
 
@@ -200,6 +200,34 @@ def test_host_volume_under_the_allow_list(ember):
         with pytest.raises(SandboxException) as e:
             await Sandbox.create("host", connection_config=ember.config(), volumes=[outside])
         assert "allowed host path" in str(e.value)
+
+    arun(go())
+
+
+def test_pvc_volume_is_an_ember_workspace(ember):
+    async def go():
+        vol = Volume(name="state", pvc=PVC(claim_name="e2e-pvc", storage="64Mi"), mount_path="/mnt/state")
+        async with sandbox(ember, volumes=[vol]) as sb:
+            ex = await sb.commands.run("echo first > /mnt/state/log && df -m /mnt/state | tail -1")
+            assert ex.exit_code == 0, ex
+        with ember.http() as c:
+            ws = c.get("/v1/workspaces/e2e-pvc").json()
+            assert ws["sizeBytes"] == 64 << 20, ws
+        # An existing claim, read-only this time: the data outlived the sandbox.
+        ro = Volume(
+            name="state", pvc=PVC(claim_name="e2e-pvc", create_if_not_exists=False), mount_path="/in", read_only=True
+        )
+        async with sandbox(ember, volumes=[ro]) as sb:
+            ex = await sb.commands.run("cat /in/log; echo x > /in/nope")
+            assert stdout(ex).startswith("first\n") and ex.exit_code != 0
+        missing = Volume(name="m", pvc=PVC(claim_name="e2e-none", create_if_not_exists=False), mount_path="/m")
+        with pytest.raises(SandboxException) as e:
+            await Sandbox.create("host", connection_config=ember.config(), volumes=[missing])
+        assert "e2e-none" in str(e.value)
+        sub = Volume(name="s", pvc=PVC(claim_name="e2e-pvc"), mount_path="/s", sub_path="a")
+        with pytest.raises(SandboxException) as e:
+            await Sandbox.create("host", connection_config=ember.config(), volumes=[sub])
+        assert "subPath" in str(e.value)
 
     arun(go())
 
