@@ -112,11 +112,14 @@ pub async fn serve(app: App, attach: Attachment, mut socket: WebSocket, pipe_mod
             r = changed.changed() => if r.is_err() { return },
             m = socket.recv() => match m {
                 Some(Ok(m)) => {
-                    if let Some(reply) = client_message(&app, &session, m).await {
-                        let stop = matches!(&reply, Message::Close(_));
-                        if socket.send(reply).await.is_err() || stop {
+                    let (reply, stop) = client_message(&app, &session, m).await;
+                    if let Some(reply) = reply {
+                        if socket.send(reply).await.is_err() {
                             return;
                         }
+                    }
+                    if stop {
+                        return;
                     }
                 }
                 // The client left (or its connection broke); the shell keeps running.
@@ -135,19 +138,20 @@ pub async fn serve(app: App, attach: Attachment, mut socket: WebSocket, pipe_mod
     }
 }
 
-/// Applies one client frame; returns what to answer, if anything.
-async fn client_message(app: &App, session: &Arc<PtySession>, m: Message) -> Option<Message> {
-    match m {
+/// Applies one client frame; returns what to answer, if anything, and
+/// whether to end the connection (a failed stdin write, as execd does).
+async fn client_message(app: &App, session: &Arc<PtySession>, m: Message) -> (Option<Message>, bool) {
+    let reply = match m {
         Message::Binary(b) => match b.split_first() {
-            Some((&BIN_STDIN, data)) => stdin(session, data).await,
+            Some((&BIN_STDIN, data)) => return stdin(session, data).await,
             // Only stdin flows client → server.
             _ => None,
         },
         Message::Text(t) => {
             // Not JSON: ignored, as execd does.
-            let f: ClientFrame = serde_json::from_str(t.as_str()).ok()?;
+            let Ok(f) = serde_json::from_str::<ClientFrame>(t.as_str()) else { return (None, false) };
             match f.kind.as_str() {
-                "stdin" => stdin(session, f.data.as_bytes()).await,
+                "stdin" => return stdin(session, f.data.as_bytes()).await,
                 "signal" => {
                     session.signal(app, &f.signal);
                     None
@@ -166,12 +170,13 @@ async fn client_message(app: &App, session: &Arc<PtySession>, m: Message) -> Opt
         }
         // Pings are answered by the WebSocket layer; a close ends the loop via recv.
         _ => None,
-    }
+    };
+    (reply, false)
 }
 
-async fn stdin(session: &PtySession, data: &[u8]) -> Option<Message> {
+async fn stdin(session: &PtySession, data: &[u8]) -> (Option<Message>, bool) {
     match session.write_stdin(data).await {
-        Ok(()) => None,
-        Err(e) => Some(error_frame("STDIN_WRITE_FAILED", &e.to_string())),
+        Ok(()) => (None, false),
+        Err(e) => (Some(error_frame("STDIN_WRITE_FAILED", &e.to_string())), true),
     }
 }
