@@ -175,7 +175,7 @@ impl PtySession {
             return Ok((r.seq, r.term.is_some()));
         }
         s.launch_attempted = true;
-        let started = self.plan(app).and_then(|plan| match pipe_mode {
+        let started = self.plan(app, pipe_mode).and_then(|plan| match pipe_mode {
             false => spawn_pty(app, plan),
             true => spawn_pipe(app, plan),
         });
@@ -190,9 +190,12 @@ impl PtySession {
         Ok((seq, !pipe_mode))
     }
 
-    fn plan(&self, app: &App) -> Result<Plan, String> {
+    fn plan(&self, app: &App, pipe_mode: bool) -> Result<Plan, String> {
         let mut plan = spawn::shell_plan(&app.config, self.cwd.as_deref(), self.command.as_deref())?;
-        plan.env.entry("TERM".into()).or_insert_with(|| "xterm-256color".into());
+        if !pipe_mode {
+            // Full-screen programs need a terminal type; the sandbox env has none.
+            plan.env.entry("TERM".into()).or_insert_with(|| "xterm-256color".into());
+        }
         Ok(plan)
     }
 
