@@ -97,7 +97,8 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
     // bytes keep the snapshot in Creating for seconds (hashing, compressing).
     let script = "echo layer > /tmp/l; for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done";
     assert_eq!(d.sh(&s.id, script, None).await.0, Some(0));
-    let client = d.client.clone();
+    // A client of its own: a fresh connection, not one the exec above may be closing.
+    let client = ember_client::Client::new(&d.url, None).expect("client");
     let sid = s.id.clone();
     let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
     let creating = loop {
@@ -105,7 +106,9 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
         if let Some(x) = l.into_iter().next() {
             break x;
         }
-        assert!(!task.is_finished(), "the snapshot ended before it was seen Creating");
+        if task.is_finished() {
+            panic!("the snapshot ended before it was seen Creating: {:?}", task.await);
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     // Until the layer's manifest is committed, then kill: it must be deleted.
@@ -130,4 +133,33 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
     assert_eq!(d.sh(&s.id, "cat /tmp/l", None).await.1, "layer\n");
     let snap = d.client.snapshot_sandbox(&s.id, None).await.expect("a snapshot after the restart");
     assert_eq!(snap.status.state, "Ready");
+}
+
+/// The OCI classes: crun and runc write through the host overlay, whose upper
+/// dir is snapshotted like the native one (with `trusted.overlay.*` marks);
+/// gVisor keeps its writes in its own overlay and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crun_sandboxes_snapshot_and_restore_and_runsc_ones_are_refused() {
+    let d = Daemon::start();
+    let src = d.create(|r| r.runtime_class = Some("crun".into())).await;
+    let write =
+        "set -e; echo fresh > /tmp/new; rm /etc/os-release; rm -rf /etc/ssl; mkdir /etc/ssl; echo mine > /etc/ssl/mine";
+    let (code, _, err) = d.sh(&src.id, write, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot of a crun sandbox");
+    assert_eq!(snap.runtime_class.as_deref(), Some("crun"));
+    d.client.delete_sandbox(&src.id).await.expect("delete");
+    let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    assert_eq!(restored.runtime_class, "crun");
+    let check = "cat /tmp/new; test ! -e /etc/os-release && echo gone; ls /etc/ssl; cat /etc/hostname";
+    let (code, out, err) = d.sh(&restored.id, check, None).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let short: String = restored.id.chars().take(12).collect();
+    assert_eq!(out, format!("fresh\ngone\nmine\nsbx-{short}\n"), "the new sandbox keeps its own hostname");
+
+    let g = d.create(|r| r.runtime_class = Some("runsc".into())).await;
+    let e = d.client.snapshot_sandbox(&g.id, None).await.expect_err("gVisor").to_string();
+    assert!(e.contains("SNAPSHOT::UNSUPPORTED_RUNTIME"), "{e}");
+    assert_eq!(d.client.get_sandbox(&g.id).await.expect("get").status.state, "Running", "left running, not frozen");
 }

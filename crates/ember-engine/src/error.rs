@@ -55,7 +55,7 @@ pub enum EngineError {
     SnapshotNotReady { id: String, state: &'static str },
     #[error("sandbox {id} is {state}: only a Running sandbox can be snapshotted")]
     SnapshotSourceState { id: SandboxId, state: SandboxState },
-    #[error("the {0} runtime class keeps the sandbox's writable layer out of the host's reach: sandbox snapshots need the native class")]
+    #[error("the {0} runtime class keeps the sandbox's writable layer out of the host's reach: sandbox snapshots need the native, crun or runc class")]
     SnapshotUnsupportedRuntime(String),
     #[error("internal error: {0}")]
     Internal(String),
