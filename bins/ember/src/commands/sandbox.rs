@@ -108,7 +108,7 @@ async fn snapshots(client: &Client, cmd: SandboxSnapshotCmd) -> anyhow::Result<i
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(0);
             }
-            println!("{:<38} {:<8} {:<38} {:<12} {:>10} {}", "ID", "STATE", "SANDBOX", "NAME", "BYTES", "CREATED");
+            println!("{:<38} {:<8} {:<38} {:<12} {:>10} CREATED", "ID", "STATE", "SANDBOX", "NAME", "BYTES");
             for s in list {
                 println!(
                     "{:<38} {:<8} {:<38} {:<12} {:>10} {}",
