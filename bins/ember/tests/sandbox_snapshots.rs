@@ -75,7 +75,8 @@ async fn snapshots_of_non_running_sandboxes_and_restores_of_unknown_ones_are_ref
     d.client.pause_sandbox(&s.id).await.expect("pause");
     let e = d.client.snapshot_sandbox(&s.id, None).await.expect_err("paused").to_string();
     assert!(e.contains("SNAPSHOT::INVALID_SOURCE_STATE"), "{e}");
-    let ended = d.create(|r| r.entrypoint = Some(vec!["true".into()])).await;
+    // The entrypoint outlives the agent's readiness ping, then ends the sandbox.
+    let ended = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "sleep 0.3".into()])).await;
     d.wait_state(&ended.id, "Terminated", Duration::from_secs(10)).await;
     let e = d.client.snapshot_sandbox(&ended.id, None).await.expect_err("ended").to_string();
     assert!(e.contains("SNAPSHOT::INVALID_SOURCE_STATE"), "{e}");
@@ -162,4 +163,29 @@ async fn crun_sandboxes_snapshot_and_restore_and_runsc_ones_are_refused() {
     let e = d.client.snapshot_sandbox(&g.id, None).await.expect_err("gVisor").to_string();
     assert!(e.contains("SNAPSHOT::UNSUPPORTED_RUNTIME"), "{e}");
     assert_eq!(d.client.get_sandbox(&g.id).await.expect("get").status.state, "Running", "left running, not frozen");
+}
+
+fn ember(d: &Daemon, args: &[&str]) -> String {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .env("EMBER_URL", &d.url)
+        .output()
+        .expect("ember runs");
+    assert!(o.status.success(), "ember {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_snapshots_lists_restores_and_removes() {
+    let d = Daemon::start();
+    let id = ember(&d, &["sandbox", "create"]);
+    ember(&d, &["exec", &id, "--", "sh", "-c", "echo cli > /tmp/c"]);
+    let sid = ember(&d, &["sandbox", "snapshot", &id, "--name", "n1"]);
+    assert!(ember(&d, &["sandbox", "snapshots", "ls", "--sandbox", &id]).contains(&sid));
+    let info: serde_json::Value = serde_json::from_str(&ember(&d, &["sandbox", "snapshots", "inspect", &sid])).unwrap();
+    assert_eq!((info["status"]["state"].as_str(), info["name"].as_str()), (Some("Ready"), Some("n1")));
+    let new = ember(&d, &["sandbox", "create", "--snapshot", &sid]);
+    assert_eq!(ember(&d, &["exec", &new, "--", "cat", "/tmp/c"]), "cli");
+    assert_eq!(ember(&d, &["sandbox", "snapshots", "rm", &sid]), sid);
+    assert!(ember(&d, &["sandbox", "snapshots", "ls", "--json"]).trim() == "[]");
 }
