@@ -35,6 +35,9 @@ async fn a_snapshot_restores_the_rootfs_changes_and_workspaces_into_a_new_sandbo
     assert_eq!((snap.status.state.as_str(), snap.name.as_deref()), ("Ready", Some("s1")));
     assert_eq!(snap.sandbox_id, src.id);
     assert_eq!(snap.workspaces.len(), 1);
+    // Its workspace part is an ordinary workspace snapshot; its rootfs layer is not listed as one.
+    let ws_snaps: Vec<String> = d.client.list_snapshots(None).await.expect("list").into_iter().map(|s| s.id).collect();
+    assert_eq!(ws_snaps, vec![snap.workspaces[0].snapshot_id.clone().expect("rw workspace snapshot")]);
     d.client.delete_sandbox(&src.id).await.expect("delete the source");
 
     let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };

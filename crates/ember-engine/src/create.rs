@@ -375,7 +375,7 @@ impl Engine {
         let store = self.snapshot_store.clone();
         let launched = tokio::task::spawn_blocking(move || {
             if let Some(l) = &layer {
-                crate::sandbox_snapshots::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+                crate::sandbox_restore::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
             }
             match join {
                 Some(j) => rt.launch_in_network(&lid, &lspec, &j),

@@ -6,7 +6,7 @@
 //!
 //! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
 //! sandbox), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
-//! sandbox's writable layer + workspaces, restored as a new sandbox), `ops.rs` (get, list, delete,
+//! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
 //! pause, renew, metadata), `store.rs` (records on disk).
 #![forbid(unsafe_code)]
 
@@ -20,6 +20,7 @@ mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod sandbox_restore;
 mod sandbox_snapshots;
 mod snapshots;
 mod store;
