@@ -93,7 +93,13 @@ impl Engine {
                 }
                 None => w.name.clone(),
             };
-            reqs.push(WorkspaceRequest { name, path: w.path.clone(), read_only: w.read_only, steal: false });
+            reqs.push(WorkspaceRequest {
+                name,
+                path: w.path.clone(),
+                read_only: w.read_only,
+                steal: false,
+                create_size: None,
+            });
         }
         let res = match res {
             Ok(()) => self.attach_workspaces(rec, &reqs).await,
