@@ -4,6 +4,7 @@
 //! heartbeat setting. Figures come from the server's timestamps.
 use super::pool::BenchPool;
 use super::stats::Series;
+use super::task_floor;
 use crate::commands::parse_duration;
 use anyhow::{bail, Context};
 use clap::Args;
@@ -28,6 +29,12 @@ pub struct TasksArgs {
     /// Worker kills per MTTD setting.
     #[arg(long, default_value_t = 3)]
     pub kills: usize,
+    /// Rounds of the floors measured beside the throughput (0: skip them).
+    #[arg(long, default_value_t = 300)]
+    pub floor_count: usize,
+    /// Concurrent clients driving the floors (match the daemon's --task-workers).
+    #[arg(long, default_value_t = 8)]
+    pub floor_parallel: usize,
 }
 
 fn now_ms() -> i64 {
@@ -45,11 +52,24 @@ pub async fn run(client: &Client, a: TasksArgs) -> anyhow::Result<i32> {
     } else {
         None
     };
+    let before = task_floor::phases(client).await?;
     let res = throughput(client, &a).await;
+    let after = task_floor::phases(client).await;
+    let floors = match (&res, a.floor_count) {
+        (Ok(_), n) if n > 0 => Some(floors(client, &a, pool.as_ref()).await),
+        _ => None,
+    };
     if let Some(p) = pool {
         p.remove(client).await?;
     }
     let (done, failed) = res?;
+    task_floor::print_breakdown(&before, &after?);
+    if let Some(f) = floors {
+        let (sandbox, exec) = f?;
+        println!("floor, same run, no queue, {} clients:", a.floor_parallel);
+        println!("  sandbox per task (warm claim + `true` + remove over the API): {sandbox:.1} /s");
+        println!("  exec only (`true` in sandboxes that already exist):          {exec:.1} /s");
+    }
     let mut mttd_ok = true;
     println!("\nMTTD after a worker's sandbox is killed (kill → lease expiry detected, server clock):");
     println!("{:>8} {:>10} {:>9} {:>9} {:>9}", "LEASE", "HEARTBEAT", "p50 ms", "max ms", "runs");
@@ -72,6 +92,17 @@ pub async fn run(client: &Client, a: TasksArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(i32::from(failed > 0 || done < a.count || !mttd_ok))
+}
+
+/// The floors, with the bench pool refilled first so they start as warm as
+/// the throughput run did.
+async fn floors(client: &Client, a: &TasksArgs, pool: Option<&BenchPool>) -> anyhow::Result<(f64, f64)> {
+    if let Some(p) = pool {
+        p.wait_full(client, a.pool).await?;
+    }
+    let sandbox = task_floor::sandbox_floor(client, a.floor_count, a.floor_parallel).await?;
+    let exec = task_floor::exec_floor(client, a.floor_count, a.floor_parallel).await?;
+    Ok((sandbox, exec))
 }
 
 async fn throughput(client: &Client, a: &TasksArgs) -> anyhow::Result<(usize, usize)> {

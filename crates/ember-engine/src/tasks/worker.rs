@@ -25,7 +25,7 @@ use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 /// The pull loop of worker `slot`.
@@ -33,8 +33,10 @@ pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slo
     let mut generation = 1u32;
     loop {
         let name = format!("{}-w{slot}.{generation}", svc.cfg.node);
+        let t = Instant::now();
         match svc.queue.lease(&name) {
             Ok(Some((lease, rec))) => {
+                svc.metrics.phase("lease", t);
                 // There may be more: pass the wake-up on to another idle worker.
                 svc.wake.notify_one();
                 let Some(e) = engine.upgrade() else { return };
@@ -91,7 +93,9 @@ async fn run_attempt(e: &Arc<Engine>, svc: &Arc<TaskService>, lease: Lease, rec:
         let waited = rec.transitions.last().map_or(0, |l| l.at_ms - q.at_ms).max(0);
         svc.metrics.queued_seconds.get_or_create(&super::metrics::TierLabels { tier }).observe(waited as f64 / 1e3);
     }
+    let t = Instant::now();
     fence_earlier_attempts(e, &rec).await;
+    svc.metrics.phase("fence", t);
 
     // Heartbeats: stop when the sandbox is gone, abort the attempt when refused.
     let sandbox: Arc<Mutex<Option<String>>> = Arc::default();
@@ -102,7 +106,10 @@ async fn run_attempt(e: &Arc<Engine>, svc: &Arc<TaskService>, lease: Lease, rec:
     hb.abort();
     let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(sb) = sb {
-        if let Err(err) = e.remove(&sb).await {
+        let t = Instant::now();
+        let removed = e.remove(&sb).await;
+        svc.metrics.phase("remove", t);
+        if let Err(err) = removed {
             if !matches!(err, EngineError::NotFound(_)) {
                 tracing::warn!(sandbox = %sb, error = %err, "removing a task sandbox failed");
             }
@@ -175,10 +182,12 @@ async fn attempt(
             Outcome::Retry { .. } => "failed",
             Outcome::Fail { .. } => "rejected",
         };
+        let t = Instant::now();
         match svc.queue.finish(lease, outcome) {
             Ok(_) => svc.metrics.outcome(label),
             Err(err) => tracing::warn!(task = %lease.task, error = %err, "an attempt's report was refused"),
         }
+        svc.metrics.phase("finish", t);
     };
     let req = CreateSandbox {
         template: Some(spec.template.clone()),
@@ -196,7 +205,10 @@ async fn attempt(
     };
     // Not raced against a refused heartbeat: a create dropped half-way would
     // leave a sandbox nobody removes. A fenced attempt learns it just below.
-    let sb = match e.create(req).await {
+    let t = Instant::now();
+    let created = e.create(req).await;
+    svc.metrics.phase("sandbox", t);
+    let sb = match created {
         Ok(sb) => sb,
         Err(err @ (EngineError::UnknownTemplate(_) | EngineError::InvalidRequest { .. })) => {
             finish(Outcome::Fail { reason: format!("cannot create the sandbox: {err}") });
@@ -209,10 +221,14 @@ async fn attempt(
     };
     *sandbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.id.to_string());
     let epoch = sb.workspaces.iter().find_map(|w| w.epoch);
-    if let Err(err) = svc.queue.started(lease, sb.id.as_str(), epoch) {
+    let t = Instant::now();
+    let started = svc.queue.started(lease, sb.id.as_str(), epoch);
+    svc.metrics.phase("started", t);
+    if let Err(err) = started {
         tracing::info!(task = %lease.task, error = %err, "attempt fenced before its command");
         return true;
     }
+    let t_exec = Instant::now();
     let Ok(socket) = e.agent_socket(sb.id.as_str()) else { return false };
     let mut env = spec.env.clone();
     env.insert("EMBER_TASK_ID".into(), rec.id.clone());
@@ -265,6 +281,7 @@ async fn attempt(
         }
         let _ = f.flush().await;
     }
+    svc.metrics.phase("exec", t_exec);
     let Some(end) = end else { return true };
     if spec.workspace.is_some() && !e.workspace_epoch_is(spec.workspace.as_deref(), sb.id.as_str(), epoch) {
         finish(Outcome::Retry { reason: "the workspace lease was taken by a newer writer".into(), exit_code: None });
