@@ -41,21 +41,31 @@ pub async fn phases(client: &Client) -> anyhow::Result<Phases> {
     Ok(out)
 }
 
-/// Prints the mean time per step between two readings.
+/// Prints the time per step between two readings: the mean of each step
+/// when it happens, and its share of one task (a step that happens for only
+/// some tasks, such as a cold create or a reset, weighs in by how often).
 pub fn print_breakdown(before: &Phases, after: &Phases) {
-    println!("per-task worker time by step (server side, mean over the run):");
-    let mut total = 0.0;
-    for phase in ORDER {
+    let delta = |phase: &str| {
         let (s1, n1) = after.0.get(phase).copied().unwrap_or_default();
         let (s0, n0) = before.0.get(phase).copied().unwrap_or_default();
-        if n1 <= n0 {
+        (s1 - s0, n1.saturating_sub(n0))
+    };
+    let (_, tasks) = delta("lease");
+    if tasks == 0 {
+        return;
+    }
+    println!("worker time by step (server side): mean when it happens, share of one task");
+    let mut total = 0.0;
+    for phase in ORDER {
+        let (secs, n) = delta(phase);
+        if n == 0 {
             continue;
         }
-        let mean_ms = (s1 - s0) / (n1 - n0) as f64 * 1e3;
-        total += mean_ms;
-        println!("  {phase:>8}: {mean_ms:>8.3} ms  ({} times)", n1 - n0);
+        let share_ms = secs / tasks as f64 * 1e3;
+        total += share_ms;
+        println!("  {phase:>8}: {:>8.3} ms × {n:>5} → {share_ms:>8.3} ms per task", secs / n as f64 * 1e3);
     }
-    println!("  {:>8}: {total:>8.3} ms per task and worker", "sum");
+    println!("  {:>8}: {total:>8.3} ms of one worker's time per task", "sum");
 }
 
 /// Sandbox floor: `count` rounds of claim (warm while the pool lasts) + `true`
