@@ -365,10 +365,13 @@ impl TaskQueue for EmbeddedQueue {
             out.extend(st.forget(&id));
         }
         if !out.is_empty() {
-            // The journal still holds the dropped tasks' lines: rewrite it
-            // without them, or a restart would bring them back.
+            // The journal still holds the dropped tasks' lines: without a
+            // `pruned` line for each, a restart would bring them back.
             let State { journal, tasks, .. } = &mut *st;
-            journal.rewrite(tasks.values())?;
+            journal.append_pruned(out.iter().map(|p| p.task.as_str()))?;
+            if journal.wants_compaction() {
+                journal.rewrite(tasks.values())?;
+            }
         }
         Ok(out)
     }
