@@ -63,10 +63,8 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
 
 /// OpenSandbox's create body and ember's extra fields → one engine request.
 pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiError> {
-    if req.snapshot_id.is_some() {
-        return Err(ApiError::not_supported(
-            "creating from snapshotId is not supported yet: ember has no sandbox snapshots (they arrive with workspaces)",
-        ));
+    if req.snapshot_id.is_some() && (req.image.is_some() || req.template.is_some() || req.template_id.is_some()) {
+        return Err(ApiError::bad_request("give exactly one of image, templateId and snapshotId"));
     }
     if req.secure_access == Some(true) {
         return Err(ApiError::not_supported("secureAccess: ember has no ingress gateway; use the API key"));
@@ -109,6 +107,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        snapshot_id: req.snapshot_id,
         workspaces: req
             .workspaces
             .into_iter()

@@ -7,6 +7,10 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use crate::sandbox_snapshot::{
+    CreateSnapshotRequest, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotStatus, SnapshotWorkspaceInfo,
+};
+
 /// `{code, message}`: every error the API returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {

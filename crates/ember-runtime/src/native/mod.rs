@@ -9,7 +9,7 @@
 pub(crate) mod boundary;
 pub mod rootfs;
 
-use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
 use ember_cgroups::{Cgroups, Limits};
 use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
@@ -134,7 +134,8 @@ impl NativeRuntime {
             let path = dir.clone();
             move |source| RuntimeError::Prepare { what, path, source }
         };
-        std::fs::create_dir_all(dir.join("mnt")).map_err(prep("sandbox dir"))?;
+        std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
+        rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
         let limits = Limits {
             memory_bytes: spec.resources.memory_bytes,
             cpu_millis: spec.resources.cpu_millis,
@@ -366,10 +367,31 @@ impl Runtime for NativeRuntime {
         Some(self.sandbox_dir(id.as_str()).join("agent.log"))
     }
 
+    fn writable_layer(&self, id: &SandboxId) -> Option<WritableLayer> {
+        let upper = self.sandbox_dir(id.as_str()).join("mnt/upper");
+        upper.is_dir().then_some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR })
+    }
+
+    fn prepare_writable_layer(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<Option<WritableLayer>, RuntimeError> {
+        let dir = self.sandbox_dir(id.as_str());
+        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Prepare {
+            what: "sandbox dir",
+            path: dir.clone(),
+            source,
+        })?;
+        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
+    }
+
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
         let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
         self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id, source })?;
         let dir = self.sandbox_dir(name);
+        rootfs::release_layer(&dir.join("mnt"))?;
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
