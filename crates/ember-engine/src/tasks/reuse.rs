@@ -1,4 +1,5 @@
-//! What happens to an attempt's sandbox once its result is recorded.
+//! The attempt's sandbox: its own (created or claimed warm, `own_sandbox`),
+//! or one its worker kept; and what happens to it once the result is recorded.
 //!
 //! By default it is removed. For a task without a workspace the removal runs
 //! in the background (the reaper), so the worker's slot frees as soon as the
@@ -16,11 +17,13 @@
 //! sandbox while the next task runs in it.
 use super::TaskService;
 use crate::record::now_ms;
-use crate::{Engine, EngineError};
-use ember_types::task::TaskSpec;
+use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
+use ember_queue::{Lease, Outcome};
+use ember_types::task::{TaskRecord, TaskSpec};
 use ember_types::SandboxState;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A worker gives a kept sandbox up after being idle this long.
 pub(super) const KEEP_IDLE: Duration = Duration::from_secs(2);
@@ -96,4 +99,45 @@ impl Engine {
         entry.wake.notify_one();
         Ok(())
     }
+}
+
+/// Creates (or claims warm) the attempt's own sandbox, workspace mounted with
+/// a fresh epoch; on failure, the outcome to report.
+pub(super) async fn own_sandbox(
+    e: &Arc<Engine>,
+    svc: &Arc<TaskService>,
+    lease: &Lease,
+    rec: &TaskRecord,
+) -> Result<(String, Option<u64>), Outcome> {
+    let spec = &rec.spec;
+    let req = CreateSandbox {
+        template: Some(spec.template.clone()),
+        ttl_secs: Some(spec.timeout_secs + 120),
+        metadata: BTreeMap::from([
+            (super::TASK_LABEL.to_string(), rec.id.clone()),
+            ("ember.task.attempt".to_string(), lease.attempt.to_string()),
+        ]),
+        workspaces: spec
+            .workspace
+            .iter()
+            .map(|w| WorkspaceRequest { name: w.clone(), path: "/workspace".into(), read_only: false, steal: true })
+            .collect(),
+        ..Default::default()
+    };
+    // Not raced against a refused heartbeat: a create dropped half-way would
+    // leave a sandbox nobody removes. A fenced attempt learns it just below.
+    let t = Instant::now();
+    let created = e.create(req).await;
+    svc.metrics.phase("sandbox", t);
+    let sb = match created {
+        Ok(sb) => sb,
+        Err(err @ (EngineError::UnknownTemplate(_) | EngineError::InvalidRequest { .. })) => {
+            return Err(Outcome::Fail { reason: format!("cannot create the sandbox: {err}") });
+        }
+        Err(err) => {
+            return Err(Outcome::Retry { reason: format!("cannot create the sandbox: {err}"), exit_code: None });
+        }
+    };
+    let epoch = sb.workspaces.iter().find_map(|w| w.epoch);
+    Ok((sb.id.to_string(), epoch))
 }

@@ -1,17 +1,21 @@
 //! Workers: each is one slot that pulls a task only when it is free.
 //!
 //! One attempt, in steps:
-//! 1. lease the task (the queue picks by tier, with aging);
-//! 2. fence earlier attempts: destroy every sandbox an earlier attempt of this
-//!    task ran in, so none of them can write the workspace again;
+//! 1. lease the task (the queue picks by tier, with aging, stepping over
+//!    tenants at their cap);
+//! 2. fence earlier attempts (from the second on): destroy every sandbox an
+//!    earlier attempt of this task ran in, so none of them can write the
+//!    workspace again;
 //! 3. heartbeat every `heartbeatMs` while the attempt's sandbox lives; a
 //!    refused heartbeat (lease expired, task cancelled) aborts the attempt;
 //! 4. create (or claim warm) a sandbox of the task's template, mounting the
-//!    workspace read-write with `steal` (a fresh lease epoch);
+//!    workspace read-write with `steal` (a fresh lease epoch), or take over
+//!    the one this worker kept (opt-in reuse, `reuse.rs`);
 //! 5. run the command through the agent, appending its output to the log;
 //! 6. report the outcome, accepted only while this lease is current (and
 //!    only while the workspace epoch is still this attempt's);
-//! 7. remove the sandbox.
+//! 7. remove the sandbox (in the background unless it had a workspace), or
+//!    keep it for the next task (opt-in reuse, after a success only).
 //!
 //! A worker whose sandbox died under it (the command's stream was cut)
 //! behaves as a crashed worker would: it reports nothing, and its lease
@@ -20,11 +24,10 @@
 use super::execd::{self, ExecEnd};
 use super::reuse::{self, Kept};
 use super::TaskService;
-use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
+use crate::{Engine, EngineError};
 use ember_queue::{Lease, Outcome, QueueError};
 use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -283,7 +286,7 @@ async fn attempt(
     };
     let (sb, epoch) = match reused {
         Some(id) => (id, None),
-        None => match own_sandbox(e, svc, lease, rec).await {
+        None => match reuse::own_sandbox(e, svc, lease, rec).await {
             Ok(placed) => placed,
             Err(outcome) => return finish(outcome),
         },
@@ -368,47 +371,6 @@ async fn attempt(
             Ended::Lost
         }
     }
-}
-
-/// Creates (or claims warm) the attempt's own sandbox, workspace mounted with
-/// a fresh epoch; on failure, the outcome to report.
-async fn own_sandbox(
-    e: &Arc<Engine>,
-    svc: &Arc<TaskService>,
-    lease: &Lease,
-    rec: &TaskRecord,
-) -> Result<(String, Option<u64>), Outcome> {
-    let spec = &rec.spec;
-    let req = CreateSandbox {
-        template: Some(spec.template.clone()),
-        ttl_secs: Some(spec.timeout_secs + 120),
-        metadata: BTreeMap::from([
-            (super::TASK_LABEL.to_string(), rec.id.clone()),
-            ("ember.task.attempt".to_string(), lease.attempt.to_string()),
-        ]),
-        workspaces: spec
-            .workspace
-            .iter()
-            .map(|w| WorkspaceRequest { name: w.clone(), path: "/workspace".into(), read_only: false, steal: true })
-            .collect(),
-        ..Default::default()
-    };
-    // Not raced against a refused heartbeat: a create dropped half-way would
-    // leave a sandbox nobody removes. A fenced attempt learns it just below.
-    let t = Instant::now();
-    let created = e.create(req).await;
-    svc.metrics.phase("sandbox", t);
-    let sb = match created {
-        Ok(sb) => sb,
-        Err(err @ (EngineError::UnknownTemplate(_) | EngineError::InvalidRequest { .. })) => {
-            return Err(Outcome::Fail { reason: format!("cannot create the sandbox: {err}") });
-        }
-        Err(err) => {
-            return Err(Outcome::Retry { reason: format!("cannot create the sandbox: {err}"), exit_code: None });
-        }
-    };
-    let epoch = sb.workspaces.iter().find_map(|w| w.epoch);
-    Ok((sb.id.to_string(), epoch))
 }
 
 impl Engine {
