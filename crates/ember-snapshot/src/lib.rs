@@ -25,7 +25,8 @@
 //! [`Staged`]), `manifest.rs` (format), `walk.rs` (tree → entries),
 //! `snapshot.rs` (and [`Progress`]), `upload.rs` (chunk, hash, pack, stage),
 //! `pack.rs` (the stored form of a chunk), `restore.rs` and `fetch.rs` (its
-//! worker pool), `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
+//! worker pool), `layer.rs` (overlay upper dirs: whiteouts, opaque dirs),
+//! `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
 //! snapshot markers), `bench.rs` (`ember bench snapshot`).
 //!
 //! ```no_run
@@ -47,6 +48,7 @@ mod catalog;
 mod coord;
 mod error;
 mod fetch;
+mod layer;
 pub mod manifest;
 mod pack;
 mod restore;
@@ -57,6 +59,7 @@ mod walk;
 
 pub use catalog::{delete, gc, inspect, list, GcOptions, GcReport, SnapshotSummary};
 pub use error::{SnapshotError, StoreError};
+pub use layer::{layer_marks, restore_layer, scan_marks, snapshot_layer, LayerMarks, LAYER_LABEL};
 pub use manifest::{Chunking, Stats};
 pub use restore::{copy_restored, restore, RestoreInfo, RestoreOptions};
 pub use snapshot::{snapshot, validate_id, Phase, Progress, SnapshotInfo, SnapshotOptions};
