@@ -152,6 +152,13 @@ pub trait Runtime: Send + Sync {
     fn destroy(&self, id: &SandboxId, init: Option<&OwnedFd>) -> Result<(), RuntimeError>;
     /// Freezes or thaws every process of the sandbox.
     fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError>;
+    /// Kills every process of the sandbox but its init (`init_pid`, the
+    /// agent) and returns once they are gone: what is left between two tasks
+    /// that share a sandbox. The writable layer is kept.
+    fn reset(&self, id: &SandboxId, init_pid: i32) -> Result<(), RuntimeError> {
+        let _ = (id, init_pid);
+        Err(RuntimeError::Unsupported { class: self.class(), what: "reset between tasks" })
+    }
     /// How many OOM kills the sandbox has seen.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
     /// Mounts a host directory into the running sandbox (workspaces), without

@@ -308,6 +308,34 @@ impl Runtime for NativeRuntime {
         self.cgroups.freeze(id.as_str(), frozen).map_err(Self::cg_err(id))
     }
 
+    fn reset(&self, id: &SandboxId, init_pid: i32) -> Result<(), RuntimeError> {
+        let name = id.as_str();
+        let others = || -> Result<Vec<i32>, RuntimeError> {
+            let procs = self.cgroups.procs(name).map_err(Self::cg_err(id))?;
+            Ok(procs.into_iter().filter(|p| *p != init_pid).collect())
+        };
+        if others()?.is_empty() {
+            // The usual case: the last command left nothing behind.
+            return Ok(());
+        }
+        // Frozen, nothing in the sandbox can fork or exit, so every pid read
+        // from cgroup.procs still names the process it named (no reuse race).
+        self.cgroups.freeze(name, true).map_err(Self::cg_err(id))?;
+        let killed = others().and_then(|pids| {
+            pids.into_iter().try_for_each(|p| ember_sys::pidfd::kill(p, 9).map_err(RuntimeError::from))
+        });
+        self.cgroups.freeze(name, false).map_err(Self::cg_err(id))?;
+        killed?;
+        // SIGKILL lands on thaw; the agent (PID 1 there) reaps them.
+        for _ in 0..2_000 {
+            if others()?.is_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(RuntimeError::Gone { id: id.clone(), message: "processes survived the reset".into() })
+    }
+
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
         self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
     }
