@@ -185,3 +185,23 @@ async fn ttl_expiry_and_entrypoint_exit_end_with_their_reasons() {
     assert_eq!((s.status.state.as_str(), s.status.reason.as_deref()), ("Failed", Some("Exited(3)")));
     assert!(!d.cgroups().exists(&ttl.id) && !d.cgroups().exists(&ep.id));
 }
+
+/// The agent ends with its entrypoint, so one that exits at once can end the
+/// sandbox before its first ping: create still succeeds and the sandbox ends
+/// like any other whose entrypoint exited (OpenSandbox: exit 0 → Terminated,
+/// otherwise Failed), not with a readiness error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entrypoint_that_exits_at_once_still_creates_and_ends_with_its_code() {
+    let d = Daemon::start();
+    let ok = d.create(|r| r.entrypoint = Some(vec!["true".into()])).await;
+    let bad = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "exit 5".into()])).await;
+    // Not found: the agent's entrypoint ends before the agent serves at all.
+    let missing = d.create(|r| r.entrypoint = Some(vec!["/no/such/entrypoint".into()])).await;
+    let s = d.wait_state(&ok.id, "Terminated", Duration::from_secs(10)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("Exited(0)"));
+    let s = d.wait_state(&bad.id, "Failed", Duration::from_secs(10)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("Exited(5)"));
+    let s = d.wait_state(&missing.id, "Failed", Duration::from_secs(10)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("Exited(127)"));
+    assert!(!d.cgroups().exists(&ok.id) && !d.cgroups().exists(&bad.id));
+}

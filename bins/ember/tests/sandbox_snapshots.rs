@@ -43,6 +43,13 @@ async fn a_snapshot_restores_the_rootfs_changes_and_workspaces_into_a_new_sandbo
     let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
     let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
     assert_eq!(restored.status.state, "Running");
+    // OpenSandbox's `snapshotId`: the restore names its snapshot; a plain
+    // sandbox omits the key (the server serialises this same type).
+    assert_eq!(restored.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    let got = d.client.get_sandbox(&restored.id).await.expect("get restored");
+    assert_eq!(got.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    assert_eq!(src.snapshot_id, None);
+    assert!(serde_json::to_value(&src).expect("json").get("snapshotId").is_none());
     let (code, out, err) = d.sh(&restored.id, CHECK, Some(0)).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
     let want = "fresh\n640 1000 1000\nextra: files\nno-os-release\nno-mnt\nmine\n/tmp/new\nkept\n";

@@ -58,6 +58,7 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             })
             .collect(),
         network: (r.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
+        snapshot_id: r.snapshot_id.clone(),
     }
 }
 

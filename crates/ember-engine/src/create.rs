@@ -318,16 +318,16 @@ impl Engine {
         self.launch_from(spec, image_uri, pool, t0, None).await
     }
 
-    /// A cold start whose writable layer is first filled from the layer
-    /// snapshot `layer` (a sandbox snapshot's restore).
+    /// A cold start whose writable layer is first filled from a sandbox
+    /// snapshot's layer snapshot (a restore).
     pub(crate) async fn launch_seeded(
         self: &Arc<Self>,
         spec: SandboxSpec,
         image_uri: Option<String>,
         t0: Instant,
-        layer: Option<String>,
+        seed: Seed,
     ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(spec, image_uri, None, t0, layer).await
+        self.launch_from(spec, image_uri, None, t0, Some(seed)).await
     }
 
     async fn launch_from(
@@ -336,7 +336,7 @@ impl Engine {
         image_uri: Option<String>,
         pool: Option<String>,
         t0: Instant,
-        layer: Option<String>,
+        seed: Option<Seed>,
     ) -> Result<SandboxRecord, EngineError> {
         let id = SandboxId::from_random(random16());
         let now = now_ms();
@@ -360,6 +360,7 @@ impl Engine {
             pool,
             workspaces: Vec::new(),
             snapshot_freeze: false,
+            snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
             net_slot: None,
         };
         let net = self.attach_network(&id, &spec).await?;
@@ -374,6 +375,7 @@ impl Engine {
         let (lid, lspec) = (id.clone(), spec.clone());
         let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
         let store = self.snapshot_store.clone();
+        let layer = seed.map(|s| s.layer);
         let launched = tokio::task::spawn_blocking(move || {
             if let Some(l) = &layer {
                 crate::sandbox_restore::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
@@ -434,6 +436,13 @@ impl Engine {
 }
 
 /// 16 random bytes for an id, from the kernel's CSPRNG.
+/// What a restore starts from: the sandbox snapshot (reported as the sandbox's
+/// `snapshotId`) and its layer snapshot, which fills the writable layer.
+pub(crate) struct Seed {
+    pub snapshot_id: String,
+    pub layer: String,
+}
+
 pub(crate) fn random16() -> [u8; 16] {
     let mut b = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

@@ -57,6 +57,9 @@ pub struct SandboxRecord {
     /// before launch so a restart can re-adopt or reclaim it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_slot: Option<u32>,
+    /// The sandbox snapshot this sandbox was restored from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
 }
 
 pub const MAX_EVENTS: usize = 200;

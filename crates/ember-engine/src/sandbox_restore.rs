@@ -22,7 +22,8 @@ impl Engine {
             return Err(EngineError::SnapshotNotReady { id: snap.id, state: snap.state.as_str() });
         }
         let spec = self.restored_spec(&snap, &req)?;
-        let rec = self.launch_seeded(spec, snap.image_uri.clone(), t0, Some(snap.layer_snapshot.clone())).await?;
+        let seed = crate::create::Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
+        let rec = self.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
         match self.restore_workspaces(&rec, &snap).await {
             Ok(mounted) if mounted.is_empty() => Ok(rec),
             Ok(mounted) => {

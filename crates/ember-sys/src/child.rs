@@ -255,6 +255,6 @@ unsafe fn stdio(fds: &ChildFds) {
         check!(fds, 15, libc::dup2(fds.log, 1));
         check!(fds, 15, libc::dup2(fds.log, 2));
         check!(fds, 15, libc::dup2(fds.listen, 3));
-        check!(fds, 15, libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as u32));
+        check!(fds, 15, libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC));
     }
 }

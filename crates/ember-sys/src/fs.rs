@@ -17,9 +17,10 @@ fn cpath(op: &'static str, p: &Path) -> Result<CString, SysError> {
 /// CAP_MKNOD in the initial user namespace (the daemon runs as root).
 pub fn mknod_whiteout(path: &Path) -> Result<(), SysError> {
     let c = cpath("mknod whiteout", path)?;
+    // A whiteout is a 0/0 character device; its permission bits are 0 too.
     // SAFETY: c is a NUL-terminated path that lives across the call; mknod takes
     // no other pointers.
-    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, libc::makedev(0, 0)) };
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, libc::makedev(0, 0)) };
     if r != 0 {
         return Err(SysError::last("mknod whiteout", path.display().to_string()));
     }

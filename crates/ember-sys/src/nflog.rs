@@ -226,9 +226,7 @@ mod tests {
         let mut v = ((4 + data.len()) as u16).to_ne_bytes().to_vec();
         v.extend(ty.to_ne_bytes());
         v.extend(data);
-        while v.len() % 4 != 0 {
-            v.push(0);
-        }
+        v.resize(v.len().next_multiple_of(4), 0);
         v
     }
 

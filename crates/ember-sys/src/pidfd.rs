@@ -59,6 +59,25 @@ pub fn pidfd_try_wait(pidfd: &OwnedFd) -> Result<Option<ExitStatus>, SysError> {
     Ok(Some(if code == libc::CLD_EXITED { ExitStatus::Code(status) } else { ExitStatus::Signal(status) }))
 }
 
+/// Waits up to `timeout` for the process behind `pidfd` to exit, without
+/// reaping it (a pidfd polls readable once its process is a zombie or gone), so
+/// the exit status stays for whoever reaps it later.
+pub fn wait_exited(pidfd: &OwnedFd, timeout: std::time::Duration) -> Result<bool, SysError> {
+    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    loop {
+        // SAFETY: pfd is one live pollfd and nfds says one; the fd is borrowed for the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(SysError::new("poll", "pidfd", e));
+        }
+    }
+}
+
 /// Whether the process behind the pidfd still exists (signal 0 probe).
 pub fn is_alive(pidfd: &OwnedFd) -> bool {
     // SAFETY: signal 0 only checks existence; null siginfo is allowed.

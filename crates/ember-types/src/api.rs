@@ -232,6 +232,10 @@ pub struct SandboxInfo {
     /// `"egress"` for sandboxes with egress networking (absent: loopback only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The sandbox snapshot this sandbox was restored from (OpenSandbox's
+    /// optional `snapshotId`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
 }
 
 /// A workspace mounted in a sandbox.

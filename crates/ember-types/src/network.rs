@@ -254,6 +254,11 @@ pub struct NetworkNodeInfo {
     pub create_micros_avg: u64,
 }
 
+/// `true` for the default policy (open egress, no rules): left out of records.
+pub fn is_open_egress(p: &EgressPolicy) -> bool {
+    *p == EgressPolicy::default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,9 +302,4 @@ mod tests {
         assert_eq!(json, r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}"#);
         assert_eq!(serde_json::from_str::<EgressPolicy>(&json).unwrap(), p);
     }
-}
-
-/// `true` for the default policy (open egress, no rules): left out of records.
-pub fn is_open_egress(p: &EgressPolicy) -> bool {
-    *p == EgressPolicy::default()
 }

@@ -105,15 +105,16 @@ impl SandboxState {
     /// Terminated, and any live state → Failed.
     pub fn check_transition(self, to: SandboxState) -> Result<(), TransitionError> {
         use SandboxState::*;
-        let ok = match (self, to) {
-            (Pending, Running) => true,
-            (Running, Paused) | (Paused, Running) => true,
-            (Pending | Running | Paused, Stopping) => true,
-            (Stopping, Terminated) => true,
-            (Pending | Running | Paused | Stopping, Failed) => true,
-            (Pending | Running | Paused, Terminated) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (self, to),
+            (Pending, Running)
+                | (Running, Paused)
+                | (Paused, Running)
+                | (Pending | Running | Paused, Stopping)
+                | (Stopping, Terminated)
+                | (Pending | Running | Paused | Stopping, Failed)
+                | (Pending | Running | Paused, Terminated)
+        );
         if ok {
             Ok(())
         } else {

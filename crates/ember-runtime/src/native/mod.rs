@@ -166,6 +166,7 @@ impl NativeRuntime {
         drop(listener);
         let t_spawn = t0.elapsed();
         crate::ping_agent(&sock, READY_TIMEOUT)
+            .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
             .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
         let total = t0.elapsed();
         let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
@@ -186,6 +187,22 @@ impl NativeRuntime {
 
     fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
         move |source| RuntimeError::Cgroup { id: id.clone(), source }
+    }
+}
+
+/// A ping that failed because the init already exited. The agent ends with
+/// its entrypoint, so an entrypoint that exits at once (`true`) can end the
+/// sandbox before the first ping is answered: that is a launched sandbox that
+/// ended, and the monitor records the exit code (`Exited(n)`) as its reason.
+/// Without an entrypoint the agent has no reason to exit, so its exit stays a
+/// readiness failure, named as such.
+fn ended_before_ready(pidfd: &OwnedFd, spec: &SandboxSpec, message: String) -> Result<(), String> {
+    // The listening socket closes as the agent exits, a moment before the
+    // kernel marks it exited (a PID 1 first waits for its namespace to empty).
+    match ember_sys::pidfd::wait_exited(pidfd, Duration::from_secs(2)) {
+        Ok(true) if !spec.entrypoint.is_empty() => Ok(()),
+        Ok(true) => Err(format!("the agent exited before it answered ({message}); see its agent.log")),
+        _ => Err(message),
     }
 }
 
