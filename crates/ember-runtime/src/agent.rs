@@ -4,15 +4,47 @@
 //! runtime stays free of an HTTP stack. The reply is untrusted; only the status
 //! line is read.
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// `O_PATH` and `O_NOFOLLOW` (x86-64 / aarch64 values; this crate has no libc).
+const O_PATH: i32 = 0o10_000_000;
+const O_NOFOLLOW: i32 = 0o400_000;
+
+/// The agent's socket, pinned without following a symlink in its last
+/// component, and the `/proc/self/fd/N` path to `connect` to it through.
+///
+/// OCI classes bind the socket's host dir into the sandbox (an OCI runtime
+/// cannot pass a listening fd), so root inside can replace `agent.sock` with a
+/// symlink to any other socket on the host, another sandbox's agent included.
+/// Connecting by path would follow it; connecting through an `O_PATH` fd of the
+/// inode that was checked to be a socket cannot. Keep the fd alive until the
+/// connect returns.
+pub fn pin_agent_socket(socket: &Path) -> std::io::Result<(OwnedFd, PathBuf)> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(O_PATH | O_NOFOLLOW).open(socket)?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{} is not a socket (replaced from inside the sandbox?)", socket.display()),
+        ));
+    }
+    let fd = OwnedFd::from(f);
+    let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    Ok((fd, path))
+}
 
 /// Sends `GET /ping` and waits for a 2xx status line. The daemon created the
 /// listening socket before the agent started, so `connect` succeeds at once and
 /// the request waits in the backlog until the agent begins to serve.
 pub fn ping_agent(socket: &Path, timeout: Duration) -> Result<(), String> {
-    let mut s = UnixStream::connect(socket).map_err(|e| format!("connect {}: {e}", socket.display()))?;
+    let connect = || {
+        let (_pin, path) = pin_agent_socket(socket)?;
+        UnixStream::connect(path)
+    };
+    let mut s = connect().map_err(|e| format!("connect {}: {e}", socket.display()))?;
     s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     s.write_all(b"GET /ping HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")

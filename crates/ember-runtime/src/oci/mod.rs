@@ -25,6 +25,33 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The agent writes its exit code here, in its socket dir, just before it
+/// exits (the daemon cannot `waitid` an init an OCI runtime started).
+pub const EXIT_FILE: &str = "exit";
+
+/// Reads the agent's exit code. The file is in a dir the sandbox can write, so
+/// it is untrusted: never a symlink or a FIFO (`O_NOFOLLOW | O_NONBLOCK`, a
+/// regular file only), a few bytes, a number. A sandbox can only lie about its
+/// own exit code, which it could choose anyway.
+fn read_exit_file(path: &Path) -> Option<i32> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const O_NOFOLLOW: i32 = 0o400_000;
+    const O_NONBLOCK: i32 = 0o4_000;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(O_NOFOLLOW | O_NONBLOCK).open(path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(16).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Host tasks of an idle gVisor sandbox, rounded up (see [`OciClass::host_pids`]).
+pub const RUNSC_PIDS_OVERHEAD: u64 = 128;
+/// Host tasks per gVisor process on the ptrace platform, rounded up.
+pub const RUNSC_TASKS_PER_PROCESS: u64 = 16;
+
 /// The OCI classes ember knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OciClass {
@@ -50,8 +77,25 @@ impl OciClass {
     /// applies the bundle's filter inside the Sentry too.
     fn global_args(self) -> Vec<String> {
         match self {
-            OciClass::Runsc => ["--platform=ptrace", "--network=none", "--host-uds=create"].map(String::from).to_vec(),
+            OciClass::Runsc => {
+                ["--platform=ptrace", "--network=none", "--host-uds=create", "--oci-seccomp"].map(String::from).to_vec()
+            }
             _ => Vec::new(),
+        }
+    }
+
+    /// The host pids cgroup limit for a sandbox allowed `pids` tasks. Under
+    /// gVisor the cgroup holds the Sentry's and the gofer's own host threads
+    /// (~45 when idle) and, on the ptrace platform, stub processes and tracer
+    /// threads for every sandbox process (measured here: ~13 host tasks per
+    /// single-threaded process). `pids` alone would not even let the sandbox
+    /// start; scaled, it still bounds the sandbox's share of the host's pids.
+    /// Reaching it ends the whole sandbox (the Sentry cannot make a stub and
+    /// exits) rather than failing one `fork`, as on a shared kernel.
+    pub fn host_pids(self, pids: u64) -> u64 {
+        match self {
+            OciClass::Runsc => pids.saturating_mul(RUNSC_TASKS_PER_PROCESS).saturating_add(RUNSC_PIDS_OVERHEAD),
+            OciClass::Crun | OciClass::Runc => pids,
         }
     }
 
@@ -162,6 +206,8 @@ impl OciRuntime {
             uid_base: self.cfg.uid_base,
             env: self.env(spec, &hostname),
             user_namespace: true,
+            errno_ret: self.cfg.class != OciClass::Runsc,
+            pids_limit: self.cfg.class.host_pids(spec.resources.pids),
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
@@ -213,7 +259,8 @@ impl Runtime for OciRuntime {
             source,
         })?;
         let r = &spec.resources;
-        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: r.pids };
+        let pids = self.cfg.class.host_pids(r.pids);
+        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids };
         self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
@@ -285,6 +332,11 @@ impl Runtime for OciRuntime {
         Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
     }
 
+    fn can_inject_mounts(&self) -> bool {
+        // The Sentry has its own mount table; a host setns cannot reach it.
+        self.cfg.class != OciClass::Runsc
+    }
+
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
         (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
     }
@@ -344,6 +396,10 @@ impl Runtime for OciRuntime {
             }
             Err(_) => Ok(()),
         }
+    }
+
+    fn exit_code(&self, id: &SandboxId) -> Option<i32> {
+        read_exit_file(&self.dir(id.as_str()).join("sock").join(EXIT_FILE))
     }
 
     fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
