@@ -159,14 +159,6 @@ impl Engine {
                 format!("the {class} class cannot mount workspaces (its kernel keeps its own mount table)"),
             ));
         }
-        if t.image.is_some() && class != "native" {
-            // The OCI classes assemble their rootfs from the host template only;
-            // running an image there would silently give the host's rootfs.
-            return Err(EngineError::invalid(
-                "runtimeClass",
-                format!("{class:?} cannot run OCI images yet; image templates run on \"native\""),
-            ));
-        }
         let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;
         let cfg = image.as_ref().map(|i| i.config.clone()).unwrap_or_default();
         let mut env: BTreeMap<String, String> =
