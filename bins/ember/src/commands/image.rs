@@ -44,17 +44,7 @@ pub async fn image(client: &Client, cmd: ImageCmd) -> anyhow::Result<i32> {
             }
         }
         ImageCmd::Rm { names } => {
-            let mut failed = 0;
-            for n in names {
-                match client.remove_image(&n).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("ember: {n}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(names, |n| async move { client.remove_image(&n).await }).await;
         }
         ImageCmd::Prune { json } => {
             let r = client.prune_images().await?;
@@ -198,17 +188,7 @@ pub async fn template(client: &Client, cmd: TemplateCmd) -> anyhow::Result<i32> 
             println!("{}", serde_json::to_string_pretty(&client.get_template(&name).await?)?)
         }
         TemplateCmd::Rm { names } => {
-            let mut failed = 0;
-            for n in names {
-                match client.delete_template(&n).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("ember: {n}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(names, |n| async move { client.delete_template(&n).await }).await;
         }
     }
     Ok(0)

@@ -132,3 +132,24 @@ async fn runtime_ls(client: &ember_client::Client, json: bool) -> anyhow::Result
     }
     Ok(0)
 }
+
+/// Applies one API call to every name of a multi-name verb (`rm a b c`):
+/// prints each name that succeeded, reports each failure on stderr and
+/// carries on, and exits 1 if any failed — as `docker rm` does.
+pub async fn for_each_name<F, Fut, T>(names: Vec<String>, mut call: F) -> anyhow::Result<i32>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ember_client::ClientError>>,
+{
+    let mut failed = false;
+    for name in names {
+        match call(name.clone()).await {
+            Ok(_) => println!("{name}"),
+            Err(e) => {
+                eprintln!("ember: {name}: {e}");
+                failed = true;
+            }
+        }
+    }
+    Ok(i32::from(failed))
+}

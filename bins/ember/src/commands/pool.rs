@@ -80,17 +80,7 @@ pub async fn run(client: &Client, cmd: PoolCmd) -> anyhow::Result<i32> {
             print_inspect(&p);
         }
         PoolCmd::Rm { names } => {
-            let mut failed = 0;
-            for n in names {
-                match client.delete_pool(&n).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("ember: {n}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(names, |n| async move { client.delete_pool(&n).await }).await;
         }
     }
     Ok(0)

@@ -83,17 +83,7 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
         }
         SandboxCmd::Events { id, json } => return super::network::events(client, &id, json).await,
         SandboxCmd::Rm { ids } => {
-            let mut failed = 0;
-            for id in ids {
-                match client.delete_sandbox(&id).await {
-                    Ok(()) => println!("{id}"),
-                    Err(e) => {
-                        eprintln!("ember: {id}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(if failed > 0 { 1 } else { 0 });
+            return super::for_each_name(ids, |id| async move { client.delete_sandbox(&id).await }).await;
         }
     }
     Ok(0)

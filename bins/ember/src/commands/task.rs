@@ -192,17 +192,7 @@ pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
             }
         }
         TaskCmd::Cancel { ids } => {
-            let mut failed = 0;
-            for id in ids {
-                match client.cancel_task(&id).await {
-                    Ok(t) => println!("{}", t.id),
-                    Err(e) => {
-                        eprintln!("ember: {id}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(ids, |id| async move { client.cancel_task(&id).await }).await;
         }
         TaskCmd::Logs { id, follow, attempt } => {
             client

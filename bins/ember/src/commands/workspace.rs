@@ -74,17 +74,7 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
             }
         }
         WorkspaceCmd::Rm { names } => {
-            let mut failed = 0;
-            for n in names {
-                match client.delete_workspace(&n).await {
-                    Ok(()) => println!("{n}"),
-                    Err(e) => {
-                        eprintln!("ember: {n}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(names, |n| async move { client.delete_workspace(&n).await }).await;
         }
     }
     Ok(0)
@@ -134,17 +124,7 @@ pub async fn snapshots(client: &Client, cmd: SnapshotCmd) -> anyhow::Result<i32>
             }
         }
         SnapshotCmd::Rm { ids } => {
-            let mut failed = 0;
-            for id in ids {
-                match client.delete_snapshot(&id).await {
-                    Ok(()) => println!("{id}"),
-                    Err(e) => {
-                        eprintln!("ember: {id}: {e}");
-                        failed += 1;
-                    }
-                }
-            }
-            return Ok(i32::from(failed > 0));
+            return super::for_each_name(ids, |id| async move { client.delete_snapshot(&id).await }).await;
         }
     }
     Ok(0)
