@@ -64,3 +64,26 @@ pub fn ping_agent(socket: &Path, timeout: Duration) -> Result<(), String> {
         _ => Err(format!("unexpected reply {head:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn a_socket_is_pinned_and_a_symlink_in_its_place_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ember-pin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (real, link) = (dir.join("real.sock"), dir.join("agent.sock"));
+        let _l = UnixListener::bind(&real).unwrap();
+        let (_fd, path) = pin_agent_socket(&real).expect("a socket pins");
+        UnixStream::connect(path).expect("connect through the pinned fd");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = pin_agent_socket(&link).expect_err("a symlink is not followed");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        assert!(pin_agent_socket(&dir.join("file")).is_err(), "a regular file is not a socket");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -406,3 +406,33 @@ impl Runtime for OciRuntime {
         Some(self.dir(id.as_str()).join("agent.log"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_file_is_read_only_when_it_is_a_small_regular_file() {
+        let dir = std::env::temp_dir().join(format!("ember-exit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(EXIT_FILE);
+        assert_eq!(read_exit_file(&f), None, "absent: unknown");
+        std::fs::write(&f, "3\n").unwrap();
+        assert_eq!(read_exit_file(&f), Some(3));
+        std::fs::write(&f, "not a number").unwrap();
+        assert_eq!(read_exit_file(&f), None);
+        let target = dir.join("elsewhere");
+        std::fs::write(&target, "7\n").unwrap();
+        std::fs::remove_file(&f).unwrap();
+        std::os::unix::fs::symlink(&target, &f).unwrap();
+        assert_eq!(read_exit_file(&f), None, "a symlink is not followed");
+        std::fs::remove_file(&f).unwrap();
+        let mkfifo = std::process::Command::new("mkfifo").arg(&f).status().unwrap();
+        assert!(mkfifo.success());
+        assert_eq!(read_exit_file(&f), None, "a FIFO neither blocks nor counts");
+        assert_eq!(OciClass::Runsc.host_pids(10), 10 * RUNSC_TASKS_PER_PROCESS + RUNSC_PIDS_OVERHEAD);
+        assert_eq!(OciClass::Crun.host_pids(10), 10);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
