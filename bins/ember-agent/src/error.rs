@@ -23,6 +23,8 @@ pub enum ErrorCode {
     ContextNotFound,
     /// A one-time operation (a pool claim) was already done.
     Conflict,
+    /// Another client is attached to a PTY session.
+    AlreadyConnected,
 }
 
 impl ErrorCode {
@@ -42,6 +44,7 @@ impl ErrorCode {
             ErrorCode::BadGateway => "RUNTIME_ERROR",
             ErrorCode::ContextNotFound => "CONTEXT_NOT_FOUND",
             ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::AlreadyConnected => "ALREADY_CONNECTED",
         }
     }
 
@@ -57,7 +60,7 @@ impl ErrorCode {
             ErrorCode::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             ErrorCode::BadGateway => StatusCode::BAD_GATEWAY,
             ErrorCode::ContextNotFound => StatusCode::NOT_FOUND,
-            ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::Conflict | ErrorCode::AlreadyConnected => StatusCode::CONFLICT,
         }
     }
 }

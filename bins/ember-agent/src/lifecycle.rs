@@ -42,6 +42,7 @@ pub async fn run(config: AgentConfig) -> i32 {
         registry: Arc::new(Registry::default()),
         sessions: Arc::default(),
         contexts: Arc::default(),
+        ptys: Arc::default(),
     };
     if app.config.is_pid1 {
         prepare_execd_envs(&app.config);

@@ -4,7 +4,7 @@
 //! Layout: `config` (flags and env, frozen at start), `lifecycle` (boot,
 //! signals, shutdown), `server` (routes, listener), `reaper` (the only
 //! waitpid), `commands/` (run, interrupt, status, logs), `files/` (file and
-//! directory routes), `metrics`, `sessions` (bash sessions), `code/` (code
+//! directory routes), `metrics`, `sessions` (bash sessions), `pty/` (interactive terminals), `code/` (code
 //! interpreter), `proxy` (in-sandbox ports), `stream` (event framing), and the helpers
 //! `error`, `query`, `paths`, `users`. Every syscall the agent needs beyond
 //! std goes through `ember_sys::process`.
@@ -21,6 +21,7 @@ mod lifecycle;
 mod metrics;
 mod paths;
 mod proxy;
+mod pty;
 mod query;
 mod reaper;
 mod server;

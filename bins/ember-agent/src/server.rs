@@ -5,7 +5,7 @@ use crate::config::{AgentConfig, ListenAddr};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Sampler;
 use crate::reaper::Reaper;
-use crate::{code, commands, files, metrics, proxy, sessions};
+use crate::{code, commands, files, metrics, proxy, pty, sessions};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::routing::{any, delete, get, post};
@@ -22,6 +22,7 @@ pub struct App {
     pub sampler: Arc<Sampler>,
     pub sessions: Arc<sessions::Sessions>,
     pub contexts: Arc<code::Contexts>,
+    pub ptys: Arc<pty::PtySessions>,
 }
 
 pub fn router(app: App) -> Router {
@@ -33,6 +34,9 @@ pub fn router(app: App) -> Router {
         .route("/session", post(sessions::create))
         .route("/session/{id}/run", post(sessions::run))
         .route("/session/{id}", delete(sessions::delete))
+        .route("/pty", post(pty::create))
+        .route("/pty/{id}", get(pty::status).delete(pty::delete))
+        .route("/pty/{id}/ws", get(pty::websocket))
         .route("/code/context", post(code::create_context))
         .route("/code/contexts", get(code::list_contexts).delete(code::delete_contexts))
         .route("/code/contexts/{id}", get(code::get_context).delete(code::delete_context))

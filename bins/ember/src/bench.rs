@@ -20,6 +20,7 @@ mod procfs;
 pub mod registry;
 mod report;
 mod stats;
+mod task_floor;
 pub mod tasks;
 
 use crate::cli::BenchCmd;

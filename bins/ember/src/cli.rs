@@ -142,6 +142,10 @@ pub struct NetArgs {
 pub struct CreateArgs {
     #[arg(long)]
     pub template: Option<String>,
+    /// Restore a sandbox snapshot (`ember sandbox snapshot`): its rootfs
+    /// changes, workspaces (as new copies), template and resources.
+    #[arg(long, conflicts_with_all = ["template", "image"])]
+    pub snapshot: Option<String>,
     #[arg(long)]
     pub image: Option<String>,
     /// Memory limit, e.g. 512Mi.
@@ -251,6 +255,35 @@ pub enum SandboxCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Snapshot a running sandbox (its rootfs changes and read-write
+    /// workspaces) and print the snapshot id; `ember sandbox create
+    /// --snapshot ID` restores it.
+    Snapshot {
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, inspect or remove sandbox snapshots.
+    #[command(subcommand)]
+    Snapshots(SandboxSnapshotCmd),
+}
+
+#[derive(Subcommand)]
+pub enum SandboxSnapshotCmd {
+    /// List sandbox snapshots.
+    Ls {
+        /// Only snapshots of this sandbox.
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox snapshot.
+    Inspect { id: String },
+    /// Remove sandbox snapshots (their chunks go at the next `ember snapshot gc`).
+    Rm { ids: Vec<String> },
 }
 
 #[derive(Subcommand)]

@@ -351,7 +351,8 @@ async fn create_and_read(api: &Api) -> (String, String) {
         (br#"{"template":"no-such-template"}"#.to_vec(), 400, "SANDBOX::UNKNOWN_TEMPLATE"),
         (br#"{"template":"host","image":{"uri":"other"}}"#.to_vec(), 400, "SANDBOX::INVALID_PARAMETER"),
         (br#"{"template":"host","resourceLimits":{"gpu":"1"}}"#.to_vec(), 400, "SANDBOX::INVALID_PARAMETER"),
-        (br#"{"snapshotId":"s1"}"#.to_vec(), 501, "SANDBOX::API_NOT_SUPPORTED"),
+        (br#"{"snapshotId":"s1"}"#.to_vec(), 404, "SNAPSHOT::NOT_FOUND"),
+        (br#"{"snapshotId":"s1","templateId":"host"}"#.to_vec(), 400, "SANDBOX::INVALID_PARAMETER"),
     ] {
         let r = api.req("POST", "/v1/sandboxes", &[]).raw("application/json", body).send().await;
         assert_eq!((r.status, r.json()["code"].as_str()), (status, Some(code)), "{}", r.text());
@@ -445,11 +446,7 @@ async fn change_and_inspect(api: &Api, a: &str, b: &str) {
     }
     let r = api.req("GET", "/v1/sandboxes/{id}/diagnostics/events", &[a]).send().await;
     assert!(r.json()["content"].as_str().unwrap_or("").contains("Running"), "{}", r.text());
-    let r = api.req("POST", "/v1/sandboxes/{id}/snapshots", &[a]).send().await;
-    assert_eq!((r.status, r.json()["code"].as_str()), (501, Some("SANDBOX::API_NOT_SUPPORTED")));
-    assert_eq!(api.req("GET", "/v1/snapshots", &[]).send().await.status, 501);
-    assert_eq!(api.req("GET", "/v1/snapshots/{snapshotId}", &["s"]).send().await.status, 501);
-    assert_eq!(api.req("DELETE", "/v1/snapshots/{snapshotId}", &["s"]).send().await.status, 501);
+    sandbox_snapshots(api, a).await;
 
     let r = api.req("GET", "/v1/sandboxes/{id}/boundary", &[a]).send().await;
     assert_eq!((r.status, r.json()["runtimeClass"].as_str()), (200, Some("native")));
@@ -569,6 +566,31 @@ async fn execd_through_the_proxy(api: &Api, a: &str) {
     assert_eq!(proxy("nope", "44772", "ping").send().await.status, 404);
     assert_eq!(api.req("GET", "/v1/sandboxes/{id}/proxy/{port}", &[a, "44772"]).send().await.status, 404);
     assert_eq!(api.req("POST", "/v1/sandboxes/{id}/proxy/{port}", &[a, "8080"]).send().await.status, 502);
+}
+
+/// Sandbox snapshots: create (202 + Location), list, get, restore via
+/// `snapshotId`, the refusals, delete (204).
+async fn sandbox_snapshots(api: &Api, a: &str) {
+    let r = api.req("POST", "/v1/sandboxes/{id}/snapshots", &[a]).json(json!({"name": "s1"})).send().await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let sid = r.json()["id"].as_str().expect("snapshot id").to_string();
+    assert_eq!(r.header("location"), Some(format!("/v1/snapshots/{sid}").as_str()));
+    let r = api.req("POST", "/v1/sandboxes/{id}/snapshots", &[a]).bare().send().await;
+    assert_eq!(r.status, 202, "no body is fine: {}", r.text());
+    let other = r.json()["id"].as_str().expect("snapshot id").to_string();
+    assert_eq!(api.req("POST", "/v1/sandboxes/{id}/snapshots", &["nope"]).send().await.status, 404);
+    let r = api.req("GET", "/v1/snapshots", &[]).query(&format!("sandboxId={a}&name=s1&state=Ready")).send().await;
+    assert_eq!(r.json()["items"][0]["id"], sid.as_str(), "{}", r.text());
+    assert_eq!(api.req("GET", "/v1/snapshots", &[]).query("page=0").send().await.status, 400);
+    assert_eq!(api.req("GET", "/v1/snapshots/{snapshotId}", &[&sid]).send().await.status, 200);
+    assert_eq!(api.req("GET", "/v1/snapshots/{snapshotId}", &["nope"]).bare().send().await.status, 404);
+    let r = api.req("POST", "/v1/sandboxes", &[]).json(json!({"snapshotId": sid, "metadata": {"r": "1"}})).send().await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let restored = r.json()["id"].as_str().expect("id").to_string();
+    assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&restored]).send().await.status, 204);
+    assert_eq!(api.req("DELETE", "/v1/snapshots/{snapshotId}", &[&sid]).send().await.status, 204);
+    assert_eq!(api.req("DELETE", "/v1/snapshots/{snapshotId}", &[&other]).bare().send().await.status, 204);
+    assert_eq!(api.req("DELETE", "/v1/snapshots/{snapshotId}", &[&sid]).send().await.status, 404);
 }
 
 async fn pause_resume_and_delete(api: &Api, a: &str, b: &str) {

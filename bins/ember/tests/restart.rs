@@ -46,6 +46,9 @@ async fn kill9_of_the_daemon_then_restart_converges() {
     assert_eq!((g.status.state.as_str(), g.status.reason.as_deref()), ("Terminated", Some("Killed")));
     assert!(!cg.exists(&doomed.id), "the dead sandbox's cgroup was reaped");
     assert!(!d.data_dir.join("sandboxes").join(&doomed.id).exists());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mountinfo.contains(&doomed.id), "the dead sandbox's writable layer (a host tmpfs) was unmounted");
+    assert!(mountinfo.contains(&keep.id), "the live sandbox's writable layer stays mounted");
 
     let e = d.wait_state(&expiring.id, "Terminated", Duration::from_secs(10)).await;
     assert_eq!(e.status.reason.as_deref(), Some("Expired"));

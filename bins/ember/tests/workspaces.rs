@@ -183,3 +183,69 @@ async fn a_warm_claim_mounts_the_workspace_into_the_running_sandbox() {
     let (_, out, _) = d.sh(&b.id, "cat /workspace/note", None).await;
     assert_eq!(out, "carried\n");
 }
+
+fn pvc(name: &str, claim: serde_json::Value, mount_path: &str, read_only: bool) -> ember_types::api::Volume {
+    serde_json::from_value(serde_json::json!({
+        "name": name, "pvc": claim, "mountPath": mount_path, "readOnly": read_only,
+    }))
+    .expect("volume")
+}
+
+/// OpenSandbox `pvc` volumes are workspaces named by `claimName`, created on
+/// demand (with `storage` as the size) unless `createIfNotExists` is false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pvc_volumes_are_workspaces_created_on_demand() {
+    let d = Daemon::start();
+    let claim = serde_json::json!({"claimName": "pvc-a", "storage": "48Mi", "storageClass": null, "accessModes": null});
+    let a = d.create(|r| r.volumes = Some(vec![pvc("data", claim, "/data", false)])).await;
+    assert_eq!(a.workspaces.len(), 1);
+    assert_eq!((a.workspaces[0].name.as_str(), a.workspaces[0].mount_path.as_str()), ("pvc-a", "/data"));
+    let ws = d.client.get_workspace("pvc-a").await.expect("created on demand");
+    assert_eq!(ws.size_bytes, 48 << 20);
+    let (code, _, err) = d.sh(&a.id, "echo kept > /data/note", None).await;
+    assert_eq!(code, Some(0), "{err}");
+    d.client.delete_sandbox(&a.id).await.expect("remove");
+
+    let existing = serde_json::json!({"claimName": "pvc-a", "createIfNotExists": false});
+    let b = d.create(|r| r.volumes = Some(vec![pvc("data", existing, "/in", true)])).await;
+    let (_, out, _) = d.sh(&b.id, "cat /in/note; echo x > /in/other 2>/dev/null || echo read-only", None).await;
+    assert_eq!(out, "kept\nread-only\n");
+
+    for (claim, sub, code) in [
+        (serde_json::json!({"claimName": "missing", "createIfNotExists": false}), None, "WORKSPACE::NOT_FOUND"),
+        (serde_json::json!({"claimName": "pvc-a"}), Some("sub"), "NOT_SUPPORTED"),
+        (serde_json::json!({"claimName": "pvc-a", "deleteOnSandboxTermination": true}), None, "NOT_SUPPORTED"),
+        (serde_json::json!({"claimName": "pvc-b", "storage": "lots"}), None, "VOLUME::INVALID_PARAMETER"),
+        (serde_json::json!({"claimName": "Bad_Name"}), None, "WORKSPACE::INVALID_PARAMETER"),
+    ] {
+        let mut v = pvc("data", claim.clone(), "/data", false);
+        v.sub_path = sub.map(String::from);
+        let req = ember_types::api::CreateSandboxRequest {
+            template: Some("host".into()),
+            volumes: Some(vec![v]),
+            ..Default::default()
+        };
+        let e = d.client.create_sandbox(&req).await.expect_err("refused").to_string();
+        assert!(e.contains(code), "{claim}: {e}");
+    }
+    assert!(d.client.get_workspace("missing").await.is_err(), "createIfNotExists=false creates nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_claim_mounts_a_pvc_volume() {
+    let d = Daemon::start();
+    let req =
+        CreatePoolRequest { template: "host".into(), min: 1, max: 1, target: Some(1.into()), ..Default::default() };
+    d.client.create_pool(&req).await.expect("pool");
+    for _ in 0..200 {
+        if d.client.get_pool("host").await.expect("pool").idle == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let claim = serde_json::json!({"claimName": "warm-pvc", "storage": "32Mi"});
+    let a = d.create(|r| r.volumes = Some(vec![pvc("w", claim, "/mnt/w", false)])).await;
+    assert_eq!(a.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"));
+    let (code, out, _) = d.sh(&a.id, "echo hi > /mnt/w/f && cat /mnt/w/f", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "hi\n"));
+}

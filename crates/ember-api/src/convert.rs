@@ -1,8 +1,8 @@
 //! Wire ↔ engine conversions and RFC 3339 times.
 use crate::error::ApiError;
-use ember_engine::{CreateSandbox, HostVolumeRequest, SandboxRecord};
+use ember_engine::{CreateSandbox, HostVolumeRequest, SandboxRecord, WorkspaceRequest};
 use ember_types::api::{
-    CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, SandboxInfo, SandboxStatus, Volume,
+    CreateSandboxRequest, ImageSpec, LaunchInfo, MountedWorkspaceInfo, PvcVolume, SandboxInfo, SandboxStatus, Volume,
 };
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -63,15 +63,19 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
 
 /// OpenSandbox's create body and ember's extra fields → one engine request.
 pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiError> {
-    if req.snapshot_id.is_some() {
-        return Err(ApiError::not_supported(
-            "creating from snapshotId is not supported yet: ember has no sandbox snapshots (they arrive with workspaces)",
-        ));
+    if req.snapshot_id.is_some() && (req.image.is_some() || req.template.is_some() || req.template_id.is_some()) {
+        return Err(ApiError::bad_request("give exactly one of image, templateId and snapshotId"));
     }
     if req.secure_access == Some(true) {
         return Err(ApiError::not_supported("secureAccess: ember has no ingress gateway; use the API key"));
     }
-    let volumes = req.volumes.unwrap_or_default().into_iter().map(volume).collect::<Result<Vec<_>, _>>()?;
+    let (mut volumes, mut pvcs) = (Vec::new(), Vec::new());
+    for v in req.volumes.unwrap_or_default() {
+        match volume(v)? {
+            Mount::Host(h) => volumes.push(h),
+            Mount::Workspace(w) => pvcs.push(w),
+        }
+    }
     let limits = req.resource_limits.unwrap_or_default();
     let res = req.resources.unwrap_or_default();
     let template = req.template.or(req.template_id);
@@ -109,6 +113,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        snapshot_id: req.snapshot_id,
         workspaces: req
             .workspaces
             .into_iter()
@@ -119,14 +124,33 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
                         "workspace mountPath {path:?} must be absolute, without '..'"
                     )));
                 }
-                Ok(ember_engine::WorkspaceRequest { name: w.name, path, read_only: w.read_only, steal: w.steal })
+                Ok(ember_engine::WorkspaceRequest {
+                    name: w.name,
+                    path,
+                    read_only: w.read_only,
+                    steal: w.steal,
+                    create_size: None,
+                })
             })
+            .chain(pvcs.into_iter().map(Ok))
             .collect::<Result<_, _>>()?,
     })
 }
 
-/// Only the `host` backend exists; `pvc` (ember workspaces) and `ossfs` do not yet.
-fn volume(v: Volume) -> Result<HostVolumeRequest, ApiError> {
+/// A volume of the create request, by backend.
+enum Mount {
+    Host(HostVolumeRequest),
+    Workspace(WorkspaceRequest),
+}
+
+/// The size of a workspace a `pvc` volume creates without `storage`.
+const DEFAULT_PVC_BYTES: u64 = 1 << 30;
+
+/// `host` volumes bind a host directory under the allow-list; `pvc` volumes
+/// are ember workspaces (`claimName` = workspace name), created on demand
+/// unless `createIfNotExists` is false, as upstream's default; `ossfs` does
+/// not exist here.
+fn volume(v: Volume) -> Result<Mount, ApiError> {
     let backends = [v.host.is_some(), v.pvc.is_some(), v.ossfs.is_some()].iter().filter(|b| **b).count();
     if backends != 1 {
         return Err(ApiError::new(
@@ -135,15 +159,49 @@ fn volume(v: Volume) -> Result<HostVolumeRequest, ApiError> {
             format!("volume {:?}: exactly one of host, pvc, ossfs is needed", v.name),
         ));
     }
+    if let Some(pvc) = v.pvc {
+        return pvc_volume(&v.name, pvc, v.mount_path, v.read_only, v.sub_path).map(Mount::Workspace);
+    }
     let Some(host) = v.host else {
-        let which = if v.pvc.is_some() { "pvc (ember workspaces)" } else { "ossfs" };
-        return Err(ApiError::not_supported(format!("volume {:?}: the {which} backend is not supported yet", v.name)));
+        return Err(ApiError::not_supported(format!("volume {:?}: the ossfs backend is not supported", v.name)));
     };
-    Ok(HostVolumeRequest {
+    Ok(Mount::Host(HostVolumeRequest {
         name: v.name,
         host_path: host.path,
         sub_path: v.sub_path,
         mount_path: v.mount_path,
         read_only: v.read_only,
-    })
+    }))
+}
+
+fn pvc_volume(
+    name: &str,
+    pvc: PvcVolume,
+    mount_path: String,
+    read_only: bool,
+    sub_path: Option<String>,
+) -> Result<WorkspaceRequest, ApiError> {
+    let bad = |m: String| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "VOLUME::INVALID_PARAMETER", m);
+    if sub_path.as_deref().is_some_and(|s| !s.is_empty()) {
+        // A subdirectory of a workspace the sandbox can write could be a
+        // symlink out of it; mounting one safely is not done yet.
+        return Err(ApiError::not_supported(format!("volume {name:?}: subPath is not supported for pvc volumes")));
+    }
+    if pvc.delete_on_sandbox_termination == Some(true) {
+        return Err(ApiError::not_supported(format!(
+            "volume {name:?}: deleteOnSandboxTermination is not supported (workspaces outlive sandboxes; \
+             DELETE /v1/workspaces/{{name}} removes one)"
+        )));
+    }
+    if !mount_path.starts_with('/') || mount_path.split('/').any(|c| c == "..") {
+        return Err(bad(format!("volume {name:?}: mountPath {mount_path:?} must be absolute, without '..'")));
+    }
+    let create_size = match pvc.create_if_not_exists {
+        Some(false) => None,
+        _ => Some(match pvc.storage.as_deref() {
+            None => DEFAULT_PVC_BYTES,
+            Some(s) => ember_types::parse_memory_bytes(s).map_err(|e| bad(format!("volume {name:?}: storage: {e}")))?,
+        }),
+    };
+    Ok(WorkspaceRequest { name: pvc.claim_name, path: mount_path, read_only, steal: false, create_size })
 }

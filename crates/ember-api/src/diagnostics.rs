@@ -1,5 +1,4 @@
-//! Diagnostics (`/v1/sandboxes/{id}/diagnostics/{logs,events}`) and the
-//! snapshot routes, which answer a structured 501 until ember has snapshots.
+//! Diagnostics (`/v1/sandboxes/{id}/diagnostics/{logs,events}`).
 use crate::convert::rfc3339;
 use crate::error::ApiError;
 use crate::{ApiPath, ApiState};
@@ -55,18 +54,4 @@ pub async fn events(
     let rec = st.engine.get(&id)?;
     let content: String = rec.events.iter().map(|(ms, text)| format!("{} {text}\n", rfc3339(*ms))).collect();
     Ok(Json(answer(id, "events", scope_of(q), content, false)))
-}
-
-fn no_snapshots() -> ApiError {
-    ApiError::not_supported(
-        "sandbox snapshots are not supported yet: they arrive with ember workspaces and snapshots (see docs/opensandbox.md)",
-    )
-}
-
-/// `POST /v1/sandboxes/{id}/snapshots`, `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{id}`.
-/// Reads (and drops) the request body first: answering before the body is
-/// consumed makes hyper close a kept-alive connection, and clients that reuse it
-/// see "server disconnected" on their next request.
-pub async fn snapshots_not_supported(_body: axum::body::Bytes) -> ApiError {
-    no_snapshots()
 }

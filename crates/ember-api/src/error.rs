@@ -61,6 +61,10 @@ impl From<EngineError> for ApiError {
             EngineError::Task(t) => task_status(t),
             EngineError::Snapshot(s) => snapshot_status(s),
             EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
+            EngineError::SandboxSnapshotNotFound(_) => (S::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
+            EngineError::SnapshotNotReady { .. } => (S::CONFLICT, "SNAPSHOT::NOT_READY"),
+            EngineError::SnapshotSourceState { .. } => (S::CONFLICT, "SNAPSHOT::INVALID_SOURCE_STATE"),
+            EngineError::SnapshotUnsupportedRuntime(_) => (S::BAD_REQUEST, "SNAPSHOT::UNSUPPORTED_RUNTIME"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

@@ -6,7 +6,8 @@
 //! Handlers only parse requests into [`ember_engine::Engine`] calls; errors become
 //! `{code, message}` in `error.rs`. Layout: `sandboxes.rs` (lifecycle),
 //! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
-//! `diagnostics.rs` (logs, events, the snapshot 501s), `system.rs` (health, version, metrics),
+//! `diagnostics.rs` (logs, events), `sandbox_snapshots.rs`
+//! (OpenSandbox snapshots: `/v1/sandboxes/{id}/snapshots`, `/v1/snapshots`), `system.rs` (health, version, metrics),
 //! `middleware.rs` (request id, API key).
 #![forbid(unsafe_code)]
 
@@ -19,6 +20,7 @@ mod middleware;
 mod network;
 mod pools;
 mod proxy;
+mod sandbox_snapshots;
 mod sandboxes;
 mod snapshots;
 mod system;
@@ -87,12 +89,9 @@ fn lifecycle() -> Router<ApiState> {
         .route("/sandboxes/{id}/boundary", get(sandboxes::boundary))
         .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))
         .route("/sandboxes/{id}/diagnostics/events", get(diagnostics::events))
-        .route("/sandboxes/{id}/snapshots", post(diagnostics::snapshots_not_supported))
-        .route("/snapshots", get(diagnostics::snapshots_not_supported))
-        .route(
-            "/snapshots/{snapshotId}",
-            get(diagnostics::snapshots_not_supported).delete(diagnostics::snapshots_not_supported),
-        )
+        .route("/sandboxes/{id}/snapshots", post(sandbox_snapshots::create))
+        .route("/snapshots", get(sandbox_snapshots::list))
+        .route("/snapshots/{snapshotId}", get(sandbox_snapshots::get_one).delete(sandbox_snapshots::remove))
         .route("/sandboxes/{id}/proxy/{port}", any(proxy::proxy_root))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(proxy::proxy))
 }

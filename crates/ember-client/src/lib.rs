@@ -7,6 +7,7 @@ mod execd;
 mod images;
 
 pub use images::segment;
+mod sandbox_snapshots;
 mod tasks;
 
 use bytes::Bytes;
@@ -146,6 +147,13 @@ impl Client {
     pub async fn delete_sandbox(&self, id: &str) -> Result<(), ClientError> {
         let path = format!("/v1/sandboxes/{id}");
         let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    /// Freezes a Running sandbox (`POST .../pause`, 202).
+    pub async fn pause_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/sandboxes/{id}/pause");
+        let resp = self.send(Method::POST, &path, Bytes::new(), None).await?;
         Self::check(&path, resp).await.map(|_| ())
     }
 

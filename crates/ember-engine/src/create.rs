@@ -40,6 +40,10 @@ pub struct CreateSandbox {
     /// `none` (default) or `egress`; a policy alone implies `egress`.
     pub network: Option<ember_types::NetworkMode>,
     pub egress: Option<ember_types::EgressPolicy>,
+    /// Restore this sandbox snapshot (OpenSandbox `snapshotId`): its spec,
+    /// writable layer and workspaces; the request may set timeout, metadata,
+    /// resources, env and entrypoint.
+    pub snapshot_id: Option<String>,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -248,8 +252,15 @@ impl Engine {
     /// miss is never an error).
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
+        if let Some(sid) = req.snapshot_id.clone() {
+            let policy = req.network_policy.clone();
+            let rec = self.create_from_snapshot(&sid, req).await?;
+            self.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
+            return self.record_policy(rec, policy);
+        }
         self.prepare_image(&req).await?;
         let spec = self.resolve(&req)?;
+        self.create_missing_workspaces(&req.workspaces).await?;
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
@@ -302,6 +313,29 @@ impl Engine {
         pool: Option<String>,
         t0: Instant,
     ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(spec, image_uri, pool, t0, None).await
+    }
+
+    /// A cold start whose writable layer is first filled from the layer
+    /// snapshot `layer` (a sandbox snapshot's restore).
+    pub(crate) async fn launch_seeded(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        t0: Instant,
+        layer: Option<String>,
+    ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(spec, image_uri, None, t0, layer).await
+    }
+
+    async fn launch_from(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        pool: Option<String>,
+        t0: Instant,
+        layer: Option<String>,
+    ) -> Result<SandboxRecord, EngineError> {
         let id = SandboxId::from_random(random16());
         let now = now_ms();
         let rec = SandboxRecord {
@@ -337,22 +371,29 @@ impl Engine {
         let rt = self.rt(&spec.runtime_class);
         let (lid, lspec) = (id.clone(), spec.clone());
         let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
-        let launched = tokio::task::spawn_blocking(move || match join {
-            Some(j) => rt.launch_in_network(&lid, &lspec, &j),
-            None => rt.launch(&lid, &lspec),
+        let store = self.snapshot_store.clone();
+        let launched = tokio::task::spawn_blocking(move || {
+            if let Some(l) = &layer {
+                crate::sandbox_restore::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+            }
+            match join {
+                Some(j) => rt.launch_in_network(&lid, &lspec, &j),
+                None => rt.launch(&lid, &lspec),
+            }
+            .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?;
         let launched = match launched {
             Ok(l) => l,
-            Err(source) => {
+            Err(e) => {
                 self.metrics.create_failures.inc();
                 self.release_network(&rec).await;
                 let rt = self.rt(&spec.runtime_class);
                 let name = id.to_string();
                 let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
                 let _ = self.store.remove(id.as_str());
-                return Err(EngineError::Runtime { id, source });
+                return Err(e);
             }
         };
         let micros = t0.elapsed().as_micros() as u64;

@@ -49,6 +49,14 @@ pub enum EngineError {
         #[source]
         source: ember_net::NetError,
     },
+    #[error("sandbox snapshot {0} not found")]
+    SandboxSnapshotNotFound(String),
+    #[error("sandbox snapshot {id} is {state}, not Ready")]
+    SnapshotNotReady { id: String, state: &'static str },
+    #[error("sandbox {id} is {state}: only a Running sandbox can be snapshotted")]
+    SnapshotSourceState { id: SandboxId, state: SandboxState },
+    #[error("the {0} runtime class keeps the sandbox's writable layer out of the host's reach: sandbox snapshots need the native, crun or runc class")]
+    SnapshotUnsupportedRuntime(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -5,7 +5,8 @@
 //! maps [`EngineError`] to status codes.
 //!
 //! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
-//! sandbox), `recover.rs` (restart convergence), `ops.rs` (get, list, delete,
+//! sandbox), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
+//! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
 //! pause, renew, metadata), `store.rs` (records on disk).
 #![forbid(unsafe_code)]
 
@@ -19,12 +20,15 @@ mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod sandbox_restore;
+mod sandbox_snapshots;
 mod snapshots;
 mod store;
 pub mod tasks;
 pub mod templates;
 mod workspaces;
 
+pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use snapshots::SnapshotStoreConfig;
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};

@@ -42,6 +42,7 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
             let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
         }
     }
+    crate::sandbox_snapshots::recover(engine).await?;
     engine.start_network().await?;
     let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
     for pool in pools {

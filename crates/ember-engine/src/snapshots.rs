@@ -101,6 +101,9 @@ impl Engine {
             Ok(all
                 .into_iter()
                 .filter(|s| workspace.as_ref().is_none_or(|w| s.labels.get("workspace") == Some(w)))
+                // A sandbox snapshot's rootfs layer is not a workspace snapshot
+                // (it is listed, and removed, through /v1/snapshots).
+                .filter(|s| !s.labels.contains_key(ember_snapshot::LAYER_LABEL))
                 .collect())
         })
         .await

@@ -55,6 +55,12 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         }
     }
 
+    /// One record: `None` if there is none, else it or why it could not be read.
+    pub fn load(&self, id: &str) -> Option<Result<T, String>> {
+        let p = self.path(id);
+        p.exists().then(|| load(&p))
+    }
+
     /// Every record on disk: `(file stem, record or why it could not be read)`.
     pub fn load_all(&self) -> Vec<(String, Result<T, String>)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return vec![] };

@@ -22,6 +22,9 @@ pub struct WorkspaceRequest {
     pub read_only: bool,
     /// Take the lease from a live holder, fencing it.
     pub steal: bool,
+    /// Create the workspace with this size (bytes) if it does not exist
+    /// (OpenSandbox `pvc` volumes with `createIfNotExists`).
+    pub create_size: Option<u64>,
 }
 
 /// A workspace mounted in a sandbox, as its record keeps it.
@@ -95,6 +98,27 @@ impl Engine {
             e.workspaces.remove(&n, |h| e.is_alive(h))
         })
         .await
+    }
+
+    /// Creates the workspaces `reqs` may create and that do not exist yet. A
+    /// concurrent create of the same name winning the race is fine.
+    pub(crate) async fn create_missing_workspaces(
+        self: &Arc<Self>,
+        reqs: &[WorkspaceRequest],
+    ) -> Result<(), EngineError> {
+        for r in reqs {
+            let Some(size) = r.create_size else { continue };
+            let n = r.name.clone();
+            self.ws(move |e| match e.workspaces.meta(&n) {
+                Err(WorkspaceError::NotFound(_)) => match e.workspaces.create(&n, size) {
+                    Ok(_) | Err(WorkspaceError::Exists(_)) => Ok(()),
+                    Err(err) => Err(err),
+                },
+                other => other.map(|_| ()),
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// Fails fast, before a cold start, when a read-write mount would be refused.

@@ -7,7 +7,7 @@
 //! the daemon is detected one lease later.
 use crate::journal::Journal;
 use crate::pick::pick;
-use crate::{Clock, Expired, Lease, Outcome, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
+use crate::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
 use ember_types::task::{TaskAttempt, TaskRecord, TaskSpec, TaskState, Tier};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -18,6 +18,7 @@ struct Live {
     attempt: u32,
     worker: String,
     tier: Tier,
+    tenant: String,
     deadline_ms: i64,
     last_beat_ms: i64,
 }
@@ -29,6 +30,10 @@ struct State {
     ready: [BTreeSet<(i64, u64, String)>; 3],
     live: HashMap<String, Live>,
     active: [u64; 3],
+    /// Leased or running tasks per tenant (only tenants with any).
+    tenant_active: HashMap<String, u32>,
+    /// Finished tasks, oldest end first: what retention drops.
+    finished: BTreeSet<(i64, String)>,
     seq: u64,
     journal: Journal,
 }
@@ -57,10 +62,55 @@ impl State {
         Ok(r)
     }
 
+    fn add_live(&mut self, id: &str, live: Live) {
+        self.active[live.tier.rank()] += 1;
+        *self.tenant_active.entry(live.tenant.clone()).or_default() += 1;
+        self.live.insert(id.to_string(), live);
+    }
+
     fn drop_live(&mut self, id: &str) {
         if let Some(l) = self.live.remove(id) {
             self.active[l.tier.rank()] -= 1;
+            if let Some(n) = self.tenant_active.get_mut(&l.tenant) {
+                *n -= 1;
+                if *n == 0 {
+                    self.tenant_active.remove(&l.tenant);
+                }
+            }
         }
+    }
+
+    /// Notes that `id` reached a terminal state at `now`, for retention.
+    fn ended(&mut self, id: &str, now: i64) {
+        self.finished.insert((now, id.to_string()));
+    }
+
+    /// The oldest waiting task of tier `rank` whose tenant is under its cap.
+    /// Without tenant caps that is the tier head; with them, tasks of capped
+    /// tenants are stepped over (a scan of those, under the lock).
+    fn head(&self, rank: usize, cfg: &QueueConfig) -> Option<(i64, u64, String)> {
+        if !cfg.caps_tenants() {
+            return self.ready[rank].first().cloned();
+        }
+        self.ready[rank]
+            .iter()
+            .find(|(_, _, id)| {
+                let tenant = self.tasks.get(id).map_or(ember_types::task::DEFAULT_TENANT, |r| r.spec.tenant());
+                let running = self.tenant_active.get(tenant).copied().unwrap_or(0);
+                cfg.cap_of(tenant).is_none_or(|cap| running < cap)
+            })
+            .cloned()
+    }
+
+    /// Drops one finished task from memory; the caller rewrites the journal.
+    fn forget(&mut self, id: &str) -> Option<Pruned> {
+        let r = self.tasks.remove(id)?;
+        if let Some(k) = &r.spec.key {
+            if self.keys.get(k).is_some_and(|t| t == id) {
+                self.keys.remove(k);
+            }
+        }
+        Some(Pruned { task: r.id.clone(), attempts: r.attempt() })
     }
 
     /// The live lease `lease` names, or why it is fenced.
@@ -93,6 +143,8 @@ impl State {
         if next == TaskState::Queued {
             let r = r.clone();
             self.enqueue(&r);
+        } else {
+            self.ended(id, now);
         }
         next
     }
@@ -109,6 +161,8 @@ impl EmbeddedQueue {
             ready: Default::default(),
             live: HashMap::new(),
             active: [0; 3],
+            tenant_active: HashMap::new(),
+            finished: BTreeSet::new(),
             seq: 0,
             journal,
         };
@@ -123,11 +177,14 @@ impl EmbeddedQueue {
                 TaskState::Leased | TaskState::Running => {
                     let worker = r.attempts.last().map(|a| a.worker.clone()).unwrap_or_default();
                     let deadline_ms = now + r.spec.lease_ms as i64;
-                    st.active[r.spec.tier.rank()] += 1;
-                    let live = Live { attempt: r.attempt(), worker, tier: r.spec.tier, deadline_ms, last_beat_ms: now };
-                    st.live.insert(r.id.clone(), live);
+                    let (attempt, tier, tenant) = (r.attempt(), r.spec.tier, r.spec.tenant().to_string());
+                    let live = Live { attempt, worker, tier, tenant, deadline_ms, last_beat_ms: now };
+                    st.add_live(&r.id, live);
                 }
-                _ => {}
+                _ => {
+                    let at = r.transitions.last().map_or(r.submitted_at_ms, |t| t.at_ms);
+                    st.ended(&r.id, at);
+                }
             }
             st.tasks.insert(r.id.clone(), r);
         }
@@ -167,9 +224,12 @@ impl TaskQueue for EmbeddedQueue {
     fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError> {
         let now = (self.clock)();
         let mut st = self.lock();
-        let heads = [0, 1, 2].map(|t| st.ready[t].first().map(|(at, _, _)| *at));
-        let Some(rank) = pick(heads, st.active, self.cfg.tier_caps, self.cfg.aging_ms) else { return Ok(None) };
-        let Some((_, _, id)) = st.ready[rank].pop_first() else { return Ok(None) };
+        let heads = [0, 1, 2].map(|t| st.head(t, &self.cfg));
+        let times = [0, 1, 2].map(|t| heads[t].as_ref().map(|(at, _, _)| *at));
+        let Some(rank) = pick(times, st.active, self.cfg.tier_caps, self.cfg.aging_ms) else { return Ok(None) };
+        let Some(head) = heads[rank].clone() else { return Ok(None) };
+        st.ready[rank].remove(&head);
+        let id = head.2;
         let Some(r) = st.tasks.get_mut(&id) else { return Err(QueueError::NotFound(id)) };
         r.attempts.push(TaskAttempt {
             attempt: r.attempt() + 1,
@@ -179,9 +239,10 @@ impl TaskQueue for EmbeddedQueue {
         });
         r.transition(TaskState::Leased, now, Some(worker.to_string()));
         let (attempt, tier, lease_ms) = (r.attempt(), r.spec.tier, r.spec.lease_ms as i64);
-        let live = Live { attempt, worker: worker.to_string(), tier, deadline_ms: now + lease_ms, last_beat_ms: now };
-        st.live.insert(id.clone(), live);
-        st.active[rank] += 1;
+        let tenant = r.spec.tenant().to_string();
+        let deadline_ms = now + lease_ms;
+        let live = Live { attempt, worker: worker.to_string(), tier, tenant, deadline_ms, last_beat_ms: now };
+        st.add_live(&id, live);
         let rec = st.persist(&id)?;
         Ok(Some((Lease { task: id, attempt, worker: worker.to_string() }, rec)))
     }
@@ -239,6 +300,7 @@ impl TaskQueue for EmbeddedQueue {
                     }
                     r.transition(state, now, Some(lease.worker.clone()));
                 }
+                st.ended(&lease.task, now);
             }
             Outcome::Retry { reason, exit_code } => {
                 st.fail_attempt(&lease.task, reason, exit_code, &lease.worker, now);
@@ -284,7 +346,34 @@ impl TaskQueue for EmbeddedQueue {
             }
             r.transition(TaskState::Cancelled, now, None);
         }
+        st.ended(id, now);
         st.persist(id)
+    }
+
+    fn prune(&self) -> Result<Vec<Pruned>, QueueError> {
+        let now = (self.clock)();
+        let ret = &self.cfg.retention;
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        while let Some((at, _)) = st.finished.first() {
+            let old = ret.max_age_ms.is_some_and(|age| *at <= now - age);
+            let many = ret.max_finished.is_some_and(|max| st.finished.len() > max);
+            if !old && !many {
+                break;
+            }
+            let Some((_, id)) = st.finished.pop_first() else { break };
+            out.extend(st.forget(&id));
+        }
+        if !out.is_empty() {
+            // The journal still holds the dropped tasks' lines: without a
+            // `pruned` line for each, a restart would bring them back.
+            let State { journal, tasks, .. } = &mut *st;
+            journal.append_pruned(out.iter().map(|p| p.task.as_str()))?;
+            if journal.wants_compaction() {
+                journal.rewrite(tasks.values())?;
+            }
+        }
+        Ok(out)
     }
 
     fn get(&self, id: &str) -> Result<TaskRecord, QueueError> {

@@ -1,6 +1,6 @@
 //! The embedded queue's durable log: `<dir>/tasks.journal`, one line per task
 //! state change, `<fnv64 of the JSON, 16 hex> <TaskRecord JSON>\n`. The last
-//! line for an id wins.
+//! line for an id wins; a line `{"pruned":"<id>"}` (retention) drops the id.
 //!
 //! Why a log and not a file per record: a task changes state four or five
 //! times, and one `write(2)` on an `O_APPEND` file costs a few microseconds
@@ -35,19 +35,39 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> QueueError {
     move |source| QueueError::Journal { path, source }
 }
 
-fn line(r: &TaskRecord) -> Vec<u8> {
-    // A TaskRecord is plain data: serialising it cannot fail.
-    let body = serde_json::to_vec(r).unwrap_or_default();
-    let mut out = format!("{:016x} ", fnv64(&body)).into_bytes();
-    out.extend_from_slice(&body);
+/// What retention appends for a dropped task, instead of rewriting the log.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Pruned {
+    pruned: String,
+}
+
+enum Line {
+    Record(Box<TaskRecord>),
+    Pruned(String),
+}
+
+fn checksummed(body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:016x} ", fnv64(body)).into_bytes();
+    out.extend_from_slice(body);
     out.push(b'\n');
     out
 }
 
-fn parse(l: &[u8]) -> Option<TaskRecord> {
+fn line(r: &TaskRecord) -> Vec<u8> {
+    // A TaskRecord is plain data: serialising it cannot fail.
+    checksummed(&serde_json::to_vec(r).unwrap_or_default())
+}
+
+fn parse(l: &[u8]) -> Option<Line> {
     let (sum, body) = (l.get(..16)?, l.get(17..)?);
     let sum = u64::from_str_radix(std::str::from_utf8(sum).ok()?, 16).ok()?;
-    (sum == fnv64(body)).then(|| serde_json::from_slice(body).ok()).flatten()
+    if sum != fnv64(body) {
+        return None;
+    }
+    if let Ok(r) = serde_json::from_slice::<TaskRecord>(body) {
+        return Some(Line::Record(Box::new(r)));
+    }
+    serde_json::from_slice::<Pruned>(body).ok().map(|p| Line::Pruned(p.pruned))
 }
 
 impl Journal {
@@ -65,8 +85,11 @@ impl Journal {
         let mut damaged = 0;
         for l in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             match parse(l) {
-                Some(r) => {
-                    recs.insert(r.id.clone(), r);
+                Some(Line::Record(r)) => {
+                    recs.insert(r.id.clone(), *r);
+                }
+                Some(Line::Pruned(id)) => {
+                    recs.remove(&id);
                 }
                 None => damaged += 1,
             }
@@ -81,6 +104,20 @@ impl Journal {
         let l = line(r);
         self.file.write_all(&l).map_err(io_err(&self.path))?;
         self.bytes += l.len() as u64;
+        Ok(())
+    }
+
+    /// Appends one `pruned` line per id, in one write: a restart then drops
+    /// them, and the next compaction forgets them for good. Cheaper under the
+    /// queue lock than rewriting every live record.
+    pub fn append_pruned<'a>(&mut self, ids: impl Iterator<Item = &'a str>) -> Result<(), QueueError> {
+        let mut out = Vec::new();
+        for id in ids {
+            // A String field: serialising it cannot fail.
+            out.extend_from_slice(&checksummed(&serde_json::to_vec(&Pruned { pruned: id.into() }).unwrap_or_default()));
+        }
+        self.file.write_all(&out).map_err(io_err(&self.path))?;
+        self.bytes += out.len() as u64;
         Ok(())
     }
 

@@ -28,6 +28,7 @@ pub mod pick;
 pub use embedded::EmbeddedQueue;
 
 use ember_types::task::{TaskRecord, TaskSpec, TaskState, Tier};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -89,7 +90,7 @@ pub struct QueueStats {
     pub active: [u64; 3],
 }
 
-/// Scheduling settings, fixed at start.
+/// Scheduling and retention settings, fixed at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueConfig {
     /// A task waiting this long moves up one tier in the pick order, so
@@ -97,12 +98,52 @@ pub struct QueueConfig {
     pub aging_ms: i64,
     /// At most this many leased or running tasks per tier (`None`: no cap).
     pub tier_caps: [Option<u32>; 3],
+    /// At most this many leased or running tasks per tenant: the tenant's own
+    /// entry in `tenant_caps`, else `tenant_cap` (`None`: no cap).
+    pub tenant_cap: Option<u32>,
+    pub tenant_caps: BTreeMap<String, u32>,
+    pub retention: Retention,
+}
+
+impl QueueConfig {
+    /// The cap on `tenant`'s leased or running tasks.
+    pub fn cap_of(&self, tenant: &str) -> Option<u32> {
+        self.tenant_caps.get(tenant).copied().or(self.tenant_cap)
+    }
+
+    pub(crate) fn caps_tenants(&self) -> bool {
+        self.tenant_cap.is_some() || !self.tenant_caps.is_empty()
+    }
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        QueueConfig { aging_ms: 30_000, tier_caps: [None; 3] }
+        QueueConfig {
+            aging_ms: 30_000,
+            tier_caps: [None; 3],
+            tenant_cap: None,
+            tenant_caps: BTreeMap::new(),
+            retention: Retention::default(),
+        }
     }
+}
+
+/// How long finished tasks (Succeeded, Failed, Cancelled, DeadLettered) are
+/// kept: [`TaskQueue::prune`] drops those that ended more than `max_age_ms`
+/// ago, then the oldest beyond `max_finished`. A dropped task is gone from
+/// `get`, `list` and the journal, and its idempotency key is free again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub max_age_ms: Option<i64>,
+    pub max_finished: Option<usize>,
+}
+
+/// A finished task that [`TaskQueue::prune`] dropped; its caller removes
+/// what it kept beside the queue (the attempts' logs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pruned {
+    pub task: String,
+    pub attempts: u32,
 }
 
 /// Wall-clock milliseconds. Injected so tests can move time.
@@ -151,6 +192,8 @@ pub trait TaskQueue: Send + Sync {
     /// Returns every lease past its deadline to the queue (or dead-letters it).
     fn expire(&self) -> Result<Vec<Expired>, QueueError>;
     fn cancel(&self, id: &str) -> Result<TaskRecord, QueueError>;
+    /// Drops finished tasks past the retention (see [`Retention`]).
+    fn prune(&self) -> Result<Vec<Pruned>, QueueError>;
     fn get(&self, id: &str) -> Result<TaskRecord, QueueError>;
     /// Matching tasks, oldest first.
     fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord>;

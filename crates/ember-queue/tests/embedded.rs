@@ -1,52 +1,10 @@
 //! The embedded queue against a fake clock and a temp dir: leases, fencing,
 //! expiry, dead letters, tiers, caps, idempotency, and reopening.
-use ember_queue::{EmbeddedQueue, Outcome, QueueConfig, QueueError, TaskFilter, TaskQueue};
-use ember_types::task::{TaskSpec, TaskState, Tier};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+mod common;
 
-struct Fixture {
-    dir: std::path::PathBuf,
-    now: Arc<AtomicI64>,
-}
-
-impl Fixture {
-    fn new(name: &str) -> Fixture {
-        let dir = std::env::temp_dir().join(format!("ember-queue-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Fixture { dir, now: Arc::new(AtomicI64::new(1_000_000)) }
-    }
-
-    fn open(&self, cfg: QueueConfig) -> EmbeddedQueue {
-        let now = self.now.clone();
-        EmbeddedQueue::open(&self.dir, cfg, Arc::new(move || now.load(Ordering::SeqCst))).expect("open")
-    }
-
-    fn advance(&self, ms: i64) {
-        self.now.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn spec(tier: Tier, attempts: u32) -> TaskSpec {
-    TaskSpec {
-        command: vec!["true".into()],
-        template: "host".into(),
-        workspace: None,
-        tier,
-        key: None,
-        timeout_secs: 60,
-        max_attempts: attempts,
-        lease_ms: 1_000,
-        heartbeat_ms: 300,
-        env: Default::default(),
-    }
-}
+use common::{spec, Fixture};
+use ember_queue::{Outcome, QueueConfig, QueueError, TaskFilter, TaskQueue};
+use ember_types::task::{TaskState, Tier};
 
 #[test]
 fn a_lease_is_exclusive_renewed_by_heartbeats_and_fenced_after_expiry() {
@@ -109,7 +67,7 @@ fn failures_retry_then_dead_letter_with_every_reason_and_term_is_final() {
 #[test]
 fn tiers_are_strict_within_one_aging_and_aging_prevents_starvation() {
     let f = Fixture::new("tiers");
-    let q = f.open(QueueConfig { aging_ms: 10_000, tier_caps: [None; 3] });
+    let q = f.open(QueueConfig { aging_ms: 10_000, ..Default::default() });
     q.submit("b", spec(Tier::Batch, 1)).unwrap();
     f.advance(10);
     q.submit("s", spec(Tier::Standard, 1)).unwrap();
@@ -128,7 +86,7 @@ fn tiers_are_strict_within_one_aging_and_aging_prevents_starvation() {
 #[test]
 fn a_tier_at_its_cap_waits_for_a_slot() {
     let f = Fixture::new("caps");
-    let q = f.open(QueueConfig { aging_ms: 1_000, tier_caps: [None, None, Some(1)] });
+    let q = f.open(QueueConfig { aging_ms: 1_000, tier_caps: [None, None, Some(1)], ..Default::default() });
     q.submit("b1", spec(Tier::Batch, 1)).unwrap();
     q.submit("b2", spec(Tier::Batch, 1)).unwrap();
     let (l, _) = q.lease("w1").unwrap().unwrap();

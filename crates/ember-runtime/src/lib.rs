@@ -152,6 +152,13 @@ pub trait Runtime: Send + Sync {
     fn destroy(&self, id: &SandboxId, init: Option<&OwnedFd>) -> Result<(), RuntimeError>;
     /// Freezes or thaws every process of the sandbox.
     fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError>;
+    /// Kills every process of the sandbox but its init (`init_pid`, the
+    /// agent) and returns once they are gone: what is left between two tasks
+    /// that share a sandbox. The writable layer is kept.
+    fn reset(&self, id: &SandboxId, init_pid: i32) -> Result<(), RuntimeError> {
+        let _ = (id, init_pid);
+        Err(RuntimeError::Unsupported { class: self.class(), what: "reset between tasks" })
+    }
     /// How many OOM kills the sandbox has seen.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
     /// Mounts a host directory into the running sandbox (workspaces), without
@@ -188,6 +195,30 @@ pub trait Runtime: Send + Sync {
     fn log_path(&self, _id: &SandboxId) -> Option<PathBuf> {
         None
     }
+    /// The host path of a sandbox's writable (overlay upper) layer, for sandbox
+    /// snapshots. `None`: this class keeps it out of the host's reach.
+    fn writable_layer(&self, _id: &SandboxId) -> Option<WritableLayer> {
+        None
+    }
+    /// Makes the writable layer of a sandbox about to be launched, so a restore
+    /// can fill its upper dir before [`Runtime::launch`], which then uses it as
+    /// it is. `None`: the class cannot (sandbox snapshots are unsupported).
+    fn prepare_writable_layer(
+        &self,
+        _id: &SandboxId,
+        _spec: &SandboxSpec,
+    ) -> Result<Option<WritableLayer>, RuntimeError> {
+        Ok(None)
+    }
+}
+
+/// A sandbox's overlay upper dir as the host sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WritableLayer {
+    pub upper: PathBuf,
+    /// The xattr that marks an opaque directory in this overlay
+    /// (`user.overlay.opaque` with `userxattr`, else `trusted.overlay.opaque`).
+    pub opaque_xattr: &'static str,
 }
 
 /// Default time a sandbox init gets from release to exec, and the agent to answer.

@@ -14,7 +14,7 @@
 //!
 //! Layout: `store/` (the [`ObjectStore`] trait, [`LocalStore`], [`S3Store`]),
 //! `manifest.rs` (format), `walk.rs` (tree → entries), `snapshot.rs`,
-//! `upload.rs` (parallel chunk upload), `restore.rs`, `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
+//! `upload.rs` (parallel chunk upload), `restore.rs`, `layer.rs` (overlay upper dirs: whiteouts, opaque dirs), `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
 //! snapshot markers), `bench.rs` (`ember bench snapshot`).
 //!
 //! ```no_run
@@ -35,6 +35,7 @@ pub mod bench;
 mod catalog;
 mod coord;
 mod error;
+mod layer;
 pub mod manifest;
 mod restore;
 mod snapshot;
@@ -44,6 +45,7 @@ mod walk;
 
 pub use catalog::{delete, gc, inspect, list, GcOptions, GcReport, SnapshotSummary};
 pub use error::{SnapshotError, StoreError};
+pub use layer::{layer_marks, restore_layer, scan_marks, snapshot_layer, LayerMarks, LAYER_LABEL};
 pub use manifest::{Chunking, Stats};
 pub use restore::{restore, RestoreInfo, RestoreOptions};
 pub use snapshot::{snapshot, validate_id, Progress, SnapshotInfo, SnapshotOptions};

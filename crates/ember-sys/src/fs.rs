@@ -1,5 +1,7 @@
 //! File-system calls std does not offer: overlay whiteouts and extended
-//! attributes, used when OCI layers are unpacked into overlay lower dirs.
+//! attributes, used when OCI layers are unpacked into overlay lower dirs and
+//! when a sandbox's writable layer is snapshotted or restored; the host-side
+//! tmpfs of a sandbox's writable layer (mount, lazy unmount).
 use crate::SysError;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -57,6 +59,48 @@ pub fn lgetxattr(path: &Path, name: &str) -> Result<Option<Vec<u8>>, SysError> {
     Ok(Some(buf))
 }
 
+/// Mounts a fresh tmpfs at `target` (nosuid, nodev) with the given options
+/// (`size=...,mode=...`). Used for a sandbox's writable layer, which the
+/// daemon keeps on the host so it can snapshot it; a syscall rather than
+/// mount(8) because it is on every cold create's path.
+pub fn mount_tmpfs(target: &Path, options: &str) -> Result<(), SysError> {
+    let t = cpath("mount tmpfs", target)?;
+    let data = CString::new(options)
+        .map_err(|_| SysError::new("mount tmpfs", options, std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: every pointer is a NUL-terminated string that lives across the
+    // call; "tmpfs" literals are static.
+    let r = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            t.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(SysError::last("mount tmpfs", target.display().to_string()));
+    }
+    Ok(())
+}
+
+/// Lazily unmounts `target` (`MNT_DETACH`). Returns `false` when nothing was
+/// mounted there (or the path does not exist), so callers can run it on every
+/// removal without checking first.
+pub fn unmount_detach(target: &Path) -> Result<bool, SysError> {
+    let t = cpath("umount", target)?;
+    // SAFETY: t is a NUL-terminated path that lives across the call.
+    let r = unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(false),
+            _ => Err(SysError::new("umount", target.display().to_string(), e)),
+        };
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +120,17 @@ mod tests {
         lsetxattr(&d, "user.overlay.opaque", b"y").unwrap();
         assert_eq!(lgetxattr(&d, "user.overlay.opaque").unwrap().as_deref(), Some(&b"y"[..]));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn tmpfs_mount_and_detach() {
+        let d = std::env::temp_dir().join(format!("ember-sys-tmpfs-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        mount_tmpfs(&d, "size=1048576,mode=0700").expect("mount (the tests run as root)");
+        std::fs::write(d.join("x"), b"1").unwrap();
+        assert!(unmount_detach(&d).unwrap());
+        assert!(!d.join("x").exists(), "the file lived on the tmpfs");
+        assert!(!unmount_detach(&d).unwrap(), "nothing is mounted any more");
+        std::fs::remove_dir(&d).unwrap();
     }
 }

@@ -9,7 +9,8 @@
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
 //! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
 //! - [`fd`]: eventfd and small fd helpers.
-//! - [`fs`]: overlay whiteouts and extended attributes for unpacked image layers.
+//! - [`fs`]: overlay whiteouts and extended attributes; the host-side tmpfs of a
+//!   sandbox's writable layer.
 //! - [`netns`]: entering a network namespace from a thread of its own.
 //! - [`nflog`]: the netfilter log socket (nfnetlink_log) and its message parser.
 //! - [`process`]: process control for the in-sandbox agent.
@@ -22,6 +23,7 @@ pub mod netns;
 pub mod nflog;
 pub mod pidfd;
 pub mod process;
+pub mod pty;
 pub mod seccomp;
 pub mod spawn;
 

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-pub use libc::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
+pub use libc::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
 
 /// How a reaped child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,6 +7,10 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use crate::sandbox_snapshot::{
+    CreateSnapshotRequest, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotStatus, SnapshotWorkspaceInfo,
+};
+
 /// `{code, message}`: every error the API returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -134,9 +138,29 @@ pub struct Volume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostVolume>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pvc: Option<serde_json::Value>,
+    pub pvc: Option<PvcVolume>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ossfs: Option<serde_json::Value>,
+}
+
+/// The `pvc` backend: a platform-managed named volume, in ember a workspace
+/// named `claimName`. Nulls are accepted where the SDK sends them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcVolume {
+    pub claim_name: String,
+    /// Missing (the default): true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_if_not_exists: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_on_sandbox_termination: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    /// The size of a workspace created here (`1Gi` when missing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_modes: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

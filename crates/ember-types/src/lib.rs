@@ -12,6 +12,7 @@ pub mod image;
 pub mod network;
 pub mod quantity;
 pub mod sandbox;
+pub mod sandbox_snapshot;
 pub mod task;
 
 pub use api::ResourcesSpec;

@@ -116,7 +116,21 @@ pub struct SubmitTaskRequest {
     pub heartbeat_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Who the task is for; each tenant's running tasks are capped by the
+    /// daemon's `--task-tenant-cap`. Absent: the tenant `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Opt-in: the task may run in a sandbox an earlier task of the same
+    /// tenant and template ran in (and leave its own for a later one), where
+    /// both allowed it and neither has a workspace. Every process of the
+    /// earlier task is killed first; files it wrote are still there (see
+    /// docs/tasks.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_sandbox: Option<bool>,
 }
+
+/// The tenant of tasks submitted without one.
+pub const DEFAULT_TENANT: &str = "default";
 
 /// A task as validated and frozen at submit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +149,17 @@ pub struct TaskSpec {
     pub heartbeat_ms: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse_sandbox: bool,
+}
+
+impl TaskSpec {
+    /// The tenant this task's running count is charged to.
+    pub fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
 }
 
 /// One state change, with who made it and in which attempt.

@@ -113,6 +113,10 @@ def ember():
                         d.rmdir()
                     except OSError:
                         pass
+            # A native sandbox's writable layer is a host tmpfs (idle pool
+            # members were not listed above); workspaces are host mounts too.
+            for mnt in [*data_dir.glob("sandboxes/*/mnt"), *data_dir.glob("workspaces/*/mnt")]:
+                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
             shutil.rmtree(data_dir, ignore_errors=True)
             shutil.rmtree(host_dir, ignore_errors=True)
             _remove_network(net_tag, "10.214.0.254/32")

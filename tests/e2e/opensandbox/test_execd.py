@@ -1,6 +1,6 @@
 """execd through the real `opensandbox` SDK: commands (foreground, failing,
 argv with cwd and envs, background with status and logs, interrupt), every
-file operation, identity-scoped files, sessions, metrics, set_env."""
+file operation, identity-scoped files, sessions, metrics, set_env, and the PTY WebSocket (raw)."""
 import asyncio
 from datetime import timedelta
 
@@ -143,5 +143,90 @@ def test_set_env_and_metrics(ember):
             assert m.cpu_count == 1 and m.memory_total_in_mib == 512 and 0 < m.memory_used_in_mib < 512
             await sb.commands.set_env("SET_BY_SDK", "it's here")
             assert stdout(await sb.commands.run("echo $SET_BY_SDK")) == "it's here\n"
+
+    arun(go())
+
+
+def _ws_connect(url: str, path: str):
+    """A minimal RFC 6455 client (the venv has no WebSocket package): the
+    handshake, masked client frames, unfragmented server frames."""
+    import base64
+    import os
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    return s, int(head.split(b" ")[1])
+
+
+def _ws_send(s, opcode: int, payload: bytes):
+    import os
+    import struct
+
+    mask = os.urandom(4)
+    n = len(payload)
+    head = bytes([0x80 | opcode]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n))
+    s.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+
+def _ws_recv(s):
+    import struct
+
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            chunk = s.recv(n - len(b))
+            if not chunk:
+                raise EOFError
+            b += chunk
+        return b
+
+    b0, b1 = exact(2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", exact(2))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", exact(8))[0]
+    return b0 & 0x0F, exact(n)
+
+
+def test_pty_websocket_through_the_proxy(ember):
+    """execd's PTY API (no SDK wrapper): a real terminal over the daemon's proxy."""
+    import json
+
+    async def go():
+        async with sandbox(ember) as sb:
+            base = f"/v1/sandboxes/{sb.id}/proxy/44772"
+            with ember.http() as c:
+                r = c.post(f"{base}/pty", json={"cwd": "/tmp/e2e-pty"})
+                assert r.status_code == 201, r.text
+                sid = r.json()["session_id"]
+            s, status = _ws_connect(ember.url, f"{base}/pty/{sid}/ws")
+            assert status == 101
+            _ws_send(s, 2, b"\x00echo pty-$((6*7)); tty; exit 4\n")
+            out, exit_code = "", None
+            while exit_code is None:
+                op, data = _ws_recv(s)
+                if op == 2 and data[:1] == b"\x01":
+                    out += data[1:].decode(errors="replace")
+                elif op == 1 and json.loads(data).get("type") == "exit":
+                    exit_code = json.loads(data)["exit_code"]
+                elif op == 8:
+                    break
+            s.close()
+            assert exit_code == 4, out
+            assert "pty-42" in out and "/dev/pts/" in out, out
+            with ember.http() as c:
+                st = c.get(f"{base}/pty/{sid}").json()
+                assert st["running"] is False and st["output_offset"] > 0
+                assert c.delete(f"{base}/pty/{sid}").status_code == 200
 
     arun(go())

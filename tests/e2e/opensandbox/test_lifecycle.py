@@ -1,6 +1,6 @@
 """Lifecycle through the real `opensandbox` SDK: create options, renew, list
 filters, pause/resume, connect, kill, metadata, diagnostics, egress policy,
-host volumes, the proxy for any port, and the not-yet-supported answers."""
+host and pvc (workspace) volumes, the proxy for any port, and the not-yet-supported answers."""
 import asyncio
 import socket
 import time
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from opensandbox import Sandbox, SandboxManager
 from opensandbox.exceptions import SandboxException
-from opensandbox.models.sandboxes import Host, NetworkRule, SandboxFilter, Volume
+from opensandbox.models.sandboxes import PVC, Host, NetworkRule, SandboxFilter, SnapshotFilter, Volume
 
 from helpers import arun, sandbox, stdout
 
@@ -204,6 +204,34 @@ def test_host_volume_under_the_allow_list(ember):
     arun(go())
 
 
+def test_pvc_volume_is_an_ember_workspace(ember):
+    async def go():
+        vol = Volume(name="state", pvc=PVC(claim_name="e2e-pvc", storage="64Mi"), mount_path="/mnt/state")
+        async with sandbox(ember, volumes=[vol]) as sb:
+            ex = await sb.commands.run("echo first > /mnt/state/log && df -m /mnt/state | tail -1")
+            assert ex.exit_code == 0, ex
+        with ember.http() as c:
+            ws = c.get("/v1/workspaces/e2e-pvc").json()
+            assert ws["sizeBytes"] == 64 << 20, ws
+        # An existing claim, read-only this time: the data outlived the sandbox.
+        ro = Volume(
+            name="state", pvc=PVC(claim_name="e2e-pvc", create_if_not_exists=False), mount_path="/in", read_only=True
+        )
+        async with sandbox(ember, volumes=[ro]) as sb:
+            ex = await sb.commands.run("cat /in/log; echo x > /in/nope")
+            assert stdout(ex).startswith("first\n") and ex.exit_code != 0
+        missing = Volume(name="m", pvc=PVC(claim_name="e2e-none", create_if_not_exists=False), mount_path="/m")
+        with pytest.raises(SandboxException) as e:
+            await Sandbox.create("host", connection_config=ember.config(), volumes=[missing])
+        assert "e2e-none" in str(e.value)
+        sub = Volume(name="s", pvc=PVC(claim_name="e2e-pvc"), mount_path="/s", sub_path="a")
+        with pytest.raises(SandboxException) as e:
+            await Sandbox.create("host", connection_config=ember.config(), volumes=[sub])
+        assert "subPath" in str(e.value)
+
+    arun(go())
+
+
 async def _serve_in_sandbox(sb, port, script):
     await sb.files.write_file(f"/tmp/server{port}.py", script)
     return await sb.commands.run(f"python3 /tmp/server{port}.py {port}", opts=_bg())
@@ -300,35 +328,41 @@ def test_wire_details_and_unsupported_answers(ember):
                 assert c.get(f"/sandboxes/{sb.id}").status_code == 200  # bare path
                 assert c.get("/health").json() == {"status": "healthy"}
                 assert "version" in c.get("/version").json()
-                r = c.post(f"/v1/sandboxes/{sb.id}/snapshots", json={})
-                assert r.status_code == 501 and r.json()["code"] == "SANDBOX::API_NOT_SUPPORTED"
+                r = c.post("/v1/sandboxes/nope/snapshots", json={})
+                assert r.status_code == 404 and set(r.json()) == {"code", "message"}, r.text
                 r = c.post("/v1/sandboxes", json={"image": {"uri": "host"}, "entrypoint": ["sleep", "1"], "extensions": {"poolRef": "no-such-pool"}})
                 assert r.status_code in (400, 404) and set(r.json()) == {"code", "message"}, r.text
                 r = c.get("/v1/sandboxes/nope", headers={"X-Request-ID": "e2e-rid-2"})
                 assert r.status_code == 404 and r.headers["x-request-id"] == "e2e-rid-2"
                 assert set(r.json()) == {"code", "message"}
-            mgr = await SandboxManager.create(connection_config=ember.config())
-            try:
-                with pytest.raises(SandboxException) as e:
-                    await sb.create_snapshot("s1")
-                assert "not supported" in str(e.value)
-            finally:
-                await mgr.close()
+            await sb.pause()
+            with pytest.raises(SandboxException) as e:
+                await sb.create_snapshot("of-paused")
+            assert "SNAPSHOT::INVALID_SOURCE_STATE" in str(e.value) or "Running" in str(e.value), str(e.value)
 
     arun(go())
 
 
-@pytest.mark.xfail(strict=True, reason="sandbox snapshots depend on ember's workspaces/snapshots issue (not built yet)")
 def test_snapshot_and_restore(ember):
     async def go():
         async with sandbox(ember) as sb:
             await sb.files.write_file("/tmp/snap", "state")
             snap = await sb.create_snapshot("s1")
+            source = sb.id
+        assert snap.status.state == "Ready" and snap.sandbox_id == source and snap.name == "s1"
         restored = await Sandbox.create(snapshot_id=snap.id, connection_config=ember.config())
+        mgr = await SandboxManager.create(connection_config=ember.config())
         try:
             assert await restored.files.read_file("/tmp/snap") == "state"
+            assert (await mgr.get_snapshot(snap.id)).id == snap.id
+            page = await mgr.list_snapshots(SnapshotFilter(sandbox_id=source, states=["Ready"]))
+            assert [s.id for s in page.snapshot_infos] == [snap.id]
+            await mgr.delete_snapshot(snap.id)
+            with pytest.raises(SandboxException):
+                await mgr.get_snapshot(snap.id)
         finally:
             await restored.kill()
             await restored.close()
+            await mgr.close()
 
     arun(go())

@@ -101,6 +101,22 @@ pub fn plan(config: &AgentConfig, req: &RunCommandRequest) -> Result<Plan, Strin
     Ok(Plan { program, args, env, cwd, creds })
 }
 
+/// A shell for an interactive session (`/pty`): `shell -c command`, or the
+/// shell alone (interactive on a terminal) without a command. Identity,
+/// environment and working directory are resolved as for any command.
+pub fn shell_plan(config: &AgentConfig, cwd: Option<&str>, command: Option<&str>) -> Result<Plan, String> {
+    let req = RunCommandRequest {
+        command: Some(command.unwrap_or(":").to_string()),
+        cwd: cwd.map(str::to_string),
+        ..Default::default()
+    };
+    let mut plan = plan(config, &req)?;
+    if command.is_none() {
+        plan.args.clear();
+    }
+    Ok(plan)
+}
+
 /// The uid/gid to run as: the request's, else the agent's default, else the
 /// agent's own. A missing gid is the user's primary group, else the uid.
 fn identity(config: &AgentConfig, req: &RunCommandRequest, db: &UserDb) -> (u32, u32) {

@@ -4,6 +4,7 @@
 //! heartbeat setting. Figures come from the server's timestamps.
 use super::pool::BenchPool;
 use super::stats::Series;
+use super::task_floor;
 use crate::commands::parse_duration;
 use anyhow::{bail, Context};
 use clap::Args;
@@ -28,6 +29,15 @@ pub struct TasksArgs {
     /// Worker kills per MTTD setting.
     #[arg(long, default_value_t = 3)]
     pub kills: usize,
+    /// Rounds of the floors measured beside the throughput (0: skip them).
+    #[arg(long, default_value_t = 300)]
+    pub floor_count: usize,
+    /// Concurrent clients driving the floors (match the daemon's --task-workers).
+    #[arg(long, default_value_t = 8)]
+    pub floor_parallel: usize,
+    /// Skip the second throughput run, whose tasks opt in to `reuseSandbox`.
+    #[arg(long)]
+    pub no_reuse: bool,
 }
 
 fn now_ms() -> i64 {
@@ -45,11 +55,11 @@ pub async fn run(client: &Client, a: TasksArgs) -> anyhow::Result<i32> {
     } else {
         None
     };
-    let res = throughput(client, &a).await;
+    let res = measure(client, &a, pool.as_ref()).await;
     if let Some(p) = pool {
         p.remove(client).await?;
     }
-    let (done, failed) = res?;
+    let all_done = res?;
     let mut mttd_ok = true;
     println!("\nMTTD after a worker's sandbox is killed (kill → lease expiry detected, server clock):");
     println!("{:>8} {:>10} {:>9} {:>9} {:>9}", "LEASE", "HEARTBEAT", "p50 ms", "max ms", "runs");
@@ -71,11 +81,53 @@ pub async fn run(client: &Client, a: TasksArgs) -> anyhow::Result<i32> {
             mttd_ok = false;
         }
     }
-    Ok(i32::from(failed > 0 || done < a.count || !mttd_ok))
+    Ok(i32::from(!all_done || !mttd_ok))
 }
 
-async fn throughput(client: &Client, a: &TasksArgs) -> anyhow::Result<(usize, usize)> {
-    eprintln!("ember bench tasks: {} trivial tasks, {} submitters, pool {}", a.count, a.submitters, a.pool);
+/// Throughput with a sandbox per task, then with opt-in reuse, each with the
+/// pool full at the start and its per-step breakdown; then the floors.
+/// `false` when a task did not succeed.
+async fn measure(client: &Client, a: &TasksArgs, pool: Option<&BenchPool>) -> anyhow::Result<bool> {
+    let mut all_done = true;
+    for reuse in [false, true] {
+        if reuse && a.no_reuse {
+            continue;
+        }
+        if let Some(p) = pool {
+            p.wait_full(client, a.pool).await?;
+        }
+        let before = task_floor::phases(client).await?;
+        let (done, failed) = throughput(client, a, reuse).await?;
+        task_floor::print_breakdown(&before, &task_floor::phases(client).await?);
+        all_done &= failed == 0 && done == a.count;
+    }
+    if a.floor_count > 0 {
+        let (sandbox, exec) = floors(client, a, pool).await?;
+        println!("\nfloor, same run, no queue, {} clients:", a.floor_parallel);
+        println!("  sandbox per task (warm claim + `true` + remove over the API): {sandbox:.1} /s");
+        println!("  exec only (`true` in sandboxes that already exist):          {exec:.1} /s");
+    }
+    Ok(all_done)
+}
+
+/// The floors, with the bench pool refilled first so they start as warm as
+/// the throughput run did.
+async fn floors(client: &Client, a: &TasksArgs, pool: Option<&BenchPool>) -> anyhow::Result<(f64, f64)> {
+    if let Some(p) = pool {
+        p.wait_full(client, a.pool).await?;
+    }
+    let sandbox = task_floor::sandbox_floor(client, a.floor_count, a.floor_parallel).await?;
+    let exec = task_floor::exec_floor(client, a.floor_count, a.floor_parallel).await?;
+    Ok((sandbox, exec))
+}
+
+async fn throughput(client: &Client, a: &TasksArgs, reuse: bool) -> anyhow::Result<(usize, usize)> {
+    let how = if reuse {
+        "opt-in sandbox reuse (same tenant, processes killed between, files kept)"
+    } else {
+        "a sandbox per task"
+    };
+    println!("\n== {} trivial tasks, {how}; {} submitters, pool {}", a.count, a.submitters, a.pool);
     let t0 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     let per = a.count.div_ceil(a.submitters);
@@ -85,7 +137,12 @@ async fn throughput(client: &Client, a: &TasksArgs) -> anyhow::Result<(usize, us
         set.spawn(async move {
             let mut ids = Vec::new();
             for _ in 0..n {
-                let req = SubmitTaskRequest { command: vec!["true".into()], attempts: Some(1), ..Default::default() };
+                let req = SubmitTaskRequest {
+                    command: vec!["true".into()],
+                    attempts: Some(1),
+                    reuse_sandbox: reuse.then_some(true),
+                    ..Default::default()
+                };
                 ids.push(c.submit_task(&req).await?.0.id);
             }
             anyhow::Ok(ids)

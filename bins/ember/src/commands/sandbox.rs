@@ -1,6 +1,6 @@
 //! `ember sandbox ...` and `ember run`.
 use super::{exec, parse_duration, parse_kv};
-use crate::cli::{CreateArgs, ExecOpts, SandboxCmd};
+use crate::cli::{CreateArgs, ExecOpts, SandboxCmd, SandboxSnapshotCmd};
 use anyhow::Context;
 use ember_client::Client;
 use ember_types::api::{CreateSandboxRequest, ImageSpec, ResourcesSpec, SandboxInfo, WorkspaceMountSpec};
@@ -10,6 +10,7 @@ pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
     let labels = parse_kv(&a.labels, "--label")?;
     Ok(CreateSandboxRequest {
         template: a.template.clone(),
+        snapshot_id: a.snapshot.clone(),
         image: a.image.clone().map(|uri| ImageSpec { uri, auth: None }),
         resources: Some(ResourcesSpec {
             memory: a.memory.clone(),
@@ -82,8 +83,59 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
             return super::network::policy(client, &id, allow, open, json).await
         }
         SandboxCmd::Events { id, json } => return super::network::events(client, &id, json).await,
+        SandboxCmd::Snapshot { id, name, json } => {
+            let s = client.snapshot_sandbox(&id, name.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("{}", s.id);
+            }
+        }
+        SandboxCmd::Snapshots(cmd) => return snapshots(client, cmd).await,
         SandboxCmd::Rm { ids } => {
             return super::for_each_name(ids, |id| async move { client.delete_sandbox(&id).await }).await;
+        }
+    }
+    Ok(0)
+}
+
+async fn snapshots(client: &Client, cmd: SandboxSnapshotCmd) -> anyhow::Result<i32> {
+    match cmd {
+        SandboxSnapshotCmd::Ls { sandbox, json } => {
+            let q = sandbox.map(|s| format!("sandboxId={s}")).unwrap_or_default();
+            let list = client.list_sandbox_snapshots(&q).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(0);
+            }
+            println!("{:<38} {:<8} {:<38} {:<12} {:>10} CREATED", "ID", "STATE", "SANDBOX", "NAME", "BYTES");
+            for s in list {
+                println!(
+                    "{:<38} {:<8} {:<38} {:<12} {:>10} {}",
+                    s.id,
+                    s.status.state,
+                    s.sandbox_id,
+                    s.name.as_deref().unwrap_or("-"),
+                    s.layer_bytes.map_or("-".to_string(), |b| b.to_string()),
+                    s.created_at
+                );
+            }
+        }
+        SandboxSnapshotCmd::Inspect { id } => {
+            println!("{}", serde_json::to_string_pretty(&client.get_sandbox_snapshot(&id).await?)?);
+        }
+        SandboxSnapshotCmd::Rm { ids } => {
+            let mut failed = 0;
+            for id in ids {
+                match client.delete_sandbox_snapshot(&id).await {
+                    Ok(()) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("ember: {id}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            return Ok(if failed > 0 { 1 } else { 0 });
         }
     }
     Ok(0)

@@ -36,6 +36,13 @@ pub enum TaskCmd {
         /// Environment for the command, K=V (repeatable).
         #[arg(long = "env", value_name = "K=V")]
         env: Vec<String>,
+        /// Whose task it is (running tasks per tenant are capped by the daemon).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Allow running in a sandbox an earlier task of the same tenant and
+        /// template left (its processes killed, its files kept); no workspace.
+        #[arg(long)]
+        reuse_sandbox: bool,
         #[arg(long)]
         json: bool,
         #[arg(last = true, required = true)]
@@ -91,6 +98,16 @@ pub struct TaskFlags {
     pub task_caps: Vec<String>,
     #[arg(long, default_value_t = 3)]
     pub task_attempts: u32,
+    /// Cap on running tasks per tenant: N for every tenant, TENANT=N for one
+    /// (repeatable; a tenant's own cap wins).
+    #[arg(long = "task-tenant-cap", value_name = "[TENANT=]N")]
+    pub task_tenant_caps: Vec<String>,
+    /// Finished tasks (and their logs) are dropped this long after they ended.
+    #[arg(long, default_value = "7d")]
+    pub task_retention: String,
+    /// At most this many finished tasks are kept; the oldest are dropped first.
+    #[arg(long, default_value_t = 100_000)]
+    pub task_retention_count: usize,
 }
 
 impl TaskFlags {
@@ -106,6 +123,17 @@ impl TaskFlags {
             let tier = Tier::parse(t).with_context(|| format!("--task-cap: unknown tier {t:?}"))?;
             caps[tier.rank()] = Some(n.parse().with_context(|| format!("--task-cap {c:?}"))?);
         }
+        let (mut tenant_cap, mut tenant_caps) = (None, std::collections::BTreeMap::new());
+        for c in &self.task_tenant_caps {
+            let bad = || format!("--task-tenant-cap {c:?} is not N or TENANT=N");
+            match c.split_once('=') {
+                Some((t, n)) => {
+                    ember_engine::tasks::check_tenant(t).map_err(anyhow::Error::msg).with_context(bad)?;
+                    tenant_caps.insert(t.to_string(), n.parse().with_context(bad)?);
+                }
+                None => tenant_cap = Some(c.parse().with_context(bad)?),
+            }
+        }
         if !(1..=100).contains(&self.task_attempts) {
             bail!("--task-attempts must be between 1 and 100");
         }
@@ -118,6 +146,14 @@ impl TaskFlags {
             queue: ember_engine::tasks::QueueConfig {
                 aging_ms: parse_duration(&self.task_aging).context("--task-aging")?.as_millis() as i64,
                 tier_caps: caps,
+                tenant_cap,
+                tenant_caps,
+                retention: ember_engine::tasks::Retention {
+                    max_age_ms: Some(
+                        parse_duration(&self.task_retention).context("--task-retention")?.as_millis() as i64
+                    ),
+                    max_finished: Some(self.task_retention_count),
+                },
             },
             default_attempts: self.task_attempts,
             ..Default::default()
@@ -136,7 +172,21 @@ fn line(t: &TaskRecord) -> String {
 
 pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
     match cmd {
-        TaskCmd::Submit { template, workspace, tier, key, timeout, attempts, lease, heartbeat, env, json, argv } => {
+        TaskCmd::Submit {
+            template,
+            workspace,
+            tier,
+            key,
+            timeout,
+            attempts,
+            lease,
+            heartbeat,
+            env,
+            tenant,
+            reuse_sandbox,
+            json,
+            argv,
+        } => {
             let req = SubmitTaskRequest {
                 command: argv,
                 template,
@@ -150,6 +200,8 @@ pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
                 lease_ms: ms(lease, "--lease")?,
                 heartbeat_ms: ms(heartbeat, "--heartbeat")?,
                 env: super::parse_kv(&env, "--env")?,
+                tenant,
+                reuse_sandbox: reuse_sandbox.then_some(true),
             };
             let (t, _) = client.submit_task(&req).await?;
             if json {

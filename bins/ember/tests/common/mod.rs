@@ -177,6 +177,10 @@ impl Drop for Daemon {
         for e in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
             let _ = Command::new("umount").arg(e.path().join("mnt")).output();
         }
+        // So do native sandboxes' writable layers (a tmpfs each).
+        for e in std::fs::read_dir(self.data_dir.join("sandboxes")).into_iter().flatten().flatten() {
+            let _ = Command::new("umount").arg("-l").arg(e.path().join("mnt")).output();
+        }
         // OCI classes: containers, host rootfs mounts and cgroups of each.
         for class in ["runsc", "crun", "runc"] {
             let base = self.data_dir.join("oci").join(class);

@@ -18,8 +18,15 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: String,
+}
+
 pub struct TaskMetrics {
     registry: Registry,
+    /// Where a worker's time goes, per step of an attempt (see `worker.rs`).
+    pub phase_seconds: Family<PhaseLabels, Histogram>,
     pub depth: Family<TierLabels, Gauge>,
     pub active: Family<TierLabels, Gauge>,
     pub lease_expiries: Counter,
@@ -33,6 +40,11 @@ fn seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 24))
 }
 
+fn fine_seconds() -> Histogram {
+    // 10 µs .. ~84 s: the steps of a trivial task take micro- to milliseconds.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 24))
+}
+
 impl TaskMetrics {
     pub fn new() -> TaskMetrics {
         let mut registry = Registry::with_prefix("ember_task");
@@ -42,17 +54,25 @@ impl TaskMetrics {
         let attempts = Family::<OutcomeLabels, Counter>::default();
         let queued_seconds = Family::<TierLabels, Histogram>::new_with_constructor(seconds as fn() -> Histogram);
         let mttd_seconds = seconds();
+        let phase_seconds = Family::<PhaseLabels, Histogram>::new_with_constructor(fine_seconds as fn() -> Histogram);
         registry.register("queue_depth", "Tasks waiting, per tier", depth.clone());
         registry.register("active", "Tasks leased or running, per tier", active.clone());
         registry.register("lease_expiries", "Leases that expired without a heartbeat", lease_expiries.clone());
         registry.register("attempts", "Attempts ended, by outcome", attempts.clone());
         registry.register("queued_seconds", "Time from (re)queue to lease, per tier", queued_seconds.clone());
         registry.register("mttd_seconds", "Last heartbeat to lease-expiry detection", mttd_seconds.clone());
-        TaskMetrics { registry, depth, active, lease_expiries, attempts, queued_seconds, mttd_seconds }
+        registry.register("phase_seconds", "Time a worker spends in each step of an attempt", phase_seconds.clone());
+        TaskMetrics { registry, phase_seconds, depth, active, lease_expiries, attempts, queued_seconds, mttd_seconds }
     }
 
     pub fn outcome(&self, outcome: &str) {
         self.attempts.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
+    }
+
+    /// Records that a worker spent `since.elapsed()` in `phase`.
+    pub fn phase(&self, phase: &str, since: std::time::Instant) {
+        let l = PhaseLabels { phase: phase.into() };
+        self.phase_seconds.get_or_create(&l).observe(since.elapsed().as_secs_f64());
     }
 
     /// The text exposition, gauges refreshed from `stats`.

@@ -6,6 +6,7 @@
 //! stream over the agent socket), `metrics.rs`.
 mod execd;
 mod metrics;
+mod reuse;
 mod worker;
 
 use crate::{Engine, EngineError};
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-pub use ember_queue::{QueueConfig, QueueError, TaskFilter};
+pub use ember_queue::{QueueConfig, QueueError, Retention, TaskFilter};
 pub use ember_types::task::TaskState;
 
 /// Task settings of this node, validated by the binary and fixed at start.
@@ -56,6 +57,8 @@ pub struct TaskService {
     /// Wakes one idle worker (a permit is kept if none waits).
     wake: Notify,
     metrics: metrics::TaskMetrics,
+    /// Background removals of task sandboxes in flight (see `reuse.rs`).
+    reapers: Arc<tokio::sync::Semaphore>,
 }
 
 /// The metadata key marking a sandbox as a task attempt's.
@@ -78,6 +81,7 @@ impl Engine {
             logs,
             wake: Notify::new(),
             metrics: metrics::TaskMetrics::new(),
+            reapers: Arc::new(tokio::sync::Semaphore::new(cfg.workers.max(1) as usize)),
         });
         if self.tasks.set(svc.clone()).is_err() {
             return Err(EngineError::Internal("tasks already started".into()));
@@ -99,6 +103,12 @@ impl Engine {
         let c = &svc.cfg;
         if req.command.is_empty() || req.command[0].is_empty() {
             return Err(EngineError::invalid("command", "an argv with at least the program is required"));
+        }
+        if req.reuse_sandbox == Some(true) && req.workspace.is_some() {
+            return Err(EngineError::invalid(
+                "reuseSandbox",
+                "a task with a workspace always gets a sandbox of its own",
+            ));
         }
         let template = req.template.unwrap_or_else(|| "host".into());
         crate::templates::builtin(&template).ok_or_else(|| EngineError::UnknownTemplate(template.clone()))?;
@@ -124,6 +134,9 @@ impl Engine {
         if req.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 256) {
             return Err(EngineError::invalid("key", "1 to 256 characters"));
         }
+        if let Some(t) = &req.tenant {
+            check_tenant(t).map_err(|m| EngineError::invalid("tenant", m))?;
+        }
         let spec = TaskSpec {
             command: req.command,
             template,
@@ -135,6 +148,8 @@ impl Engine {
             lease_ms,
             heartbeat_ms,
             env: req.env,
+            tenant: req.tenant,
+            reuse_sandbox: req.reuse_sandbox.unwrap_or(false),
         };
         let id = format!("t-{}", hex(&crate::create::random16()[..8]));
         let out = svc.queue.submit(&id, spec)?;
@@ -198,6 +213,12 @@ impl TaskService {
     fn log_path(&self, id: &str, attempt: u32) -> PathBuf {
         self.logs.join(format!("{id}.{attempt}.log"))
     }
+}
+
+/// A tenant name: 1 to 64 of `[A-Za-z0-9._-]` (it appears in flags and metrics).
+pub fn check_tenant(t: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    ok.then_some(()).ok_or_else(|| format!("tenant {t:?}: 1 to 64 of A-Z a-z 0-9 . _ -"))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -1,51 +1,68 @@
 //! Workers: each is one slot that pulls a task only when it is free.
 //!
 //! One attempt, in steps:
-//! 1. lease the task (the queue picks by tier, with aging);
-//! 2. fence earlier attempts: destroy every sandbox an earlier attempt of this
-//!    task ran in, so none of them can write the workspace again;
+//! 1. lease the task (the queue picks by tier, with aging, stepping over
+//!    tenants at their cap);
+//! 2. fence earlier attempts (from the second on): destroy every sandbox an
+//!    earlier attempt of this task ran in, so none of them can write the
+//!    workspace again;
 //! 3. heartbeat every `heartbeatMs` while the attempt's sandbox lives; a
 //!    refused heartbeat (lease expired, task cancelled) aborts the attempt;
 //! 4. create (or claim warm) a sandbox of the task's template, mounting the
-//!    workspace read-write with `steal` (a fresh lease epoch);
+//!    workspace read-write with `steal` (a fresh lease epoch), or take over
+//!    the one this worker kept (opt-in reuse, `reuse.rs`);
 //! 5. run the command through the agent, appending its output to the log;
 //! 6. report the outcome, accepted only while this lease is current (and
 //!    only while the workspace epoch is still this attempt's);
-//! 7. remove the sandbox.
+//! 7. remove the sandbox (in the background unless it had a workspace), or
+//!    keep it for the next task (opt-in reuse, after a success only).
 //!
 //! A worker whose sandbox died under it (the command's stream was cut)
 //! behaves as a crashed worker would: it reports nothing, and its lease
 //! expires, which is the one failure-detection path (MTTD). It then restarts
 //! as a new generation, so the retry is always another worker's.
 use super::execd::{self, ExecEnd};
+use super::reuse::{self, Kept};
 use super::TaskService;
-use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
+use crate::{Engine, EngineError};
 use ember_queue::{Lease, Outcome, QueueError};
 use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 /// The pull loop of worker `slot`.
 pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slot: u32) {
     let mut generation = 1u32;
+    // The sandbox this worker kept for its next task (opt-in reuse), and
+    // since when it has found nothing to pull.
+    let mut kept: Option<Kept> = None;
+    let mut idle_since: Option<Instant> = None;
     loop {
         let name = format!("{}-w{slot}.{generation}", svc.cfg.node);
+        let t = Instant::now();
         match svc.queue.lease(&name) {
             Ok(Some((lease, rec))) => {
+                svc.metrics.phase("lease", t);
                 // There may be more: pass the wake-up on to another idle worker.
                 svc.wake.notify_one();
                 let Some(e) = engine.upgrade() else { return };
-                if !run_attempt(&e, &svc, lease, rec).await {
+                idle_since = None;
+                let (alive, keep) = run_attempt(&e, &svc, lease, rec, kept.take()).await;
+                kept = keep;
+                if !alive {
                     generation += 1;
                 }
             }
             Ok(None) => {
-                if engine.strong_count() == 0 {
-                    return;
+                let Some(e) = engine.upgrade() else { return };
+                if kept.is_some() && idle_since.get_or_insert_with(Instant::now).elapsed() >= reuse::KEEP_IDLE {
+                    if let Some(k) = kept.take() {
+                        reuse::release(&e, &svc, k.id, false).await;
+                    }
                 }
+                drop(e);
                 tokio::select! {
                     _ = svc.wake.notified() => {}
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -59,12 +76,22 @@ pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slo
     }
 }
 
-/// Returns expired leases to the queue, counting them and their MTTD.
+/// Returns expired leases to the queue, counting them and their MTTD, and
+/// applies the retention of finished tasks.
 pub(super) async fn expiry_loop(engine: Weak<Engine>, svc: Arc<TaskService>) {
+    // Pruning rewrites the journal when it drops anything, so it runs at
+    // half the retention age, at most once a minute and at least every 100 ms.
+    let age = svc.cfg.queue.retention.max_age_ms.map_or(120_000, |a| a.max(0) as u64);
+    let prune_every = Duration::from_millis((age / 2).clamp(100, 60_000));
+    let mut last_prune = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(25)).await;
         if engine.strong_count() == 0 {
             return;
+        }
+        if last_prune.elapsed() >= prune_every {
+            last_prune = Instant::now();
+            prune(&svc).await;
         }
         match svc.queue.expire() {
             Ok(expired) => {
@@ -83,32 +110,99 @@ pub(super) async fn expiry_loop(engine: Weak<Engine>, svc: Arc<TaskService>) {
     }
 }
 
-/// Runs one attempt; `false` when the worker lost its sandbox and must be
-/// treated as dead.
-async fn run_attempt(e: &Arc<Engine>, svc: &Arc<TaskService>, lease: Lease, rec: TaskRecord) -> bool {
+/// Drops finished tasks past the retention, and their logs.
+async fn prune(svc: &Arc<TaskService>) {
+    let pruned = match svc.queue.prune() {
+        Ok(p) => p,
+        Err(err) => return tracing::error!(error = %err, "pruning finished tasks failed"),
+    };
+    if pruned.is_empty() {
+        return;
+    }
+    let logs: Vec<_> = pruned.iter().flat_map(|p| (1..=p.attempts).map(|a| svc.log_path(&p.task, a))).collect();
+    tracing::info!(tasks = pruned.len(), logs = logs.len(), "finished tasks past their retention dropped");
+    let _ = tokio::task::spawn_blocking(move || {
+        for path in logs {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "removing a task log failed"),
+            }
+        }
+    })
+    .await;
+}
+
+/// How an attempt left its worker.
+enum Ended {
+    /// Reported (or fenced); `succeeded`: the task is done for good.
+    Done { succeeded: bool },
+    /// Its sandbox died under it: the worker counts as dead.
+    Lost,
+}
+
+/// Runs one attempt in `prior` (the worker's kept sandbox) when the task may
+/// share it, else in a sandbox of its own. Returns `false` when the worker
+/// lost its sandbox and must be treated as dead, and the sandbox to keep.
+async fn run_attempt(
+    e: &Arc<Engine>,
+    svc: &Arc<TaskService>,
+    lease: Lease,
+    rec: TaskRecord,
+    prior: Option<Kept>,
+) -> (bool, Option<Kept>) {
     let tier = ember_types::task::Tier::as_str(rec.spec.tier).to_string();
     if let Some(q) = rec.transitions.iter().rev().find(|t| t.state == TaskState::Queued) {
         let waited = rec.transitions.last().map_or(0, |l| l.at_ms - q.at_ms).max(0);
         svc.metrics.queued_seconds.get_or_create(&super::metrics::TierLabels { tier }).observe(waited as f64 / 1e3);
     }
-    fence_earlier_attempts(e, &rec).await;
+    if lease.attempt > 1 {
+        // The first attempt has no predecessor to fence.
+        let t = Instant::now();
+        fence_earlier_attempts(e, &rec).await;
+        svc.metrics.phase("fence", t);
+    }
+    let reused = match prior {
+        Some(k) if k.fits(&rec.spec) => {
+            let t = Instant::now();
+            let ttl = rec.spec.timeout_secs + 120;
+            let ready = e.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
+            svc.metrics.phase("reset", t);
+            match ready {
+                Ok(()) => Some(k.id),
+                Err(err) => {
+                    tracing::warn!(sandbox = %k.id, error = %err, "a kept sandbox could not be reset; using a new one");
+                    reuse::release(e, svc, k.id, false).await;
+                    None
+                }
+            }
+        }
+        Some(k) => {
+            reuse::release(e, svc, k.id, false).await;
+            None
+        }
+        None => None,
+    };
 
     // Heartbeats: stop when the sandbox is gone, abort the attempt when refused.
-    let sandbox: Arc<Mutex<Option<String>>> = Arc::default();
+    let sandbox: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(reused.clone()));
     let (fenced_tx, fenced_rx) = tokio::sync::oneshot::channel::<QueueError>();
     let hb = tokio::spawn(heartbeat(e.clone(), svc.clone(), lease.clone(), sandbox.clone(), fenced_tx));
 
-    let alive = attempt(e, svc, &lease, &rec, &sandbox, fenced_rx).await;
+    let ended = attempt(e, svc, &lease, &rec, reused, &sandbox, fenced_rx).await;
     hb.abort();
     let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let mut keep = None;
     if let Some(sb) = sb {
-        if let Err(err) = e.remove(&sb).await {
-            if !matches!(err, EngineError::NotFound(_)) {
-                tracing::warn!(sandbox = %sb, error = %err, "removing a task sandbox failed");
-            }
+        if matches!(ended, Ended::Done { succeeded: true }) && reuse::reusable(&rec.spec) && e.is_alive(&sb) {
+            keep = Some(Kept::after(sb, &rec.spec));
+        } else {
+            let t = Instant::now();
+            reuse::release(e, svc, sb, rec.spec.workspace.is_some()).await;
+            svc.metrics.phase("remove", t);
         }
     }
-    alive
+    (!matches!(ended, Ended::Lost), keep)
 }
 
 async fn heartbeat(
@@ -157,9 +251,10 @@ async fn attempt(
     svc: &Arc<TaskService>,
     lease: &Lease,
     rec: &TaskRecord,
+    reused: Option<String>,
     sandbox: &Mutex<Option<String>>,
     fenced: tokio::sync::oneshot::Receiver<QueueError>,
-) -> bool {
+) -> Ended {
     let spec = &rec.spec;
     // Resolves only with a refusal (a heartbeat loop that just stops is no verdict).
     let fenced = async move {
@@ -175,45 +270,37 @@ async fn attempt(
             Outcome::Retry { .. } => "failed",
             Outcome::Fail { .. } => "rejected",
         };
-        match svc.queue.finish(lease, outcome) {
-            Ok(_) => svc.metrics.outcome(label),
-            Err(err) => tracing::warn!(task = %lease.task, error = %err, "an attempt's report was refused"),
-        }
+        let t = Instant::now();
+        let accepted = match svc.queue.finish(lease, outcome) {
+            Ok(_) => {
+                svc.metrics.outcome(label);
+                true
+            }
+            Err(err) => {
+                tracing::warn!(task = %lease.task, error = %err, "an attempt's report was refused");
+                false
+            }
+        };
+        svc.metrics.phase("finish", t);
+        Ended::Done { succeeded: accepted && label == "succeeded" }
     };
-    let req = CreateSandbox {
-        template: Some(spec.template.clone()),
-        ttl_secs: Some(spec.timeout_secs + 120),
-        metadata: BTreeMap::from([
-            (super::TASK_LABEL.to_string(), rec.id.clone()),
-            ("ember.task.attempt".to_string(), lease.attempt.to_string()),
-        ]),
-        workspaces: spec
-            .workspace
-            .iter()
-            .map(|w| WorkspaceRequest { name: w.clone(), path: "/workspace".into(), read_only: false, steal: true })
-            .collect(),
-        ..Default::default()
+    let (sb, epoch) = match reused {
+        Some(id) => (id, None),
+        None => match reuse::own_sandbox(e, svc, lease, rec).await {
+            Ok(placed) => placed,
+            Err(outcome) => return finish(outcome),
+        },
     };
-    // Not raced against a refused heartbeat: a create dropped half-way would
-    // leave a sandbox nobody removes. A fenced attempt learns it just below.
-    let sb = match e.create(req).await {
-        Ok(sb) => sb,
-        Err(err @ (EngineError::UnknownTemplate(_) | EngineError::InvalidRequest { .. })) => {
-            finish(Outcome::Fail { reason: format!("cannot create the sandbox: {err}") });
-            return true;
-        }
-        Err(err) => {
-            finish(Outcome::Retry { reason: format!("cannot create the sandbox: {err}"), exit_code: None });
-            return true;
-        }
-    };
-    *sandbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.id.to_string());
-    let epoch = sb.workspaces.iter().find_map(|w| w.epoch);
-    if let Err(err) = svc.queue.started(lease, sb.id.as_str(), epoch) {
+    *sandbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.clone());
+    let t = Instant::now();
+    let started = svc.queue.started(lease, &sb, epoch);
+    svc.metrics.phase("started", t);
+    if let Err(err) = started {
         tracing::info!(task = %lease.task, error = %err, "attempt fenced before its command");
-        return true;
+        return Ended::Done { succeeded: false };
     }
-    let Ok(socket) = e.agent_socket(sb.id.as_str()) else { return false };
+    let t_exec = Instant::now();
+    let Ok(socket) = e.agent_socket(&sb) else { return Ended::Lost };
     let mut env = spec.env.clone();
     env.insert("EMBER_TASK_ID".into(), rec.id.clone());
     env.insert("EMBER_TASK_ATTEMPT".into(), lease.attempt.to_string());
@@ -265,10 +352,13 @@ async fn attempt(
         }
         let _ = f.flush().await;
     }
-    let Some(end) = end else { return true };
-    if spec.workspace.is_some() && !e.workspace_epoch_is(spec.workspace.as_deref(), sb.id.as_str(), epoch) {
-        finish(Outcome::Retry { reason: "the workspace lease was taken by a newer writer".into(), exit_code: None });
-        return true;
+    svc.metrics.phase("exec", t_exec);
+    let Some(end) = end else { return Ended::Done { succeeded: false } };
+    if spec.workspace.is_some() && !e.workspace_epoch_is(spec.workspace.as_deref(), &sb, epoch) {
+        return finish(Outcome::Retry {
+            reason: "the workspace lease was taken by a newer writer".into(),
+            exit_code: None,
+        });
     }
     match end {
         ExecEnd::Exited(0) => finish(Outcome::Succeeded),
@@ -278,10 +368,9 @@ async fn attempt(
         }
         ExecEnd::Cut(m) => {
             tracing::warn!(task = %lease.task, worker = %lease.worker, reason = %m, "the attempt's sandbox died; leaving the lease to expire");
-            return false;
+            Ended::Lost
         }
     }
-    true
 }
 
 impl Engine {

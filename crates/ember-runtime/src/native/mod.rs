@@ -9,7 +9,7 @@
 pub(crate) mod boundary;
 pub mod rootfs;
 
-use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
 use ember_cgroups::{Cgroups, Limits};
 use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Capabilities kept in the bounding set: what the agent needs to run commands
 /// as other users, signal them and manage files for them. No CAP_SYS_ADMIN, no
@@ -134,7 +134,8 @@ impl NativeRuntime {
             let path = dir.clone();
             move |source| RuntimeError::Prepare { what, path, source }
         };
-        std::fs::create_dir_all(dir.join("mnt")).map_err(prep("sandbox dir"))?;
+        std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
+        rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
         let limits = Limits {
             memory_bytes: spec.resources.memory_bytes,
             cpu_millis: spec.resources.cpu_millis,
@@ -290,6 +291,34 @@ impl Runtime for NativeRuntime {
         self.cgroups.freeze(id.as_str(), frozen).map_err(Self::cg_err(id))
     }
 
+    fn reset(&self, id: &SandboxId, init_pid: i32) -> Result<(), RuntimeError> {
+        let name = id.as_str();
+        let others = || -> Result<Vec<i32>, RuntimeError> {
+            let procs = self.cgroups.procs(name).map_err(Self::cg_err(id))?;
+            Ok(procs.into_iter().filter(|p| *p != init_pid).collect())
+        };
+        if others()?.is_empty() {
+            // The usual case: the last command left nothing behind.
+            return Ok(());
+        }
+        // Frozen, nothing in the sandbox can fork or exit, so every pid read
+        // from cgroup.procs still names the process it named (no reuse race).
+        self.cgroups.freeze(name, true).map_err(Self::cg_err(id))?;
+        let killed = others().and_then(|pids| {
+            pids.into_iter().try_for_each(|p| ember_sys::pidfd::kill(p, 9).map_err(RuntimeError::from))
+        });
+        self.cgroups.freeze(name, false).map_err(Self::cg_err(id))?;
+        killed?;
+        // SIGKILL lands on thaw; the agent (PID 1 there) reaps them.
+        for _ in 0..2_000 {
+            if others()?.is_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(RuntimeError::Gone { id: id.clone(), message: "processes survived the reset".into() })
+    }
+
     fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
         self.cgroups.oom_kills(id.as_str()).map_err(Self::cg_err(id))
     }
@@ -338,10 +367,31 @@ impl Runtime for NativeRuntime {
         Some(self.sandbox_dir(id.as_str()).join("agent.log"))
     }
 
+    fn writable_layer(&self, id: &SandboxId) -> Option<WritableLayer> {
+        let upper = self.sandbox_dir(id.as_str()).join("mnt/upper");
+        upper.is_dir().then_some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR })
+    }
+
+    fn prepare_writable_layer(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<Option<WritableLayer>, RuntimeError> {
+        let dir = self.sandbox_dir(id.as_str());
+        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Prepare {
+            what: "sandbox dir",
+            path: dir.clone(),
+            source,
+        })?;
+        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
+    }
+
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
         let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
         self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id, source })?;
         let dir = self.sandbox_dir(name);
+        rootfs::release_layer(&dir.join("mnt"))?;
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

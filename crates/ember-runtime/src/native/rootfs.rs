@@ -1,13 +1,16 @@
 //! The sandbox's filesystem: the built-in `host` template's base layer and the
 //! mount plan the child runs before `pivot_root`.
 //!
-//! Layout of one sandbox (inside its own mount namespace; the host never sees
-//! these mounts, so nothing can leak into the host's mount table):
-//! - `<dir>/mnt`        tmpfs, sized by `disk_bytes`: the writable layer
+//! Layout of one sandbox:
+//! - `<dir>/mnt`        tmpfs, sized by `disk_bytes`: the writable layer. Mounted
+//!   by the daemon on the host before the clone ([`prepare_layer`]), so the host
+//!   can still read the upper dir after the sandbox pivots (sandbox snapshots)
+//!   and can pre-fill it (restores); unmounted on every removal and leftover reap.
 //! - `<dir>/mnt/upper`, `<dir>/mnt/work`  overlay upper and work dirs
-//! - `<dir>/mnt/root`   overlay of the template's lower dirs + upper: the new root
-//! - read-only, nosuid, nodev binds of the host's `/usr` (the `host` template only)
-//! - fresh `/proc`, a minimal `/dev`, then `pivot_root` into `mnt/root`.
+//! - inside the sandbox's own mount namespace only (never in the host's table):
+//!   `<dir>/mnt/root`, the overlay of the template's lower dirs + upper, the new
+//!   root; read-only, nosuid, nodev binds of the host's `/usr` (the `host`
+//!   template only); fresh `/proc`, a minimal `/dev`, then `pivot_root` into it.
 //!
 //! An OCI image template supplies its unpacked layers as further lower dirs; the
 //! rest of the plan is the same.
@@ -180,19 +183,14 @@ impl RootfsPlan<'_> {
         let mnt = self.mnt();
         let root = self.new_root();
         let lower = self.lower_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
-        let mut ops = vec![
-            mount("tmpfs", &mnt, "tmpfs", MS_NOSUID | MS_NODEV, &format!("size={},mode=0755", self.disk_bytes)),
-            mkdir(mnt.join("upper"), 0o755),
-            mkdir(mnt.join("work"), 0o755),
-            mkdir(&root, 0o755),
-            mount(
-                "overlay",
-                &root,
-                "overlay",
-                MS_NOSUID,
-                &format!("lowerdir={lower},upperdir={}/upper,workdir={}/work,userxattr", mnt.display(), mnt.display()),
-            ),
-        ];
+        // The tmpfs and upper/work/root exist already: [`prepare_layer`].
+        let mut ops = vec![mount(
+            "overlay",
+            &root,
+            "overlay",
+            MS_NOSUID,
+            &format!("lowerdir={lower},upperdir={}/upper,workdir={}/work,userxattr", mnt.display(), mnt.display()),
+        )];
         // An image may lack these; the rest of the plan mounts or writes in them.
         for d in ["proc", "dev", "etc", "tmp"] {
             ops.push(mkdir(root.join(d), if d == "tmp" { 0o1777 } else { 0o755 }));
@@ -223,6 +221,41 @@ impl RootfsPlan<'_> {
         ));
         ops
     }
+}
+
+/// The opaque-directory xattr of the native class's overlay: it is mounted
+/// with `userxattr` (inside a user namespace), so overlayfs uses `user.overlay.*`.
+pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
+
+/// Mounts the writable layer's tmpfs at `mnt` on the host (size = the disk
+/// quota; root owned by `owner`, the host uid of the sandbox's root) and makes
+/// `upper`, `work` and `root` in it. Returns the upper dir. Idempotent: a layer
+/// already mounted (a restore pre-filled it) is kept as it is.
+pub fn prepare_layer(mnt: &Path, disk_bytes: u64, owner: u32) -> Result<PathBuf, RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(mnt).map_err(prep("layer dir", mnt))?;
+    let parent = mnt.parent().unwrap_or(mnt);
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).map_err(prep("stat", p));
+    if dev(mnt)? == dev(parent)? {
+        let opts = format!("size={disk_bytes},mode=0755,uid={owner},gid={owner}");
+        ember_sys::fs::mount_tmpfs(mnt, &opts)?;
+    }
+    for d in ["upper", "work", "root"] {
+        let p = mnt.join(d);
+        match std::fs::create_dir(&p) {
+            Ok(()) => chown(&p, Some(owner), Some(owner)).map_err(prep("chown", &p))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(prep("layer dir", &p)(e)),
+        }
+    }
+    Ok(mnt.join("upper"))
+}
+
+/// Unmounts the writable layer's tmpfs (lazily: the sandbox's own mount
+/// namespace may still hold it while its processes die). Nothing mounted is fine.
+pub fn release_layer(mnt: &Path) -> Result<(), RuntimeError> {
+    ember_sys::fs::unmount_detach(mnt)?;
+    Ok(())
 }
 
 /// Hides host-wide kernel information in `/proc`, as Docker's defaults do.

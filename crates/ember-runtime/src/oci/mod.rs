@@ -19,7 +19,7 @@ use exit::read_exit_file;
 pub use exit::EXIT_FILE;
 
 use crate::native::rootfs::{ensure_host_template, ID_RANGE};
-use crate::{LaunchTiming, Launched, Runtime, RuntimeError, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
 use cli::{OciCli, OciCliError};
 use ember_cgroups::{Cgroups, Limits};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
@@ -386,6 +386,27 @@ impl Runtime for OciRuntime {
 
     fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
         Some(self.dir(id.as_str()).join("agent.log"))
+    }
+
+    /// crun and runc run directly on the host overlay, so its upper dir holds
+    /// every write. gVisor does not: runsc keeps the rootfs's changes in its
+    /// own in-sandbox overlay (`--overlay2`), out of the host's reach.
+    fn writable_layer(&self, id: &SandboxId) -> Option<WritableLayer> {
+        let upper = self.dir(id.as_str()).join("mnt/upper");
+        (self.cfg.class != OciClass::Runsc && upper.is_dir())
+            .then_some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR })
+    }
+
+    fn prepare_writable_layer(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<Option<WritableLayer>, RuntimeError> {
+        if self.cfg.class == OciClass::Runsc {
+            return Ok(None);
+        }
+        let upper = rootfs::prepare_layer(&self.dir(id.as_str()), spec.resources.disk_bytes)?;
+        Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }
 }
 

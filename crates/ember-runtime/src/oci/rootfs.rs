@@ -40,16 +40,15 @@ pub fn assemble(
     hostname: &str,
 ) -> Result<PathBuf, RuntimeError> {
     let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).map_err(prep("rootfs dir", &mnt))?;
-    let opts = format!("size={disk_bytes},mode=0755,nosuid,nodev");
-    run("mount tmpfs", &mnt, Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs"]).arg(&mnt))?;
-    let (upper, work, root) = (mnt.join("upper"), mnt.join("work"), mnt.join("root"));
-    for d in [&upper, &work, &root] {
-        std::fs::create_dir_all(d).map_err(prep("rootfs dir", d))?;
-    }
-    // The sandbox's own /etc/hostname and /etc/hosts, in the upper layer.
+    let upper = prepare_layer(dir, disk_bytes)?;
+    let (work, root) = (mnt.join("work"), mnt.join("root"));
+    // The sandbox's own /etc/hostname and /etc/hosts, in the upper layer (a
+    // restored layer may hold a whiteout or the source's files there).
     let etc = upper.join("etc");
     std::fs::create_dir_all(&etc).map_err(prep("rootfs etc", &etc))?;
+    for f in ["hostname", "hosts"] {
+        let _ = std::fs::remove_file(etc.join(f));
+    }
     std::fs::write(etc.join("hostname"), format!("{hostname}\n")).map_err(prep("hostname", &etc))?;
     let hosts = format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost {hostname}\n");
     std::fs::write(etc.join("hosts"), hosts).map_err(prep("hosts", &etc))?;
@@ -75,6 +74,26 @@ pub fn assemble(
         chown(&tmp, Some(owner), Some(owner)).map_err(prep("chown", &tmp))?;
     }
     Ok(root)
+}
+
+/// The opaque-directory xattr of this overlay: it is mounted on the host by
+/// root, without `userxattr`, so overlayfs uses `trusted.overlay.*`.
+pub const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// Mounts the writable tmpfs under `dir` (unless a restore did already) and
+/// makes `upper`, `work` and `root` in it; returns the upper dir.
+pub fn prepare_layer(dir: &Path, disk_bytes: u64) -> Result<PathBuf, RuntimeError> {
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).map_err(prep("rootfs dir", &mnt))?;
+    if !is_mountpoint(&mnt) {
+        let opts = format!("size={disk_bytes},mode=0755,nosuid,nodev");
+        run("mount tmpfs", &mnt, Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs"]).arg(&mnt))?;
+    }
+    for d in ["upper", "work", "root"] {
+        let p = mnt.join(d);
+        std::fs::create_dir_all(&p).map_err(prep("rootfs dir", &p))?;
+    }
+    Ok(mnt.join("upper"))
 }
 
 /// Unmounts the overlay and the tmpfs under `dir`; what is not mounted is skipped.

@@ -1,0 +1,194 @@
+//! Sandbox snapshots (OpenSandbox's snapshot): the writable rootfs layer and
+//! the read-write workspaces of a running sandbox, restored as a new sandbox;
+//! the refusals; and a daemon killed mid-snapshot.
+mod common;
+
+use common::Daemon;
+use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
+use std::time::Duration;
+
+fn mount(name: &str) -> WorkspaceMountSpec {
+    WorkspaceMountSpec { name: name.into(), ..Default::default() }
+}
+
+/// Run as root in the sandbox: a new file (mode, owner), a template file
+/// changed, one deleted, a template dir deleted, a template dir replaced
+/// (opaque), a symlink, and a file in the workspace.
+const WRITE: &str = "set -e; echo fresh > /tmp/new; chmod 640 /tmp/new; chown 1000:1000 /tmp/new; \
+    echo 'extra: files' >> /etc/nsswitch.conf; rm /etc/os-release; rmdir /mnt; \
+    rm -rf /etc/ssl; mkdir -p /etc/ssl/certs; echo mine > /etc/ssl/certs/mine; \
+    ln -s /tmp/new /tmp/link; echo kept > /workspace/data";
+
+const CHECK: &str = "set -e; cat /tmp/new; stat -c '%a %u %g' /tmp/new; tail -n1 /etc/nsswitch.conf; \
+    test ! -e /etc/os-release && echo no-os-release; test ! -e /mnt && echo no-mnt; ls /etc/ssl/certs; \
+    readlink /tmp/link; cat /workspace/data";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restores_the_rootfs_changes_and_workspaces_into_a_new_sandbox() {
+    let d = Daemon::start();
+    d.client.create_workspace("ws", "64Mi").await.expect("workspace");
+    let src = d.create(|r| r.workspaces = vec![mount("ws")]).await;
+    let (code, _, err) = d.sh(&src.id, WRITE, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+
+    let snap = d.client.snapshot_sandbox(&src.id, Some("s1")).await.expect("snapshot");
+    assert_eq!((snap.status.state.as_str(), snap.name.as_deref()), ("Ready", Some("s1")));
+    assert_eq!(snap.sandbox_id, src.id);
+    assert_eq!(snap.workspaces.len(), 1);
+    // Its workspace part is an ordinary workspace snapshot; its rootfs layer is not listed as one.
+    let ws_snaps: Vec<String> = d.client.list_snapshots(None).await.expect("list").into_iter().map(|s| s.id).collect();
+    assert_eq!(ws_snaps, vec![snap.workspaces[0].snapshot_id.clone().expect("rw workspace snapshot")]);
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+
+    let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    assert_eq!(restored.status.state, "Running");
+    let (code, out, err) = d.sh(&restored.id, CHECK, Some(0)).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let want = "fresh\n640 1000 1000\nextra: files\nno-os-release\nno-mnt\nmine\n/tmp/new\nkept\n";
+    assert_eq!(out, want);
+    // The workspace is a new copy at the same path; the original is untouched.
+    let ws = &restored.workspaces;
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    assert_ne!(ws[0].name, "ws");
+    assert_eq!(ws[0].mount_path, "/workspace");
+    let (_, out, _) = d.sh(&restored.id, "echo changed > /workspace/data; id -u", None).await;
+    assert_eq!(out, "1000\n", "the template's user, as in the source");
+    let again = d.create(|r| r.workspaces = vec![mount("ws")]).await;
+    assert_eq!(d.sh(&again.id, "cat /workspace/data", None).await.1, "kept\n");
+
+    // Listing and filters; delete answers 204 and the snapshot is gone.
+    let by_sb = d.client.list_sandbox_snapshots(&format!("sandboxId={}", src.id)).await.expect("list");
+    assert_eq!(by_sb.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), vec![snap.id.as_str()]);
+    assert!(d.client.list_sandbox_snapshots("name=nope").await.expect("list").is_empty());
+    assert!(d.client.list_sandbox_snapshots("state=Failed").await.expect("list").is_empty());
+    assert_eq!(d.client.list_sandbox_snapshots("state=Ready&name=s1").await.expect("list").len(), 1);
+    d.client.delete_sandbox_snapshot(&snap.id).await.expect("delete");
+    let e = d.client.get_sandbox_snapshot(&snap.id).await.expect_err("gone").to_string();
+    assert!(e.contains("SNAPSHOT::NOT_FOUND"), "{e}");
+    let manifests = d.data_dir.join("snapshots/manifests");
+    let left: Vec<_> = std::fs::read_dir(&manifests).expect("manifests").flatten().map(|e| e.file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().contains(&snap.id)), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_of_non_running_sandboxes_and_restores_of_unknown_ones_are_refused() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    d.client.pause_sandbox(&s.id).await.expect("pause");
+    let e = d.client.snapshot_sandbox(&s.id, None).await.expect_err("paused").to_string();
+    assert!(e.contains("SNAPSHOT::INVALID_SOURCE_STATE"), "{e}");
+    // The entrypoint outlives the agent's readiness ping, then ends the sandbox.
+    let ended = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "sleep 0.3".into()])).await;
+    d.wait_state(&ended.id, "Terminated", Duration::from_secs(10)).await;
+    let e = d.client.snapshot_sandbox(&ended.id, None).await.expect_err("ended").to_string();
+    assert!(e.contains("SNAPSHOT::INVALID_SOURCE_STATE"), "{e}");
+    let e = d.client.snapshot_sandbox("no-such-sandbox", None).await.expect_err("unknown").to_string();
+    assert!(e.contains("SANDBOX::NOT_FOUND"), "{e}");
+
+    let req = CreateSandboxRequest { snapshot_id: Some("no-such-snapshot".into()), ..Default::default() };
+    let e = d.client.create_sandbox(&req).await.expect_err("unknown snapshot").to_string();
+    assert!(e.contains("SNAPSHOT::NOT_FOUND"), "{e}");
+    assert!(d.client.list_sandbox_snapshots("").await.expect("list").is_empty(), "no record was left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
+    let mut d = Daemon::start();
+    d.client.create_workspace("big", "512Mi").await.expect("workspace");
+    let s = d.create(|r| r.workspaces = vec![mount("big")]).await;
+    // The layer is small and goes first; the workspace's 240 MB of random
+    // bytes keep the snapshot in Creating for seconds (hashing, compressing).
+    let script = "echo layer > /tmp/l; for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done";
+    assert_eq!(d.sh(&s.id, script, None).await.0, Some(0));
+    // A client of its own: a fresh connection, not one the exec above may be closing.
+    let client = ember_client::Client::new(&d.url, None).expect("client");
+    let sid = s.id.clone();
+    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
+    let creating = loop {
+        let l = d.client.list_sandbox_snapshots("state=Creating").await.expect("list");
+        if let Some(x) = l.into_iter().next() {
+            break x;
+        }
+        if task.is_finished() {
+            panic!("the snapshot ended before it was seen Creating: {:?}", task.await);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Until the layer's manifest is committed, then kill: it must be deleted.
+    let layer = d.data_dir.join(format!("snapshots/manifests/sbx-{}-layer.json", creating.id));
+    while !layer.exists() && !task.is_finished() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    d.kill9();
+    let _ = task.await;
+    d.spawn();
+
+    let after = d.client.get_sandbox_snapshot(&creating.id).await.expect("record survives");
+    assert_eq!(after.status.state, "Failed", "{after:?}");
+    assert!(after.status.message.as_deref().unwrap_or("").contains("restarted"), "{after:?}");
+    assert!(!layer.exists(), "the committed layer manifest of a Failed snapshot was deleted");
+    let req = CreateSandboxRequest { snapshot_id: Some(creating.id.clone()), ..Default::default() };
+    let e = d.client.create_sandbox(&req).await.expect_err("not ready").to_string();
+    assert!(e.contains("SNAPSHOT::NOT_READY"), "{e}");
+
+    let st = d.client.get_sandbox(&s.id).await.expect("sandbox").status.state;
+    assert_eq!(st, "Running", "the sandbox frozen for the snapshot was thawed");
+    assert_eq!(d.sh(&s.id, "cat /tmp/l", None).await.1, "layer\n");
+    let snap = d.client.snapshot_sandbox(&s.id, None).await.expect("a snapshot after the restart");
+    assert_eq!(snap.status.state, "Ready");
+}
+
+/// The OCI classes: crun and runc write through the host overlay, whose upper
+/// dir is snapshotted like the native one (with `trusted.overlay.*` marks);
+/// gVisor keeps its writes in its own overlay and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crun_sandboxes_snapshot_and_restore_and_runsc_ones_are_refused() {
+    let d = Daemon::start();
+    let src = d.create(|r| r.runtime_class = Some("crun".into())).await;
+    let write =
+        "set -e; echo fresh > /tmp/new; rm /etc/os-release; rm -rf /etc/ssl; mkdir /etc/ssl; echo mine > /etc/ssl/mine";
+    let (code, _, err) = d.sh(&src.id, write, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot of a crun sandbox");
+    assert_eq!(snap.runtime_class.as_deref(), Some("crun"));
+    d.client.delete_sandbox(&src.id).await.expect("delete");
+    let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    assert_eq!(restored.runtime_class, "crun");
+    let check = "cat /tmp/new; test ! -e /etc/os-release && echo gone; ls /etc/ssl; cat /etc/hostname";
+    let (code, out, err) = d.sh(&restored.id, check, None).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let short: String = restored.id.chars().take(12).collect();
+    assert_eq!(out, format!("fresh\ngone\nmine\nsbx-{short}\n"), "the new sandbox keeps its own hostname");
+
+    let g = d.create(|r| r.runtime_class = Some("runsc".into())).await;
+    let e = d.client.snapshot_sandbox(&g.id, None).await.expect_err("gVisor").to_string();
+    assert!(e.contains("SNAPSHOT::UNSUPPORTED_RUNTIME"), "{e}");
+    assert_eq!(d.client.get_sandbox(&g.id).await.expect("get").status.state, "Running", "left running, not frozen");
+}
+
+fn ember(d: &Daemon, args: &[&str]) -> String {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .env("EMBER_URL", &d.url)
+        .output()
+        .expect("ember runs");
+    assert!(o.status.success(), "ember {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_snapshots_lists_restores_and_removes() {
+    let d = Daemon::start();
+    let id = ember(&d, &["sandbox", "create"]);
+    ember(&d, &["exec", &id, "--", "sh", "-c", "echo cli > /tmp/c"]);
+    let sid = ember(&d, &["sandbox", "snapshot", &id, "--name", "n1"]);
+    assert!(ember(&d, &["sandbox", "snapshots", "ls", "--sandbox", &id]).contains(&sid));
+    let info: serde_json::Value = serde_json::from_str(&ember(&d, &["sandbox", "snapshots", "inspect", &sid])).unwrap();
+    assert_eq!((info["status"]["state"].as_str(), info["name"].as_str()), (Some("Ready"), Some("n1")));
+    let new = ember(&d, &["sandbox", "create", "--snapshot", &sid]);
+    assert_eq!(ember(&d, &["exec", &new, "--", "cat", "/tmp/c"]), "cli");
+    assert_eq!(ember(&d, &["sandbox", "snapshots", "rm", &sid]), sid);
+    assert!(ember(&d, &["sandbox", "snapshots", "ls", "--json"]).trim() == "[]");
+}

@@ -1,0 +1,136 @@
+//! Restoring a sandbox snapshot: `POST /v1/sandboxes {snapshotId}`. A cold
+//! start whose writable layer is filled from the layer snapshot (every chunk
+//! verified, overlay marks recreated) before the init starts; then each
+//! workspace snapshot is restored into a new workspace mounted at its old path.
+use crate::sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState};
+use crate::{CreateSandbox, Engine, EngineError, MountedWorkspace, SandboxRecord, WorkspaceRequest};
+use ember_snapshot::{ObjectStore, RestoreOptions};
+use ember_types::{SandboxId, SandboxSpec};
+use std::sync::Arc;
+
+impl Engine {
+    /// Create from a snapshot (`snapshotId`): the snapshot's spec, with the
+    /// request's timeout, metadata, resources, env (merged) and entrypoint.
+    pub(crate) async fn create_from_snapshot(
+        self: &Arc<Self>,
+        sid: &str,
+        req: CreateSandbox,
+    ) -> Result<SandboxRecord, EngineError> {
+        let t0 = std::time::Instant::now();
+        let snap = self.sandbox_snapshot(sid)?;
+        if snap.state != SandboxSnapshotState::Ready {
+            return Err(EngineError::SnapshotNotReady { id: snap.id, state: snap.state.as_str() });
+        }
+        let spec = self.restored_spec(&snap, &req)?;
+        let rec = self.launch_seeded(spec, snap.image_uri.clone(), t0, Some(snap.layer_snapshot.clone())).await?;
+        match self.restore_workspaces(&rec, &snap).await {
+            Ok(mounted) if mounted.is_empty() => Ok(rec),
+            Ok(mounted) => {
+                let entry = self.entry(rec.id.as_str())?;
+                entry.update(|r| r.workspaces = mounted);
+                self.persist(&entry);
+                Ok(entry.snapshot())
+            }
+            Err(e) => {
+                let _ = self.remove(rec.id.as_str()).await;
+                Err(e)
+            }
+        }
+    }
+
+    fn restored_spec(&self, snap: &SandboxSnapshotRecord, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
+        let mut spec = snap.spec.clone();
+        let args = crate::create::ResourceArgs {
+            memory: req.memory.clone(),
+            cpu: req.cpu.clone(),
+            pids: req.pids,
+            disk: req.disk.clone(),
+        };
+        spec.resources = crate::create::apply_resources(spec.resources, &args)?;
+        crate::create::check_env(req.env.keys())?;
+        spec.env.extend(req.env.clone());
+        spec.metadata = req.metadata.clone();
+        if !req.entrypoint.is_empty() {
+            spec.entrypoint = req.entrypoint.clone();
+        }
+        if req.ttl_secs == Some(0) {
+            return Err(EngineError::invalid("timeout", "must be at least 1 second"));
+        }
+        spec.ttl_secs = req.ttl_secs;
+        if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
+            return Err(EngineError::invalid(
+                "snapshotId",
+                format!("the snapshot's image layer {} is gone (image removed?)", l.display()),
+            ));
+        }
+        if let Some(why) = self.runtimes.why_unavailable(&spec.runtime_class) {
+            return Err(EngineError::invalid("snapshotId", why));
+        }
+        Ok(spec)
+    }
+
+    /// Restores each workspace snapshot into a new workspace `<name>-<sandbox>`
+    /// and mounts it (and each read-only workspace) at its old path.
+    async fn restore_workspaces(
+        self: &Arc<Self>,
+        rec: &SandboxRecord,
+        snap: &SandboxSnapshotRecord,
+    ) -> Result<Vec<MountedWorkspace>, EngineError> {
+        let (mut reqs, mut made) = (Vec::new(), Vec::new());
+        let mut res = Ok(());
+        for w in &snap.workspaces {
+            let name = match &w.snapshot_id {
+                Some(sid) => {
+                    let base: String = w.name.chars().take(50).collect();
+                    let name = format!("{base}-{}", &rec.id.as_str()[..8]);
+                    if let Err(e) = self.restore_workspace(sid, &name, (w.size_bytes > 0).then_some(w.size_bytes)).await
+                    {
+                        res = Err(e);
+                        break;
+                    }
+                    made.push(name.clone());
+                    name
+                }
+                None => w.name.clone(),
+            };
+            reqs.push(WorkspaceRequest {
+                name,
+                path: w.path.clone(),
+                read_only: w.read_only,
+                steal: false,
+                create_size: None,
+            });
+        }
+        let res = match res {
+            Ok(()) => self.attach_workspaces(rec, &reqs).await,
+            Err(e) => Err(e),
+        };
+        if res.is_err() {
+            // The new workspaces are this restore's: nobody else knows them yet.
+            for n in made {
+                let _ = self.remove_workspace(&n).await;
+            }
+        }
+        res
+    }
+}
+
+/// Fills a prepared writable layer from a layer snapshot before the sandbox's
+/// init starts (blocking). Every chunk is verified.
+pub(crate) fn seed_layer(
+    rt: &dyn ember_runtime::Runtime,
+    id: &SandboxId,
+    spec: &SandboxSpec,
+    store: &dyn ObjectStore,
+    layer_snapshot: &str,
+) -> Result<(), EngineError> {
+    let runtime = |source| EngineError::Runtime { id: id.clone(), source };
+    let layer = rt
+        .prepare_writable_layer(id, spec)
+        .map_err(runtime)?
+        .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
+    // The prepared upper dir is empty; the restore creates it anew.
+    std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
+    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, RestoreOptions::default())?;
+    Ok(())
+}
