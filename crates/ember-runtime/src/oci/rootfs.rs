@@ -76,9 +76,9 @@ pub fn assemble(
     Ok(root)
 }
 
-/// The opaque-directory xattr of this overlay: it is mounted on the host by
-/// root, without `userxattr`, so overlayfs uses `trusted.overlay.*`.
-pub const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+/// The opaque-directory xattr of this overlay: it is mounted with `userxattr`
+/// (like the native class's), so overlayfs uses `user.overlay.*`.
+pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
 
 /// Mounts the writable tmpfs under `dir` (unless a restore did already) and
 /// makes `upper`, `work` and `root` in it; returns the upper dir.
