@@ -42,6 +42,7 @@ fn main() {
     if let Err(e) = ember_sys::process::set_non_dumpable() {
         eprintln!("ember-agent: cannot mark itself non-dumpable: {e}");
     }
+    let exit_file = exit_file(&config.listen);
     // One thread serves everything: the agent is mostly idle and must stay
     // small. File IO goes to a few blocking threads, started on demand.
     let runtime =
@@ -53,5 +54,24 @@ fn main() {
             1
         }
     };
+    if let Some(path) = exit_file {
+        // Best effort: without it the daemon reports the sandbox as Killed.
+        let _ = std::fs::write(&path, format!("{code}\n"));
+    }
     std::process::exit(code);
 }
+
+/// Where the agent leaves its exit code for the daemon when it listens on a
+/// socket path: under an OCI runtime the agent is not the daemon's child, so
+/// the daemon cannot `waitid` it and reads `exit` beside the socket instead
+/// (see `ember_runtime::oci`). An inherited fd means the native class, whose
+/// daemon reaps the agent itself.
+fn exit_file(listen: &config::ListenAddr) -> Option<std::path::PathBuf> {
+    match listen {
+        config::ListenAddr::Unix(sock) => sock.parent().map(|d| d.join(EXIT_FILE)),
+        _ => None,
+    }
+}
+
+/// The file name of the agent's exit code beside its socket (`ember_runtime::oci::EXIT_FILE`).
+const EXIT_FILE: &str = "exit";

@@ -7,6 +7,7 @@
 //! figures are printed either way). A missed target is a result, not an error.
 mod claim;
 mod claim_report;
+mod class_extra;
 mod classes;
 mod crun;
 mod density;
@@ -49,7 +50,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
-        BenchCmd::Classes { runs, json } => classes::run(client, runs, json).await,
+        BenchCmd::Classes { runs, idle, json } => classes::run(client, runs, idle, json).await,
         BenchCmd::Tasks(a) => tasks::run(client, a).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {

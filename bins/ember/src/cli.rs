@@ -327,6 +327,9 @@ pub enum BenchCmd {
     Classes {
         #[arg(long, default_value_t = 20)]
         runs: usize,
+        /// Idle sandboxes per class for the memory-overhead row.
+        #[arg(long, default_value_t = 8)]
+        idle: usize,
         #[arg(long)]
         json: bool,
     },

@@ -12,35 +12,6 @@ use ember_types::execd::RunCommandRequest;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The sandbox's runtime-side leftovers: its host dir, its cgroup, and (OCI)
-/// whether the runtime still knows the container.
-fn leftovers(d: &Daemon, class: &str, id: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    let (dir, group) = match class {
-        "native" => (d.data_dir.join("sandboxes").join(id), d.group.clone()),
-        c => (d.data_dir.join("oci").join(c).join("sandboxes").join(id), format!("{}-{c}", d.group)),
-    };
-    if dir.exists() {
-        left.push(format!("dir {}", dir.display()));
-    }
-    let cg = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("cgroups");
-    if cg.exists(id) {
-        left.push(format!("cgroup {group}/{id}"));
-    }
-    if class != "native" {
-        let root = d.data_dir.join("oci").join(class).join("state");
-        let st = std::process::Command::new(class).arg("--root").arg(&root).args(["state", id]).output();
-        if st.is_ok_and(|o| o.status.success()) {
-            left.push(format!("{class} still lists the container"));
-        }
-        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if mi.contains(id) {
-            left.push("a host mount of its rootfs".into());
-        }
-    }
-    left
-}
-
 async fn create(d: &Daemon, class: &str, memory: &str) -> ember_types::api::SandboxInfo {
     let req = CreateSandboxRequest {
         template: Some("host".into()),
@@ -70,7 +41,12 @@ async fn conformance(class: &str) {
     let kernel = b["kernelBoundary"].as_str().unwrap_or_default();
     assert_eq!(kernel.contains("gVisor"), class == "runsc", "kernel boundary {kernel:?}");
     assert_eq!(b["memoryLimitBytes"], 256u64 << 20, "{b}");
-    assert_eq!(b["pidsLimit"], 128, "{b}");
+    // gVisor's Sentry, gofer and ptrace stubs share the host pids cgroup: ember scales the limit.
+    let host_pids = match class {
+        "runsc" => ember_runtime::oci::OciClass::Runsc.host_pids(128),
+        _ => 128,
+    };
+    assert_eq!(b["pidsLimit"], host_pids, "{b}");
 
     // Exec: output, exit code, env, the default user, the kernel behind it.
     let (code, out, _) = d.sh(&s.id, "echo hello; echo \"$CONFORMANCE\"; id -u; exit 7", None).await;
@@ -108,10 +84,10 @@ async fn conformance(class: &str) {
     for id in [&s.id, &hog.id] {
         d.client.delete_sandbox(id).await.expect("delete");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut left = leftovers(&d, class, id);
+        let mut left = d.leftovers(class, id);
         while !left.is_empty() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            left = leftovers(&d, class, id);
+            left = d.leftovers(class, id);
         }
         assert!(left.is_empty(), "{class} sandbox {id} left: {left:?}");
     }
@@ -220,16 +196,75 @@ async fn oci_sandboxes_are_readopted_after_a_daemon_restart() {
     let gone = d.client.get_sandbox(&doomed.id).await.expect("the doomed record is kept");
     assert!(["Failed", "Terminated"].contains(&gone.status.state.as_str()), "{:?}", gone.status);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !leftovers(&d, "runc", &doomed.id).is_empty() && std::time::Instant::now() < deadline {
+    while !d.leftovers("runc", &doomed.id).is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(leftovers(&d, "runc", &doomed.id).is_empty(), "{:?}", leftovers(&d, "runc", &doomed.id));
+    assert!(d.leftovers("runc", &doomed.id).is_empty(), "{:?}", d.leftovers("runc", &doomed.id));
     for (class, id) in &kept {
         d.client.delete_sandbox(id).await.expect("delete");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !leftovers(&d, class, id).is_empty() && std::time::Instant::now() < deadline {
+        while !d.leftovers(class, id).is_empty() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(leftovers(&d, class, id).is_empty(), "{class}: {:?}", leftovers(&d, class, id));
+        assert!(d.leftovers(class, id).is_empty(), "{class}: {:?}", d.leftovers(class, id));
     }
+}
+
+/// An entrypoint's exit ends the sandbox with its code in every class: OCI
+/// inits are not the daemon's children, so the agent leaves its exit code
+/// beside its socket; a kill from outside stays `Killed`.
+async fn entrypoint_exit(class: &str) {
+    let d = Daemon::start();
+    let mut ids = Vec::new();
+    for (script, state, reason) in
+        [("sleep 0.5; exit 3", "Failed", "Exited(3)"), ("sleep 0.5; exit 0", "Terminated", "Exited(0)")]
+    {
+        let req = CreateSandboxRequest {
+            template: Some("host".into()),
+            runtime_class: Some(class.into()),
+            entrypoint: Some(vec!["sh".into(), "-c".into(), script.into()]),
+            ..Default::default()
+        };
+        let s = d.client.create_sandbox(&req).await.unwrap_or_else(|e| panic!("{class}: {e}")).0;
+        let s = d.wait_state(&s.id, state, Duration::from_secs(20)).await;
+        assert_eq!(
+            (s.status.state.as_str(), s.status.reason.as_deref()),
+            (state, Some(reason)),
+            "{class}: entrypoint {script:?}"
+        );
+        ids.push(s.id);
+    }
+    // A sandbox whose init is killed behind the daemon's back is Killed, not Exited.
+    let s = create(&d, class, "128Mi").await;
+    let pids = d.procs(&s.id);
+    let cg = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &format!("{}-{class}", d.group)).expect("cgroups");
+    let pids = if class == "native" { pids } else { cg.procs(&s.id).unwrap_or_default() };
+    assert!(!pids.is_empty(), "{class}: no processes in the cgroup");
+    for p in pids {
+        let _ = std::process::Command::new("kill").args(["-KILL", &p.to_string()]).status();
+    }
+    let s = d.wait_state(&s.id, "Terminated", Duration::from_secs(20)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("Killed"), "{class}: {:?}", s.status);
+    for id in ids.iter().chain([&s.id]) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !d.leftovers(class, id).is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(d.leftovers(class, id).is_empty(), "{class}: {:?}", d.leftovers(class, id));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entrypoint_exit_codes_crun() {
+    entrypoint_exit("crun").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entrypoint_exit_codes_runc() {
+    entrypoint_exit("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entrypoint_exit_codes_runsc() {
+    entrypoint_exit("runsc").await;
 }

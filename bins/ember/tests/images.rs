@@ -133,14 +133,31 @@ async fn images_from_a_real_registry_share_layers_and_honour_config() {
     let (_, o, _) = out(&d, &bid, &["id", "-u"]).await;
     assert_eq!(o, "0\n", "no User in b's config: root (of the user namespace)");
 
-    // The OCI classes cannot mount image layers yet: refused, not run on the host rootfs.
-    let req = CreateSandboxRequest {
-        image: Some(ImageSpec { uri: name("a"), auth: None }),
-        runtime_class: Some("runc".into()),
-        ..Default::default()
-    };
-    let err = d.client.create_sandbox(&req).await.expect_err("an image on runc is refused").to_string();
-    assert!(err.contains("SANDBOX::INVALID_PARAMETER") && err.contains("runtimeClass"), "{err}");
+    // The OCI classes mount the same layers (overlay with `userxattr`, so the
+    // opaque marker counts) and honour the same config.
+    for class in ["crun", "runc", "runsc"] {
+        let on = |image: &str| CreateSandboxRequest {
+            image: Some(ImageSpec { uri: name(image), auth: None }),
+            runtime_class: Some(class.into()),
+            ..Default::default()
+        };
+        let ob = d.client.create_sandbox(&on("b")).await.unwrap_or_else(|e| panic!("{class}: image b: {e}")).0.id;
+        let (_, o, e) = out(
+            &d,
+            &ob,
+            &["sh", "-c", "test -e /opt/gone.txt || echo gone; ls /opt/dir; cat /app/hello.txt /opt/gone.txt"],
+        )
+        .await;
+        assert_eq!(o, "gone\nnew\nhello from the upper layer\n", "{class}: whiteouts and opaque dir: {e}");
+        let oa = d.client.create_sandbox(&on("a")).await.unwrap_or_else(|e| panic!("{class}: image a: {e}")).0.id;
+        let (code, o, e) =
+            out(&d, &oa, &["sh", "-c", "id -u; pwd; echo $FOO; test -e /usr/bin/perl && echo host-usr"]).await;
+        assert_eq!(code, Some(1), "{class}: the host's /usr is bound into an image sandbox: {o}");
+        assert_eq!(o, "1234\n/opt\nfrom-image\n", "{class}: image config: {e}");
+        for id in [ob, oa] {
+            d.client.delete_sandbox(&id).await.expect("delete");
+        }
+    }
 
     // An image with no /bin/sh still runs argv commands (pulled on create).
     let n = create(&d, &name("nosh")).await;

@@ -147,7 +147,7 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
 }
 
 /// The OCI classes: crun and runc write through the host overlay, whose upper
-/// dir is snapshotted like the native one (with `trusted.overlay.*` marks);
+/// dir is snapshotted like the native one (with `user.overlay.*` marks);
 /// gVisor keeps its writes in its own overlay and is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crun_sandboxes_snapshot_and_restore_and_runsc_ones_are_refused() {

@@ -86,7 +86,7 @@ async fn forward(
             format!("sandbox {id} agent {what}: {}", chain(e)),
         )
     };
-    let stream = tokio::net::UnixStream::connect(&sock).await.map_err(|e| bad_gateway("connect", &e))?;
+    let stream = ember_engine::connect_agent(&sock).await.map_err(|e| bad_gateway("connect", &e))?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| bad_gateway("handshake", &e))?;
     tokio::spawn(async move {

@@ -157,12 +157,10 @@ impl Engine {
             return Err(EngineError::invalid("runtimeClass", why));
         }
         check_env(req.env.keys())?;
-        if t.image.is_some() && class != "native" {
-            // The OCI classes assemble their rootfs from the host template only;
-            // running an image there would silently give the host's rootfs.
+        if !req.workspaces.is_empty() && !self.rt(&class).can_inject_mounts() {
             return Err(EngineError::invalid(
-                "runtimeClass",
-                format!("{class:?} cannot run OCI images yet; image templates run on \"native\""),
+                "workspaces",
+                format!("the {class} class cannot mount workspaces (its kernel keeps its own mount table)"),
             ));
         }
         let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;

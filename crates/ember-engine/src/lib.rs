@@ -39,7 +39,7 @@ pub use create::{CreateSandbox, HostVolumeRequest};
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
-pub use ops::ListFilter;
+pub use ops::{connect_agent, ListFilter};
 pub use record::{LaunchRecord, SandboxRecord};
 
 use ember_runtime::{Runtime, Runtimes};

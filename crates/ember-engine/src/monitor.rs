@@ -114,7 +114,16 @@ async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: &OwnedFd) -> Te
     }
     match ember_runtime::try_wait(pidfd) {
         Some(ExitKind::Code(c)) => TerminationReason::Exited(c),
-        _ => TerminationReason::Killed,
+        Some(ExitKind::Signal(_)) => TerminationReason::Killed,
+        // Not our child (OCI classes): the runtime knows what the agent reported.
+        _ => {
+            let rec = entry.snapshot();
+            let (rt, id) = (engine.rt(&rec.spec.runtime_class), rec.id);
+            match tokio::task::spawn_blocking(move || rt.exit_code(&id)).await {
+                Ok(Some(c)) => TerminationReason::Exited(c),
+                _ => TerminationReason::Killed,
+            }
+        }
     }
 }
 

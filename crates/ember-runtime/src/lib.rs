@@ -13,7 +13,7 @@ mod registry;
 
 pub use registry::{ClassInfo, Runtimes};
 
-pub use agent::ping_agent;
+pub use agent::{pin_agent_socket, ping_agent};
 pub use ember_sys::pidfd::ExitStatus as ExitKind;
 
 /// Reaps the sandbox init behind `pidfd` if it has exited.
@@ -171,6 +171,10 @@ pub trait Runtime: Send + Sync {
         target: &str,
         readonly: bool,
     ) -> Result<(), RuntimeError>;
+    /// Whether [`Runtime::inject_mount`] can work for this class (workspaces).
+    fn can_inject_mounts(&self) -> bool {
+        true
+    }
     /// The host uid/gid a sandbox uid/gid maps to.
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32);
     /// Memory charged to the sandbox's cgroup, in bytes.
@@ -181,6 +185,12 @@ pub trait Runtime: Send + Sync {
     fn leftovers(&self) -> Result<Vec<String>, RuntimeError>;
     /// Removes the host resources of a sandbox the engine has no record of.
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError>;
+    /// The exit code of a sandbox whose init has exited, when the class cannot
+    /// `waitid` it (an OCI runtime's init is not the daemon's child). `None`:
+    /// unknown (killed, or the class reaps its init itself).
+    fn exit_code(&self, _id: &SandboxId) -> Option<i32> {
+        None
+    }
     /// The file the sandbox's agent writes its own log to, if the class keeps one.
     fn log_path(&self, _id: &SandboxId) -> Option<PathBuf> {
         None

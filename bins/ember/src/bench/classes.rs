@@ -1,7 +1,9 @@
 //! `ember bench classes`: per available runtime class, in one run against the
 //! same daemon, cold create (server side, `X-Ember-Launch-Micros`) p50/p99,
-//! remove, and the exec round trip (`true` through the agent), then each
-//! class's cold-create p50 as a ratio to native's.
+//! remove, the exec round trip (`true` through the agent), a stat-heavy
+//! micro-workload and the memory per idle sandbox (`class_extra.rs`), then
+//! each class's cold-create p50 as a ratio to native's.
+use super::class_extra::{idle_memory, stat_workload, IdleMemory};
 use super::stats::{Progress, Series, Summary};
 use ember_client::Client;
 use ember_types::api::CreateSandboxRequest;
@@ -13,14 +15,18 @@ struct ClassFigures {
     create: Series,
     delete: Series,
     exec: Series,
+    stat: Series,
+    memory: Result<IdleMemory, String>,
 }
 
-async fn measure(client: &Client, class: &str, runs: usize) -> ClassFigures {
+async fn measure(client: &Client, class: &str, runs: usize, idle: usize) -> ClassFigures {
     let mut f = ClassFigures {
         class: class.into(),
         create: Series::default(),
         delete: Series::default(),
         exec: Series::default(),
+        stat: Series::default(),
+        memory: Err("not measured".into()),
     };
     let req =
         CreateSandboxRequest { template: Some("host".into()), runtime_class: Some(class.into()), ..Default::default() };
@@ -57,7 +63,11 @@ async fn measure(client: &Client, class: &str, runs: usize) -> ClassFigures {
             p.tick(i + 1);
         }
         p.finish(&f.exec);
+        f.stat = stat_workload(client, &info.id, 3).await;
         let _ = client.delete_sandbox(&info.id).await;
+    }
+    if idle > 0 {
+        f.memory = idle_memory(client, class, idle).await;
     }
     f
 }
@@ -66,7 +76,7 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
-pub async fn run(client: &Client, runs: usize, json: bool) -> anyhow::Result<i32> {
+pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyhow::Result<i32> {
     if runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
@@ -75,10 +85,12 @@ pub async fn run(client: &Client, runs: usize, json: bool) -> anyhow::Result<i32
     eprintln!("ember bench classes: {runs} runs per figure; classes {}", available.join(", "));
     let mut all = Vec::new();
     for c in &available {
-        all.push(measure(client, c, runs).await);
+        all.push(measure(client, c, runs, idle).await);
     }
     let sums: Vec<(String, Summary, Summary, Summary)> =
         all.iter().map(|f| (f.class.clone(), f.create.summary(), f.delete.summary(), f.exec.summary())).collect();
+    let extra: Vec<(Summary, Option<IdleMemory>)> =
+        all.iter().map(|f| (f.stat.summary(), f.memory.as_ref().ok().copied())).collect();
     let native = sums.iter().find(|s| s.0 == "native").and_then(|s| s.1.p50_ms);
     let ratio = |p50: Option<f64>| match (p50, native) {
         (Some(a), Some(n)) if n > 0.0 => Some(a / n),
@@ -87,28 +99,54 @@ pub async fn run(client: &Client, runs: usize, json: bool) -> anyhow::Result<i32
     if json {
         let v: Vec<_> = sums
             .iter()
-            .map(|(c, cr, de, ex)| {
+            .zip(&extra)
+            .map(|((c, cr, de, ex), (st, mem))| {
                 serde_json::json!({"class": c, "coldCreate": cr, "remove": de, "execRoundTrip": ex,
-                    "coldCreateP50VsNative": ratio(cr.p50_ms)})
+                    "stat100k": st, "idleMemory": mem, "coldCreateP50VsNative": ratio(cr.p50_ms)})
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"runs": runs, "classes": v}))?);
     } else {
         println!();
         println!(
-            "{:<8} {:>14} {:>14} {:>12} {:>12} {:>12} {:>10}",
-            "class", "create p50 ms", "create p99 ms", "rm p50 ms", "exec p50 ms", "exec p99 ms", "vs native"
+            "{:<8} {:>13} {:>13} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {:>9}",
+            "class",
+            "create p50ms",
+            "create p99ms",
+            "rm p50ms",
+            "exec p50ms",
+            "exec p99ms",
+            "100k stat ms",
+            "host MiB",
+            "cgroup MiB",
+            "vs native"
         );
-        for (c, cr, de, ex) in &sums {
+        for ((c, cr, de, ex), (st, mem)) in sums.iter().zip(&extra) {
             let r = ratio(cr.p50_ms).map_or_else(|| "-".into(), |r| format!("{r:.1}x"));
+            let mib = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
             println!(
-                "{c:<8} {:>14} {:>14} {:>12} {:>12} {:>12} {r:>10}",
+                "{c:<8} {:>13} {:>13} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {r:>9}",
                 ms(cr.p50_ms),
                 ms(cr.p99_ms),
                 ms(de.p50_ms),
                 ms(ex.p50_ms),
-                ms(ex.p99_ms)
+                ms(ex.p99_ms),
+                ms(st.p50_ms),
+                mib(mem.and_then(|m| m.host_mib)),
+                mib(mem.and_then(|m| m.cgroup_mib)),
             );
+        }
+        if let (Some(g), Some(n)) = (sums.iter().find(|s| s.0 == "runsc").and_then(|s| s.1.p50_ms), native) {
+            println!("gVisor (runsc) cold create p50 is {:.1}x native's ({g:.2} ms vs {n:.2} ms)", g / n.max(1e-9));
+        }
+        println!("memory: per idle sandbox, {idle} at once: host = MemAvailable drop, cgroup = charged to its cgroup");
+        for (f, (st, _)) in all.iter().zip(&extra) {
+            if let Some(e) = st.first_error.as_ref() {
+                println!("{}: stat workload: {e}", f.class);
+            }
+            if let (true, Err(e)) = (idle > 0, &f.memory) {
+                println!("{}: idle memory: {e}", f.class);
+            }
         }
         for (c, cr, _, ex) in &sums {
             if let Some(e) = cr.first_error.as_ref().or(ex.first_error.as_ref()) {

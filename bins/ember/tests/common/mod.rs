@@ -152,6 +152,15 @@ impl Daemon {
         }
     }
 
+    /// Host tasks (threads included) in the pids cgroup of a sandbox of `class`.
+    pub fn tasks(&self, class: &str, id: &str) -> usize {
+        let group = if class == "native" { self.group.clone() } else { format!("{}-{class}", self.group) };
+        let path = format!("/sys/fs/cgroup/pids/{group}/{id}/pids.current");
+        let v2 = format!("/sys/fs/cgroup/{group}/{id}/pids.current");
+        let text = std::fs::read_to_string(&path).or_else(|_| std::fs::read_to_string(&v2));
+        text.unwrap_or_else(|e| panic!("{path}: {e}")).trim().parse().expect("pids.current")
+    }
+
     /// Host pids in the sandbox's cgroup.
     pub fn procs(&self, id: &str) -> Vec<i32> {
         self.cgroups().procs(id).unwrap_or_default()
@@ -206,6 +215,35 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
+    /// The sandbox's runtime-side leftovers: its host dir, its cgroup, and (OCI)
+    /// whether the runtime still knows the container.
+    pub fn leftovers(&self, class: &str, id: &str) -> Vec<String> {
+        let mut left = Vec::new();
+        let (dir, group) = match class {
+            "native" => (self.data_dir.join("sandboxes").join(id), self.group.clone()),
+            c => (self.data_dir.join("oci").join(c).join("sandboxes").join(id), format!("{}-{c}", self.group)),
+        };
+        if dir.exists() {
+            left.push(format!("dir {}", dir.display()));
+        }
+        let cg = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("cgroups");
+        if cg.exists(id) {
+            left.push(format!("cgroup {group}/{id}"));
+        }
+        if class != "native" {
+            let root = self.data_dir.join("oci").join(class).join("state");
+            let st = std::process::Command::new(class).arg("--root").arg(&root).args(["state", id]).output();
+            if st.is_ok_and(|o| o.status.success()) {
+                left.push(format!("{class} still lists the container"));
+            }
+            let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            if mi.contains(id) {
+                left.push("a host mount of its rootfs".into());
+            }
+        }
+        left
+    }
+
     fn flag(&self, name: &str) -> Option<&str> {
         self.extra.iter().position(|a| a == name).and_then(|i| self.extra.get(i + 1)).map(String::as_str)
     }

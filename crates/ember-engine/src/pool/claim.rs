@@ -90,7 +90,7 @@ impl Engine {
 /// status line is read, with a size cap and a timeout.
 async fn bind(socket: &Path, body: &str) -> Result<(), String> {
     let exchange = async {
-        let mut s = tokio::net::UnixStream::connect(socket).await.map_err(|e| format!("connect: {e}"))?;
+        let mut s = crate::connect_agent(socket).await.map_err(|e| format!("connect: {e}"))?;
         let req = format!(
             "POST /ember/v1/claim HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()

@@ -27,7 +27,7 @@ pub(crate) async fn run(socket: &Path, req: &RunCommandRequest, mut on_event: im
         Ok(b) => b,
         Err(e) => return ExecEnd::NotStarted(e.to_string()),
     };
-    let mut s = match tokio::net::UnixStream::connect(socket).await {
+    let mut s = match crate::connect_agent(socket).await {
         Ok(s) => s,
         Err(e) => return ExecEnd::Cut(format!("connect to the agent: {e}")),
     };

@@ -103,6 +103,13 @@ pub struct BundleInputs<'a> {
     pub env: Vec<String>,
     /// runsc runs without a user namespace of its own: the Sentry is the boundary.
     pub user_namespace: bool,
+    /// Whether the runtime honours a seccomp rule's `errnoRet`. gVisor's
+    /// `--oci-seccomp` (2022-12) does not: every errno action gives EPERM, so
+    /// `clone3 → ENOSYS` would become EPERM and glibc would not fall back to
+    /// `clone` (threads could not start). Without it the rule is left out.
+    pub errno_ret: bool,
+    /// The host pids cgroup limit ([`super::OciClass::host_pids`]).
+    pub pids_limit: u64,
 }
 
 fn err(id: &SandboxId) -> impl Fn(oci_spec::OciSpecError) -> BundleError + '_ {
@@ -153,6 +160,11 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         mount(AGENT_PATH, "bind", &s(b.agent), &["bind", "ro", "nosuid", "nodev"]).map_err(&e)?,
         mount(SOCKET_DIR, "bind", &s(b.socket_dir), &["bind", "rw", "nosuid", "nodev", "noexec"]).map_err(&e)?,
     ];
+    // /tmp stays on the writable layer, under the disk quota: without a /tmp
+    // mount in the spec gVisor mounts its own unbounded tmpfs there (memory,
+    // only the memory limit stops it). For crun/runc the bind changes nothing.
+    let tmp = b.rootfs.join("tmp");
+    mounts.push(mount("/tmp", "bind", &s(&tmp), &["rbind", "rw", "nosuid", "nodev"]).map_err(&e)?);
     if b.spec.lower_dirs.is_empty() {
         mounts.push(mount("/usr", "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"]).map_err(&e)?);
     }
@@ -165,7 +177,7 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
     let resources = LinuxResourcesBuilder::default()
         .memory(LinuxMemoryBuilder::default().limit(r.memory_bytes as i64).swappiness(0u64).build().map_err(&e)?)
         .cpu(LinuxCpuBuilder::default().quota(r.cpu_millis as i64 * 100).period(100_000u64).build().map_err(&e)?)
-        .pids(LinuxPidsBuilder::default().limit(r.pids as i64).build().map_err(&e)?)
+        .pids(LinuxPidsBuilder::default().limit(b.pids_limit as i64).build().map_err(&e)?)
         .build()
         .map_err(&e)?;
 
@@ -188,7 +200,7 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         .namespaces(namespaces)
         .resources(resources)
         .cgroups_path(b.cgroups_path.clone())
-        .seccomp(seccomp().map_err(&e)?)
+        .seccomp(seccomp(b.errno_ret).map_err(&e)?)
         .masked_paths(
             ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/acpi", "/proc/scsi"]
                 .map(String::from)
@@ -220,7 +232,7 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
 /// ember's deny-list as an OCI seccomp profile: allow by default, EPERM for the
 /// listed syscalls and for `clone` with CLONE_NEWUSER, ENOSYS for `clone3` (so
 /// libc falls back to `clone`, where the flags can be inspected).
-fn seccomp() -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> {
+fn seccomp(errno_ret: bool) -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> {
     let eperm = LinuxSyscallBuilder::default()
         .names(DENIED.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .action(LinuxSeccompAction::ScmpActErrno)
@@ -246,7 +258,7 @@ fn seccomp() -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> 
     LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActAllow)
         .architectures(vec![oci_spec::runtime::Arch::ScmpArchX86_64])
-        .syscalls(vec![eperm, clone3, clone_userns])
+        .syscalls(if errno_ret { vec![eperm, clone3, clone_userns] } else { vec![eperm, clone_userns] })
         .build()
 }
 
@@ -282,6 +294,8 @@ mod tests {
             uid_base: 1_000_000,
             env: vec!["A=b".into()],
             user_namespace: true,
+            errno_ret: true,
+            pids_limit: spec.resources.pids,
         };
         let v = serde_json::to_value(build(&inputs).unwrap()).unwrap();
         assert_eq!(v["process"]["args"][0], AGENT_PATH);

@@ -12,7 +12,11 @@
 //! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log}`.
 pub mod bundle;
 pub mod cli;
+mod exit;
 pub mod rootfs;
+
+use exit::read_exit_file;
+pub use exit::EXIT_FILE;
 
 use crate::native::rootfs::{ensure_host_template, ID_RANGE};
 use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
@@ -24,6 +28,11 @@ use std::os::unix::fs::chown;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Host tasks of an idle gVisor sandbox, rounded up (see [`OciClass::host_pids`]).
+pub const RUNSC_PIDS_OVERHEAD: u64 = 128;
+/// Host tasks per gVisor process on the ptrace platform, rounded up.
+pub const RUNSC_TASKS_PER_PROCESS: u64 = 16;
 
 /// The OCI classes ember knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,8 +59,25 @@ impl OciClass {
     /// applies the bundle's filter inside the Sentry too.
     fn global_args(self) -> Vec<String> {
         match self {
-            OciClass::Runsc => ["--platform=ptrace", "--network=none", "--host-uds=create"].map(String::from).to_vec(),
+            OciClass::Runsc => {
+                ["--platform=ptrace", "--network=none", "--host-uds=create", "--oci-seccomp"].map(String::from).to_vec()
+            }
             _ => Vec::new(),
+        }
+    }
+
+    /// The host pids cgroup limit for a sandbox allowed `pids` tasks. Under
+    /// gVisor the cgroup holds the Sentry's and the gofer's own host threads
+    /// (~45 when idle) and, on the ptrace platform, stub processes and tracer
+    /// threads for every sandbox process (measured here: ~13 host tasks per
+    /// single-threaded process). `pids` alone would not even let the sandbox
+    /// start; scaled, it still bounds the sandbox's share of the host's pids.
+    /// Reaching it ends the whole sandbox (the Sentry cannot make a stub and
+    /// exits) rather than failing one `fork`, as on a shared kernel.
+    pub fn host_pids(self, pids: u64) -> u64 {
+        match self {
+            OciClass::Runsc => pids.saturating_mul(RUNSC_TASKS_PER_PROCESS).saturating_add(RUNSC_PIDS_OVERHEAD),
+            OciClass::Crun | OciClass::Runc => pids,
         }
     }
 
@@ -162,6 +188,8 @@ impl OciRuntime {
             uid_base: self.cfg.uid_base,
             env: self.env(spec, &hostname),
             user_namespace: true,
+            errno_ret: self.cfg.class != OciClass::Runsc,
+            pids_limit: self.cfg.class.host_pids(spec.resources.pids),
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
@@ -213,7 +241,8 @@ impl Runtime for OciRuntime {
             source,
         })?;
         let r = &spec.resources;
-        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: r.pids };
+        let pids = self.cfg.class.host_pids(r.pids);
+        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids };
         self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
@@ -285,6 +314,11 @@ impl Runtime for OciRuntime {
         Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
     }
 
+    fn can_inject_mounts(&self) -> bool {
+        // The Sentry has its own mount table; a host setns cannot reach it.
+        self.cfg.class != OciClass::Runsc
+    }
+
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
         (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
     }
@@ -346,6 +380,10 @@ impl Runtime for OciRuntime {
         }
     }
 
+    fn exit_code(&self, id: &SandboxId) -> Option<i32> {
+        read_exit_file(&self.dir(id.as_str()).join("sock").join(EXIT_FILE))
+    }
+
     fn log_path(&self, id: &SandboxId) -> Option<PathBuf> {
         Some(self.dir(id.as_str()).join("agent.log"))
     }
@@ -369,5 +407,17 @@ impl Runtime for OciRuntime {
         }
         let upper = rootfs::prepare_layer(&self.dir(id.as_str()), spec.resources.disk_bytes)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runsc_scales_the_host_pids_limit_and_the_others_do_not() {
+        assert_eq!(OciClass::Runsc.host_pids(10), 10 * RUNSC_TASKS_PER_PROCESS + RUNSC_PIDS_OVERHEAD);
+        assert_eq!(OciClass::Crun.host_pids(10), 10);
+        assert_eq!(OciClass::Runc.host_pids(10), 10);
     }
 }

@@ -11,7 +11,7 @@
 //! every destroy and leftover reap. They go through mount(8): this crate has no
 //! unsafe code and the cost (~2 ms) is small beside an OCI runtime's own.
 use crate::RuntimeError;
-use std::os::unix::fs::chown;
+use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -56,18 +56,29 @@ pub fn assemble(
         chown(&p, Some(owner), Some(owner)).map_err(prep("chown", &p))?;
     }
     let lower = lowers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
-    let data = format!("lowerdir={lower},upperdir={},workdir={}", upper.display(), work.display());
+    // `userxattr`: image layers mark opaque dirs with `user.overlay.opaque`
+    // (ember-image unpacks them for the native class, which mounts overlay
+    // inside a user namespace where `trusted.*` is out of reach); without it a
+    // host mount would ignore the marker and show the hidden lower files.
+    let data = format!("lowerdir={lower},upperdir={},workdir={},userxattr", upper.display(), work.display());
     run(
         "mount overlay",
         &root,
         Command::new("mount").args(["-t", "overlay", "-o", &data, "-o", "nosuid", "overlay"]).arg(&root),
     )?;
+    // /tmp is bound from the rootfs (bundle.rs); an image may not have one.
+    let tmp = root.join("tmp");
+    if !tmp.exists() {
+        std::fs::create_dir(&tmp).map_err(prep("rootfs tmp", &tmp))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).map_err(prep("chmod", &tmp))?;
+        chown(&tmp, Some(owner), Some(owner)).map_err(prep("chown", &tmp))?;
+    }
     Ok(root)
 }
 
-/// The opaque-directory xattr of this overlay: it is mounted on the host by
-/// root, without `userxattr`, so overlayfs uses `trusted.overlay.*`.
-pub const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+/// The opaque-directory xattr of this overlay: it is mounted with `userxattr`
+/// (like the native class's), so overlayfs uses `user.overlay.*`.
+pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
 
 /// Mounts the writable tmpfs under `dir` (unless a restore did already) and
 /// makes `upper`, `work` and `root` in it; returns the upper dir.
