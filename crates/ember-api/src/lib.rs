@@ -18,6 +18,7 @@ pub mod error;
 mod images;
 mod middleware;
 mod network;
+mod paging;
 mod pools;
 mod proxy;
 mod sandbox_snapshots;

@@ -5,6 +5,7 @@
 //! 202 is answered (as upstream's Docker runtime does), so it is Ready then.
 use crate::convert::rfc3339;
 use crate::error::ApiError;
+use crate::paging::Paging;
 use crate::{ApiPath, ApiState};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
@@ -12,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_engine::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter};
 use ember_types::api::{
-    CreateSnapshotRequest, Pagination, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotStatus, SnapshotWorkspaceInfo,
+    CreateSnapshotRequest, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotStatus, SnapshotWorkspaceInfo,
 };
 
 pub fn snapshot_info(r: &SandboxSnapshotRecord) -> SandboxSnapshotInfo {
@@ -78,7 +79,7 @@ pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
 
 pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let mut f = SnapshotFilter::default();
-    let (mut page, mut page_size) = (1u32, 20u32);
+    let mut paging = Paging::default();
     let mut any_state = false;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
@@ -89,24 +90,12 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
                 any_state = true;
                 f.states.extend(SandboxSnapshotState::parse(&v));
             }
-            "page" => {
-                page = v.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            k => {
+                paging.accept(k, &v)?;
             }
-            "pageSize" => {
-                page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::bad_request("pageSize must be 1..200"))?
-            }
-            _ => {}
         }
     }
     let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list_sandbox_snapshots(&f)? };
-    let total = all.len() as u64;
-    let total_pages = total.div_ceil(page_size as u64) as u32;
-    let items =
-        all.iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).map(snapshot_info).collect();
-    let pagination = Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages };
+    let (items, pagination) = paging.cut(&all, snapshot_info);
     Ok(Json(SandboxSnapshotList { items, pagination }).into_response())
 }

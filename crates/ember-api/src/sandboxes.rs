@@ -1,13 +1,14 @@
 //! The lifecycle routes (`/v1/sandboxes...`), OpenSandbox 1.1.1 status codes.
 use crate::convert::{create_request, parse_rfc3339_ms, rfc3339, sandbox_info};
 use crate::error::ApiError;
+use crate::paging::Paging;
 use crate::{ApiJson, ApiPath, ApiState};
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_engine::ListFilter;
-use ember_types::api::{CreateSandboxRequest, Endpoint, Pagination, RenewRequest, SandboxList};
+use ember_types::api::{CreateSandboxRequest, Endpoint, RenewRequest, SandboxList};
 use ember_types::SandboxState;
 use std::collections::BTreeMap;
 
@@ -33,7 +34,7 @@ pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
 
 pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let mut f = ListFilter::default();
-    let (mut page, mut page_size) = (1u32, 20u32);
+    let mut paging = Paging::default();
     let mut any_state = false;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
@@ -50,24 +51,13 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
                     f.metadata.push((mk.into_owned(), mv.into_owned()));
                 }
             }
-            "page" => {
-                page = v.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request("page must be >= 1"))?
+            k => {
+                paging.accept(k, &v)?;
             }
-            "pageSize" => {
-                page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::bad_request("pageSize must be 1..200"))?
-            }
-            _ => {}
         }
     }
     let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f) };
-    let total = all.len() as u64;
-    let total_pages = total.div_ceil(page_size as u64) as u32;
-    let items = all.iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).map(sandbox_info).collect();
-    let pagination = Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages };
+    let (items, pagination) = paging.cut(&all, sandbox_info);
     Ok(Json(SandboxList { items, pagination }).into_response())
 }
 
