@@ -65,28 +65,6 @@ impl LocalStore {
         })
     }
 
-    /// Like `collect`, but keys only: the directory entries' types, no stat per file.
-    fn collect_keys(&self, dir: &Path, out: &mut Vec<String>) -> Result<(), StoreError> {
-        let rd = match fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io("list", dir)(e)),
-        };
-        for entry in rd {
-            let entry = entry.map_err(io("list", dir))?;
-            let path = entry.path();
-            let ft = entry.file_type().map_err(io("stat", &path))?;
-            if ft.is_dir() {
-                self.collect_keys(&path, out)?;
-            } else if ft.is_file() {
-                let Ok(rel) = path.strip_prefix(&self.root) else { continue };
-                let Some(key) = rel.to_str() else { continue };
-                out.push(key.to_string());
-            }
-        }
-        Ok(())
-    }
-
     /// Writes `data` to a new temp file; fsyncs it if `sync`.
     fn write_tmp(&self, data: &[u8], sync: bool) -> Result<PathBuf, StoreError> {
         let tmp = self.tmp_path();
@@ -107,7 +85,13 @@ impl LocalStore {
         }
     }
 
-    fn collect(&self, dir: &Path, out: &mut Vec<ObjectMeta>) -> Result<(), StoreError> {
+    /// Calls `found(key, path, entry)` for every regular file below `dir`, by
+    /// the directory entries' types (no stat unless `found` asks for one).
+    fn walk(
+        &self,
+        dir: &Path,
+        found: &mut dyn FnMut(&str, &Path, &fs::DirEntry) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let rd = match fs::read_dir(dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -116,17 +100,25 @@ impl LocalStore {
         for entry in rd {
             let entry = entry.map_err(io("list", dir))?;
             let path = entry.path();
-            let meta = entry.metadata().map_err(io("stat", &path))?;
-            if meta.is_dir() {
-                self.collect(&path, out)?;
-            } else if meta.is_file() {
+            let ft = entry.file_type().map_err(io("stat", &path))?;
+            if ft.is_dir() {
+                self.walk(&path, found)?;
+            } else if ft.is_file() {
                 let Ok(rel) = path.strip_prefix(&self.root) else { continue };
                 let Some(key) = rel.to_str() else { continue };
-                let modified = meta.modified().map_err(io("stat", &path))?;
-                out.push(ObjectMeta { key: key.to_string(), size: meta.len(), modified });
+                found(key, &path, &entry)?;
             }
         }
         Ok(())
+    }
+
+    fn collect(&self, dir: &Path, out: &mut Vec<ObjectMeta>) -> Result<(), StoreError> {
+        self.walk(dir, &mut |key, path, entry| {
+            let meta = entry.metadata().map_err(io("stat", path))?;
+            let modified = meta.modified().map_err(io("stat", path))?;
+            out.push(ObjectMeta { key: key.to_string(), size: meta.len(), modified });
+            Ok(())
+        })
     }
 }
 
@@ -174,7 +166,10 @@ impl ObjectStore for LocalStore {
 
     fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        self.collect_keys(&self.prefix_dir(prefix)?, &mut out)?;
+        self.walk(&self.prefix_dir(prefix)?, &mut |key, _, _| {
+            out.push(key.to_string());
+            Ok(())
+        })?;
         out.retain(|k| k.starts_with(prefix) && !k.starts_with(".tmp/"));
         Ok(out)
     }
