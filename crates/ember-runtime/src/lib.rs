@@ -118,6 +118,19 @@ pub struct LaunchTiming {
     pub total_us: u64,
 }
 
+impl LaunchTiming {
+    /// From the launch's marks, each measured from its start: cgroups made at
+    /// `cgroup`, init spawned at `spawn`, agent ready at `total`.
+    pub fn from_marks(cgroup: std::time::Duration, spawn: std::time::Duration, total: std::time::Duration) -> Self {
+        LaunchTiming {
+            cgroup_us: cgroup.as_micros() as u64,
+            spawn_us: spawn.saturating_sub(cgroup).as_micros() as u64,
+            ready_us: total.saturating_sub(spawn).as_micros() as u64,
+            total_us: total.as_micros() as u64,
+        }
+    }
+}
+
 /// A running sandbox init, as the runtime hands it to the engine.
 #[derive(Debug)]
 pub struct Launched {

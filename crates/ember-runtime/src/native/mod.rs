@@ -176,12 +176,7 @@ impl NativeRuntime {
             start_time,
             agent_socket: sock,
             oom: Some(oom),
-            timing: LaunchTiming {
-                cgroup_us: t_cg.as_micros() as u64,
-                spawn_us: (t_spawn - t_cg).as_micros() as u64,
-                ready_us: (total - t_spawn).as_micros() as u64,
-                total_us: total.as_micros() as u64,
-            },
+            timing: LaunchTiming::from_marks(t_cg, t_spawn, total),
         })
     }
 

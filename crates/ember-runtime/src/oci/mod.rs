@@ -257,12 +257,7 @@ impl Runtime for OciRuntime {
             start_time: crate::native::boundary::start_time(pid).unwrap_or(0),
             agent_socket: sock,
             oom: Some(oom),
-            timing: LaunchTiming {
-                cgroup_us: t_cg.as_micros() as u64,
-                spawn_us: (t_spawn - t_cg).as_micros() as u64,
-                ready_us: (total - t_spawn).as_micros() as u64,
-                total_us: total.as_micros() as u64,
-            },
+            timing: LaunchTiming::from_marks(t_cg, t_spawn, total),
         })
     }
 
