@@ -5,7 +5,7 @@
 //! signals, shutdown), `server` (routes, listener), `reaper` (the only
 //! waitpid), `commands/` (run, interrupt, status, logs), `files/` (file and
 //! directory routes), `metrics`, `sessions` (bash sessions), `pty/` (interactive terminals), `code/` (code
-//! interpreter), `proxy` (in-sandbox ports), `stream` (event framing), and the helpers
+//! interpreter), `proxy` (in-sandbox ports), `quiesce` (checkpoints), `stream` (event framing), and the helpers
 //! `error`, `query`, `paths`, `users`. Every syscall the agent needs beyond
 //! std goes through `ember_sys::process`.
 #![forbid(unsafe_code)]
@@ -23,6 +23,7 @@ mod paths;
 mod proxy;
 mod pty;
 mod query;
+mod quiesce;
 mod reaper;
 mod server;
 mod sessions;

@@ -46,6 +46,7 @@ pub fn router(app: App) -> Router {
         .route("/proxy/{port}", any(proxy::proxy_root))
         .route("/proxy/{port}/{*rest}", any(proxy::proxy))
         .route("/ember/v1/claim", post(crate::claim::claim))
+        .route("/ember/v1/quiesce", post(crate::quiesce::quiesce))
         .merge(file_routes())
         // The same file routes with a filesystem identity (protocol §3.4):
         // every operation is checked by the kernel as that uid/gid.
@@ -81,7 +82,7 @@ async fn not_supported(method: Method, uri: Uri) -> ApiError {
 }
 
 /// Binds the configured address (or adopts the inherited socket) and serves
-/// forever. With TCP, prints `listening on ADDR` first so tests learn the port.
+/// forever (on a socket path, with pauses for checkpoints: `quiesce`). With TCP, prints `listening on ADDR` first so tests learn the port.
 pub async fn serve(config: &AgentConfig, app: Router) -> io::Result<()> {
     use axum::serve::ListenerExt;
     match &config.listen {
@@ -94,11 +95,14 @@ pub async fn serve(config: &AgentConfig, app: Router) -> io::Result<()> {
             });
             axum::serve(l, app).await
         }
-        ListenAddr::Unix(path) => {
+        // Serves until a quiesce (checkpoint), holds, binds again.
+        ListenAddr::Unix(path) => loop {
             // A stale socket file from an earlier run would make bind fail.
             let _ = std::fs::remove_file(path);
-            axum::serve(tokio::net::UnixListener::bind(path)?, app).await
-        }
+            let l = tokio::net::UnixListener::bind(path)?;
+            axum::serve(l, app.clone()).with_graceful_shutdown(crate::quiesce::requested()).await?;
+            crate::quiesce::hold(path).await?;
+        },
         ListenAddr::Fd(fd) => {
             let fd = ember_sys::process::take_inherited_fd(*fd)?;
             let std_listener = std::os::unix::net::UnixListener::from(fd);

@@ -58,8 +58,11 @@ pub fn json_frame<T: serde::Serialize>(v: &T) -> Bytes {
 /// all senders are gone. hyper writes each frame as one chunk as soon as it
 /// arrives, so clients see events without buffering.
 pub fn event_stream(rx: mpsc::Receiver<Bytes>) -> Response {
-    let body =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
+    // Counted while open: a checkpoint must not cut it (`quiesce`).
+    let open = (rx, crate::quiesce::StreamGuard::new());
+    let body = futures_util::stream::unfold(open, |(mut rx, g)| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), (rx, g)))
+    });
     let mut resp = Response::new(Body::from_stream(body));
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();

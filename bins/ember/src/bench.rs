@@ -5,6 +5,7 @@
 //!
 //! Exit code: 0 when every ember run succeeded, 1 when some failed (the
 //! figures are printed either way). A missed target is a result, not an error.
+mod checkpoint;
 mod claim;
 mod claim_report;
 mod class_extra;

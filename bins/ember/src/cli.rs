@@ -237,6 +237,13 @@ pub enum SandboxCmd {
     },
     /// Remove sandboxes.
     Rm { ids: Vec<String> },
+    /// Freeze a Running sandbox.
+    Pause { id: String },
+    /// Save a Running gVisor (runsc) sandbox's processes and memory to disk and
+    /// stop them; `ember sandbox resume ID` restores it.
+    Checkpoint { id: String },
+    /// Thaw a paused sandbox, or restore a checkpointed one.
+    Resume { id: String },
     /// Show a sandbox's network policy, or replace it while it runs.
     Policy {
         id: String,

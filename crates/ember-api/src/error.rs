@@ -66,6 +66,8 @@ impl From<EngineError> for ApiError {
             EngineError::SnapshotNotReady { .. } => (S::CONFLICT, "SNAPSHOT::NOT_READY"),
             EngineError::SnapshotSourceState { .. } => (S::CONFLICT, "SNAPSHOT::INVALID_SOURCE_STATE"),
             EngineError::SnapshotUnsupportedRuntime(_) => (S::BAD_REQUEST, "SNAPSHOT::UNSUPPORTED_RUNTIME"),
+            EngineError::CheckpointUnsupported(_) => (S::BAD_REQUEST, "SANDBOX::UNSUPPORTED_RUNTIME"),
+            EngineError::Busy { .. } => (S::CONFLICT, "SANDBOX::BUSY"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

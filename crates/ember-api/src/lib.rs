@@ -84,6 +84,7 @@ fn lifecycle() -> Router<ApiState> {
         .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::remove))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/checkpoint", post(sandboxes::checkpoint))
         .route("/sandboxes/{id}/renew-expiration", post(sandboxes::renew))
         .route("/sandboxes/{id}/metadata", patch(sandboxes::patch_metadata))
         .route("/sandboxes/{id}/endpoints/{port}", get(sandboxes::endpoint))

@@ -71,6 +71,13 @@ pub async fn resume(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
     Ok(StatusCode::ACCEPTED)
 }
 
+/// Saves a runsc sandbox's processes and memory to disk and stops them; it
+/// reads Paused until a resume restores it.
+pub async fn checkpoint(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
+    st.engine.checkpoint(&id).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
 pub async fn renew(
     State(st): State<ApiState>,
     ApiPath(id): ApiPath<String>,

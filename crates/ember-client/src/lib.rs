@@ -158,6 +158,20 @@ impl Client {
         Self::check(&path, resp).await.map(|_| ())
     }
 
+    /// Thaws a Paused sandbox, or restores a checkpointed one (`POST .../resume`, 202).
+    pub async fn resume_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/sandboxes/{id}/resume");
+        let resp = self.send(Method::POST, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
+    /// Saves a runsc sandbox to disk and stops it (`POST .../checkpoint`, 202).
+    pub async fn checkpoint_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/sandboxes/{id}/checkpoint");
+        let resp = self.send(Method::POST, &path, Bytes::new(), None).await?;
+        Self::check(&path, resp).await.map(|_| ())
+    }
+
     pub async fn boundary(&self, id: &str) -> Result<BoundaryReport, ClientError> {
         Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}/boundary"), None).await?.0)
     }

@@ -360,6 +360,7 @@ impl Engine {
             snapshot_freeze: false,
             snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
             net_slot: None,
+            checkpointed: false,
         };
         let net = self.attach_network(&id, &spec).await?;
         let mut rec = rec;

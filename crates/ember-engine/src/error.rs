@@ -60,6 +60,11 @@ pub enum EngineError {
     SnapshotSourceState { id: SandboxId, state: SandboxState },
     #[error("the {0} runtime class keeps the sandbox's writable layer out of the host's reach: sandbox snapshots need the native, crun or runc class")]
     SnapshotUnsupportedRuntime(String),
+    #[error("the {0} runtime class cannot checkpoint a sandbox to disk: checkpoint needs the runsc (gVisor) class")]
+    CheckpointUnsupported(String),
+    /// The sandbox refused to be interrupted (an open exec stream or terminal).
+    #[error("sandbox {id} is busy: {message}")]
+    Busy { id: SandboxId, message: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

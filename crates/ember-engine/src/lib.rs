@@ -5,11 +5,12 @@
 //! maps [`EngineError`] to status codes.
 //!
 //! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
-//! sandbox), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
+//! sandbox), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
 //! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
 //! pause, renew, metadata), `store.rs` (records on disk).
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod create;
 mod error;
 mod images;
@@ -67,7 +68,18 @@ pub struct EngineConfig {
 
 /// A request to the monitor of one sandbox.
 pub(crate) enum Control {
-    Stop { reason: ember_types::TerminationReason, done: oneshot::Sender<()> },
+    Stop {
+        reason: ember_types::TerminationReason,
+        done: oneshot::Sender<()>,
+    },
+    /// Save the sandbox to disk and stop its processes (`checkpoint.rs`).
+    Checkpoint {
+        done: oneshot::Sender<Result<(), EngineError>>,
+    },
+    /// Start a checkpointed sandbox again from its image.
+    Restore {
+        done: oneshot::Sender<Result<(), EngineError>>,
+    },
 }
 
 /// One sandbox known to the engine.

@@ -1,8 +1,10 @@
 //! One monitor task per live sandbox: it waits for the init to exit, the OOM
 //! killer to fire, the TTL to run out, or a stop request, then tears the sandbox
-//! down and records the terminal state with its reason.
+//! down and records the terminal state with its reason. Checkpoint and restore
+//! go through it too, so the Sentry's exit after a checkpoint is not taken for
+//! the sandbox's end and the restored init's pidfd replaces the old one.
 use crate::record::now_ms;
-use crate::{Control, Engine, Entry};
+use crate::{Control, Engine, EngineError, Entry};
 use ember_runtime::ExitKind;
 use ember_runtime::Launched;
 use ember_types::{SandboxState, TerminationReason};
@@ -13,6 +15,16 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) fn spawn(engine: Arc<Engine>, entry: Arc<Entry>, launched: Launched, rx: mpsc::Receiver<Control>) {
+    spawn_with(engine, entry, Some(launched), rx)
+}
+
+/// A monitor for a checkpointed sandbox found after a restart: no process
+/// until a `Control::Restore`; its TTL and removal work as for a live one.
+pub(crate) fn spawn_checkpointed(engine: Arc<Engine>, entry: Arc<Entry>, rx: mpsc::Receiver<Control>) {
+    spawn_with(engine, entry, None, rx)
+}
+
+fn spawn_with(engine: Arc<Engine>, entry: Arc<Entry>, launched: Option<Launched>, rx: mpsc::Receiver<Control>) {
     tokio::spawn(async move {
         let id = entry.snapshot().id;
         if let Err(e) = run(engine, entry, launched, rx).await {
@@ -21,14 +33,25 @@ pub(crate) fn spawn(engine: Arc<Engine>, entry: Arc<Entry>, launched: Launched, 
     });
 }
 
+/// The running init's descriptors; none while the sandbox is checkpointed.
+struct Live {
+    pidfd: AsyncFd<OwnedFd>,
+    oom: Option<AsyncFd<OwnedFd>>,
+}
+
+impl Live {
+    fn new(launched: Launched) -> std::io::Result<Live> {
+        Ok(Live { pidfd: async_fd(launched.pidfd)?, oom: launched.oom.map(async_fd).transpose()? })
+    }
+}
+
 async fn run(
     engine: Arc<Engine>,
     entry: Arc<Entry>,
-    launched: Launched,
+    launched: Option<Launched>,
     mut rx: mpsc::Receiver<Control>,
 ) -> std::io::Result<()> {
-    let pidfd = async_fd(launched.pidfd)?;
-    let oom = launched.oom.map(async_fd).transpose()?;
+    let mut live = launched.map(Live::new).transpose()?;
     let mut reply: Option<oneshot::Sender<()>> = None;
     let reason = loop {
         let deadline = entry.snapshot().expires_at_ms.map(|ms| {
@@ -36,12 +59,12 @@ async fn run(
             tokio::time::Instant::now() + Duration::from_millis(left)
         });
         tokio::select! {
-            r = pidfd.readable() => {
-                let mut guard = r?;
-                guard.clear_ready();
-                break exit_reason(&engine, &entry, pidfd.get_ref()).await;
+            r = exited(live.as_ref()) => {
+                r?;
+                let pidfd = live.as_ref().map(|l| l.pidfd.get_ref());
+                break exit_reason(&engine, &entry, pidfd).await;
             }
-            _ = oom_fired(oom.as_ref()) => {
+            _ = oom_fired(live.as_ref().and_then(|l| l.oom.as_ref())) => {
                 if wait_for_kill(&engine, &entry).await {
                     break TerminationReason::OOMKilled;
                 }
@@ -54,15 +77,42 @@ async fn run(
             _ = entry.wake.notified() => {}
             c = rx.recv() => match c {
                 Some(Control::Stop { reason, done }) => { reply = Some(done); break reason; }
+                Some(Control::Checkpoint { done }) => {
+                    let r = crate::checkpoint::checkpoint(&engine, &entry, live.is_some()).await;
+                    if r.is_ok() {
+                        // The Sentry has exited: its end is not the sandbox's.
+                        live = None;
+                    }
+                    let _ = done.send(r);
+                }
+                Some(Control::Restore { done }) => {
+                    let r = match crate::checkpoint::restore(&engine, &entry, live.is_none()).await {
+                        Ok(l) => Live::new(l).map(|l| live = Some(l)).map_err(|e| EngineError::Internal(e.to_string())),
+                        Err(e) => Err(e),
+                    };
+                    let _ = done.send(r);
+                }
                 None => break TerminationReason::Killed,
             }
         }
     };
-    teardown(&engine, &entry, pidfd.into_inner(), reason).await;
+    teardown(&engine, &entry, live.map(|l| l.pidfd.into_inner()), reason).await;
     if let Some(done) = reply {
         let _ = done.send(());
     }
     Ok(())
+}
+
+/// Resolves when the init exits; never while there is none (checkpointed).
+async fn exited(live: Option<&Live>) -> std::io::Result<()> {
+    match live {
+        Some(l) => {
+            let mut guard = l.pidfd.readable().await?;
+            guard.clear_ready();
+            Ok(())
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// `AsyncFd::new` is deprecated in favour of the unsafe `register`, whose
@@ -108,11 +158,11 @@ async fn sleep_opt(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Why the init exited on its own.
-async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: &OwnedFd) -> TerminationReason {
+async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: Option<&OwnedFd>) -> TerminationReason {
     if engine.oom_kills(entry).await > 0 {
         return TerminationReason::OOMKilled;
     }
-    match ember_runtime::try_wait(pidfd) {
+    match pidfd.and_then(ember_runtime::try_wait) {
         Some(ExitKind::Code(c)) => TerminationReason::Exited(c),
         Some(ExitKind::Signal(_)) => TerminationReason::Killed,
         // Not our child (OCI classes): the runtime knows what the agent reported.
@@ -129,7 +179,7 @@ async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: &OwnedFd) -> Te
 
 /// Stopping → destroy → terminal state, persisted. The sandbox's record stays
 /// (visible as Terminated/Failed) until removed or the retention passes.
-async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reason: TerminationReason) {
+async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: Option<OwnedFd>, reason: TerminationReason) {
     let (id, class) = entry.update(|r| {
         r.transition(SandboxState::Stopping, None);
         (r.id.clone(), r.spec.runtime_class.clone())
@@ -138,10 +188,10 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: OwnedFd, reas
     let rt = engine.rt(&class);
     let rid = id.clone();
     let res = tokio::task::spawn_blocking(move || {
-        let r = rt.destroy(&rid, Some(&pidfd));
+        let r = rt.destroy(&rid, pidfd.as_ref());
         // Reap the init (our child) so it does not linger as a zombie.
         for _ in 0..1000 {
-            if ember_runtime::wait_done(&pidfd) {
+            if pidfd.as_ref().is_none_or(ember_runtime::wait_done) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));

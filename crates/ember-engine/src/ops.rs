@@ -91,7 +91,12 @@ impl Engine {
         self.set_frozen(id, true).await
     }
 
+    /// Thaws a paused sandbox, or restores a checkpointed one from disk.
     pub async fn resume(&self, id: &str) -> Result<(), EngineError> {
+        let e = self.entry(id)?;
+        if e.snapshot().checkpointed {
+            return self.restore_checkpoint(&e).await;
+        }
         self.set_frozen(id, false).await
     }
 

@@ -57,6 +57,10 @@ pub struct SandboxRecord {
     /// before launch so a restart can re-adopt or reclaim it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_slot: Option<u32>,
+    /// Saved to disk by a gVisor checkpoint: no process runs (state Paused,
+    /// `pid` unset) and `resume` restores it from the image.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpointed: bool,
     /// The sandbox snapshot this sandbox was restored from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,

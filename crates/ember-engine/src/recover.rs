@@ -52,6 +52,17 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
 }
 
 async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
+    if rec.checkpointed && rec.state == SandboxState::Paused && !rec.deleting {
+        // No process to adopt: the image on disk is the sandbox until a resume.
+        let socket = engine.rt(&rec.spec.runtime_class).agent_socket_path(&rec.id).unwrap_or_default();
+        let (tx, rx) = mpsc::channel(4);
+        let entry =
+            Arc::new(Entry { record: Mutex::new(rec.clone()), agent_socket: socket, ctl: tx, wake: Notify::new() });
+        engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
+        tracing::info!(sandbox = %rec.id, "kept checkpointed sandbox");
+        crate::monitor::spawn_checkpointed(engine.clone(), entry, rx);
+        return;
+    }
     let live = matches!(rec.state, SandboxState::Running | SandboxState::Paused);
     if live && !rec.deleting {
         if let (Some(pid), Some(st)) = (rec.pid, rec.start_time) {

@@ -40,6 +40,20 @@ pub fn pin_agent_socket(socket: &Path) -> std::io::Result<(OwnedFd, PathBuf)> {
 /// listening socket before the agent started, so `connect` succeeds at once and
 /// the request waits in the backlog until the agent begins to serve.
 pub fn ping_agent(socket: &Path, timeout: Duration) -> Result<(), String> {
+    match request(socket, "GET /ping", timeout)? {
+        (code, _) if (200..300).contains(&code) => Ok(()),
+        (code, body) => Err(format!("unexpected reply {code}: {body}")),
+    }
+}
+
+/// Sends a bodiless `POST path` and returns the status and up to 4 KiB of the
+/// reply (headers included: only for error messages).
+pub fn post_agent(socket: &Path, path: &str, timeout: Duration) -> Result<(u16, String), String> {
+    request(socket, &format!("POST {path}"), timeout)
+}
+
+/// One request with `Connection: close`, read to the end (at most 4 KiB).
+fn request(socket: &Path, line: &str, timeout: Duration) -> Result<(u16, String), String> {
     let connect = || {
         let (_pin, path) = pin_agent_socket(socket)?;
         UnixStream::connect(path)
@@ -47,21 +61,14 @@ pub fn ping_agent(socket: &Path, timeout: Duration) -> Result<(), String> {
     let mut s = connect().map_err(|e| format!("connect {}: {e}", socket.display()))?;
     s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.write_all(b"GET /ping HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-        .map_err(|e| format!("write: {e}"))?;
-    let mut buf = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        let r = s.read(&mut buf[n..]).map_err(|e| format!("read: {e}"))?;
-        if r == 0 {
-            break;
-        }
-        n += r;
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    match head.split_whitespace().nth(1) {
-        Some(code) if code.starts_with('2') => Ok(()),
-        _ => Err(format!("unexpected reply {head:?}")),
+    let req = format!("{line} HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| format!("write: {e}"))?;
+    let mut buf = Vec::new();
+    s.take(4096).read_to_end(&mut buf).map_err(|e| format!("read: {e}"))?;
+    let reply = String::from_utf8_lossy(&buf).into_owned();
+    match reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()) {
+        Some(code) => Ok((code, reply)),
+        None => Err(format!("unexpected reply {reply:?}")),
     }
 }
 

@@ -13,7 +13,7 @@ mod registry;
 
 pub use registry::{ClassInfo, Runtimes};
 
-pub use agent::{pin_agent_socket, ping_agent};
+pub use agent::{pin_agent_socket, ping_agent, post_agent};
 pub use ember_sys::pidfd::ExitStatus as ExitKind;
 
 /// Reaps the sandbox init behind `pidfd` if it has exited.
@@ -97,6 +97,9 @@ pub enum RuntimeError {
     Seccomp(#[from] ember_sys::seccomp::SeccompError),
     #[error("runtime class {0} cannot join a prepared network namespace")]
     NetworkUnsupported(&'static str),
+    /// The sandbox refused to be interrupted (an exec stream or a terminal is open).
+    #[error("sandbox {id} is busy: {message}")]
+    Busy { id: SandboxId, message: String },
 }
 
 /// A prepared network namespace (a network slot) that a sandbox joins instead
@@ -222,6 +225,31 @@ pub trait Runtime: Send + Sync {
         _spec: &SandboxSpec,
     ) -> Result<Option<WritableLayer>, RuntimeError> {
         Ok(None)
+    }
+    /// Whether [`Runtime::checkpoint`] can work for this class.
+    fn can_checkpoint(&self) -> bool {
+        false
+    }
+    /// Saves the running sandbox's processes and memory to disk and stops it;
+    /// its cgroups, rootfs and dirs stay for [`Runtime::restore`].
+    fn checkpoint(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported { class: self.class(), what: "checkpoint and restore" })
+    }
+    /// Starts a checkpointed sandbox again from its image and returns once its
+    /// agent answers `/ping`. The image stays until [`Runtime::drop_checkpoint`]
+    /// (so a crash before the engine records the new init loses nothing).
+    fn restore(&self, _id: &SandboxId, _spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        Err(RuntimeError::Unsupported { class: self.class(), what: "checkpoint and restore" })
+    }
+    /// Removes a checkpoint image that is no longer needed. Idempotent.
+    fn drop_checkpoint(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    /// The host path of the sandbox's agent socket, when the class has one per
+    /// sandbox (a checkpointed sandbox re-adopted after a restart has no
+    /// [`Launched`] to say it).
+    fn agent_socket_path(&self, _id: &SandboxId) -> Option<PathBuf> {
+        None
     }
 }
 

@@ -178,16 +178,30 @@ async fn resolve(app: &App, context: Option<CodeContext>) -> ApiResult<Arc<Conte
 /// Accepts and closes connections on `127.0.0.1:${JUPYTER_PORT:-44771}`, the
 /// port code-interpreter clients probe for readiness.
 pub async fn readiness_port(port: u16) {
-    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("ember-agent: code interpreter readiness port {port}: {e}");
-            return;
-        }
-    };
     loop {
-        if let Ok((s, _)) = listener.accept().await {
-            drop(s);
+        // Closed while the agent is quiesced for a checkpoint: gVisor cannot
+        // save a listening TCP endpoint.
+        let _open = crate::quiesce::listener_guard().await;
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("ember-agent: code interpreter readiness port {port}: {e}");
+                return;
+            }
+        };
+        let accept = async {
+            loop {
+                if let Ok((s, _)) = listener.accept().await {
+                    drop(s);
+                }
+            }
+        };
+        tokio::select! {
+            _ = accept => {}
+            _ = crate::quiesce::quiesce_requested() => {}
         }
+        drop(listener);
+        drop(_open);
+        crate::quiesce::quiesce_over().await;
     }
 }

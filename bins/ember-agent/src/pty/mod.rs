@@ -146,6 +146,7 @@ pub async fn websocket(
     Ok(upgrade.on_upgrade(move |socket| async move {
         // An attachment dropped unused (failed upgrade) frees the session again.
         let attach = attach.unwrap_or_else(|| session.take_over());
+        let _open = crate::quiesce::StreamGuard::new();
         ws::serve(app, attach, socket, pipe_mode, since).await
     }))
 }

@@ -2,7 +2,8 @@
 //! same daemon, cold create (server side, `X-Ember-Launch-Micros`) p50/p99,
 //! remove, the exec round trip (`true` through the agent), a stat-heavy
 //! micro-workload and the memory per idle sandbox (`class_extra.rs`), then
-//! each class's cold-create p50 as a ratio to native's.
+//! each class's cold-create p50 as a ratio to native's; for runsc, checkpoint
+//! and restore p50/p99 (`checkpoint.rs`).
 use super::class_extra::{idle_memory, stat_workload, IdleMemory};
 use super::stats::{Progress, Series, Summary};
 use ember_client::Client;
@@ -87,6 +88,10 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
     for c in &available {
         all.push(measure(client, c, runs, idle).await);
     }
+    let ckpt = match available.iter().any(|c| c == "runsc") {
+        true => Some(super::checkpoint::measure(client, runs).await),
+        false => None,
+    };
     let sums: Vec<(String, Summary, Summary, Summary)> =
         all.iter().map(|f| (f.class.clone(), f.create.summary(), f.delete.summary(), f.exec.summary())).collect();
     let extra: Vec<(Summary, Option<IdleMemory>)> =
@@ -105,7 +110,9 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
                     "stat100k": st, "idleMemory": mem, "coldCreateP50VsNative": ratio(cr.p50_ms)})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"runs": runs, "classes": v}))?);
+        let ck = ckpt.as_ref().map(|c| c.as_ref().map_err(String::as_str).ok());
+        let doc = serde_json::json!({"runs": runs, "classes": v, "runscCheckpoint": ck.flatten()});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!();
         println!(
@@ -138,6 +145,9 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
         }
         if let (Some(g), Some(n)) = (sums.iter().find(|s| s.0 == "runsc").and_then(|s| s.1.p50_ms), native) {
             println!("gVisor (runsc) cold create p50 is {:.1}x native's ({g:.2} ms vs {n:.2} ms)", g / n.max(1e-9));
+        }
+        if let Some(c) = &ckpt {
+            super::checkpoint::print(c, sums.iter().find(|s| s.0 == "runsc").and_then(|s| s.1.p50_ms));
         }
         println!("memory: per idle sandbox, {idle} at once: host = MemAvailable drop, cgroup = charged to its cgroup");
         for (f, (st, _)) in all.iter().zip(&extra) {

@@ -92,6 +92,9 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
             }
         }
         SandboxCmd::Snapshots(cmd) => return snapshots(client, cmd).await,
+        SandboxCmd::Pause { id } => client.pause_sandbox(&id).await?,
+        SandboxCmd::Checkpoint { id } => client.checkpoint_sandbox(&id).await?,
+        SandboxCmd::Resume { id } => client.resume_sandbox(&id).await?,
         SandboxCmd::Rm { ids } => {
             return super::for_each_name(ids, |id| async move { client.delete_sandbox(&id).await }).await;
         }

@@ -83,17 +83,34 @@ impl OciCli {
     /// container's life); on failure the error carries the log's tail.
     pub fn create(&self, id: &str, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
         let b = bundle.display().to_string();
-        let verb = ["create", "--bundle", &b, id];
-        let command = self.line(&verb);
+        self.run_logged(&["create", "--bundle", &b, id], log)
+    }
+
+    /// Runs `verb` with stdout and stderr appended to `log`.
+    fn run_logged(&self, verb: &[&str], log: &Path) -> Result<(), OciCliError> {
+        let command = self.line(verb);
         let spawn = |source| OciCliError::Spawn { command: command.clone(), source };
         let f = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(spawn)?;
         let f2 = f.try_clone().map_err(spawn)?;
-        let status = self.command(&verb).stdout(f).stderr(f2).status().map_err(spawn)?;
+        let status = self.command(verb).stdout(f).stderr(f2).status().map_err(spawn)?;
         if !status.success() {
             let stderr = std::fs::read_to_string(log).unwrap_or_default();
             return Err(OciCliError::Failed { command, status: status.to_string(), stderr: tail(&stderr) });
         }
         Ok(())
+    }
+
+    /// `checkpoint --image-path <dir> <id>` (runsc): saves the container and stops it.
+    pub fn checkpoint(&self, id: &str, image: &Path) -> Result<(), OciCliError> {
+        let i = image.display().to_string();
+        self.run(&["checkpoint", "--image-path", &i, id]).map(drop)
+    }
+
+    /// `restore --image-path <dir> --bundle <dir> --detach <id>` (runsc). Like
+    /// [`OciCli::create`], the restored init's stdio goes to `log`.
+    pub fn restore(&self, id: &str, image: &Path, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
+        let (i, b) = (image.display().to_string(), bundle.display().to_string());
+        self.run_logged(&["restore", "--image-path", &i, "--bundle", &b, "--detach", id], log)
     }
 
     pub fn start(&self, id: &str) -> Result<(), OciCliError> {

@@ -9,8 +9,10 @@
 //! agent's socket in the bound host dir until `GET /ping` answers.
 //!
 //! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
-//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log}`.
+//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log, checkpoint/}`
+//! (`checkpoint/`: a runsc checkpoint image, [`checkpoint`]).
 pub mod bundle;
+mod checkpoint;
 pub mod cli;
 mod exit;
 pub mod rootfs;
@@ -402,6 +404,26 @@ impl Runtime for OciRuntime {
         }
         let upper = rootfs::prepare_layer(&self.dir(id.as_str()), spec.resources.disk_bytes)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
+    }
+
+    fn can_checkpoint(&self) -> bool {
+        self.cfg.class == OciClass::Runsc
+    }
+
+    fn checkpoint(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.checkpoint_sandbox(id)
+    }
+
+    fn restore(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        self.restore_sandbox(id, spec)
+    }
+
+    fn drop_checkpoint(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.drop_checkpoint_image(id)
+    }
+
+    fn agent_socket_path(&self, id: &SandboxId) -> Option<PathBuf> {
+        Some(self.dir(id.as_str()).join("sock/agent.sock"))
     }
 }
 

@@ -1,0 +1,153 @@
+//! gVisor checkpoint / restore through a real daemon and real runsc: a
+//! sandbox's processes, with their memory, stop on `checkpoint` and run again
+//! on `resume`, across a daemon restart too; other classes are refused; an
+//! open exec stream refuses the checkpoint rather than being cut; removal
+//! leaves nothing. Fails, not skips, without runsc (`.ci/run` installs it).
+mod common;
+
+use common::Daemon;
+use ember_client::ClientError;
+use ember_types::api::{CreateSandboxRequest, ResourcesSpec};
+use std::time::Duration;
+
+async fn create(d: &Daemon, class: &str) -> String {
+    let req = CreateSandboxRequest {
+        template: Some("host".into()),
+        runtime_class: Some(class.into()),
+        resources: Some(ResourcesSpec { memory: Some("256Mi".into()), pids: Some(64), ..Default::default() }),
+        ..Default::default()
+    };
+    match d.client.create_sandbox(&req).await {
+        Ok((info, _)) => info.id,
+        Err(e) => panic!("creating a {class} sandbox: {e} (is {class} installed? .ci/run installs it)"),
+    }
+}
+
+fn runsc_cgroups(d: &Daemon) -> Box<dyn ember_cgroups::Cgroups> {
+    ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &format!("{}-runsc", d.group)).expect("cgroups")
+}
+
+/// A loop holding a random value and its own pid only in shell variables; it
+/// writes them to /tmp/val when /tmp/trig appears, and nowhere else.
+const HOLDER: &str = "v=$RANDOM$RANDOM$RANDOM; \
+    while :; do if [ -e /tmp/trig ]; then echo \"$v $$\" > /tmp/val; rm -f /tmp/trig; fi; sleep 0.05; done";
+
+/// Asks the loop for its value and pid, then deletes the file again, so the
+/// value lives only in the loop's memory.
+async fn ask_holder(d: &Daemon, id: &str) -> String {
+    let script = "rm -f /tmp/val; touch /tmp/trig; i=0; \
+        while [ ! -s /tmp/val ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; cat /tmp/val; rm -f /tmp/val";
+    let (code, out, err) = d.sh(id, script, None).await;
+    assert_eq!(code, Some(0), "asking the holder loop: {out} {err}");
+    let v = out.trim().to_string();
+    assert!(v.split_whitespace().count() == 2, "holder answered {v:?}");
+    v
+}
+
+fn api_err(e: ClientError) -> (u16, String) {
+    match e {
+        ClientError::Api { status, code, .. } => (status, code),
+        other => panic!("expected an API error, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_runsc_sandbox_checkpoints_to_disk_and_resumes_with_its_memory() {
+    let mut d = Daemon::start();
+    let id = create(&d, "runsc").await;
+    let (code, _, err) = d.sh(&id, &format!("({HOLDER}) >/dev/null 2>&1 &"), None).await;
+    assert_eq!(code, Some(0), "{err}");
+    let before = ask_holder(&d, &id).await;
+    let cg = runsc_cgroups(&d);
+    let limits = cg.read_limits(&id).expect("limits");
+    let mem_running = cg.usage(&id).expect("usage").memory_bytes;
+    assert!(!cg.procs(&id).unwrap_or_default().is_empty(), "the Sentry runs in ember's cgroup");
+
+    d.client.checkpoint_sandbox(&id).await.expect("checkpoint");
+    assert_eq!(d.client.get_sandbox(&id).await.expect("get").status.state, "Paused");
+    assert_eq!(cg.procs(&id).expect("procs"), Vec::<i32>::new(), "no host process is left after the checkpoint");
+    let mem_saved = cg.usage(&id).expect("usage").memory_bytes;
+    assert!(mem_saved < mem_running, "cgroup memory {mem_saved} B after the checkpoint, {mem_running} B before");
+    assert_eq!(cg.read_limits(&id).expect("limits kept"), limits, "ember's cgroup survives runsc delete");
+    let image = d.data_dir.join(format!("oci/runsc/sandboxes/{id}/checkpoint/checkpoint.img"));
+    assert!(image.is_file(), "no image at {}", image.display());
+    // Not Running: no second checkpoint, no exec.
+    let again = d.client.checkpoint_sandbox(&id).await.expect_err("a second checkpoint");
+    assert_eq!(api_err(again), (409, "SANDBOX::NOT_RUNNING".to_string()));
+
+    d.client.resume_sandbox(&id).await.expect("restore");
+    assert_eq!(d.client.get_sandbox(&id).await.expect("get").status.state, "Running");
+    assert_eq!(ask_holder(&d, &id).await, before, "the same process with the same value in memory");
+    assert!(!image.exists(), "the used image is dropped");
+    assert!(!cg.procs(&id).unwrap_or_default().is_empty(), "the restored Sentry is back in ember's cgroup");
+    assert_eq!(cg.read_limits(&id).expect("limits"), limits);
+    let b = d.client.boundary(&id).await.expect("boundary");
+    assert!(b.kernel_boundary.contains("gVisor"), "{}", b.kernel_boundary);
+    let (code, out, _) = d.sh(&id, "echo restored > /tmp/f; cat /tmp/f", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "restored\n"));
+
+    // Checkpointed across a daemon restart: the image is the sandbox.
+    d.client.checkpoint_sandbox(&id).await.expect("second checkpoint");
+    d.kill9();
+    d.spawn();
+    let s = d.client.get_sandbox(&id).await.expect("kept after the restart");
+    assert_eq!(s.status.state, "Paused");
+    d.client.resume_sandbox(&id).await.expect("restore after a restart");
+    assert_eq!(ask_holder(&d, &id).await, before, "still the same process after a restart");
+
+    d.client.delete_sandbox(&id).await.expect("remove");
+    assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn checkpoint_is_refused_on_native_and_while_a_stream_is_open_and_removal_cleans_up() {
+    let d = Daemon::start();
+    let native = create(&d, "native").await;
+    let e = d.client.checkpoint_sandbox(&native).await.expect_err("native cannot checkpoint");
+    assert_eq!(api_err(e), (400, "SANDBOX::UNSUPPORTED_RUNTIME".to_string()));
+    assert_eq!(d.client.get_sandbox(&native).await.expect("get").status.state, "Running");
+
+    let id = create(&d, "runsc").await;
+    // An exec stream open while the checkpoint is asked for: refused, not cut.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let client = d.client.clone();
+    let sid = id.clone();
+    let stream = tokio::spawn(async move {
+        let mut tx = Some(tx);
+        let req = ember_types::execd::RunCommandRequest {
+            command: Some("echo started; while :; do echo tick; sleep 0.2; done".into()),
+            ..Default::default()
+        };
+        let _ = client
+            .exec(&sid, &req, |ev| {
+                if ev.text.as_deref().is_some_and(|t| t.contains("started")) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+            })
+            .await;
+    });
+    tokio::time::timeout(Duration::from_secs(30), rx).await.expect("stream started").expect("started");
+    let busy = d.client.checkpoint_sandbox(&id).await.expect_err("busy");
+    assert_eq!(api_err(busy), (409, "SANDBOX::BUSY".to_string()));
+    let (code, out, _) = d.sh(&id, "echo still-serving", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "still-serving\n"), "the refused checkpoint left the agent serving");
+    stream.abort();
+    let _ = stream.await;
+    // The stream's end reaches the agent when the connection closes.
+    let mut done = Err(ClientError::Url(String::new()));
+    for _ in 0..100 {
+        done = d.client.checkpoint_sandbox(&id).await;
+        if done.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    done.expect("checkpoint once the stream is closed");
+
+    // Removing a checkpointed sandbox removes its image, cgroups and mounts.
+    d.client.delete_sandbox(&id).await.expect("remove checkpointed");
+    assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());
+    d.client.delete_sandbox(&native).await.expect("remove native");
+}

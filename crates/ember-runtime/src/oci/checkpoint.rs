@@ -1,0 +1,173 @@
+//! gVisor checkpoint / restore of a sandbox (runsc only; docs/gvisor-checkpoint.md).
+//!
+//! gVisor cannot save a socket bound to a host endpoint, and the agent's
+//! listener is one (`--host-uds=create`). So a checkpoint is: ask the agent to
+//! quiesce (`POST /ember/v1/quiesce`: it drains, drops its listener and writes
+//! `quiesced` beside its socket), remove the stale socket path on the host
+//! (gVisor refuses to unlink it from inside), `runsc checkpoint`, `runsc
+//! delete` (frees the id for the restore; ember's cgroups and rootfs mounts are
+//! ember's and stay). A restore is `runsc restore` from the same bundle, then
+//! `resume` beside the socket: the agent binds again and the daemon waits for
+//! `/ping` as at launch. The image lives in the sandbox's dir, so removing the
+//! sandbox removes it.
+use super::{OciClass, OciRuntime};
+use crate::{LaunchTiming, Launched, RuntimeError};
+use ember_cgroups::Limits;
+use ember_types::{SandboxId, SandboxSpec};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The checkpoint image, in the sandbox's dir.
+pub const IMAGE_DIR: &str = "checkpoint";
+/// Written by the agent once its listener is gone (the agent's `quiesce::QUIESCED`).
+const QUIESCED: &str = "quiesced";
+/// Written by the daemon when the agent may listen again (the agent's `quiesce::RESUME`).
+const RESUME: &str = "resume";
+/// How long the agent gets to drain its connections and let go of its socket.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl OciRuntime {
+    fn check_checkpoint_class(&self) -> Result<(), RuntimeError> {
+        if self.cfg.class != OciClass::Runsc {
+            return Err(RuntimeError::Unsupported { class: self.cfg.class.name(), what: "checkpoint and restore" });
+        }
+        Ok(())
+    }
+
+    pub(super) fn checkpoint_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.check_checkpoint_class()?;
+        let dir = self.dir(id.as_str());
+        let (sock_dir, image) = (dir.join("sock"), dir.join(IMAGE_DIR));
+        let sock = sock_dir.join("agent.sock");
+        remove_dir(&image)?;
+        std::fs::create_dir_all(&image).map_err(|source| RuntimeError::Prepare {
+            what: "checkpoint dir",
+            path: image.clone(),
+            source,
+        })?;
+        for f in [QUIESCED, RESUME] {
+            let _ = std::fs::remove_file(sock_dir.join(f));
+        }
+        self.quiesce(id, &sock)?;
+        // The listener is gone inside; its host path is left for us to remove.
+        let _ = std::fs::remove_file(&sock);
+        let _ = std::fs::remove_file(sock_dir.join(QUIESCED));
+        if let Err(e) = self.cli.checkpoint(id.as_str(), &image) {
+            // A failed checkpoint usually ends the Sentry; if it did not, give
+            // the agent its socket back so the sandbox stays usable.
+            if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "running") {
+                let _ = self.unquiesce(id, &dir);
+            }
+            let _ = remove_dir(&image);
+            return Err(RuntimeError::Oci { id: id.clone(), source: e });
+        }
+        // Stopped now; the id must be free for `runsc restore`.
+        self.cli.delete(id.as_str()).map_err(Self::oci_err(id))
+    }
+
+    /// Asks the agent to let go of its socket and waits until it has.
+    fn quiesce(&self, id: &SandboxId, sock: &Path) -> Result<(), RuntimeError> {
+        let busy = |message: String| RuntimeError::Busy { id: id.clone(), message };
+        match crate::post_agent(sock, "/ember/v1/quiesce", Duration::from_secs(5)) {
+            Ok((code, _)) if (200..300).contains(&code) => {}
+            Ok((409, reply)) => return Err(busy(reply_message(&reply))),
+            Ok((code, reply)) => return Err(busy(format!("the agent answered {code}: {}", reply_message(&reply)))),
+            Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {e}"))),
+        }
+        let quiesced = sock.with_file_name(QUIESCED);
+        let deadline = Instant::now() + QUIESCE_TIMEOUT;
+        while !quiesced.exists() {
+            if Instant::now() > deadline {
+                let _ = self.unquiesce(id, sock.parent().and_then(Path::parent).unwrap_or(Path::new("/")));
+                return Err(busy("connections to the agent stayed open; checkpoint called off".into()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// Lets a quiesced agent listen again and waits for its `/ping`.
+    fn unquiesce(&self, id: &SandboxId, dir: &Path) -> Result<(), RuntimeError> {
+        let sock_dir = dir.join("sock");
+        let _ = std::fs::remove_file(sock_dir.join("agent.sock"));
+        let resume = sock_dir.join(RESUME);
+        std::fs::write(&resume, b"1\n").map_err(|source| RuntimeError::Prepare {
+            what: "resume file",
+            path: resume,
+            source,
+        })?;
+        self.wait_ready(id, &sock_dir.join("agent.sock"), dir)
+    }
+
+    pub(super) fn restore_sandbox(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        self.check_checkpoint_class()?;
+        let t0 = Instant::now();
+        let dir = self.dir(id.as_str());
+        let image = dir.join(IMAGE_DIR);
+        if !image.join("checkpoint.img").is_file() {
+            return Err(RuntimeError::Gone { id: id.clone(), message: "no checkpoint image on disk".into() });
+        }
+        // A restore a daemon crash interrupted may have left a container.
+        let _ = self.cli.delete(id.as_str());
+        // ember made the cgroups and runsc only joined them, so they survive
+        // the checkpoint; recreated with the same limits if anything removed them.
+        if !self.cgroups.exists(id.as_str()) {
+            let r = &spec.resources;
+            let pids = self.cfg.class.host_pids(r.pids);
+            let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids };
+            self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
+        }
+        let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
+        let t_cg = t0.elapsed();
+        let sock = dir.join("sock/agent.sock");
+        let _ = std::fs::remove_file(&sock);
+        let log = dir.join("agent.log");
+        self.cli.restore(id.as_str(), &image, &dir.join("bundle"), &log).map_err(Self::oci_err(id))?;
+        let pid = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?.pid;
+        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        let t_spawn = t0.elapsed();
+        self.unquiesce(id, &dir)?;
+        Ok(Launched {
+            pid,
+            pidfd,
+            start_time: crate::native::boundary::start_time(pid).unwrap_or(0),
+            agent_socket: sock,
+            oom: Some(oom),
+            timing: LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed()),
+        })
+    }
+
+    pub(super) fn drop_checkpoint_image(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        remove_dir(&self.dir(id.as_str()).join(IMAGE_DIR))
+    }
+}
+
+fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RuntimeError::Prepare { what: "remove checkpoint dir", path: path.to_path_buf(), source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The `message` of an agent's JSON error reply, or the reply's body.
+fn reply_message(reply: &str) -> String {
+    let body = reply.split_once("\r\n\r\n").map_or(reply, |(_, b)| b);
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+        .unwrap_or_else(|| body.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agents_error_message_is_taken_from_its_json_reply() {
+        let reply = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\r\n{\"code\":\"CONFLICT\",\"message\":\"1 open\"}";
+        assert_eq!(reply_message(reply), "1 open");
+        assert_eq!(reply_message("HTTP/1.1 500 X\r\n\r\nplain"), "plain");
+    }
+}
