@@ -295,6 +295,7 @@ async fn every_operation_answers_as_documented() {
     change_and_inspect(&api, &a, &b).await;
     execd_through_the_proxy(&api, &a).await;
     pause_resume_and_delete(&api, &a, &b).await;
+    checkpoint_and_restore(&api).await;
     router_fallbacks(&api, &a).await;
     pools(&api).await;
     image_ops::images_and_templates(&api, &reg.addr).await;

@@ -1,5 +1,5 @@
 //! The OpenSandbox lifecycle routes: system, create/get/list, metadata and
-//! renew, sandbox snapshots, pause/resume/delete, and the router's fallbacks.
+//! renew, sandbox snapshots, checkpoint/pause/resume/delete, and the router's fallbacks.
 use super::*;
 
 pub(super) async fn system_routes(api: &Api) {
@@ -174,6 +174,10 @@ pub(super) async fn sandbox_snapshots(api: &Api, a: &str) {
 
 pub(super) async fn pause_resume_and_delete(api: &Api, a: &str, b: &str) {
     let op = |method: &'static str, t: &'static str, id: &str| api.req(method, t, &[id]).send();
+    // Checkpoint is runsc-only (bins/ember/tests/checkpoint.rs covers the 202).
+    let r = op("POST", "/v1/sandboxes/{id}/checkpoint", a).await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (400, Some("SANDBOX::UNSUPPORTED_RUNTIME")));
+    assert_eq!(op("POST", "/v1/sandboxes/{id}/checkpoint", "nope").await.status, 404);
     assert_eq!(op("POST", "/v1/sandboxes/{id}/pause", a).await.status, 202);
     assert_eq!(op("GET", "/v1/sandboxes/{id}", a).await.json()["status"]["state"], "Paused");
     let r = op("POST", "/v1/sandboxes/{id}/pause", a).await;
@@ -194,6 +198,22 @@ pub(super) async fn pause_resume_and_delete(api: &Api, a: &str, b: &str) {
     assert_eq!(op("DELETE", "/v1/sandboxes/{id}", a).await.status, 404);
     assert_eq!(op("GET", "/v1/sandboxes/{id}", b).await.status, 404);
     assert_eq!(api.req("GET", "/v1/sandboxes", &[]).send().await.json()["items"], json!([]));
+}
+
+/// A runsc sandbox through checkpoint (202, then 409 while checkpointed) and
+/// resume (the restore), then removed.
+pub(super) async fn checkpoint_and_restore(api: &Api) {
+    let body = json!({"template": "host", "runtimeClass": "runsc", "timeout": 600});
+    let r = api.req("POST", "/v1/sandboxes", &[]).json(body).send().await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_str().expect("id").to_string();
+    let op = |t: &'static str| api.req("POST", t, &[&id]).send();
+    assert_eq!(op("/v1/sandboxes/{id}/checkpoint").await.status, 202);
+    let r = op("/v1/sandboxes/{id}/checkpoint").await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("SANDBOX::NOT_RUNNING")));
+    assert_eq!(api.req("GET", "/v1/sandboxes/{id}", &[&id]).send().await.json()["status"]["state"], "Paused");
+    assert_eq!(op("/v1/sandboxes/{id}/resume").await.status, 202);
+    assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&id]).send().await.status, 204);
 }
 
 pub(super) async fn router_fallbacks(api: &Api, a: &str) {
