@@ -64,7 +64,9 @@ async fn a_runsc_sandbox_checkpoints_to_disk_and_resumes_with_its_memory() {
     assert!(!cg.procs(&id).unwrap_or_default().is_empty(), "the Sentry runs in ember's cgroup");
 
     d.client.checkpoint_sandbox(&id).await.expect("checkpoint");
-    assert_eq!(d.client.get_sandbox(&id).await.expect("get").status.state, "Paused");
+    let status = d.client.get_sandbox(&id).await.expect("get").status;
+    assert_eq!(status.state, "Paused");
+    assert!(status.message.as_deref().is_some_and(|m| m.contains("checkpointed")), "{status:?}");
     assert_eq!(cg.procs(&id).expect("procs"), Vec::<i32>::new(), "no host process is left after the checkpoint");
     let mem_saved = cg.usage(&id).expect("usage").memory_bytes;
     assert!(mem_saved < mem_running, "cgroup memory {mem_saved} B after the checkpoint, {mem_running} B before");
@@ -150,4 +152,33 @@ async fn checkpoint_is_refused_on_native_and_while_a_stream_is_open_and_removal_
     d.client.delete_sandbox(&id).await.expect("remove checkpointed");
     assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());
     d.client.delete_sandbox(&native).await.expect("remove native");
+}
+
+#[tokio::test]
+async fn an_agent_left_quiesced_by_a_daemon_crash_is_woken_at_adoption() {
+    let mut d = Daemon::start();
+    let id = create(&d, "runsc").await;
+    // What a daemon killed mid-checkpoint leaves: the agent quiesced, waiting.
+    let sock = d.data_dir.join(format!("oci/runsc/sandboxes/{id}/sock/agent.sock"));
+    let s = sock.clone();
+    let (code, _) =
+        tokio::task::spawn_blocking(move || ember_runtime::post_agent(&s, "/ember/v1/quiesce", Duration::from_secs(5)))
+            .await
+            .expect("join")
+            .expect("quiesce");
+    assert_eq!(code, 200);
+    let quiesced = sock.with_file_name("quiesced");
+    for _ in 0..200 {
+        if quiesced.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(quiesced.exists(), "the agent did not quiesce");
+    d.kill9();
+    d.spawn();
+    let (code, out, _) = d.sh(&id, "echo awake", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "awake\n"));
+    d.client.delete_sandbox(&id).await.expect("remove");
+    assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());
 }

@@ -25,13 +25,17 @@ pub fn parse_rfc3339_ms(s: &str) -> Result<i64, ApiError> {
     Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
+/// `status.message` of a checkpointed sandbox.
+pub const CHECKPOINTED: &str = "checkpointed to disk; resume restores it";
+
 pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
     SandboxInfo {
         id: r.id.to_string(),
         status: SandboxStatus {
             state: r.state.as_str().to_string(),
             reason: r.reason.as_ref().map(|x| x.code()),
-            message: r.message.clone(),
+            // A checkpointed sandbox reads Paused; the message says which kind.
+            message: r.message.clone().or_else(|| r.checkpointed.then(|| CHECKPOINTED.to_string())),
             last_transition_at: Some(rfc3339(r.last_transition_ms)),
         },
         entrypoint: r.spec.entrypoint.clone(),

@@ -137,6 +137,21 @@ impl OciRuntime {
         })
     }
 
+    /// At adoption: an agent a crashed daemon left quiesced (it waits for
+    /// `resume` with no listener) gets its socket back.
+    pub(super) fn wake_quiesced_agent(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let dir = self.dir(id.as_str());
+        if self.cfg.class != OciClass::Runsc || !dir.join("sock").join(QUIESCED).exists() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_file(dir.join("sock").join(QUIESCED));
+        // The file is in a dir the sandbox can write: trust a live agent over it.
+        if crate::ping_agent(&dir.join("sock/agent.sock"), Duration::from_secs(2)).is_ok() {
+            return Ok(());
+        }
+        self.unquiesce(id, &dir)
+    }
+
     pub(super) fn drop_checkpoint_image(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         remove_dir(&self.dir(id.as_str()).join(IMAGE_DIR))
     }

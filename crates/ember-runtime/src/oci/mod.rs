@@ -273,6 +273,7 @@ impl Runtime for OciRuntime {
         if crate::native::boundary::start_time(pid) != Some(start_time) {
             return Err(gone("its init process was replaced".into()));
         }
+        self.wake_quiesced_agent(id)?;
         Ok(Launched {
             pid,
             pidfd,
