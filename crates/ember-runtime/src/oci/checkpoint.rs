@@ -96,7 +96,12 @@ impl OciRuntime {
             path: resume,
             source,
         })?;
-        self.wait_ready(id, &sock_dir.join("agent.sock"), dir)
+        self.wait_ready(id, &sock_dir.join("agent.sock"), dir).map_err(|e| match e {
+            RuntimeError::AgentNotReady { id, message } => {
+                RuntimeError::AgentNotReady { id, message: format!("{message}; agent log: {}", log_tail(dir)) }
+            }
+            e => e,
+        })
     }
 
     pub(super) fn restore_sandbox(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
@@ -123,7 +128,12 @@ impl OciRuntime {
         let _ = std::fs::remove_file(&sock);
         let log = dir.join("agent.log");
         self.cli.restore(id.as_str(), &image, &dir.join("bundle"), &log).map_err(Self::oci_err(id))?;
-        let pid = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?.pid;
+        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
+        if state.status != "running" || state.pid <= 0 {
+            let message = format!("restored, then {} (pid {}); log: {}", state.status, state.pid, log_tail(&dir));
+            return Err(RuntimeError::Gone { id: id.clone(), message });
+        }
+        let pid = state.pid;
         let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
         let t_spawn = t0.elapsed();
         self.unquiesce(id, &dir)?;
@@ -155,6 +165,16 @@ impl OciRuntime {
     pub(super) fn drop_checkpoint_image(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         remove_dir(&self.dir(id.as_str()).join(IMAGE_DIR))
     }
+}
+
+/// The end of the sandbox's `agent.log` (the agent's and runsc's output), for errors.
+fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let mut start = log.len().saturating_sub(1500);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    log[start..].trim().to_string()
 }
 
 fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
