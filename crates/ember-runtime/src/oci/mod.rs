@@ -162,7 +162,11 @@ impl OciRuntime {
             .collect()
     }
 
-    fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, PathBuf), RuntimeError> {
+    /// Assembles the rootfs and bundle, `<rt> create`, opens the init's pidfd,
+    /// `<rt> start`. The pidfd is taken between create and start, while the
+    /// init waits to be started: an entrypoint that exits at once can be gone
+    /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
+    fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
         let prep = |what, path: &Path| {
             let path = path.to_path_buf();
             move |source| RuntimeError::Prepare { what, path, source }
@@ -197,14 +201,18 @@ impl OciRuntime {
         std::fs::write(&cfg_path, json).map_err(prep("config.json", &cfg_path))?;
         let log = dir.join("agent.log");
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
-        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        Ok((state.pid, sock_dir.join("agent.sock")))
+        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
+        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
+        Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
     }
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
-    /// container stopped, or the deadline passed.
-    fn wait_ready(&self, id: &SandboxId, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
+    /// container stopped, or the deadline passed. A container that stopped
+    /// after its agent left an exit code, with an entrypoint to explain it, is
+    /// a launched sandbox that already ended (as `native::ended_before_ready`):
+    /// the monitor finds the pidfd readable and records `Exited(n)`.
+    fn wait_ready(&self, id: &SandboxId, spec: &SandboxSpec, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = String::from("socket not created");
         while Instant::now() < deadline {
@@ -216,6 +224,10 @@ impl OciRuntime {
             }
             if let Ok(s) = self.cli.state(id.as_str()) {
                 if s.status == "stopped" {
+                    let code = read_exit_file(&sock.with_file_name(EXIT_FILE));
+                    if code.is_some() && !spec.entrypoint.is_empty() {
+                        return Ok(());
+                    }
                     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
                     last = format!("the container stopped; agent log: {}", log.trim());
                     break;
@@ -246,10 +258,9 @@ impl Runtime for OciRuntime {
         self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
-        let (pid, sock) = self.start(id, spec, &dir)?;
-        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
-        self.wait_ready(id, &sock, &dir)?;
+        self.wait_ready(id, spec, &sock, &dir)?;
         let total = t0.elapsed();
         Ok(Launched {
             pid,
