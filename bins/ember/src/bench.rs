@@ -8,6 +8,7 @@
 mod claim;
 mod claim_report;
 mod class_extra;
+mod class_warm;
 mod classes;
 mod crun;
 mod density;
