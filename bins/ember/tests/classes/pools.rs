@@ -1,6 +1,7 @@
 //! The pool section of the conformance suite: a template names its class, a
 //! pool of it fills, claims are warm and bind the caller's env, user and
-//! entrypoint through the agent, the pool refills, and removing the claimed
+//! entrypoint through the agent (an entrypoint's exit ends the claimed
+//! sandbox with its code), the pool refills, and removing the claimed
 //! sandboxes and the pool leaves nothing, in every class.
 use crate::common::Daemon;
 use bytes::Bytes;
@@ -132,14 +133,22 @@ pub async fn pool_conformance(class: &str) {
     assert_eq!(code, Some(0));
     assert_eq!(d.client.download(&b.id, "/tmp/out.txt").await.expect("download"), data);
 
+    // A claimed entrypoint that exits at once ends its sandbox with its code.
+    let p = wait_idle(&d, &template, SIZE).await;
+    assert_eq!(p.idle, SIZE, "{class}: refill {p:?}");
+    let c = claim(&d, &template, |r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "exit 4".into()])).await;
+    assert_eq!(c.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"), "{class}: {c:?}");
+    let c = d.wait_state(&c.id, "Failed", Duration::from_secs(20)).await;
+    assert_eq!(c.status.reason.as_deref(), Some("Exited(4)"), "{class}: {:?}", c.status);
+
     // Refill; claimed sandboxes are the callers', not idle members.
     let p = wait_idle(&d, &template, SIZE).await;
-    assert_eq!((p.idle, p.claims_total, p.misses_total), (SIZE, 2, 0), "{class}: refill {p:?}");
+    assert_eq!((p.idle, p.claims_total, p.misses_total), (SIZE, 3, 0), "{class}: refill {p:?}");
     let listed = d.client.list_sandboxes("").await.expect("list");
-    assert_eq!(listed.len(), 2, "{class}: idle members are not listed");
+    assert_eq!(listed.len(), 3, "{class}: idle members are not listed");
 
     // Removing the claimed sandboxes, then the pool, leaves nothing.
-    for id in [&a.id, &b.id] {
+    for id in [&a.id, &b.id, &c.id] {
         d.client.delete_sandbox(id).await.expect("delete claimed");
     }
     d.client.delete_pool(&template).await.expect("delete pool");
