@@ -209,10 +209,8 @@ impl OciRuntime {
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
     /// container stopped, or the deadline passed. A container that stopped
-    /// after its agent left an exit code, with an entrypoint to explain it, is
-    /// a launched sandbox that already ended (as `native::ended_before_ready`):
-    /// the monitor finds the pidfd readable and records `Exited(n)`.
-    fn wait_ready(&self, id: &SandboxId, spec: &SandboxSpec, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
+    /// early may be a sandbox that ran and ended ([`ended_before_ready`]).
+    fn wait_ready(&self, id: &SandboxId, spec: &SandboxSpec, init: &OwnedFd, sock: &Path) -> Result<(), RuntimeError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = String::from("socket not created");
         while Instant::now() < deadline {
@@ -224,11 +222,10 @@ impl OciRuntime {
             }
             if let Ok(s) = self.cli.state(id.as_str()) {
                 if s.status == "stopped" {
-                    let code = read_exit_file(&sock.with_file_name(EXIT_FILE));
-                    if code.is_some() && !spec.entrypoint.is_empty() {
+                    if ended_before_ready(init, spec, &sock.with_file_name(EXIT_FILE)) {
                         return Ok(());
                     }
-                    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+                    let log = std::fs::read_to_string(self.dir(id.as_str()).join("agent.log")).unwrap_or_default();
                     last = format!("the container stopped; agent log: {}", log.trim());
                     break;
                 }
@@ -237,6 +234,18 @@ impl OciRuntime {
         }
         Err(RuntimeError::AgentNotReady { id: id.clone(), message: last })
     }
+}
+
+/// A stopped container whose agent ran an entrypoint and left its exit code is
+/// a launched sandbox that already ended (as `native::ended_before_ready`): the
+/// monitor finds the pidfd readable and records `Exited(n)`. The init (for
+/// runsc the Sentry, which may still be writing the file through its gofer)
+/// is waited for first, up to 2 s. Without an entrypoint, or without an exit
+/// code, it stays a readiness failure.
+fn ended_before_ready(init: &OwnedFd, spec: &SandboxSpec, exit_file: &Path) -> bool {
+    !spec.entrypoint.is_empty()
+        && ember_sys::pidfd::wait_exited(init, Duration::from_secs(2)).unwrap_or(false)
+        && read_exit_file(exit_file).is_some()
 }
 
 impl Runtime for OciRuntime {
@@ -260,7 +269,7 @@ impl Runtime for OciRuntime {
         let t_cg = t0.elapsed();
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
-        self.wait_ready(id, spec, &sock, &dir)?;
+        self.wait_ready(id, spec, &pidfd, &sock)?;
         let total = t0.elapsed();
         Ok(Launched {
             pid,
