@@ -158,3 +158,23 @@ async fn workspaces_runc() {
 async fn workspaces_runsc() {
     workspaces_in("runsc").await;
 }
+
+/// The runsc slot is host state beside the container: after `kill -9` of the
+/// daemon and a restart, the re-adopted sandbox still writes its workspace,
+/// keeps its lease, and its removal still leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runsc_workspace_survives_a_daemon_restart() {
+    let mut d = Daemon::start();
+    d.client.create_workspace("data", "32Mi").await.expect("workspace data");
+    let s = create(&d, "runsc", vec![rw("data")]).await;
+    let (code, _, err) = d.sh(&s.id, "echo before > /workspace/f", None).await;
+    assert_eq!(code, Some(0), "{err}");
+    d.kill9();
+    d.spawn();
+    assert_eq!(d.client.get_sandbox(&s.id).await.expect("re-adopted").status.state, "Running");
+    let (code, out, err) = d.sh(&s.id, "echo after >> /workspace/f && cat /workspace/f", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "before\nafter\n"), "{err}");
+    let lease = d.client.get_workspace("data").await.expect("data").lease.map(|l| l.holder);
+    assert_eq!(lease, Some(s.id.clone()), "the lease stands across the restart");
+    remove(&d, "runsc", &s).await;
+}
