@@ -389,13 +389,14 @@ impl Runtime for OciRuntime {
         Some(self.dir(id.as_str()).join("agent.log"))
     }
 
-    /// crun and runc run directly on the host overlay, so its upper dir holds
-    /// every write. gVisor does not: runsc keeps the rootfs's changes in its
-    /// own in-sandbox overlay (`--overlay2`), out of the host's reach.
+    /// Every OCI class runs on the host overlay ember assembles, so its upper
+    /// dir holds the sandbox's writes. gVisor included: ember does not pass
+    /// `--overlay2`, the gofer writes through to the host files, and shared
+    /// mappings are backed by the host file (both checked in
+    /// bins/ember/tests/sandbox_snapshots.rs).
     fn writable_layer(&self, id: &SandboxId) -> Option<WritableLayer> {
         let upper = self.dir(id.as_str()).join("mnt/upper");
-        (self.cfg.class != OciClass::Runsc && upper.is_dir())
-            .then_some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR })
+        upper.is_dir().then_some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR })
     }
 
     fn prepare_writable_layer(
@@ -403,9 +404,6 @@ impl Runtime for OciRuntime {
         id: &SandboxId,
         spec: &SandboxSpec,
     ) -> Result<Option<WritableLayer>, RuntimeError> {
-        if self.cfg.class == OciClass::Runsc {
-            return Ok(None);
-        }
         let upper = rootfs::prepare_layer(&self.dir(id.as_str()), spec.resources.disk_bytes)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }
