@@ -137,6 +137,17 @@ async fn workspaces_in(class: &str) {
     assert_eq!((code, out.trim()), (Some(0), format!("warm from {class} {}", c.id).as_str()));
     remove(&d, class, &e).await;
     d.client.delete_pool("host").await.expect("delete pool");
+
+    // A sandbox snapshot carries the workspace; its restore mounts the copy the same way.
+    let f = create(&d, class, vec![rw("data")]).await;
+    let snap = d.client.snapshot_sandbox(&f.id, None).await.unwrap_or_else(|e| panic!("{class}: snapshot: {e}"));
+    remove(&d, class, &f).await;
+    let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (r, _) = d.client.create_sandbox(&req).await.unwrap_or_else(|e| panic!("{class}: restore: {e}"));
+    assert_eq!(r.workspaces.len(), 1, "{class}: {:?}", r.workspaces);
+    let (code, out, _) = d.sh(&r.id, "cat /workspace/warm && echo restored > /workspace/r", None).await;
+    assert_eq!((code, out.trim()), (Some(0), format!("warm from {class} {}", c.id).as_str()), "{class}: restore");
+    remove(&d, class, &r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
