@@ -61,6 +61,14 @@ async fn write_read_refuse(d: &Daemon, class: &str, s: &SandboxInfo, file: &str)
     assert_ne!(code, Some(0), "{class}: the user wrote into a read-only workspace");
     assert!(format!("{out}{err}").contains("Read-only file system"), "{class}: the refusal is EROFS: {out}{err}");
     assert!(!host_file(d, "ref", "x").exists(), "{class}: a read-only write reached the host");
+    // Mounting took CAP_SYS_ADMIN under gVisor (a one-shot helper's only): no
+    // command, even root's, holds it, and a mount is still refused.
+    let (_, out, _) =
+        d.sh(&s.id, "grep CapBnd /proc/self/status; mount -t tmpfs t /tmp 2>&1; echo rc=$?", Some(0)).await;
+    let bnd = out.lines().find_map(|l| l.strip_prefix("CapBnd:")).map(str::trim).unwrap_or_default();
+    let bnd = u64::from_str_radix(bnd, 16).unwrap_or_else(|e| panic!("{class}: CapBnd in {out:?}: {e}"));
+    assert_eq!(bnd & (1 << 21), 0, "{class}: a command holds CAP_SYS_ADMIN: {out}");
+    assert!(!out.contains("rc=0"), "{class}: root inside mounted a tmpfs: {out}");
     if class == "runsc" {
         // The slot the workspaces came through is not the sandbox's to change
         // (the host attaches there; see oci/slot.rs).
