@@ -72,8 +72,9 @@ async fn write_read_refuse(d: &Daemon, class: &str, s: &SandboxInfo, file: &str)
     if class == "runsc" {
         // The slot the workspaces came through is not the sandbox's to change
         // (the host attaches there; see oci/slot.rs).
-        let (_, out, _) = d.sh(&s.id, "mkdir /.ember/ws/x; ln -s /etc /.ember/ws/y; echo rc=$?", Some(0)).await;
-        assert!(out.contains("rc=1"), "runsc: root wrote into the workspace slot: {out}");
+        let script = "mkdir /.ember/ws/x; echo mkdir=$?; ln -s /etc /.ember/ws/y; echo ln=$?";
+        let (_, out, _) = d.sh(&s.id, script, Some(0)).await;
+        assert!(out.contains("mkdir=1") && out.contains("ln=1"), "runsc: root wrote into the workspace slot: {out}");
     }
 }
 
