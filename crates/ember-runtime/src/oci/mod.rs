@@ -9,11 +9,13 @@
 //! agent's socket in the bound host dir until `GET /ping` answers.
 //!
 //! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
-//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log}`.
+//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log}`,
+//! and for runsc `ws/`, the workspace slot (`slot.rs`).
 pub mod bundle;
 pub mod cli;
 mod exit;
 pub mod rootfs;
+pub mod slot;
 
 use exit::read_exit_file;
 pub use exit::EXIT_FILE;
@@ -180,6 +182,7 @@ impl OciRuntime {
         let sock_dir = dir.join("sock");
         std::fs::create_dir_all(&sock_dir).map_err(prep("socket dir", &sock_dir))?;
         chown(&sock_dir, Some(self.cfg.uid_base), Some(self.cfg.uid_base)).map_err(prep("chown", &sock_dir))?;
+        let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let bundle_dir = dir.join("bundle");
         std::fs::create_dir_all(&bundle_dir).map_err(prep("bundle dir", &bundle_dir))?;
         let config = bundle::build(&bundle::BundleInputs {
@@ -194,6 +197,7 @@ impl OciRuntime {
             user_namespace: true,
             errno_ret: self.cfg.class != OciClass::Runsc,
             pids_limit: self.cfg.class.host_pids(spec.resources.pids),
+            workspace_slot: slot.as_deref(),
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
@@ -323,15 +327,16 @@ impl Runtime for OciRuntime {
     ) -> Result<(), RuntimeError> {
         if self.cfg.class == OciClass::Runsc {
             // The Sentry has its own mount table; a host setns cannot reach it.
-            return Err(RuntimeError::Unsupported { class: self.class(), what: "mounting into a running sandbox" });
+            let dir = self.dir(id.as_str());
+            return slot::attach(&self.cli, id, &dir, source, target, readonly);
         }
-        let _ = id;
         Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
     }
 
     fn can_inject_mounts(&self) -> bool {
-        // The Sentry has its own mount table; a host setns cannot reach it.
-        self.cfg.class != OciClass::Runsc
+        // crun/runc: setns into the container's mount namespace; runsc: the
+        // slot bound at launch (slot.rs).
+        true
     }
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
@@ -379,6 +384,7 @@ impl Runtime for OciRuntime {
         let _ = self.cli.delete(name);
         let dir = self.dir(name);
         rootfs::unmount(&dir)?;
+        slot::unmount(&dir)?;
         let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
         self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id: id.clone(), source })?;
         match std::fs::remove_dir_all(&dir) {
