@@ -5,9 +5,10 @@
 //! signals, shutdown), `server` (routes, listener), `reaper` (the only
 //! waitpid), `commands/` (run, interrupt, status, logs), `files/` (file and
 //! directory routes), `metrics`, `sessions` (bash sessions), `pty/` (interactive terminals), `code/` (code
-//! interpreter), `proxy` (in-sandbox ports), `quiesce` (checkpoints), `stream` (event framing), and the helpers
+//! interpreter), `proxy` (in-sandbox ports), `quiesce` (checkpoints), `stream` (event framing), `mount_workspace` (the
+//! one-shot verb that binds a workspace under gVisor), and the helpers
 //! `error`, `query`, `paths`, `users`. Every syscall the agent needs beyond
-//! std goes through `ember_sys::process`.
+//! std goes through `ember_sys::process` (`ember_sys::slot` for the mount verb).
 #![forbid(unsafe_code)]
 
 mod claim;
@@ -19,6 +20,7 @@ mod error;
 mod files;
 mod lifecycle;
 mod metrics;
+mod mount_workspace;
 mod paths;
 mod proxy;
 mod pty;
@@ -33,6 +35,11 @@ mod users;
 use config::AgentConfig;
 
 fn main() {
+    // A one-shot helper verb, not an agent: it must not touch the exit file.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(mount_workspace::VERB) {
+        std::process::exit(mount_workspace::run(&args[1..]));
+    }
     let config = match AgentConfig::from_parts(std::env::args().skip(1), std::env::vars_os(), std::process::id()) {
         Ok(c) => c,
         Err(e) => {

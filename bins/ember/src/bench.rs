@@ -9,6 +9,7 @@ mod checkpoint;
 mod claim;
 mod claim_report;
 mod class_extra;
+mod class_warm;
 mod classes;
 mod crun;
 mod density;

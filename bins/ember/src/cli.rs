@@ -330,7 +330,8 @@ pub enum BenchCmd {
         store: Option<String>,
     },
     /// Per available runtime class (native, runsc, crun, runc), in one run:
-    /// cold create p50/p99, remove, exec round trip, and the ratio to native.
+    /// cold create p50/p99, warm claim p50/p99 (a pool of the class), remove,
+    /// exec round trip, 100k stat, idle memory, and the ratio to native.
     Classes {
         #[arg(long, default_value_t = 20)]
         runs: usize,

@@ -172,6 +172,19 @@ async fn checkpoint_is_refused_on_native_and_while_a_stream_is_open_and_removal_
     }
     done.expect("checkpoint once the stream is closed");
 
+    // Workspaces: refused until their leases across a checkpoint are designed.
+    d.client.create_workspace("data", "32Mi").await.expect("workspace");
+    let req = CreateSandboxRequest {
+        template: Some("host".into()),
+        runtime_class: Some("runsc".into()),
+        workspaces: vec![ember_types::api::WorkspaceMountSpec { name: "data".into(), ..Default::default() }],
+        ..Default::default()
+    };
+    let with_ws = d.client.create_sandbox(&req).await.expect("runsc sandbox with a workspace").0.id;
+    let e = d.client.checkpoint_sandbox(&with_ws).await.expect_err("workspaces refuse a checkpoint");
+    assert_eq!(api_err(e), (400, "SANDBOX::INVALID_PARAMETER".to_string()));
+    d.client.delete_sandbox(&with_ws).await.expect("remove the workspace sandbox");
+
     // Removing a checkpointed sandbox removes its image, cgroups and mounts.
     d.client.delete_sandbox(&id).await.expect("remove checkpointed");
     assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());

@@ -160,7 +160,7 @@ impl Engine {
         if !req.workspaces.is_empty() && !self.rt(&class).can_inject_mounts() {
             return Err(EngineError::invalid(
                 "workspaces",
-                format!("the {class} class cannot mount workspaces (its kernel keeps its own mount table)"),
+                format!("the {class} class cannot mount workspaces into a running sandbox"),
             ));
         }
         let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;

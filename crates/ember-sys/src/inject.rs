@@ -22,7 +22,7 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 
-fn cstr(s: &str, what: &str) -> Result<CString, SysError> {
+pub(crate) fn cstr(s: &str, what: &str) -> Result<CString, SysError> {
     CString::new(s).map_err(|_| SysError::new("path", what.to_string(), std::io::ErrorKind::InvalidInput.into()))
 }
 
@@ -42,6 +42,26 @@ pub fn inject_mount(
     if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
         return Err(SysError::new("inject mount", target, std::io::ErrorKind::InvalidInput.into()));
     }
+    let tree = detached_copy(source, readonly)?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|e| SysError::new("open mount namespace", pid.to_string(), e))?;
+    // Every prefix of the target, created in order inside the sandbox.
+    let mut prefixes = Vec::new();
+    let mut acc = String::new();
+    for part in target.split('/').filter(|p| !p.is_empty()) {
+        acc.push('/');
+        acc.push_str(part);
+        prefixes.push(cstr(&acc, target)?);
+    }
+    let tgt = cstr(target, target)?;
+    attach_in_child(ns.as_raw_fd(), tree.as_raw_fd(), &prefixes, &tgt, root_ids)
+        .map_err(|e| SysError::new("attach mount", format!("{target} in pid {pid}"), e))
+}
+
+/// A detached recursive copy of the host mount at `source` (`open_tree` with
+/// `OPEN_TREE_CLONE`), nosuid and nodev, read-only if asked. Attached nowhere
+/// until `move_mount`; dropping the fd unmounts it.
+pub(crate) fn detached_copy(source: &Path, readonly: bool) -> Result<OwnedFd, SysError> {
     let src = cstr(&source.to_string_lossy(), "source")?;
     // SAFETY: src is NUL-terminated; a non-negative result is a new fd we own.
     let tree = unsafe {
@@ -77,19 +97,7 @@ pub fn inject_mount(
     if r < 0 {
         return Err(SysError::last("mount_setattr", source.display().to_string()));
     }
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
-        .map_err(|e| SysError::new("open mount namespace", pid.to_string(), e))?;
-    // Every prefix of the target, created in order inside the sandbox.
-    let mut prefixes = Vec::new();
-    let mut acc = String::new();
-    for part in target.split('/').filter(|p| !p.is_empty()) {
-        acc.push('/');
-        acc.push_str(part);
-        prefixes.push(cstr(&acc, target)?);
-    }
-    let tgt = cstr(target, target)?;
-    attach_in_child(ns.as_raw_fd(), tree.as_raw_fd(), &prefixes, &tgt, root_ids)
-        .map_err(|e| SysError::new("attach mount", format!("{target} in pid {pid}"), e))
+    Ok(tree)
 }
 
 /// Forks; the child joins the mount namespace, creates the target and moves the

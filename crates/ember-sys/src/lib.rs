@@ -13,6 +13,9 @@
 //!   sandbox's writable layer.
 //! - [`netns`]: entering a network namespace from a thread of its own.
 //! - [`nflog`]: the netfilter log socket (nfnetlink_log) and its message parser.
+//! - [`inject`]: mounting a host directory into a running sandbox (setns).
+//! - [`slot`]: workspaces for gVisor: mounts into a shared slot dir (from its
+//!   fd, never following a symlink), and the in-sandbox bind.
 //! - [`process`]: process control for the in-sandbox agent.
 
 mod child;
@@ -25,6 +28,7 @@ pub mod pidfd;
 pub mod process;
 pub mod pty;
 pub mod seccomp;
+pub mod slot;
 pub mod spawn;
 
 use std::io;

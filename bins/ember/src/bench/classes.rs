@@ -1,10 +1,12 @@
 //! `ember bench classes`: per available runtime class, in one run against the
 //! same daemon, cold create (server side, `X-Ember-Launch-Micros`) p50/p99,
 //! remove, the exec round trip (`true` through the agent), a stat-heavy
-//! micro-workload and the memory per idle sandbox (`class_extra.rs`), then
-//! each class's cold-create p50 as a ratio to native's; for runsc, checkpoint
-//! and restore p50/p99 (`checkpoint.rs`).
+//! micro-workload and the memory per idle sandbox (`class_extra.rs`), warm
+//! claims from a pool of the class (`class_warm.rs`), then each class's
+//! cold-create p50 as a ratio to native's; for runsc, checkpoint and restore
+//! p50/p99 (`checkpoint.rs`).
 use super::class_extra::{idle_memory, stat_workload, IdleMemory};
+use super::class_warm::{self, WarmFigures};
 use super::stats::{Progress, Series, Summary};
 use ember_client::Client;
 use ember_types::api::CreateSandboxRequest;
@@ -18,6 +20,7 @@ struct ClassFigures {
     exec: Series,
     stat: Series,
     memory: Result<IdleMemory, String>,
+    warm: WarmFigures,
 }
 
 async fn measure(client: &Client, class: &str, runs: usize, idle: usize) -> ClassFigures {
@@ -28,6 +31,7 @@ async fn measure(client: &Client, class: &str, runs: usize, idle: usize) -> Clas
         exec: Series::default(),
         stat: Series::default(),
         memory: Err("not measured".into()),
+        warm: WarmFigures::default(),
     };
     let req =
         CreateSandboxRequest { template: Some("host".into()), runtime_class: Some(class.into()), ..Default::default() };
@@ -70,6 +74,8 @@ async fn measure(client: &Client, class: &str, runs: usize, idle: usize) -> Clas
     if idle > 0 {
         f.memory = idle_memory(client, class, idle).await;
     }
+    // Last: while the pool exists, a create of this class would be warm.
+    f.warm = class_warm::measure(client, class, runs).await;
     f
 }
 
@@ -96,6 +102,7 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
         all.iter().map(|f| (f.class.clone(), f.create.summary(), f.delete.summary(), f.exec.summary())).collect();
     let extra: Vec<(Summary, Option<IdleMemory>)> =
         all.iter().map(|f| (f.stat.summary(), f.memory.as_ref().ok().copied())).collect();
+    let warm: Vec<(Summary, Summary)> = all.iter().map(|f| (f.warm.server.summary(), f.warm.wall.summary())).collect();
     let native = sums.iter().find(|s| s.0 == "native").and_then(|s| s.1.p50_ms);
     let ratio = |p50: Option<f64>| match (p50, native) {
         (Some(a), Some(n)) if n > 0.0 => Some(a / n),
@@ -105,9 +112,11 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
         let v: Vec<_> = sums
             .iter()
             .zip(&extra)
-            .map(|((c, cr, de, ex), (st, mem))| {
+            .zip(warm.iter().zip(&all))
+            .map(|(((c, cr, de, ex), (st, mem)), ((ws, ww), f))| {
                 serde_json::json!({"class": c, "coldCreate": cr, "remove": de, "execRoundTrip": ex,
-                    "stat100k": st, "idleMemory": mem, "coldCreateP50VsNative": ratio(cr.p50_ms)})
+                    "stat100k": st, "idleMemory": mem, "coldCreateP50VsNative": ratio(cr.p50_ms),
+                    "warmClaim": ws, "warmClaimWall": ww, "warmMisses": f.warm.misses, "warmErrors": f.warm.errors})
             })
             .collect();
         let ck = ckpt.as_ref().map(|c| c.as_ref().map_err(String::as_str).ok());
@@ -116,10 +125,12 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
     } else {
         println!();
         println!(
-            "{:<8} {:>13} {:>13} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {:>9}",
+            "{:<8} {:>13} {:>13} {:>11} {:>11} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {:>9}",
             "class",
             "create p50ms",
             "create p99ms",
+            "warm p50ms",
+            "warm p99ms",
             "rm p50ms",
             "exec p50ms",
             "exec p99ms",
@@ -128,13 +139,15 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
             "cgroup MiB",
             "vs native"
         );
-        for ((c, cr, de, ex), (st, mem)) in sums.iter().zip(&extra) {
+        for (((c, cr, de, ex), (st, mem)), (ws, _)) in sums.iter().zip(&extra).zip(&warm) {
             let r = ratio(cr.p50_ms).map_or_else(|| "-".into(), |r| format!("{r:.1}x"));
             let mib = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
             println!(
-                "{c:<8} {:>13} {:>13} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {r:>9}",
+                "{c:<8} {:>13} {:>13} {:>11} {:>11} {:>10} {:>11} {:>11} {:>13} {:>9} {:>11} {r:>9}",
                 ms(cr.p50_ms),
                 ms(cr.p99_ms),
+                ms(ws.p50_ms),
+                ms(ws.p99_ms),
                 ms(de.p50_ms),
                 ms(ex.p50_ms),
                 ms(ex.p99_ms),
@@ -150,6 +163,7 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
             super::checkpoint::print(c, sums.iter().find(|s| s.0 == "runsc").and_then(|s| s.1.p50_ms));
         }
         println!("memory: per idle sandbox, {idle} at once: host = MemAvailable drop, cgroup = charged to its cgroup");
+        class_warm::print_notes(all.iter().map(|f| (f.class.as_str(), &f.warm)));
         for (f, (st, _)) in all.iter().zip(&extra) {
             if let Some(e) = st.first_error.as_ref() {
                 println!("{}: stat workload: {e}", f.class);
@@ -164,6 +178,7 @@ pub async fn run(client: &Client, runs: usize, idle: usize, json: bool) -> anyho
             }
         }
     }
-    let failed = sums.iter().any(|(_, cr, _, ex)| cr.samples == 0 || ex.samples == 0);
+    let failed = sums.iter().any(|(_, cr, _, ex)| cr.samples == 0 || ex.samples == 0)
+        || warm.iter().any(|(ws, _)| ws.samples == 0);
     Ok(i32::from(failed))
 }

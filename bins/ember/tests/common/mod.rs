@@ -181,7 +181,8 @@ impl Drop for Daemon {
         for e in std::fs::read_dir(self.data_dir.join("sandboxes")).into_iter().flatten().flatten() {
             let _ = Command::new("umount").arg("-l").arg(e.path().join("mnt")).output();
         }
-        // OCI classes: containers, host rootfs mounts and cgroups of each.
+        // OCI classes: containers, host rootfs mounts (and runsc's workspace
+        // slot) and cgroups of each.
         for class in ["runsc", "crun", "runc"] {
             let base = self.data_dir.join("oci").join(class);
             for e in std::fs::read_dir(base.join("sandboxes")).into_iter().flatten().flatten() {
@@ -193,7 +194,7 @@ impl Drop for Daemon {
                     .arg("--force")
                     .arg(&id)
                     .output();
-                for m in [e.path().join("mnt/root"), e.path().join("mnt")] {
+                for m in [e.path().join("mnt/root"), e.path().join("mnt"), e.path().join("ws")] {
                     let _ = Command::new("umount").arg("-l").arg(m).output();
                 }
             }

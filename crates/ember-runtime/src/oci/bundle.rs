@@ -110,6 +110,8 @@ pub struct BundleInputs<'a> {
     pub errno_ret: bool,
     /// The host pids cgroup limit ([`super::OciClass::host_pids`]).
     pub pids_limit: u64,
+    /// The workspace slot bound at [`super::slot::SLOT_DIR`] (runsc only).
+    pub workspace_slot: Option<&'a Path>,
 }
 
 fn err(id: &SandboxId) -> impl Fn(oci_spec::OciSpecError) -> BundleError + '_ {
@@ -167,6 +169,11 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
     mounts.push(mount("/tmp", "bind", &s(&tmp), &["rbind", "rw", "nosuid", "nodev"]).map_err(&e)?);
     if b.spec.lower_dirs.is_empty() {
         mounts.push(mount("/usr", "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"]).map_err(&e)?);
+    }
+    if let Some(slot) = b.workspace_slot {
+        // rslave: mounts made later under the host dir reach the gofer's copy.
+        let opts = ["rbind", "rw", "rslave", "nosuid", "nodev"];
+        mounts.push(mount(super::slot::SLOT_DIR, "bind", &s(slot), &opts).map_err(&e)?);
     }
     for v in &b.spec.volumes {
         let rw = if v.read_only { "ro" } else { "rw" };
@@ -296,6 +303,7 @@ mod tests {
             user_namespace: true,
             errno_ret: true,
             pids_limit: spec.resources.pids,
+            workspace_slot: None,
         };
         let v = serde_json::to_value(build(&inputs).unwrap()).unwrap();
         assert_eq!(v["process"]["args"][0], AGENT_PATH);

@@ -11,7 +11,7 @@
 //! `/ping` as at launch. The image lives in the sandbox's dir, so removing the
 //! sandbox removes it.
 use super::{OciClass, OciRuntime};
-use crate::{LaunchTiming, Launched, RuntimeError};
+use crate::{LaunchTiming, Launched, RuntimeError, READY_TIMEOUT};
 use ember_cgroups::Limits;
 use ember_types::{SandboxId, SandboxSpec};
 use std::path::Path;
@@ -96,12 +96,29 @@ impl OciRuntime {
             path: resume,
             source,
         })?;
-        self.wait_ready(id, &sock_dir.join("agent.sock"), dir).map_err(|e| match e {
-            RuntimeError::AgentNotReady { id, message } => {
-                RuntimeError::AgentNotReady { id, message: format!("{message}; agent log: {}", log_tail(dir)) }
+        self.wait_listening(id, &sock_dir.join("agent.sock"), dir)
+    }
+
+    /// Polls until the agent answers `/ping` on its socket again, the
+    /// container stops, or [`READY_TIMEOUT`] passes. (Launch's own wait also
+    /// accepts an entrypoint that already ended; here the agent must answer.)
+    fn wait_listening(&self, id: &SandboxId, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last = String::from("socket not created");
+        while Instant::now() < deadline {
+            if sock.exists() {
+                match crate::ping_agent(sock, Duration::from_secs(2)) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = e,
+                }
             }
-            e => e,
-        })
+            if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "stopped") {
+                last = "the container stopped".into();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Err(RuntimeError::AgentNotReady { id: id.clone(), message: format!("{last}; agent log: {}", log_tail(dir)) })
     }
 
     pub(super) fn restore_sandbox(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {

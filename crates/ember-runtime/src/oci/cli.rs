@@ -145,6 +145,16 @@ impl OciCli {
         self.run(&verb)
     }
 
+    /// `exec <flags...> <id> <args...>`: flags of the verb itself (runsc:
+    /// `--user`, `--cap`) go before the id.
+    pub fn exec_with(&self, id: &str, flags: &[&str], args: &[&str]) -> Result<Vec<u8>, OciCliError> {
+        let mut verb = vec!["exec"];
+        verb.extend_from_slice(flags);
+        verb.push(id);
+        verb.extend_from_slice(args);
+        self.run(&verb)
+    }
+
     /// `--version`, first line: whether the binary runs at all.
     pub fn version(&self) -> Result<String, OciCliError> {
         let command = format!("{} --version", self.binary.display());

@@ -9,13 +9,15 @@
 //! agent's socket in the bound host dir until `GET /ping` answers.
 //!
 //! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
-//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log, checkpoint/}`
-//! (`checkpoint/`: a runsc checkpoint image, [`checkpoint`]).
+//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log, checkpoint/}`,
+//! for runsc `ws/`, the workspace slot (`slot.rs`), and `checkpoint/`, a runsc
+//! checkpoint image ([`checkpoint`]).
 pub mod bundle;
 mod checkpoint;
 pub mod cli;
 mod exit;
 pub mod rootfs;
+pub mod slot;
 
 use exit::read_exit_file;
 pub use exit::EXIT_FILE;
@@ -164,7 +166,11 @@ impl OciRuntime {
             .collect()
     }
 
-    fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, PathBuf), RuntimeError> {
+    /// Assembles the rootfs and bundle, `<rt> create`, opens the init's pidfd,
+    /// `<rt> start`. The pidfd is taken between create and start, while the
+    /// init waits to be started: an entrypoint that exits at once can be gone
+    /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
+    fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
         let prep = |what, path: &Path| {
             let path = path.to_path_buf();
             move |source| RuntimeError::Prepare { what, path, source }
@@ -178,6 +184,7 @@ impl OciRuntime {
         let sock_dir = dir.join("sock");
         std::fs::create_dir_all(&sock_dir).map_err(prep("socket dir", &sock_dir))?;
         chown(&sock_dir, Some(self.cfg.uid_base), Some(self.cfg.uid_base)).map_err(prep("chown", &sock_dir))?;
+        let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let bundle_dir = dir.join("bundle");
         std::fs::create_dir_all(&bundle_dir).map_err(prep("bundle dir", &bundle_dir))?;
         let config = bundle::build(&bundle::BundleInputs {
@@ -192,6 +199,7 @@ impl OciRuntime {
             user_namespace: true,
             errno_ret: self.cfg.class != OciClass::Runsc,
             pids_limit: self.cfg.class.host_pids(spec.resources.pids),
+            workspace_slot: slot.as_deref(),
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
@@ -199,14 +207,16 @@ impl OciRuntime {
         std::fs::write(&cfg_path, json).map_err(prep("config.json", &cfg_path))?;
         let log = dir.join("agent.log");
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
-        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        Ok((state.pid, sock_dir.join("agent.sock")))
+        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
+        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
+        Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
     }
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
-    /// container stopped, or the deadline passed.
-    fn wait_ready(&self, id: &SandboxId, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
+    /// container stopped, or the deadline passed. A container that stopped
+    /// early may be a sandbox that ran and ended ([`ended_before_ready`]).
+    fn wait_ready(&self, id: &SandboxId, spec: &SandboxSpec, init: &OwnedFd, sock: &Path) -> Result<(), RuntimeError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = String::from("socket not created");
         while Instant::now() < deadline {
@@ -218,7 +228,10 @@ impl OciRuntime {
             }
             if let Ok(s) = self.cli.state(id.as_str()) {
                 if s.status == "stopped" {
-                    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+                    if ended_before_ready(init, spec, &sock.with_file_name(EXIT_FILE)) {
+                        return Ok(());
+                    }
+                    let log = std::fs::read_to_string(self.dir(id.as_str()).join("agent.log")).unwrap_or_default();
                     last = format!("the container stopped; agent log: {}", log.trim());
                     break;
                 }
@@ -227,6 +240,18 @@ impl OciRuntime {
         }
         Err(RuntimeError::AgentNotReady { id: id.clone(), message: last })
     }
+}
+
+/// A stopped container whose agent ran an entrypoint and left its exit code is
+/// a launched sandbox that already ended (as `native::ended_before_ready`): the
+/// monitor finds the pidfd readable and records `Exited(n)`. The init (for
+/// runsc the Sentry, which may still be writing the file through its gofer)
+/// is waited for first, up to 2 s. Without an entrypoint, or without an exit
+/// code, it stays a readiness failure.
+fn ended_before_ready(init: &OwnedFd, spec: &SandboxSpec, exit_file: &Path) -> bool {
+    !spec.entrypoint.is_empty()
+        && ember_sys::pidfd::wait_exited(init, Duration::from_secs(2)).unwrap_or(false)
+        && read_exit_file(exit_file).is_some()
 }
 
 impl Runtime for OciRuntime {
@@ -248,10 +273,9 @@ impl Runtime for OciRuntime {
         self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
-        let (pid, sock) = self.start(id, spec, &dir)?;
-        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
-        self.wait_ready(id, &sock, &dir)?;
+        self.wait_ready(id, spec, &pidfd, &sock)?;
         let total = t0.elapsed();
         Ok(Launched {
             pid,
@@ -306,15 +330,16 @@ impl Runtime for OciRuntime {
     ) -> Result<(), RuntimeError> {
         if self.cfg.class == OciClass::Runsc {
             // The Sentry has its own mount table; a host setns cannot reach it.
-            return Err(RuntimeError::Unsupported { class: self.class(), what: "mounting into a running sandbox" });
+            let dir = self.dir(id.as_str());
+            return slot::attach(&self.cli, id, &dir, source, target, readonly);
         }
-        let _ = id;
         Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
     }
 
     fn can_inject_mounts(&self) -> bool {
-        // The Sentry has its own mount table; a host setns cannot reach it.
-        self.cfg.class != OciClass::Runsc
+        // crun/runc: setns into the container's mount namespace; runsc: the
+        // slot bound at launch (slot.rs).
+        true
     }
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
@@ -362,6 +387,7 @@ impl Runtime for OciRuntime {
         let _ = self.cli.delete(name);
         let dir = self.dir(name);
         rootfs::unmount(&dir)?;
+        slot::unmount(&dir)?;
         let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
         self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id: id.clone(), source })?;
         match std::fs::remove_dir_all(&dir) {

@@ -107,7 +107,7 @@ pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-fn is_mountpoint(p: &Path) -> bool {
+pub(super) fn is_mountpoint(p: &Path) -> bool {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     let want = p.display().to_string();
     mounts.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
