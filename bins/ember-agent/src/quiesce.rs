@@ -111,8 +111,14 @@ pub async fn hold(socket: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     std::fs::write(dir.join(QUIESCED), b"1\n")?;
     let resume = dir.join(RESUME);
+    // Blocking on purpose: the agent's runtime is single-threaded, so this
+    // parks all of it in `nanosleep` rather than in `epoll_wait` while gVisor
+    // saves and restores it: an agent whose `epoll_wait` was in flight across
+    // a save was once seen never to wake after the restore (docs/
+    // gvisor-checkpoint.md, Limits). Nothing else of the agent may run during
+    // a checkpoint anyway.
     while !resume.exists() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        std::thread::sleep(Duration::from_millis(5));
     }
     let _ = std::fs::remove_file(&resume);
     let _ = std::fs::remove_file(dir.join(QUIESCED));
