@@ -11,7 +11,7 @@
 //! `/ping` as at launch. The image lives in the sandbox's dir, so removing the
 //! sandbox removes it.
 use super::{OciClass, OciRuntime};
-use crate::{LaunchTiming, Launched, RuntimeError, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, RuntimeError};
 use ember_cgroups::Limits;
 use ember_types::{SandboxId, SandboxSpec};
 use std::path::Path;
@@ -96,29 +96,7 @@ impl OciRuntime {
             path: resume,
             source,
         })?;
-        self.wait_listening(id, &sock_dir.join("agent.sock"), dir)
-    }
-
-    /// Polls until the agent answers `/ping` on its socket again, the
-    /// container stops, or [`READY_TIMEOUT`] passes. (Launch's own wait also
-    /// accepts an entrypoint that already ended; here the agent must answer.)
-    fn wait_listening(&self, id: &SandboxId, sock: &Path, dir: &Path) -> Result<(), RuntimeError> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last = String::from("socket not created");
-        while Instant::now() < deadline {
-            if sock.exists() {
-                match crate::ping_agent(sock, Duration::from_secs(2)) {
-                    Ok(()) => return Ok(()),
-                    Err(e) => last = e,
-                }
-            }
-            if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "stopped") {
-                last = "the container stopped".into();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Err(RuntimeError::AgentNotReady { id: id.clone(), message: format!("{last}; agent log: {}", log_tail(dir)) })
+        self.wait_ready(id, &sock_dir.join("agent.sock"), None)
     }
 
     pub(super) fn restore_sandbox(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
@@ -185,7 +163,8 @@ impl OciRuntime {
 }
 
 /// The end of the sandbox's `agent.log` (the agent's and runsc's output), for errors.
-fn log_tail(dir: &Path) -> String {
+/// The last 1,500 bytes of a sandbox's agent log, for error messages.
+pub(super) fn log_tail(dir: &Path) -> String {
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let mut start = log.len().saturating_sub(1500);
     while !log.is_char_boundary(start) {

@@ -214,9 +214,16 @@ impl OciRuntime {
     }
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
-    /// container stopped, or the deadline passed. A container that stopped
-    /// early may be a sandbox that ran and ended ([`ended_before_ready`]).
-    fn wait_ready(&self, id: &SandboxId, spec: &SandboxSpec, init: &OwnedFd, sock: &Path) -> Result<(), RuntimeError> {
+    /// container stopped, or the deadline passed. At launch (`early_exit`: the
+    /// init's pidfd and the spec) a container that stopped early may be a
+    /// sandbox that ran and ended ([`ended_before_ready`]); after a restore the
+    /// agent must answer.
+    fn wait_ready(
+        &self,
+        id: &SandboxId,
+        sock: &Path,
+        early_exit: Option<(&OwnedFd, &SandboxSpec)>,
+    ) -> Result<(), RuntimeError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = String::from("socket not created");
         while Instant::now() < deadline {
@@ -226,19 +233,18 @@ impl OciRuntime {
                     Err(e) => last = e,
                 }
             }
-            if let Ok(s) = self.cli.state(id.as_str()) {
-                if s.status == "stopped" {
-                    if ended_before_ready(init, spec, &sock.with_file_name(EXIT_FILE)) {
-                        return Ok(());
-                    }
-                    let log = std::fs::read_to_string(self.dir(id.as_str()).join("agent.log")).unwrap_or_default();
-                    last = format!("the container stopped; agent log: {}", log.trim());
-                    break;
+            if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "stopped") {
+                let exit_file = sock.with_file_name(EXIT_FILE);
+                if early_exit.is_some_and(|(init, spec)| ended_before_ready(init, spec, &exit_file)) {
+                    return Ok(());
                 }
+                last = "the container stopped".into();
+                break;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        Err(RuntimeError::AgentNotReady { id: id.clone(), message: last })
+        let log = checkpoint::log_tail(&self.dir(id.as_str()));
+        Err(RuntimeError::AgentNotReady { id: id.clone(), message: format!("{last}; agent log: {log}") })
     }
 }
 
@@ -275,7 +281,7 @@ impl Runtime for OciRuntime {
         let t_cg = t0.elapsed();
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
-        self.wait_ready(id, spec, &pidfd, &sock)?;
+        self.wait_ready(id, &sock, Some((&pidfd, spec)))?;
         let total = t0.elapsed();
         Ok(Launched {
             pid,
