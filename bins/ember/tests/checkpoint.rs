@@ -104,7 +104,7 @@ async fn a_runsc_sandbox_checkpoints_to_disk_and_resumes_with_its_memory() {
 /// this gVisor a restored agent's epoll sometimes leaves it deaf or crashed
 /// (docs/gvisor-checkpoint.md, "Limits"), so this is not run in CI.
 #[tokio::test]
-#[ignore = "gVisor release-20221219: a restored agent's epoll sometimes misbehaves (deaf, or SIGSEGV on a bogus event); this fails about 1 run in 5 here (docs/gvisor-checkpoint.md, Limits)"]
+#[ignore = "gVisor release-20221219: a restored agent's epoll sometimes misbehaves (deaf, or SIGSEGV on a bogus event); this failed 2 runs in 8 here (docs/gvisor-checkpoint.md, Limits)"]
 async fn a_restored_sandbox_cycles_again_and_resumes_after_a_daemon_restart() {
     let mut d = Daemon::start();
     let id = create(&d, "runsc").await;
