@@ -204,6 +204,11 @@ impl Drop for Daemon {
                 }
                 let _ = cg.remove_group();
             }
+            // The OCI runtime also made the group in the hierarchies ember
+            // does not manage (blkio, cpuset, devices, ...); empty by now.
+            for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+                let _ = std::fs::remove_dir(h.path().join(format!("{}-{class}", self.group)));
+            }
         }
         let cg = self.cgroups();
         for name in cg.list().unwrap_or_default() {
