@@ -12,7 +12,6 @@
 //! sandbox removes it.
 use super::{OciClass, OciRuntime};
 use crate::{LaunchTiming, Launched, RuntimeError};
-use ember_cgroups::Limits;
 use ember_types::{SandboxId, SandboxSpec};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -112,10 +111,7 @@ impl OciRuntime {
         // ember made the cgroups and runsc only joined them, so they survive
         // the checkpoint; recreated with the same limits if anything removed them.
         if !self.cgroups.exists(id.as_str()) {
-            let r = &spec.resources;
-            let pids = self.cfg.class.host_pids(r.pids);
-            let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids };
-            self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
+            self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         }
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();

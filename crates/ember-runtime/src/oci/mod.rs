@@ -80,6 +80,12 @@ impl OciRuntime {
         move |source| RuntimeError::Cgroup { id: id.clone(), source }
     }
 
+    /// The cgroup limits of a sandbox of this class (runsc's pids scaled).
+    fn limits(&self, spec: &SandboxSpec) -> Limits {
+        let r = &spec.resources;
+        Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: self.cfg.class.host_pids(r.pids) }
+    }
+
     fn env(&self, spec: &SandboxSpec, hostname: &str) -> Vec<String> {
         crate::native::agent_env(spec, hostname)
             .into_iter()
@@ -195,10 +201,7 @@ impl Runtime for OciRuntime {
             path: dir.clone(),
             source,
         })?;
-        let r = &spec.resources;
-        let pids = self.cfg.class.host_pids(r.pids);
-        let limits = Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids };
-        self.cgroups.create(id.as_str(), &limits).map_err(Self::cg_err(id))?;
+        self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
