@@ -128,14 +128,7 @@ impl OciRuntime {
         let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
         let t_spawn = t0.elapsed();
         self.unquiesce(id, &dir)?;
-        Ok(Launched {
-            pid,
-            pidfd,
-            start_time: crate::native::boundary::start_time(pid).unwrap_or(0),
-            agent_socket: sock,
-            oom: Some(oom),
-            timing: LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed()),
-        })
+        Ok(super::launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 
     /// At adoption: an agent a crashed daemon left quiesced (it waits for

@@ -176,6 +176,12 @@ impl OciRuntime {
     }
 }
 
+/// A running init as the engine gets it, from a launch or a restore.
+fn launched(pid: i32, pidfd: OwnedFd, agent_socket: PathBuf, oom: OwnedFd, timing: LaunchTiming) -> Launched {
+    let start_time = crate::native::boundary::start_time(pid).unwrap_or(0);
+    Launched { pid, pidfd, start_time, agent_socket, oom: Some(oom), timing }
+}
+
 /// A stopped container whose agent ran an entrypoint and left its exit code is
 /// a launched sandbox that already ended (as `native::ended_before_ready`): the
 /// monitor finds the pidfd readable and records `Exited(n)`. The init (for
@@ -207,15 +213,7 @@ impl Runtime for OciRuntime {
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
         self.wait_ready(id, &sock, Some((&pidfd, spec)))?;
-        let total = t0.elapsed();
-        Ok(Launched {
-            pid,
-            pidfd,
-            start_time: crate::native::boundary::start_time(pid).unwrap_or(0),
-            agent_socket: sock,
-            oom: Some(oom),
-            timing: LaunchTiming::from_marks(t_cg, t_spawn, total),
-        })
+        Ok(launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 
     fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError> {
