@@ -9,6 +9,7 @@ pub mod api;
 pub mod execd;
 pub mod id;
 pub mod image;
+pub mod limits;
 pub mod network;
 pub mod quantity;
 pub mod sandbox;
