@@ -28,6 +28,13 @@ export EMBER_MOTO_SERVER="$PWD/.venv/bin/moto_server"
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
 
+# schemathesis (PyPI, in target/fuzz-venv) against a real `ember serve`:
+# 10 examples per operation, then the stateful phase; no 5xx, every answer as
+# documented. About two minutes; the script prints its run time.
+echo "== API fuzzing (schemathesis on docs/api/openapi.yaml)"
+cargo build -q -p ember
+scripts/fuzz-api.sh 10
+
 # The real OpenSandbox SDKs from PyPI against a real `ember serve`
 # (tests/e2e/opensandbox; the fixtures start the daemon built above).
 echo "== OpenSandbox SDK end-to-end"

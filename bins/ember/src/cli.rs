@@ -86,7 +86,9 @@ pub struct ServeArgs {
     /// How long ended sandboxes stay listed.
     #[arg(long, default_value = "10m")]
     pub retention: String,
-    /// Longest TTL a sandbox may ask for.
+    /// Longest TTL a sandbox may ask for; also the TTL of a sandbox created
+    /// without a timeout (without this flag, such a sandbox lives until
+    /// removed). Timeouts are capped at 30 days in any case.
     #[arg(long)]
     pub max_ttl: Option<String>,
     /// Parent cgroup of this daemon's sandboxes; daemons sharing a host need

@@ -60,6 +60,46 @@ fn create_exec_cp_inspect_ls_rm() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("SANDBOX::NOT_FOUND"));
 }
 
+/// 100,000 bytes of every kind: invalid UTF-8, `\r\n`, lone `\r`, blank lines,
+/// a line longer than the agent's 64 KiB cut, and no newline at the end.
+fn binary_blob() -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut b: Vec<u8> = (0..30_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 56) as u8
+        })
+        .collect();
+    b.extend_from_slice("a\r\nb\rc\n\n€\u{1F600}\n".as_bytes());
+    b.extend(std::iter::repeat_n(b'z', 70_000 - 16));
+    b.extend_from_slice(&[0xff, 0xfe, b'\r']);
+    b.truncate(100_000);
+    b
+}
+
+#[test]
+fn exec_output_arrives_byte_for_byte() {
+    let d = Daemon::start();
+    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = text(&o).trim().to_string();
+    let blob = binary_blob();
+    let local = d.data_dir.join("blob.bin");
+    std::fs::write(&local, &blob).expect("write local file");
+    assert!(ember(&d, &["cp", local.to_str().expect("utf8"), &format!("{id}:/tmp/blob")]).status.success());
+    let o = ember(&d, &["exec", &id, "--", "cat", "/tmp/blob"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout.len(), blob.len(), "stdout length");
+    assert!(o.stdout == blob, "stdout differs from the file");
+    let o = ember(&d, &["exec", &id, "--", "sh", "-c", "cat /tmp/blob >&2"]);
+    assert!(o.stderr == blob, "stderr differs from the file ({} bytes)", o.stderr.len());
+    // Text keeps its exact line ends too.
+    let o = ember(&d, &["exec", &id, "--", "printf", "one\\r\\ntwo\\n\\nthree"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "one\r\ntwo\n\nthree");
+}
+
 #[test]
 fn run_creates_executes_and_removes() {
     let d = Daemon::start();

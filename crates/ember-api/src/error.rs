@@ -130,6 +130,8 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
     match e {
         E::CommitRefused { .. } => (StatusCode::CONFLICT, "WORKSPACE::FENCED"),
         E::NotFound { .. } => (StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
+        E::InvalidId { .. } => (StatusCode::BAD_REQUEST, "SNAPSHOT::INVALID_ID"),
+        E::AlreadyExists { .. } => (StatusCode::CONFLICT, "SNAPSHOT::ALREADY_EXISTS"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }

@@ -3,6 +3,7 @@
 //! `pagination` object.
 use crate::error::ApiError;
 use ember_types::api::Pagination;
+use ember_types::limits::MAX_PAGE_SIZE;
 
 /// 1-based page and its size; defaults as upstream (page 1 of 20).
 pub struct Paging {
@@ -28,8 +29,8 @@ impl Paging {
                 self.page_size = value
                     .parse()
                     .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::bad_request("pageSize must be 1..200"))?
+                    .filter(|p| (1..=MAX_PAGE_SIZE).contains(p))
+                    .ok_or_else(|| ApiError::bad_request(format!("pageSize must be 1..{MAX_PAGE_SIZE}")))?
             }
             _ => return Ok(false),
         }

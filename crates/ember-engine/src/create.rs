@@ -2,6 +2,7 @@
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::templates::{self, Template};
 use crate::{Engine, EngineError, Entry};
+use ember_types::limits::{self, expiry_ms};
 use ember_types::{
     parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
 };
@@ -105,6 +106,17 @@ pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Resul
 }
 
 impl Engine {
+    /// A sandbox's timeout: the request's, within the caps and `--max-ttl`;
+    /// without one, `--max-ttl` if the daemon has one (a maximum bounds every
+    /// sandbox), else none (manual cleanup).
+    pub(crate) fn ttl(&self, asked: Option<u64>) -> Result<Option<u64>, EngineError> {
+        let max = self.cfg.max_ttl.map(|m| m.as_secs());
+        match asked {
+            Some(t) => Ok(Some(limits::timeout_secs("timeout", t, max)?)),
+            None => Ok(max.map(|m| m.min(limits::MAX_TIMEOUT_SECS))),
+        }
+    }
+
     /// The template a request names: `template`, else `image.uri` naming a
     /// template, else an ad-hoc one for the image `image.uri`, else `host`.
     fn template_of(&self, req: &CreateSandbox) -> Result<Template, EngineError> {
@@ -144,14 +156,7 @@ impl Engine {
         let args =
             ResourceArgs { memory: req.memory.clone(), cpu: req.cpu.clone(), pids: req.pids, disk: req.disk.clone() };
         let res = apply_resources(t.resources.clone(), &args)?;
-        if let (Some(ttl), Some(max)) = (req.ttl_secs, self.cfg.max_ttl) {
-            if ttl > max.as_secs() {
-                return Err(EngineError::invalid("timeout", format!("at most {} seconds", max.as_secs())));
-            }
-        }
-        if req.ttl_secs == Some(0) {
-            return Err(EngineError::invalid("timeout", "must be at least 1 second"));
-        }
+        let ttl_secs = self.ttl(req.ttl_secs)?;
         let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
         if let Some(why) = self.runtimes.why_unavailable(&class) {
             return Err(EngineError::invalid("runtimeClass", why));
@@ -201,7 +206,7 @@ impl Engine {
             template: t.name,
             runtime_class: class,
             resources: res,
-            ttl_secs: req.ttl_secs,
+            ttl_secs,
             env,
             metadata: req.metadata.clone(),
             entrypoint,
@@ -346,7 +351,7 @@ impl Engine {
             message: None,
             image_uri,
             created_at_ms: now,
-            expires_at_ms: spec.ttl_secs.map(|t| now + t as i64 * 1000),
+            expires_at_ms: spec.ttl_secs.map(|t| expiry_ms(now, t)),
             last_transition_ms: now,
             pid: None,
             start_time: None,

@@ -69,6 +69,12 @@ pub enum EngineError {
     Internal(String),
 }
 
+impl From<ember_types::limits::LimitError> for EngineError {
+    fn from(e: ember_types::limits::LimitError) -> Self {
+        EngineError::InvalidRequest { field: e.field, message: e.to_string() }
+    }
+}
+
 impl EngineError {
     pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
         EngineError::InvalidRequest { field, message: message.into() }

@@ -3,6 +3,7 @@
 use crate::record::{now_ms, SandboxRecord};
 use crate::{Control, Engine, EngineError};
 use ember_types::api::{NetworkPolicy, NetworkRule};
+use ember_types::limits;
 use ember_types::{BoundaryReport, SandboxState, TerminationReason};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -139,9 +140,10 @@ impl Engine {
         if expires_at_ms <= now_ms() {
             return Err(EngineError::invalid("expiresAt", "must be in the future"));
         }
-        if let Some(max) = self.cfg.max_ttl {
-            if expires_at_ms > now_ms() + max.as_millis() as i64 {
-                return Err(EngineError::invalid("expiresAt", format!("at most {} seconds from now", max.as_secs())));
+        // An RFC 3339 time ends in year 9999: no overflow without a maximum.
+        if let Some(max) = self.cfg.max_ttl.map(|m| m.as_secs()) {
+            if expires_at_ms > limits::expiry_ms(now_ms(), max) {
+                return Err(EngineError::invalid("expiresAt", format!("at most {max} seconds from now")));
             }
         }
         e.update(|r| {

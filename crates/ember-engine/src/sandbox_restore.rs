@@ -54,10 +54,7 @@ impl Engine {
         if !req.entrypoint.is_empty() {
             spec.entrypoint = req.entrypoint.clone();
         }
-        if req.ttl_secs == Some(0) {
-            return Err(EngineError::invalid("timeout", "must be at least 1 second"));
-        }
-        spec.ttl_secs = req.ttl_secs;
+        spec.ttl_secs = self.ttl(req.ttl_secs)?;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",

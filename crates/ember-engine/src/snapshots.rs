@@ -205,9 +205,7 @@ impl Engine {
         prefix: &str,
         op: Option<String>,
     ) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        if count == 0 || count > 1000 {
-            return Err(EngineError::invalid("count", "1..=1000"));
-        }
+        ember_types::limits::check("count", count.into(), 1, ember_types::limits::MAX_FORK_COUNT.into(), "")?;
         let names: Vec<String> = (1..=count).map(|i| format!("{prefix}-{i}")).collect();
         let op = self.snapshot_ops.begin(op, OpKind::Fork, id, count)?;
         let res = self.make_workspaces(id, &names, None, &op).await;

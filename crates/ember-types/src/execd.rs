@@ -58,6 +58,13 @@ pub struct StreamEvent {
     pub results: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ExecError>,
+    /// ember's extension of a stdout/stderr event: the exact output bytes it
+    /// stands for (terminator included), base64, sent when `text` and a
+    /// newline are not them: output that is not UTF-8, a `\r`, a last line
+    /// without newline, a cut long line. Clients that do not know it read
+    /// `text` as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
 }
 
 impl StreamEvent {
@@ -70,6 +77,27 @@ impl StreamEvent {
             execution_count: None,
             results: None,
             error: None,
+            raw: None,
+        }
+    }
+
+    /// Carries these exact output bytes in `raw`.
+    pub fn set_raw(&mut self, bytes: &[u8]) {
+        use base64::Engine as _;
+        self.raw = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+
+    /// The output bytes of a stdout/stderr event: `raw` when the agent sent it,
+    /// else `text` and the newline it stood before (a blank line's text is
+    /// `"\n"` alone, as execd omits empty texts).
+    pub fn output_bytes(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        if let Some(b) = self.raw.as_deref().and_then(|r| base64::engine::general_purpose::STANDARD.decode(r).ok()) {
+            return b;
+        }
+        match self.text.as_deref().unwrap_or("") {
+            "\n" => b"\n".to_vec(),
+            t => [t.as_bytes(), b"\n"].concat(),
         }
     }
 
@@ -214,6 +242,17 @@ pub fn mode_from_wire(wire: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_bytes_prefer_raw_and_fall_back_to_text() {
+        let mut e = StreamEvent::new("stdout", Some("\u{FFFD}".into()), 1);
+        assert_eq!(e.output_bytes(), "\u{FFFD}\n".as_bytes());
+        e.set_raw(&[0xff, b'\r']);
+        assert_eq!(e.output_bytes(), vec![0xff, b'\r']);
+        let back: StreamEvent = serde_json::from_slice(&e.to_frame()).expect("frame parses");
+        assert_eq!(back.output_bytes(), vec![0xff, b'\r']);
+        assert_eq!(StreamEvent::new("stdout", Some("\n".into()), 1).output_bytes(), b"\n");
+    }
 
     #[test]
     fn frames_are_single_line_json_and_two_newlines() {

@@ -1,7 +1,8 @@
 //! Domain types shared by every ember crate: ids, quantities, sandbox specs and
 //! states, and the execd wire types the agent and the clients both speak.
 //!
-//! This crate does no IO and depends on nothing but serde and thiserror, so the
+//! This crate does no IO and depends on nothing but serde, thiserror and base64 (the
+//! exact output bytes of an execd event), so the
 //! agent, the engine and the clients can all use it.
 #![forbid(unsafe_code)]
 
@@ -9,6 +10,7 @@ pub mod api;
 pub mod execd;
 pub mod id;
 pub mod image;
+pub mod limits;
 pub mod network;
 pub mod quantity;
 pub mod sandbox;

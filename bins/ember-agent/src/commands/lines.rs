@@ -5,27 +5,47 @@ use std::collections::VecDeque;
 /// runaway line cannot grow a buffer or an event without bound.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// One piece of output: its text (terminator stripped, invalid UTF-8
+/// replaced) for the event and the log, and its exact bytes, terminator
+/// included, when the text and a newline would not give them back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Line {
+    pub text: String,
+    pub raw: Option<Vec<u8>>,
+}
+
+impl Line {
+    /// `bytes` without its `\n`; `terminated` says whether one followed.
+    fn new(bytes: &[u8], terminated: bool) -> Line {
+        let body = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+        let text = String::from_utf8_lossy(body);
+        let exact = terminated && body.len() == bytes.len() && matches!(text, std::borrow::Cow::Borrowed(_));
+        let raw = (!exact).then(|| [bytes, if terminated { b"\n" } else { b"" }].concat());
+        Line { text: text.into_owned(), raw }
+    }
+}
+
 /// Bytes in, lines out. Terminators (`\n`, `\r\n`) are stripped; invalid
-/// UTF-8 is replaced.
+/// UTF-8 is replaced; [`Line::raw`] keeps the bytes where that loses any.
 #[derive(Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
 }
 
 impl LineSplitter {
-    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<String>) {
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Line>) {
         self.buf.extend_from_slice(chunk);
         let mut start = 0;
         loop {
             let rest = &self.buf[start..];
             match rest.iter().position(|&b| b == b'\n') {
                 Some(n) if n <= MAX_LINE => {
-                    out.push(text(&rest[..n]));
+                    out.push(Line::new(&rest[..n], true));
                     start += n + 1;
                 }
                 _ if rest.len() >= MAX_LINE => {
                     let cut = utf8_cut(rest, MAX_LINE);
-                    out.push(text(&rest[..cut]));
+                    out.push(Line::new(&rest[..cut], false));
                     start += cut;
                 }
                 _ => break,
@@ -35,17 +55,12 @@ impl LineSplitter {
     }
 
     /// The unterminated tail at end of stream, if any.
-    pub fn finish(&mut self, out: &mut Vec<String>) {
+    pub fn finish(&mut self, out: &mut Vec<Line>) {
         if !self.buf.is_empty() {
-            out.push(text(&self.buf));
+            out.push(Line::new(&self.buf, false));
             self.buf.clear();
         }
     }
-}
-
-fn text(line: &[u8]) -> String {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    String::from_utf8_lossy(line).into_owned()
 }
 
 /// The largest cut point <= `max` that does not split a UTF-8 sequence.
@@ -134,7 +149,7 @@ impl LineLog {
 mod tests {
     use super::*;
 
-    fn split(chunks: &[&[u8]]) -> Vec<String> {
+    fn pieces(chunks: &[&[u8]]) -> Vec<Line> {
         let mut s = LineSplitter::default();
         let mut out = Vec::new();
         for c in chunks {
@@ -142,6 +157,26 @@ mod tests {
         }
         s.finish(&mut out);
         out
+    }
+
+    fn split(chunks: &[&[u8]]) -> Vec<String> {
+        pieces(chunks).into_iter().map(|l| l.text).collect()
+    }
+
+    #[test]
+    fn raw_bytes_are_kept_where_the_text_loses_them() {
+        let out = pieces(&[b"ok\na\r\n\xff\xfe\n", b"\ntail"]);
+        let raw: Vec<Option<&[u8]>> = out.iter().map(|l| l.raw.as_deref()).collect();
+        let want: [Option<&[u8]>; 5] = [None, Some(b"a\r\n"), Some(b"\xff\xfe\n"), None, Some(b"tail")];
+        assert_eq!(raw, want);
+        assert_eq!(out[2].text, "\u{FFFD}\u{FFFD}");
+        // Every piece's bytes, joined, are the input.
+        let long = [vec![b'x'; MAX_LINE + 3], b"\r".to_vec()].concat();
+        let joined: Vec<u8> = pieces(&[&long])
+            .iter()
+            .flat_map(|l| l.raw.clone().unwrap_or_else(|| [l.text.as_bytes(), b"\n"].concat()))
+            .collect();
+        assert_eq!(joined, long);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Watching a running command: its output lines, its exit, its timeout, the
 //! keep-alive pings and the client going away; then its final event.
-use super::lines::{event_text, LineSplitter};
+use super::lines::{event_text, Line, LineSplitter};
 use super::registry::Registry;
 use super::spawn::Spawned;
 use crate::reaper::Reaper;
@@ -126,7 +126,7 @@ impl Pipe {
 
     /// Feeds a read result to the splitter; EOF or an error closes the pipe.
     /// Returns whether bytes arrived.
-    fn take(&mut self, r: std::io::Result<usize>, lines: &mut Vec<String>) -> bool {
+    fn take(&mut self, r: std::io::Result<usize>, lines: &mut Vec<Line>) -> bool {
         match r {
             Ok(n) if n > 0 => {
                 self.split.push(&self.buf[..n], lines);
@@ -139,7 +139,7 @@ impl Pipe {
         }
     }
 
-    fn close(&mut self, lines: &mut Vec<String>) {
+    fn close(&mut self, lines: &mut Vec<Line>) {
         self.rx = None;
         self.split.finish(lines);
     }
@@ -210,10 +210,14 @@ impl Run {
         exit.unwrap_or(ExitKind::Exited(255))
     }
 
-    async fn emit(&self, kind: &str, lines: &mut Vec<String>, sink: &mut Sink) {
+    async fn emit(&self, kind: &str, lines: &mut Vec<Line>, sink: &mut Sink) {
         for line in lines.drain(..) {
-            self.registry.append(&self.id, &line);
-            sink.send(frame(&event(kind, Some(event_text(&line))))).await;
+            self.registry.append(&self.id, &line.text);
+            let mut e = event(kind, Some(event_text(&line.text)));
+            if let Some(raw) = &line.raw {
+                e.set_raw(raw);
+            }
+            sink.send(frame(&e)).await;
         }
     }
 

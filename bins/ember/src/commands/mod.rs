@@ -86,17 +86,15 @@ pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>)
     let req = exec_request(opts, argv)?;
     let out = match client
         .exec(id, &req, |ev| {
-            let text = ev.text.as_deref().unwrap_or("");
-            let line = if text == "\n" { "" } else { text };
-            match ev.kind.as_str() {
+            // Byte for byte: binary output and exact line ends survive.
+            let _ = match ev.kind.as_str() {
                 "stdout" => {
                     let mut o = std::io::stdout().lock();
-                    let _ = writeln!(o, "{line}");
-                    let _ = o.flush();
+                    o.write_all(&ev.output_bytes()).and_then(|()| o.flush())
                 }
-                "stderr" => eprintln!("{line}"),
-                _ => {}
-            }
+                "stderr" => std::io::stderr().lock().write_all(&ev.output_bytes()),
+                _ => Ok(()),
+            };
         })
         .await
     {

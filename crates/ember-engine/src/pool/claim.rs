@@ -70,7 +70,7 @@ impl Engine {
                 r.spec.ttl_secs = spec.ttl_secs;
                 r.image_uri = image_uri.clone();
                 r.created_at_ms = now;
-                r.expires_at_ms = spec.ttl_secs.map(|t| now + t as i64 * 1000);
+                r.expires_at_ms = spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t));
                 r.launch = Some(LaunchRecord { kind: "warm".into(), micros, phases: Default::default() });
             });
             let rec = entry.snapshot();

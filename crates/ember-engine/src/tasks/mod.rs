@@ -11,6 +11,7 @@ mod worker;
 
 use crate::{Engine, EngineError};
 use ember_queue::{EmbeddedQueue, TaskQueue};
+use ember_types::limits;
 use ember_types::task::{SubmitTaskRequest, TaskRecord, TaskSpec, Tier};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -116,21 +117,17 @@ impl Engine {
             self.workspaces.meta(w)?;
         }
         let max_attempts = req.attempts.unwrap_or(c.default_attempts);
-        if !(1..=100).contains(&max_attempts) {
-            return Err(EngineError::invalid("attempts", "between 1 and 100"));
-        }
-        let timeout_secs = req.timeout.unwrap_or(c.default_timeout.as_secs());
-        if timeout_secs == 0 || self.cfg.max_ttl.is_some_and(|m| timeout_secs > m.as_secs()) {
-            return Err(EngineError::invalid("timeout", "at least 1 second and at most the daemon's --max-ttl"));
-        }
+        limits::check("attempts", max_attempts.into(), 1, limits::MAX_TASK_ATTEMPTS.into(), "")?;
+        // The attempt's sandbox lives TASK_GRACE_SECS longer than the task
+        // may run, within the same caps.
+        let max_sandbox = self.cfg.max_ttl.map_or(limits::MAX_TIMEOUT_SECS, |m| m.as_secs());
+        let max = max_sandbox.saturating_sub(limits::TASK_GRACE_SECS);
+        let timeout_secs =
+            limits::timeout_secs("timeout", req.timeout.unwrap_or(c.default_timeout.as_secs().min(max)), Some(max))?;
         let lease_ms = req.lease_ms.unwrap_or(c.lease.as_millis() as u64);
+        let lease_ms = limits::check("leaseMs", lease_ms, limits::MIN_LEASE_MS, limits::MAX_LEASE_MS, " ms")?;
         let heartbeat_ms = req.heartbeat_ms.unwrap_or(c.heartbeat.as_millis() as u64);
-        if lease_ms < 100 || heartbeat_ms < 10 || heartbeat_ms >= lease_ms {
-            return Err(EngineError::invalid(
-                "leaseMs",
-                "lease ≥ 100 ms and heartbeat ≥ 10 ms, shorter than the lease",
-            ));
-        }
+        limits::check("heartbeatMs", heartbeat_ms, limits::MIN_HEARTBEAT_MS, lease_ms - 1, " ms (below leaseMs)")?;
         if req.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 256) {
             return Err(EngineError::invalid("key", "1 to 256 characters"));
         }

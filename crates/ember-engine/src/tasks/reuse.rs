@@ -19,6 +19,7 @@ use super::TaskService;
 use crate::record::now_ms;
 use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
 use ember_queue::{Lease, Outcome};
+use ember_types::limits;
 use ember_types::task::{TaskRecord, TaskSpec};
 use ember_types::SandboxState;
 use std::collections::BTreeMap;
@@ -92,7 +93,7 @@ impl Engine {
         entry.update(|r| {
             r.spec.metadata.insert(super::TASK_LABEL.into(), task.into());
             r.spec.metadata.insert("ember.task.attempt".into(), attempt.to_string());
-            r.expires_at_ms = Some(now + ttl_secs as i64 * 1000);
+            r.expires_at_ms = Some(limits::expiry_ms(now, ttl_secs));
         });
         self.persist(&entry);
         // The monitor re-reads the TTL.
@@ -112,7 +113,7 @@ pub(super) async fn own_sandbox(
     let spec = &rec.spec;
     let req = CreateSandbox {
         template: Some(spec.template.clone()),
-        ttl_secs: Some(spec.timeout_secs + 120),
+        ttl_secs: Some(spec.timeout_secs.saturating_add(limits::TASK_GRACE_SECS)),
         metadata: BTreeMap::from([
             (super::TASK_LABEL.to_string(), rec.id.clone()),
             ("ember.task.attempt".to_string(), lease.attempt.to_string()),

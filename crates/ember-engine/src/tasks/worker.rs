@@ -165,7 +165,7 @@ async fn run_attempt(
     let reused = match prior {
         Some(k) if k.fits(&rec.spec) => {
             let t = Instant::now();
-            let ttl = rec.spec.timeout_secs + 120;
+            let ttl = rec.spec.timeout_secs.saturating_add(ember_types::limits::TASK_GRACE_SECS);
             let ready = e.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
             svc.metrics.phase("reset", t);
             match ready {
@@ -306,7 +306,7 @@ async fn attempt(
     env.insert("EMBER_TASK_ATTEMPT".into(), lease.attempt.to_string());
     let run = RunCommandRequest {
         argv: Some(spec.command.clone()),
-        timeout: Some(spec.timeout_secs * 1000),
+        timeout: Some(spec.timeout_secs.saturating_mul(1000)),
         envs: Some(env),
         ..Default::default()
     };
