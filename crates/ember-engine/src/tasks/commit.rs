@@ -13,6 +13,7 @@ use super::TaskService;
 use crate::Engine;
 use ember_queue::{Lease, Outcome};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The outcome of an attempt whose command exited 0 in sandbox `sb`.
 pub(super) async fn settle(
@@ -26,7 +27,10 @@ pub(super) async fn settle(
     let (queue, l) = (svc.queue.clone(), lease.clone());
     // A heartbeat both checks the task lease and renews it for the commit.
     let still_leased = move || queue.heartbeat(&l).is_ok();
-    match e.commit_layer(workspace, sb, epoch, &lease.task, still_leased).await {
+    let t = Instant::now();
+    let committed = e.commit_layer(workspace, sb, epoch, &lease.task, still_leased).await;
+    svc.metrics.phase("commit", t);
+    match committed {
         Ok(true) => Outcome::Succeeded,
         Ok(false) => Outcome::Retry {
             reason: "the workspace lease was taken by a newer writer; the attempt's writes were dropped".into(),
