@@ -1,36 +1,14 @@
 //! Tasks under failure: a worker's sandbox SIGKILLed mid-task (lease expiry,
-//! retry by another worker, the workspace holds only the retry's result) and
+//! retry by another worker, the workspace holds only the retry's writes) and
 //! `kill -9` of the daemon with tasks in every state.
 mod common;
 
 use common::Daemon;
-use ember_types::api::WorkspaceMountSpec;
 use ember_types::task::{SubmitTaskRequest, TaskRecord, TaskState};
-use std::time::{Duration, Instant};
-
-async fn wait(d: &Daemon, id: &str, within: Duration, until: impl Fn(&TaskRecord) -> bool) -> TaskRecord {
-    let deadline = Instant::now() + within;
-    loop {
-        let t = d.client.get_task(id).await.expect("get task");
-        if until(&t) {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "task {id} stuck: {t:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use std::time::Duration;
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-/// Reads a workspace file through a fresh read-only mount.
-async fn read_ws(d: &Daemon, ws: &str, file: &str) -> String {
-    let mount = WorkspaceMountSpec { name: ws.into(), read_only: true, ..Default::default() };
-    let r = d.create(|r| r.workspaces = vec![mount]).await;
-    let (_, out, _) = d.sh(&r.id, &format!("cat /workspace/{file}"), None).await;
-    d.client.delete_sandbox(&r.id).await.expect("remove reader");
-    out
 }
 
 /// Attempt 1 writes a partial result and hangs; attempt 2 writes the result.
@@ -50,14 +28,14 @@ async fn a_killed_worker_is_detected_by_lease_expiry_and_the_retry_owns_the_work
         ..Default::default()
     };
     let (t, _) = d.client.submit_task(&req).await.expect("submit");
-    let running = wait(&d, &t.id, Duration::from_secs(30), |t| t.state == TaskState::Running).await;
+    let running = d.wait_task(&t.id, Duration::from_secs(30), |t| t.state == TaskState::Running).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // the partial result is written
     let sandbox = running.attempts[0].sandbox.clone().expect("sandbox");
     let killed = now_ms();
     for p in d.procs(&sandbox) {
         let _ = std::process::Command::new("kill").args(["-9", &p.to_string()]).status();
     }
-    let t = wait(&d, &t.id, Duration::from_secs(30), |t| t.state.is_terminal()).await;
+    let t = d.wait_task(&t.id, Duration::from_secs(30), |t| t.state.is_terminal()).await;
     assert_eq!(t.state, TaskState::Succeeded, "{t:?}");
     let (a1, a2) = (&t.attempts[0], &t.attempts[1]);
     let reason = a1.reason.as_deref().unwrap_or("");
@@ -66,8 +44,8 @@ async fn a_killed_worker_is_detected_by_lease_expiry_and_the_retry_owns_the_work
     assert!((800..2_000).contains(&mttd), "MTTD {mttd} ms with a 1 s lease and 200 ms heartbeats");
     assert_ne!(a1.worker, a2.worker, "the retry is another worker's");
     assert!(a2.workspace_epoch > a1.workspace_epoch, "the retry writes under a newer epoch: {a1:?} {a2:?}");
-    assert_eq!(read_ws(&d, "job", "result").await, "result 2\n", "the second attempt's result, not a mix");
-    assert_eq!(read_ws(&d, "job", "log").await, "start 1\nstart 2\n");
+    assert_eq!(d.read_ws("job", "result").await, "result 2\n", "the second attempt's result, not a mix");
+    assert_eq!(d.read_ws("job", "log").await, "start 2\n", "the killed attempt's writes were dropped");
     let (_, m) = d.client.get_raw("/metrics").await.expect("metrics");
     let m = String::from_utf8_lossy(&m);
     assert!(m.contains("ember_task_lease_expiries_total 1"), "{m}");
@@ -100,14 +78,14 @@ async fn kill_9_of_the_daemon_loses_no_task_and_runs_none_twice_at_once() {
     let cmd = |s: &str| SubmitTaskRequest { command: vec!["sh".into(), "-c".into(), s.into()], ..Default::default() };
     let ok = sub(cmd("echo ok")).await;
     let dead = sub(SubmitTaskRequest { attempts: Some(1), ..cmd("exit 1") }).await;
-    wait(&d, &ok, Duration::from_secs(30), |t| t.state == TaskState::Succeeded).await;
-    wait(&d, &dead, Duration::from_secs(30), |t| t.state == TaskState::DeadLettered).await;
+    d.wait_task(&ok, Duration::from_secs(30), |t| t.state == TaskState::Succeeded).await;
+    d.wait_task(&dead, Duration::from_secs(30), |t| t.state == TaskState::DeadLettered).await;
     for ws in ["r1", "r2"] {
         d.client.create_workspace(ws, "32Mi").await.expect("workspace");
     }
     let (r1, r2) = (sub(bracketed("r1", 8)).await, sub(bracketed("r2", 8)).await);
     for r in [&r1, &r2] {
-        wait(&d, r, Duration::from_secs(30), |t| t.state == TaskState::Running).await;
+        d.wait_task(r, Duration::from_secs(30), |t| t.state == TaskState::Running).await;
     }
     let queued: Vec<String> = vec![sub(cmd("echo q1")).await, sub(cmd("echo q2")).await];
     let cancelled = sub(cmd("echo never")).await;
@@ -133,7 +111,7 @@ async fn kill_9_of_the_daemon_loses_no_task_and_runs_none_twice_at_once() {
 
     let all: Vec<String> = after.iter().map(|t| t.id.clone()).collect();
     for id in &all {
-        wait(&d, id, Duration::from_secs(60), |t| t.state.is_terminal()).await;
+        d.wait_task(id, Duration::from_secs(60), |t| t.state.is_terminal()).await;
     }
     let get = |id: &String| {
         let c = d.client.clone();
@@ -150,8 +128,8 @@ async fn kill_9_of_the_daemon_loses_no_task_and_runs_none_twice_at_once() {
         let t = get(r).await;
         assert_eq!(t.state, TaskState::Succeeded, "{t:?}");
         assert!(t.attempts[0].reason.as_deref().unwrap_or("").starts_with("lease expired"), "{:?}", t.attempts);
-        // The orphaned first attempt was destroyed before the retry began:
-        // it never wrote its end, and nothing interleaves.
-        assert_eq!(read_ws(&d, ws, "log").await, "start 1\nstart 2\nend 2\n", "task {r}");
+        // The orphaned first attempt was destroyed before the retry began,
+        // and its layer dropped: none of its writes appear.
+        assert_eq!(d.read_ws(ws, "log").await, "start 2\nend 2\n", "task {r}");
     }
 }

@@ -135,6 +135,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
                     read_only: w.read_only,
                     steal: w.steal,
                     create_size: None,
+                    layered: false,
                 })
             })
             .chain(pvcs.into_iter().map(Ok))
@@ -208,5 +209,12 @@ fn pvc_volume(
             Some(s) => ember_types::parse_memory_bytes(s).map_err(|e| bad(format!("volume {name:?}: storage: {e}")))?,
         }),
     };
-    Ok(WorkspaceRequest { name: pvc.claim_name, path: mount_path, read_only, steal: false, create_size })
+    Ok(WorkspaceRequest {
+        name: pvc.claim_name,
+        path: mount_path,
+        read_only,
+        steal: false,
+        create_size,
+        layered: false,
+    })
 }

@@ -97,6 +97,7 @@ impl Engine {
                 read_only: w.read_only,
                 steal: false,
                 create_size: None,
+                layered: false,
             });
         }
         let res = match res {

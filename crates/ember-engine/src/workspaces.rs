@@ -6,6 +6,10 @@
 //! the host; 3. mount it into the sandbox (`open_tree` + `move_mount`); 4. record
 //! it, with its epoch, in the sandbox's record. A sandbox that ends releases its
 //! leases; a lease whose holder is gone is taken over by the next writer.
+//!
+//! A task attempt's read-write mount is `layered`: the sandbox gets an overlay
+//! of its own over the workspace (`ember_workspace` `layer.rs`), committed by
+//! `commit_layer` after a success and dropped when the sandbox ends otherwise.
 use crate::record::SandboxRecord;
 use crate::{Engine, EngineError};
 use ember_types::SandboxState;
@@ -25,6 +29,9 @@ pub struct WorkspaceRequest {
     /// Create the workspace with this size (bytes) if it does not exist
     /// (OpenSandbox `pvc` volumes with `createIfNotExists`).
     pub create_size: Option<u64>,
+    /// Writes go to a layer of this sandbox's own, applied to the workspace
+    /// only by [`Engine::commit_layer`] (task attempts; read-write only).
+    pub layered: bool,
 }
 
 /// A workspace mounted in a sandbox, as its record keeps it.
@@ -35,6 +42,9 @@ pub struct MountedWorkspace {
     pub read_only: bool,
     /// The lease epoch (read-write mounts only).
     pub epoch: Option<u64>,
+    /// Mounted through an attempt layer (see [`WorkspaceRequest::layered`]).
+    #[serde(default)]
+    pub layered: bool,
 }
 
 /// What `ember workspace inspect` shows.
@@ -185,8 +195,10 @@ impl Engine {
             self.workspaces.save(&meta)?;
             Some(epoch)
         };
-        let mounted = MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch };
-        let res = self.workspaces.ensure_mounted(&r.name).map_err(EngineError::from).and_then(|src| {
+        let layered = r.layered && !r.read_only;
+        let mounted =
+            MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch, layered };
+        let res = self.workspace_source(&r.name, id.as_str(), layered).and_then(|src| {
             let class = self.entry(id.as_str()).map(|e| e.snapshot().spec.runtime_class).unwrap_or_default();
             self.rt(&class)
                 .inject_mount(id, pid, &src, &r.path, r.read_only)
@@ -201,9 +213,25 @@ impl Engine {
         }
     }
 
-    /// Releases the leases `holder` still holds (a fenced holder's release is a no-op).
+    /// The host path to mount: the workspace, or a fresh layer over it for
+    /// `holder` (after dropping the layers of holders that are gone).
+    fn workspace_source(&self, name: &str, holder: &str, layered: bool) -> Result<std::path::PathBuf, EngineError> {
+        if !layered {
+            return Ok(self.workspaces.ensure_mounted(name)?);
+        }
+        self.workspaces.sweep_layers(name, |h| self.is_alive(h))?;
+        Ok(self.workspaces.open_layer(name, holder)?)
+    }
+
+    /// Releases the leases `holder` still holds (a fenced holder's release is
+    /// a no-op) and drops its layers (finishing a commit already decided).
     pub(crate) fn release_leases(&self, holder: &str, mounts: &[MountedWorkspace]) {
         let _g = self.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
+        for m in mounts.iter().filter(|m| m.layered) {
+            if let Err(e) = self.workspaces.discard_layer(&m.name, holder) {
+                tracing::warn!(workspace = %m.name, sandbox = %holder, error = %e, "dropping an attempt layer failed");
+            }
+        }
         for m in mounts {
             let Some(epoch) = m.epoch else { continue };
             if let Ok(mut meta) = self.workspaces.meta(&m.name) {
@@ -211,6 +239,53 @@ impl Engine {
                     let _ = self.workspaces.save(&meta);
                 }
             }
+        }
+    }
+}
+
+impl Engine {
+    /// Commits `holder`'s layer of `workspace` if `holder` still holds its
+    /// lease at `epoch` and `still_leased()` (the task's lease) agrees, else
+    /// drops it; `key` names the commit (the task). The sandbox is frozen
+    /// first, so nothing in it writes during the merge, and stays frozen
+    /// until its removal. Returns whether the layer was committed.
+    pub(crate) async fn commit_layer(
+        self: &Arc<Self>,
+        workspace: &str,
+        holder: &str,
+        epoch: Option<u64>,
+        key: &str,
+        still_leased: impl FnOnce() -> bool + Send + 'static,
+    ) -> Result<bool, EngineError> {
+        self.pause(holder).await?;
+        let (w, h, k) = (workspace.to_string(), holder.to_string(), key.to_string());
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            // The lease lock keeps a stealer from taking a newer epoch
+            // between the check and the merge.
+            let _g = me.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let current = || {
+                let Some(epoch) = epoch else { return false };
+                me.workspaces.meta(&w).is_ok_and(|m| m.leases.check(&w, &h, epoch).is_ok())
+            };
+            me.workspaces.commit_layer(&w, &h, &k, || current() && still_leased())
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?
+        .map_err(EngineError::from)
+    }
+
+    /// Whether an attempt of task `key` already committed into `workspace`.
+    pub(crate) async fn layer_committed(self: &Arc<Self>, workspace: &str, key: &str) -> Result<bool, EngineError> {
+        let (w, k) = (workspace.to_string(), key.to_string());
+        self.ws(move |e| e.workspaces.committed(&w, &k)).await
+    }
+
+    /// Forgets task `key`'s commit record once its success is recorded.
+    pub(crate) async fn forget_layer_commit(self: &Arc<Self>, workspace: &str, key: &str) {
+        let (w, k) = (workspace.to_string(), key.to_string());
+        if let Err(e) = self.ws(move |e| e.workspaces.forget_committed(&w, &k)).await {
+            tracing::warn!(workspace = %workspace, task = %key, error = %e, "forgetting a commit record failed");
         }
     }
 }

@@ -6,10 +6,10 @@
 //! restart every lease gets a fresh full deadline, so a worker that died with
 //! the daemon is detected one lease later.
 use crate::journal::Journal;
-use crate::pick::pick;
+use crate::pick::{first_runnable, pick};
 use crate::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
 use ember_types::task::{TaskAttempt, TaskRecord, TaskSpec, TaskState, Tier};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -19,6 +19,7 @@ struct Live {
     worker: String,
     tier: Tier,
     tenant: String,
+    workspace: Option<String>,
     deadline_ms: i64,
     last_beat_ms: i64,
 }
@@ -32,6 +33,9 @@ struct State {
     active: [u64; 3],
     /// Leased or running tasks per tenant (only tenants with any).
     tenant_active: HashMap<String, u32>,
+    /// Workspaces a live attempt holds: their other tasks wait (one attempt
+    /// per workspace at a time, so none is fenced while its holder lives).
+    ws_held: HashSet<String>,
     /// Finished tasks, oldest end first: what retention drops.
     finished: BTreeSet<(i64, String)>,
     seq: u64,
@@ -65,12 +69,16 @@ impl State {
     fn add_live(&mut self, id: &str, live: Live) {
         self.active[live.tier.rank()] += 1;
         *self.tenant_active.entry(live.tenant.clone()).or_default() += 1;
+        self.ws_held.extend(live.workspace.clone());
         self.live.insert(id.to_string(), live);
     }
 
     fn drop_live(&mut self, id: &str) {
         if let Some(l) = self.live.remove(id) {
             self.active[l.tier.rank()] -= 1;
+            if let Some(w) = &l.workspace {
+                self.ws_held.remove(w);
+            }
             if let Some(n) = self.tenant_active.get_mut(&l.tenant) {
                 *n -= 1;
                 if *n == 0 {
@@ -85,21 +93,23 @@ impl State {
         self.finished.insert((now, id.to_string()));
     }
 
-    /// The oldest waiting task of tier `rank` whose tenant is under its cap.
-    /// Without tenant caps that is the tier head; with them, tasks of capped
-    /// tenants are stepped over (a scan of those, under the lock).
+    /// The oldest waiting task of tier `rank` that may start (see
+    /// [`first_runnable`]). Without tenant caps and held workspaces that is
+    /// the tier head; with them, a scan of the waiting tasks under the lock.
     fn head(&self, rank: usize, cfg: &QueueConfig) -> Option<(i64, u64, String)> {
-        if !cfg.caps_tenants() {
+        if !cfg.caps_tenants() && self.ws_held.is_empty() {
             return self.ready[rank].first().cloned();
         }
-        self.ready[rank]
-            .iter()
-            .find(|(_, _, id)| {
-                let tenant = self.tasks.get(id).map_or(ember_types::task::DEFAULT_TENANT, |r| r.spec.tenant());
-                let running = self.tenant_active.get(tenant).copied().unwrap_or(0);
-                cfg.cap_of(tenant).is_none_or(|cap| running < cap)
-            })
-            .cloned()
+        let specs = self.ready[rank].iter().map(|(_, _, id)| self.tasks.get(id).map(|r| &r.spec));
+        let waiting = specs.map(|s| {
+            (s.map_or(ember_types::task::DEFAULT_TENANT, |s| s.tenant()), s.and_then(|s| s.workspace.as_deref()))
+        });
+        let full = |tenant: &str| {
+            let running = self.tenant_active.get(tenant).copied().unwrap_or(0);
+            cfg.cap_of(tenant).is_some_and(|cap| running >= cap)
+        };
+        let i = first_runnable(waiting, full, &self.ws_held)?;
+        self.ready[rank].iter().nth(i).cloned()
     }
 
     /// Drops one finished task from memory; the caller rewrites the journal.
@@ -162,6 +172,7 @@ impl EmbeddedQueue {
             live: HashMap::new(),
             active: [0; 3],
             tenant_active: HashMap::new(),
+            ws_held: HashSet::new(),
             finished: BTreeSet::new(),
             seq: 0,
             journal,
@@ -178,7 +189,8 @@ impl EmbeddedQueue {
                     let worker = r.attempts.last().map(|a| a.worker.clone()).unwrap_or_default();
                     let deadline_ms = now + r.spec.lease_ms as i64;
                     let (attempt, tier, tenant) = (r.attempt(), r.spec.tier, r.spec.tenant().to_string());
-                    let live = Live { attempt, worker, tier, tenant, deadline_ms, last_beat_ms: now };
+                    let workspace = r.spec.workspace.clone();
+                    let live = Live { attempt, worker, tier, tenant, workspace, deadline_ms, last_beat_ms: now };
                     st.add_live(&r.id, live);
                 }
                 _ => {
@@ -239,9 +251,10 @@ impl TaskQueue for EmbeddedQueue {
         });
         r.transition(TaskState::Leased, now, Some(worker.to_string()));
         let (attempt, tier, lease_ms) = (r.attempt(), r.spec.tier, r.spec.lease_ms as i64);
-        let tenant = r.spec.tenant().to_string();
+        let (tenant, workspace) = (r.spec.tenant().to_string(), r.spec.workspace.clone());
         let deadline_ms = now + lease_ms;
-        let live = Live { attempt, worker: worker.to_string(), tier, tenant, deadline_ms, last_beat_ms: now };
+        let worker_name = worker.to_string();
+        let live = Live { attempt, worker: worker_name, tier, tenant, workspace, deadline_ms, last_beat_ms: now };
         st.add_live(&id, live);
         let rec = st.persist(&id)?;
         Ok(Some((Lease { task: id, attempt, worker: worker.to_string() }, rec)))

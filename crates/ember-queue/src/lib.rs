@@ -16,6 +16,7 @@
 //! | [`Outcome::Succeeded`] / [`Outcome::Retry`] / [`Outcome::Fail`] | `Ack` / `Nak` / `Term` |
 //! | `TaskSpec::max_attempts` → `DeadLettered` | `MaxDeliver` + advisory |
 //! | [`TaskQueue::expire`] | server-side redelivery (a no-op there) |
+//! | one live attempt per workspace | a KV bucket with one key per held workspace, created (revision 0) when a fetched task is kept, deleted at its Ack/Nak/Term, TTL = AckWait; a fetched task whose key exists is Nak'd with a delay |
 //!
 //! Layout: `embedded.rs` (the single-node backend), `journal.rs` (its durable
 //! log), `pick.rs` (tier order with aging, pure).
@@ -178,7 +179,11 @@ pub trait TaskQueue: Send + Sync {
     /// existing task is returned instead and `false` says so.
     fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError>;
     /// The next task `worker` may run, leased to it (Queued → Leased), or
-    /// `None`. Call only with a free slot.
+    /// `None`. Call only with a free slot. A task whose workspace a live
+    /// attempt (leased or running, of any task) holds is not leased until
+    /// that attempt ends or its lease expires; one workspace's waiting tasks
+    /// start in submission order within a tier (`pick::first_runnable` takes
+    /// the held workspaces as input, so a backend supplies them as it can).
     fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError>;
     /// Renews the lease's deadline.
     fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError>;

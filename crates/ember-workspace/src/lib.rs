@@ -12,11 +12,17 @@
 //! increasing epoch (a fencing token), persisted in `meta.json`. A holder whose
 //! epoch is no longer current can no longer commit snapshots.
 //!
+//! Task attempts write through a layer of their own (`layer.rs`): an overlay
+//! over the workspace, merged into it (`merge.rs`) only when the attempt
+//! succeeds under a current epoch, dropped otherwise.
+//!
 //! Synchronous: mkfs and mount take tens of milliseconds; the engine calls this
 //! from blocking threads and serialises operations on one workspace.
 #![forbid(unsafe_code)]
 
+mod layer;
 mod lease;
+mod merge;
 mod volume;
 
 pub use lease::{Lease, LeaseError, LeaseState};

@@ -1,4 +1,13 @@
 //! The volumes: sparse ext4 images, loop-mounted on the host, plus their records.
+//!
+//! Layout of one workspace `<root>/<name>/`: `disk.img`, `meta.json`, `fs/`
+//! (the image's filesystem, host only), `mnt/` (a bind of `fs/.ember-ws/data`,
+//! the tree sandboxes see), `attempts/<holder>` (an attempt layer's overlay,
+//! `layer.rs`). Inside the filesystem, `.ember-ws/` is root's and never shown
+//! to a sandbox: `data/` (the workspace), `attempts/` (the layers' upper and
+//! work dirs, on the same filesystem so a commit is renames), `committed/`.
+//! Images from before the attempt layers kept the tree at the filesystem's
+//! root; the first mount moves it into `data/` (`migrate`).
 use crate::lease::LeaseState;
 use crate::{check_name, io, WorkspaceError};
 use serde::{Deserialize, Serialize};
@@ -21,10 +30,16 @@ pub struct WorkspaceMeta {
 pub struct WorkspaceStore {
     root: PathBuf,
     /// Host uid/gid that owns each filesystem's root (the sandbox user's).
-    owner: (u32, u32),
+    pub(crate) owner: (u32, u32),
+    /// Serialises the attempt layers' open, commit and discard (`layer.rs`):
+    /// a std Mutex, held over renames and mounts on a blocking thread.
+    pub(crate) layers: std::sync::Mutex<()>,
 }
 
-fn run(command: &'static str, args: &[&str], path: &Path) -> Result<(), WorkspaceError> {
+/// The host-only dir at the root of every workspace filesystem.
+pub(crate) const HOST_DIR: &str = ".ember-ws";
+
+pub(crate) fn run(command: &'static str, args: &[&str], path: &Path) -> Result<(), WorkspaceError> {
     let out = Command::new(command).args(args).output().map_err(io("run", Path::new(command)))?;
     if out.status.success() {
         return Ok(());
@@ -43,11 +58,16 @@ fn now_ms() -> i64 {
 impl WorkspaceStore {
     pub fn open(root: PathBuf, owner: (u32, u32)) -> Result<WorkspaceStore, WorkspaceError> {
         std::fs::create_dir_all(&root).map_err(io("mkdir", &root))?;
-        Ok(WorkspaceStore { root, owner })
+        Ok(WorkspaceStore { root, owner, layers: std::sync::Mutex::new(()) })
     }
 
-    fn dir(&self, name: &str) -> PathBuf {
+    pub(crate) fn dir(&self, name: &str) -> PathBuf {
         self.root.join(name)
+    }
+
+    /// Where the workspace's whole filesystem is mounted (host only).
+    pub(crate) fn fs_path(&self, name: &str) -> PathBuf {
+        self.dir(name).join("fs")
     }
 
     /// Where the workspace is mounted on the host.
@@ -69,6 +89,7 @@ impl WorkspaceStore {
         let tmp = self.root.join(format!(".{name}.tmp"));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(tmp.join("mnt")).map_err(io("mkdir", &tmp))?;
+        std::fs::create_dir(tmp.join("fs")).map_err(io("mkdir", &tmp))?;
         let img = tmp.join("disk.img");
         let f = std::fs::File::create(&img).map_err(io("create", &img))?;
         f.set_len(size_bytes).map_err(io("truncate", &img))?;
@@ -119,31 +140,43 @@ impl WorkspaceStore {
     }
 
     pub fn is_mounted(&self, name: &str) -> bool {
-        let mnt = self.mount_path(name);
-        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == mnt))
+        mounted(&self.mount_path(name))
     }
 
-    /// Mounts the workspace on the host if it is not (after a reboot, say).
+    /// Mounts the workspace on the host if it is not (after a reboot, say):
+    /// the filesystem at `fs/`, its tree bound at `mnt/`. Commits decided
+    /// before a crash are finished first (`layer.rs`). Returns `mnt/`.
     pub fn ensure_mounted(&self, name: &str) -> Result<PathBuf, WorkspaceError> {
-        let mnt = self.mount_path(name);
-        if !self.is_mounted(name) {
+        let (fs, mnt) = (self.fs_path(name), self.mount_path(name));
+        if !mounted(&fs) {
             let img = self.dir(name).join("disk.img");
             if !img.exists() {
                 return Err(WorkspaceError::NotFound(name.to_string()));
             }
-            let (i, m) = (img.to_string_lossy().into_owned(), mnt.to_string_lossy().into_owned());
+            if mounted(&mnt) {
+                // An image mounted at mnt/ by a daemon from before `fs/`.
+                run("umount", &[&mnt.to_string_lossy()], &mnt)?;
+            }
+            std::fs::create_dir_all(&fs).map_err(io("mkdir", &fs))?;
+            let (i, m) = (img.to_string_lossy().into_owned(), fs.to_string_lossy().into_owned());
             run("mount", &["-o", "loop,nosuid,nodev", &i, &m], &img)?;
-            // mkfs's lost+found is root's and of no use inside a sandbox.
-            let _ = std::fs::remove_dir(mnt.join("lost+found"));
+        }
+        let data = migrate(&fs, self.owner)?;
+        self.roll_forward(name)?;
+        if !mounted(&mnt) {
+            std::fs::create_dir_all(&mnt).map_err(io("mkdir", &mnt))?;
+            let (d, m) = (data.to_string_lossy().into_owned(), mnt.to_string_lossy().into_owned());
+            run("mount", &["--bind", &d, &m], &data)?;
         }
         Ok(mnt)
     }
 
     pub fn unmount(&self, name: &str) -> Result<(), WorkspaceError> {
-        if self.is_mounted(name) {
-            let mnt = self.mount_path(name);
-            run("umount", &[&mnt.to_string_lossy()], &mnt)?;
+        self.unmount_layers(name)?;
+        for p in [self.mount_path(name), self.fs_path(name)] {
+            if mounted(&p) {
+                run("umount", &[&p.to_string_lossy()], &p)?;
+            }
         }
         Ok(())
     }
@@ -169,4 +202,50 @@ impl WorkspaceStore {
         let dir = self.dir(name);
         std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))
     }
+}
+
+/// Whether something is mounted at `path`.
+pub(crate) fn mounted(path: &Path) -> bool {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == path))
+}
+
+/// Makes `.ember-ws/{data,attempts,committed}` in the filesystem mounted at
+/// `fs` and returns `data`. A filesystem whose tree is still at its root (made
+/// before the attempt layers) has it moved into `data` first: every root entry
+/// but `.ember-ws` and `lost+found` goes to `data.new`, renamed `data` last, so
+/// a crash half-way is finished by the next mount. Paths here are the host's:
+/// no sandbox ever saw the filesystem's root through `fs/`.
+fn migrate(fs: &Path, owner: (u32, u32)) -> Result<PathBuf, WorkspaceError> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let host = fs.join(HOST_DIR);
+    let data = host.join("data");
+    for d in ["attempts", "committed"] {
+        std::fs::create_dir_all(host.join(d)).map_err(io("mkdir", &host))?;
+    }
+    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o700)).map_err(io("chmod", &host))?;
+    if data.is_dir() {
+        return Ok(data);
+    }
+    let new = host.join("data.new");
+    match std::fs::create_dir(&new) {
+        Ok(()) => {
+            // The tree's root keeps the filesystem root's owner and mode.
+            let meta = std::fs::metadata(fs).map_err(io("stat", fs))?;
+            std::fs::set_permissions(&new, meta.permissions()).map_err(io("chmod", &new))?;
+            chown(&new, Some(owner.0), Some(owner.1)).map_err(io("chown", &new))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("mkdir", &new)(e)),
+    }
+    for e in std::fs::read_dir(fs).map_err(io("read", fs))? {
+        let e = e.map_err(io("read", fs))?;
+        let n = e.file_name();
+        if n == HOST_DIR || n == "lost+found" {
+            continue;
+        }
+        std::fs::rename(e.path(), new.join(&n)).map_err(io("rename", &e.path()))?;
+    }
+    std::fs::rename(&new, &data).map_err(io("rename", &data))?;
+    Ok(data)
 }

@@ -161,6 +161,33 @@ impl Daemon {
         text.unwrap_or_else(|e| panic!("{path}: {e}")).trim().parse().expect("pids.current")
     }
 
+    /// Polls task `id` until `until` holds; panics after `within`.
+    pub async fn wait_task(
+        &self,
+        id: &str,
+        within: Duration,
+        until: impl Fn(&ember_types::task::TaskRecord) -> bool,
+    ) -> ember_types::task::TaskRecord {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let t = self.client.get_task(id).await.expect("get task");
+            if until(&t) {
+                return t;
+            }
+            assert!(std::time::Instant::now() < deadline, "task {id} stuck: {t:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reads a workspace file through a fresh read-only mount.
+    pub async fn read_ws(&self, ws: &str, file: &str) -> String {
+        let mount = ember_types::api::WorkspaceMountSpec { name: ws.into(), read_only: true, ..Default::default() };
+        let r = self.create(|r| r.workspaces = vec![mount]).await;
+        let (_, out, _) = self.sh(&r.id, &format!("cat /workspace/{file}"), None).await;
+        self.client.delete_sandbox(&r.id).await.expect("remove reader");
+        out
+    }
+
     /// Host pids in the sandbox's cgroup.
     pub fn procs(&self, id: &str) -> Vec<i32> {
         self.cgroups().procs(id).unwrap_or_default()
@@ -175,7 +202,13 @@ impl Drop for Daemon {
         // Workspaces stay mounted on the host while a daemon runs; unmount ours.
         let ws = self.data_dir.join("workspaces");
         for e in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
-            let _ = Command::new("umount").arg(e.path().join("mnt")).output();
+            // Attempt layers (overlays over the tree), the tree, the filesystem.
+            for l in std::fs::read_dir(e.path().join("attempts")).into_iter().flatten().flatten() {
+                let _ = Command::new("umount").arg("-l").arg(l.path()).output();
+            }
+            for m in ["mnt", "fs"] {
+                let _ = Command::new("umount").arg("-l").arg(e.path().join(m)).output();
+            }
         }
         // So do native sandboxes' writable layers (a tmpfs each).
         for e in std::fs::read_dir(self.data_dir.join("sandboxes")).into_iter().flatten().flatten() {

@@ -2,8 +2,10 @@
 //! attempt's protocol and `ember_queue` for the queue and its leases.
 //!
 //! Layout: `mod.rs` (configuration, submit/get/list/cancel/logs),
-//! `worker.rs` (the pull loop and one attempt), `execd.rs` (the command's
-//! stream over the agent socket), `metrics.rs`.
+//! `worker.rs` (the pull loop and one attempt), `commit.rs` (an attempt's
+//! workspace layer committed or dropped), `execd.rs` (the command's stream
+//! over the agent socket), `metrics.rs`.
+mod commit;
 mod execd;
 mod metrics;
 mod reuse;

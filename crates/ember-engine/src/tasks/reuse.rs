@@ -127,6 +127,8 @@ pub(super) async fn own_sandbox(
                 read_only: false,
                 steal: true,
                 create_size: None,
+                // The attempt's writes reach the workspace only if it succeeds.
+                layered: true,
             })
             .collect(),
         ..Default::default()

@@ -12,8 +12,10 @@
 //!    workspace read-write with `steal` (a fresh lease epoch), or take over
 //!    the one this worker kept (opt-in reuse, `reuse.rs`);
 //! 5. run the command through the agent, appending its output to the log;
-//! 6. report the outcome, accepted only while this lease is current (and
-//!    only while the workspace epoch is still this attempt's);
+//!    its workspace writes go to a layer of the attempt's own;
+//! 6. after exit 0, commit the layer into the workspace (only while this
+//!    lease and the workspace epoch are still the attempt's, `commit.rs`);
+//!    report the outcome, accepted only while this lease is current;
 //! 7. remove the sandbox (in the background unless it had a workspace), or
 //!    keep it for the next task (opt-in reuse, after a success only).
 //!
@@ -21,6 +23,7 @@
 //! behaves as a crashed worker would: it reports nothing, and its lease
 //! expires, which is the one failure-detection path (MTTD). It then restarts
 //! as a new generation, so the retry is always another worker's.
+use super::commit;
 use super::execd::{self, ExecEnd};
 use super::reuse::{self, Kept};
 use super::TaskService;
@@ -284,6 +287,14 @@ async fn attempt(
         svc.metrics.phase("finish", t);
         Ended::Done { succeeded: accepted && label == "succeeded" }
     };
+    if let Some(ws) = spec.workspace.as_deref() {
+        if commit::committed_before(e, ws, &rec.id).await {
+            tracing::info!(task = %rec.id, "an earlier attempt committed; recording its success");
+            let ended = finish(Outcome::Succeeded);
+            commit::recorded(e, ws, &rec.id, matches!(ended, Ended::Done { succeeded: true })).await;
+            return ended;
+        }
+    }
     let (sb, epoch) = match reused {
         Some(id) => (id, None),
         None => match reuse::own_sandbox(e, svc, lease, rec).await {
@@ -354,11 +365,10 @@ async fn attempt(
     }
     svc.metrics.phase("exec", t_exec);
     let Some(end) = end else { return Ended::Done { succeeded: false } };
-    if spec.workspace.is_some() && !e.workspace_epoch_is(spec.workspace.as_deref(), &sb, epoch) {
-        return finish(Outcome::Retry {
-            reason: "the workspace lease was taken by a newer writer".into(),
-            exit_code: None,
-        });
+    if let (Some(ws), ExecEnd::Exited(0)) = (spec.workspace.as_deref(), &end) {
+        let ended = finish(commit::settle(e, svc, lease, ws, &sb, epoch).await);
+        commit::recorded(e, ws, &rec.id, matches!(ended, Ended::Done { succeeded: true })).await;
+        return ended;
     }
     match end {
         ExecEnd::Exited(0) => finish(Outcome::Succeeded),
@@ -370,13 +380,5 @@ async fn attempt(
             tracing::warn!(task = %lease.task, worker = %lease.worker, reason = %m, "the attempt's sandbox died; leaving the lease to expire");
             Ended::Lost
         }
-    }
-}
-
-impl Engine {
-    /// Whether `holder` still holds the write lease of `workspace` at `epoch`.
-    fn workspace_epoch_is(&self, workspace: Option<&str>, holder: &str, epoch: Option<u64>) -> bool {
-        let (Some(w), Some(epoch)) = (workspace, epoch) else { return false };
-        self.workspaces.meta(w).is_ok_and(|m| m.leases.check(w, holder, epoch).is_ok())
     }
 }
