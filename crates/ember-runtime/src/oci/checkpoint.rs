@@ -112,6 +112,9 @@ impl OciRuntime {
         }
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
+        // The bundle binds `<rootfs>/tmp`, resolved on the host by runsc again;
+        // the layer was the sandbox's to write while it ran.
+        crate::native::rootfs::check_layer_root(&dir.join("mnt/upper"), &[])?;
         let sock = dir.join("sock/agent.sock");
         let _ = std::fs::remove_file(&sock);
         let log = dir.join("agent.log");
