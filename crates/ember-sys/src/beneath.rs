@@ -13,7 +13,7 @@
 use crate::SysError;
 use rustix::fs::{AtFlags, Gid, Mode, OFlags, ResolveFlags, Uid};
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 pub use rustix::fs::FileType;
@@ -44,16 +44,6 @@ impl PinnedDir {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// `/proc/self/fd/N`: this dir for a call that takes a path (mount(8), a
-    /// bind source) without walking the original path again.
-    pub fn proc_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
     }
 
     fn open_beneath(&self, rel: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, SysError> {
