@@ -10,6 +10,8 @@
 use crate::error::EngineError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const VERSION: &str = "v1";
@@ -28,9 +30,32 @@ fn store_err(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
     move |source| EngineError::Store { path, source }
 }
 
+/// Makes `dir` (and missing parents) `0711`: records hold sandboxes' env
+/// (secrets, often), so other host users may pass through, never list.
+pub(crate) fn private_dir(dir: &Path) -> Result<(), EngineError> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(store_err(dir))?;
+    // A dir an older version made 0755.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(store_err(dir))
+}
+
+/// Writes `data` to `path` as a `0600` file (callers write a temp file and
+/// rename it into place): records hold sandboxes' env.
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<(), EngineError> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(store_err(path))?;
+    // A temp file a crash left behind keeps its old mode through `open`.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(store_err(path))?;
+    f.write_all(data).map_err(store_err(path))
+}
+
 impl<T: Serialize + DeserializeOwned> Store<T> {
     pub fn open(dir: PathBuf) -> Result<Store<T>, EngineError> {
-        std::fs::create_dir_all(&dir).map_err(store_err(&dir))?;
+        private_dir(&dir)?;
         Ok(Store { dir, _kind: std::marker::PhantomData })
     }
 
@@ -44,7 +69,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         data.extend_from_slice(&body);
         let path = self.path(id);
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &data).map_err(store_err(&tmp))?;
+        write_private(&tmp, &data)?;
         std::fs::rename(&tmp, &path).map_err(store_err(&path))
     }
 

@@ -46,7 +46,7 @@ pub(crate) struct TemplateStore {
 
 impl TemplateStore {
     pub fn open(dir: PathBuf) -> Result<TemplateStore, EngineError> {
-        std::fs::create_dir_all(&dir).map_err(|source| EngineError::Store { path: dir.clone(), source })?;
+        crate::store::private_dir(&dir)?;
         Ok(TemplateStore { dir })
     }
 
@@ -76,7 +76,7 @@ impl TemplateStore {
         let p = self.path(&t.name);
         let tmp = p.with_extension("json.tmp");
         let err = |source| EngineError::Store { path: p.clone(), source };
-        std::fs::write(&tmp, serde_json::to_vec_pretty(t).unwrap_or_default()).map_err(err)?;
+        crate::store::write_private(&tmp, &serde_json::to_vec_pretty(t).unwrap_or_default())?;
         std::fs::rename(&tmp, &p).map_err(err)
     }
 

@@ -107,7 +107,10 @@ impl Unpacker<'_> {
         let raw = e.path().map_err(|err| bad(self.digest, format!("entry path: {err}")))?.into_owned();
         let Some(rel) = clean(self.digest, &raw)? else { return Ok(()) };
         let h = e.header();
-        let (mode, uid, gid) = (h.mode().unwrap_or(0o644) & 0o7777, h.uid().unwrap_or(0), h.gid().unwrap_or(0));
+        // No setuid/setgid (the sticky bit stays): layer files are owned by
+        // the sandboxes' id range on the host, and a set-id file there would
+        // let any host user run it as that uid, the sandboxes' root.
+        let (mode, uid, gid) = (h.mode().unwrap_or(0o644) & 0o1777, h.uid().unwrap_or(0), h.gid().unwrap_or(0));
         let kind = h.entry_type();
         let parent = self.parents(&raw, rel.parent().unwrap_or(Path::new("")))?;
         let name = rel.file_name().unwrap_or_default().to_string_lossy().into_owned();

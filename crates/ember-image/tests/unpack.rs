@@ -17,10 +17,12 @@ struct E<'a> {
     link: &'a str,
     data: &'a [u8],
     uid: u64,
+    /// 0: 0755 for a dir, 0644 otherwise.
+    mode: u32,
 }
 
 fn e<'a>(name: &'a str, kind: tar::EntryType) -> E<'a> {
-    E { name, kind, link: "", data: b"", uid: 0 }
+    E { name, kind, link: "", data: b"", uid: 0, mode: 0 }
 }
 
 fn file<'a>(name: &'a str, data: &'a [u8]) -> E<'a> {
@@ -40,7 +42,11 @@ fn tar_of(entries: &[E]) -> Vec<u8> {
         b[157..157 + en.link.len()].copy_from_slice(en.link.as_bytes());
         h.set_entry_type(en.kind);
         h.set_size(en.data.len() as u64);
-        h.set_mode(if en.kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
+        h.set_mode(match en.mode {
+            0 if en.kind == tar::EntryType::Directory => 0o755,
+            0 => 0o644,
+            m => m,
+        });
         h.set_uid(en.uid);
         h.set_gid(en.uid);
         h.set_mtime(1_700_000_000);
@@ -206,4 +212,23 @@ fn whiteouts_links_ownership_and_compression() {
         );
         assert_eq!(std::fs::metadata(&l).unwrap().uid(), BASE);
     }
+}
+
+/// Layer files are owned by the sandboxes' id range on the host: a setuid or
+/// setgid file there would let any host user run it as that uid (the
+/// sandboxes' root on the host). The sticky bit stays.
+#[test]
+fn layer_files_drop_setuid_and_setgid_bits() {
+    let s = Scratch::new("setid");
+    let dir = |name, mode| E { mode, ..e(name, tar::EntryType::Directory) };
+    let tar = tar_of(&[
+        dir("bin/", 0o755),
+        E { mode: 0o4755, ..file("bin/su", b"#!/bin/sh\n") },
+        E { mode: 0o2755, ..file("bin/wall", b"#!/bin/sh\n") },
+        dir("shared/", 0o2775),
+        dir("tmp/", 0o1777),
+    ]);
+    s.unpack(&tar).expect("unpack");
+    let mode = |p: &str| std::fs::metadata(s.layer().join(p)).unwrap().mode() & 0o7777;
+    assert_eq!([mode("bin/su"), mode("bin/wall"), mode("shared"), mode("tmp")], [0o755, 0o755, 0o775, 0o1777]);
 }

@@ -16,6 +16,7 @@ use ember_types::task::TaskRecord;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub(crate) struct Journal {
@@ -74,7 +75,9 @@ impl Journal {
     /// Reads the log (if any), compacts it and opens it for appending.
     /// Returns the records and how many damaged lines were skipped.
     pub fn open(dir: &Path) -> Result<(Journal, HashMap<String, TaskRecord>, usize), QueueError> {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        // Task specs carry env (secrets, often): the dir 0711, the journal 0600.
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(io_err(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(io_err(dir))?;
         let path = dir.join("tasks.journal");
         let data = match std::fs::read(&path) {
             Ok(d) => d,
@@ -94,7 +97,7 @@ impl Journal {
                 None => damaged += 1,
             }
         }
-        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
+        let file = OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(io_err(&path))?;
         let mut j = Journal { path, file, bytes: 0, compacted: 0 };
         j.rewrite(recs.values())?;
         Ok((j, recs, damaged))
@@ -133,7 +136,11 @@ impl Journal {
         for r in recs {
             out.extend_from_slice(&line(r));
         }
-        std::fs::write(&tmp, &out).map_err(io_err(&tmp))?;
+        let mut f =
+            OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io_err(&tmp))?;
+        // A temp file a crash left behind keeps its old mode through `open`.
+        f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io_err(&tmp))?;
+        f.write_all(&out).map_err(io_err(&tmp))?;
         std::fs::rename(&tmp, &self.path).map_err(io_err(&self.path))?;
         self.file = OpenOptions::new().append(true).open(&self.path).map_err(io_err(&self.path))?;
         self.bytes = out.len() as u64;

@@ -4,6 +4,8 @@
 //! Every `unsafe` block carries a `SAFETY:` comment naming the invariant it relies on.
 //!
 //! Layout:
+//! - [`beneath`]: file work inside directories a sandbox or a snapshot store
+//!   can write, from a pinned dir fd, never following a symlink (openat2).
 //! - [`spawn`]: clone3 into fresh namespaces and the parent/child handshake;
 //!   `child.rs` holds the code that runs between clone and exec (no allocation).
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
@@ -18,6 +20,7 @@
 //!   fd, never following a symlink), and the in-sandbox bind.
 //! - [`process`]: process control for the in-sandbox agent.
 
+pub mod beneath;
 mod child;
 pub mod fd;
 pub mod fs;

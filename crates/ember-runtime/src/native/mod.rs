@@ -135,7 +135,11 @@ impl NativeRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
-        rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        // The child's mount plan walks these paths before `pivot_root`, where a
+        // symlink in a restored layer would name a host path.
+        let mounted: Vec<&str> = spec.volumes.iter().map(|v| v.mount_path.trim_start_matches('/')).collect();
+        rootfs::check_layer_root(&upper, &[&["usr"], mounted.as_slice()].concat())?;
         let limits = Limits {
             memory_bytes: spec.resources.memory_bytes,
             cpu_millis: spec.resources.cpu_millis,

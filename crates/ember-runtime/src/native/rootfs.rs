@@ -328,10 +328,35 @@ fn write(p: impl AsRef<Path>, contents: Vec<u8>, mode: u32) -> FsOp {
     FsOp::WriteFile { path: cstr(p), contents, mode }
 }
 
+/// Paths under a writable layer's root that the launch mounts on or writes
+/// into from the host's side of the root (before `pivot_root`, or on the
+/// host for the OCI classes).
+const LAYER_PATHS: [&str; 4] = ["etc", "proc", "dev", "tmp"];
+
+/// Refuses a writable layer (`upper`) in which one of [`LAYER_PATHS`], or a
+/// path in `also` (relative, e.g. a volume's mount path), is or goes through
+/// a symlink. A restored layer is what the sandbox (or a snapshot store) made
+/// it: its `etc -> /some/host/dir` would be followed by the host-side writes
+/// of `etc/hostname`, its `tmp -> /` bound by the OCI runtime. Resolved from
+/// the layer's fd, never following (docs/threat-model.md).
+pub fn check_layer_root(upper: &Path, also: &[&str]) -> Result<(), RuntimeError> {
+    let dir = ember_sys::beneath::PinnedDir::open(upper)?;
+    for rel in LAYER_PATHS.iter().copied().chain(also.iter().copied()) {
+        if dir.has_symlink(rel)? {
+            return Err(RuntimeError::Prepare {
+                what: "writable layer (/etc, /proc, /dev, /tmp and mount points must not be symlinks)",
+                path: upper.join(rel),
+                source: std::io::ErrorKind::InvalidInput.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Refuses an image whose `/etc`, `/proc` or `/dev` is not a directory: the
 /// mount plan writes and mounts there before `pivot_root`, and a symlink would
 /// point those at host paths. The top-most layer that has the name decides
-/// (layers are immutable; the upper dir starts empty).
+/// (layers are immutable; a restored upper dir is checked by [`check_layer_root`]).
 pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     for name in ["etc", "proc", "dev", "tmp"] {

@@ -12,6 +12,7 @@
 //! sandbox removes it.
 use super::{OciClass, OciRuntime};
 use crate::{LaunchTiming, Launched, RuntimeError};
+use ember_sys::beneath::{FileType, PinnedDir};
 use ember_types::{SandboxId, SandboxSpec};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -73,11 +74,11 @@ impl OciRuntime {
             Ok((code, reply)) => return Err(busy(format!("the agent answered {code}: {}", reply_message(&reply)))),
             Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {e}"))),
         }
-        let quiesced = sock.with_file_name(QUIESCED);
+        let sock_dir = sock.parent().unwrap_or(Path::new("/"));
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
-        while !quiesced.exists() {
+        while !is_regular(sock_dir, QUIESCED) {
             if Instant::now() > deadline {
-                let _ = self.unquiesce(id, sock.parent().and_then(Path::parent).unwrap_or(Path::new("/")));
+                let _ = self.unquiesce(id, sock_dir.parent().unwrap_or(Path::new("/")));
                 return Err(busy("connections to the agent stayed open; checkpoint called off".into()));
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -88,13 +89,9 @@ impl OciRuntime {
     /// Lets a quiesced agent listen again and waits for its `/ping`.
     fn unquiesce(&self, id: &SandboxId, dir: &Path) -> Result<(), RuntimeError> {
         let sock_dir = dir.join("sock");
-        let _ = std::fs::remove_file(sock_dir.join("agent.sock"));
-        let resume = sock_dir.join(RESUME);
-        std::fs::write(&resume, b"1\n").map_err(|source| RuntimeError::Prepare {
-            what: "resume file",
-            path: resume,
-            source,
-        })?;
+        let pinned = PinnedDir::open(&sock_dir)?;
+        let _ = pinned.remove_file("agent.sock");
+        write_resume(&pinned)?;
         self.wait_ready(id, &sock_dir.join("agent.sock"), None)
     }
 
@@ -115,6 +112,9 @@ impl OciRuntime {
         }
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
+        // The bundle binds `<rootfs>/tmp`, resolved on the host by runsc again;
+        // the layer was the sandbox's to write while it ran.
+        crate::native::rootfs::check_layer_root(&dir.join("mnt/upper"), &[])?;
         let sock = dir.join("sock/agent.sock");
         let _ = std::fs::remove_file(&sock);
         let log = dir.join("agent.log");
@@ -135,7 +135,7 @@ impl OciRuntime {
     /// `resume` with no listener) gets its socket back.
     pub(super) fn wake_quiesced_agent(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         let dir = self.dir(id.as_str());
-        if self.cfg.class != OciClass::Runsc || !dir.join("sock").join(QUIESCED).exists() {
+        if self.cfg.class != OciClass::Runsc || !is_regular(&dir.join("sock"), QUIESCED) {
             return Ok(());
         }
         let _ = std::fs::remove_file(dir.join("sock").join(QUIESCED));
@@ -151,15 +151,38 @@ impl OciRuntime {
     }
 }
 
-/// The end of the sandbox's `agent.log` (the agent's and runsc's output), for errors.
-/// The last 1,500 bytes of a sandbox's agent log, for error messages.
+/// The last 1,500 bytes of a sandbox's `agent.log` (the agent's and runsc's
+/// output), for error messages. The sandbox writes what goes in it, so only
+/// the tail is read, never the whole file.
 pub(super) fn log_tail(dir: &Path) -> String {
-    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    let mut start = log.len().saturating_sub(1500);
-    while !log.is_char_boundary(start) {
-        start += 1;
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(dir.join("agent.log")) {
+        let _ = f.seek(SeekFrom::End(-1500)).or_else(|_| f.seek(SeekFrom::Start(0)));
+        let _ = f.take(1500).read_to_end(&mut bytes);
     }
-    log[start..].trim().to_string()
+    String::from_utf8_lossy(&bytes).trim().to_string()
+}
+
+/// Whether `name` in the socket dir is a regular file (a symlink the sandbox
+/// planted there is not followed, and does not count).
+fn is_regular(sock_dir: &Path, name: &str) -> bool {
+    let kind = PinnedDir::open(sock_dir).and_then(|d| d.kind(name));
+    matches!(kind, Ok(Some(FileType::RegularFile)))
+}
+
+/// Writes `resume` in the socket dir, which root inside the sandbox can write:
+/// whatever is there (a symlink to a host file, re-planted in a loop) is
+/// unlinked, never followed, and the file created `O_EXCL`. A sandbox that
+/// keeps winning the race between the two only keeps its own agent asleep.
+fn write_resume(sock_dir: &PinnedDir) -> Result<(), RuntimeError> {
+    let mut tries = 0;
+    loop {
+        match sock_dir.replace_file(RESUME, b"1\n", 0o644) {
+            Err(e) if e.source.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+            res => return Ok(res?),
+        }
+    }
 }
 
 fn remove_dir(path: &Path) -> Result<(), RuntimeError> {

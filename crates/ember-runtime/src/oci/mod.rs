@@ -28,9 +28,10 @@ use crate::native::rootfs::{ensure_host_template, ID_RANGE};
 use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
 use cli::{OciCli, OciCliError};
 use ember_cgroups::{Cgroups, Limits};
+use ember_sys::beneath::PinnedDir;
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::chown;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,22 +100,19 @@ impl OciRuntime {
     /// init waits to be started: an entrypoint that exits at once can be gone
     /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
-        let prep = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| RuntimeError::Prepare { what, path, source }
-        };
         let hostname = format!("sbx-{}", id.short());
         // An image brings its own /usr (bundle.rs binds the host's only for `host`).
         crate::native::rootfs::check_image_root(&spec.lower_dirs)?;
         let lowers =
             if spec.lower_dirs.is_empty() { vec![self.host_template.clone()] } else { spec.lower_dirs.clone() };
         let root = rootfs::assemble(dir, &lowers, spec.resources.disk_bytes, self.cfg.uid_base, &hostname)?;
+        // The sandbox writes its socket dir: made and chowned from the
+        // sandbox dir's fd, never following what may already be there.
+        let sandbox = PinnedDir::open(dir)?;
         let sock_dir = dir.join("sock");
-        std::fs::create_dir_all(&sock_dir).map_err(prep("socket dir", &sock_dir))?;
-        chown(&sock_dir, Some(self.cfg.uid_base), Some(self.cfg.uid_base)).map_err(prep("chown", &sock_dir))?;
+        sandbox.ensure_dir("sock", 0o755)?.chown("", self.cfg.uid_base, self.cfg.uid_base)?;
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
-        let bundle_dir = dir.join("bundle");
-        std::fs::create_dir_all(&bundle_dir).map_err(prep("bundle dir", &bundle_dir))?;
+        let bundle_dir = sandbox.ensure_dir("bundle", 0o711)?;
         let config = bundle::build(&bundle::BundleInputs {
             id,
             spec,
@@ -131,8 +129,9 @@ impl OciRuntime {
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
-        let cfg_path = bundle_dir.join("config.json");
-        std::fs::write(&cfg_path, json).map_err(prep("config.json", &cfg_path))?;
+        // 0600: it holds the sandbox's env.
+        bundle_dir.replace_file("config.json", &json, 0o600)?;
+        let bundle_dir = bundle_dir.path().to_path_buf();
         let log = dir.join("agent.log");
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
@@ -202,11 +201,10 @@ impl Runtime for OciRuntime {
     fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
         let t0 = Instant::now();
         let dir = self.dir(id.as_str());
-        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Prepare {
-            what: "sandbox dir",
-            path: dir.clone(),
-            source,
-        })?;
+        // 0711: its bundle holds the sandbox's env; host users may pass, not list.
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir);
+        made.and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)))
+            .map_err(|source| RuntimeError::Prepare { what: "sandbox dir", path: dir.clone(), source })?;
         self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();

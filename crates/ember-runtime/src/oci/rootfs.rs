@@ -11,7 +11,7 @@
 //! every destroy and leftover reap. They go through mount(8): this crate has no
 //! unsafe code and the cost (~2 ms) is small beside an OCI runtime's own.
 use crate::RuntimeError;
-use std::os::unix::fs::{chown, PermissionsExt};
+use ember_sys::beneath::PinnedDir;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -42,19 +42,10 @@ pub fn assemble(
     let mnt = dir.join("mnt");
     let upper = prepare_layer(dir, disk_bytes)?;
     let (work, root) = (mnt.join("work"), mnt.join("root"));
-    // The sandbox's own /etc/hostname and /etc/hosts, in the upper layer (a
-    // restored layer may hold a whiteout or the source's files there).
-    let etc = upper.join("etc");
-    std::fs::create_dir_all(&etc).map_err(prep("rootfs etc", &etc))?;
-    for f in ["hostname", "hosts"] {
-        let _ = std::fs::remove_file(etc.join(f));
-    }
-    std::fs::write(etc.join("hostname"), format!("{hostname}\n")).map_err(prep("hostname", &etc))?;
-    let hosts = format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost {hostname}\n");
-    std::fs::write(etc.join("hosts"), hosts).map_err(prep("hosts", &etc))?;
-    for p in [upper.clone(), etc.clone(), etc.join("hostname"), etc.join("hosts")] {
-        chown(&p, Some(owner), Some(owner)).map_err(prep("chown", &p))?;
-    }
+    // A restored layer is the sandbox's or a snapshot store's content: never
+    // followed (its `tmp` is bound by the runtime: bundle.rs).
+    crate::native::rootfs::check_layer_root(&upper, &[])?;
+    write_identity(&upper, owner, hostname)?;
     let lower = lowers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
     // `userxattr`: image layers mark opaque dirs with `user.overlay.opaque`
     // (ember-image unpacks them for the native class, which mounts overlay
@@ -66,14 +57,40 @@ pub fn assemble(
         &root,
         Command::new("mount").args(["-t", "overlay", "-o", &data, "-o", "nosuid", "overlay"]).arg(&root),
     )?;
-    // /tmp is bound from the rootfs (bundle.rs); an image may not have one.
-    let tmp = root.join("tmp");
-    if !tmp.exists() {
-        std::fs::create_dir(&tmp).map_err(prep("rootfs tmp", &tmp))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).map_err(prep("chmod", &tmp))?;
-        chown(&tmp, Some(owner), Some(owner)).map_err(prep("chown", &tmp))?;
-    }
+    ensure_tmp(&root, owner)?;
     Ok(root)
+}
+
+/// The sandbox's own `/etc/hostname` and `/etc/hosts`, in the upper layer (a
+/// restored layer may hold a whiteout or the source's files there), through
+/// the layer's fd: `etc` was checked not to be a symlink and is opened without
+/// following one; the files are unlinked and created anew (`O_EXCL`).
+fn write_identity(upper: &Path, owner: u32, hostname: &str) -> Result<(), RuntimeError> {
+    let upper = PinnedDir::open(upper)?;
+    let etc = upper.ensure_dir("etc", 0o755)?;
+    etc.replace_file("hostname", format!("{hostname}\n").as_bytes(), 0o644)?;
+    let hosts = format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost {hostname}\n");
+    etc.replace_file("hosts", hosts.as_bytes(), 0o644)?;
+    upper.chown("", owner, owner)?;
+    etc.chown("", owner, owner)?;
+    for f in ["hostname", "hosts"] {
+        etc.chown(f, owner, owner)?;
+    }
+    Ok(())
+}
+
+/// `/tmp` is bound from the rootfs (bundle.rs); an image may not have one.
+/// The OCI runtime resolves that bind's source on the host, so it must be a
+/// real directory (checked in the layer; the sandbox is not running yet).
+fn ensure_tmp(root: &Path, owner: u32) -> Result<(), RuntimeError> {
+    let root = PinnedDir::open(root)?;
+    if root.kind("tmp")?.is_none() {
+        root.ensure_dir("tmp", 0o1777)?;
+        root.chmod("tmp", 0o1777)?;
+        root.chown("tmp", owner, owner)?;
+    }
+    root.open_dir("tmp")?;
+    Ok(())
 }
 
 /// The opaque-directory xattr of this overlay: it is mounted with `userxattr`
