@@ -370,6 +370,9 @@ async fn attempt(
             tracing::warn!(task = %lease.task, worker = %lease.worker, reason = %m, "the attempt's sandbox died; leaving the lease to expire");
             Ended::Lost
         }
+        ExecEnd::Broken(m) => {
+            finish(Outcome::Retry { reason: format!("the sandbox's agent misbehaved: {m}"), exit_code: None })
+        }
     }
 }
 

@@ -68,10 +68,10 @@ impl OciRuntime {
     fn quiesce(&self, id: &SandboxId, sock: &Path) -> Result<(), RuntimeError> {
         let busy = |message: String| RuntimeError::Busy { id: id.clone(), message };
         match crate::post_agent(sock, "/ember/v1/quiesce", Duration::from_secs(5)) {
-            Ok((code, _)) if (200..300).contains(&code) => {}
-            Ok((409, reply)) => return Err(busy(reply_message(&reply))),
-            Ok((code, reply)) => return Err(busy(format!("the agent answered {code}: {}", reply_message(&reply)))),
-            Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {e}"))),
+            Ok(reply) if reply.is_success() => {}
+            Ok(reply) if reply.status == 409 => return Err(busy(reply.message())),
+            Ok(reply) => return Err(busy(format!("the agent answered {}: {}", reply.status, reply.message()))),
+            Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {}", e.report()))),
         }
         let quiesced = sock.with_file_name(QUIESCED);
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
@@ -168,26 +168,5 @@ fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
             Err(RuntimeError::Prepare { what: "remove checkpoint dir", path: path.to_path_buf(), source: e })
         }
         _ => Ok(()),
-    }
-}
-
-/// The `message` of an agent's JSON error reply, or the reply's body.
-fn reply_message(reply: &str) -> String {
-    let body = reply.split_once("\r\n\r\n").map_or(reply, |(_, b)| b);
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-        .unwrap_or_else(|| body.trim().to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_agents_error_message_is_taken_from_its_json_reply() {
-        let reply = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\r\n{\"code\":\"CONFLICT\",\"message\":\"1 open\"}";
-        assert_eq!(reply_message(reply), "1 open");
-        assert_eq!(reply_message("HTTP/1.1 500 X\r\n\r\nplain"), "plain");
     }
 }
