@@ -86,6 +86,14 @@ impl Daemon {
         self.child = Some(child);
     }
 
+    /// The resident memory of `ember serve`, in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.as_ref().expect("the daemon runs").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS in kB")
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
