@@ -172,3 +172,28 @@ async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
     assert!(before >= 3 && after >= 3, "batch started amid the stream: {before} before, {after} after");
     assert!((2_900..5_000).contains(&waited), "batch waited {waited} ms; two agings are 3000 ms");
 }
+
+/// An attempt's log stops at `--task-log-limit` with one marker line, and is
+/// read (whole, followed, or from `offset`) in pieces: here 4 MiB, four of
+/// the API's 1 MiB reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_past_its_cap_ends_with_one_marker_and_is_read_from_an_offset() {
+    let d = Daemon::start_with(&["--task-log-limit", "4Mi"]);
+    // 17 bytes a line, 400,000 lines: 6.8 MB of output.
+    let (t, _) =
+        d.client.submit_task(&task(&["sh", "-c", "yes 0123456789abcdef | head -n 400000"])).await.expect("submit");
+    let done = wait_all(&d, std::slice::from_ref(&t.id), Duration::from_secs(120)).await;
+    assert_eq!(done[0].state, TaskState::Succeeded, "{:?}", done[0].attempts);
+    let text = log(&d, &t.id, None).await;
+    let marker = format!("\n[ember: log truncated at {} bytes; further output dropped]\n", 4 << 20);
+    assert!(text.ends_with(&marker), "the log ends with the marker: {:?}", &text[text.len().saturating_sub(200)..]);
+    assert_eq!(text.len(), (4 << 20) + marker.len());
+    assert_eq!(text.matches("[ember: log truncated").count(), 1);
+    assert!(text[..4 << 20].lines().take(1000).all(|l| l == "0123456789abcdef"), "output kept in order");
+    let mut followed = Vec::new();
+    d.client.task_logs(&t.id, None, true, |b| followed.extend_from_slice(b)).await.expect("follow");
+    assert_eq!(followed, text.as_bytes(), "following an ended attempt reads the same log");
+    let mut tail = Vec::new();
+    d.client.task_logs_from(&t.id, None, false, 3 << 20, |b| tail.extend_from_slice(b)).await.expect("offset");
+    assert_eq!(tail, &text.as_bytes()[3 << 20..]);
+}
