@@ -186,12 +186,7 @@ async fn a_claim_answered_by_a_hostile_agent_discards_the_sandbox_and_memory_sta
     let d = Daemon::start();
     pool(&d, 1, 1, 1.into()).await;
     assert_eq!(wait_idle(&d, 1).await, 1);
-    let pooled: Vec<_> = std::fs::read_dir(d.data_dir.join("sandboxes")).expect("sandboxes dir").flatten().collect();
-    assert_eq!(pooled.len(), 1, "one pooled sandbox on disk");
-    let dir = pooled[0].path();
-    let sock = dir.join("agent.sock");
-    std::fs::remove_file(&sock).expect("remove the agent's socket");
-    let listener = tokio::net::UnixListener::bind(&sock).expect("bind the hostile agent");
+    let (dir, listener) = d.hijack_pooled_agent();
     let sent = std::sync::Arc::new(AtomicUsize::new(0));
     let count = sent.clone();
     tokio::spawn(async move {
