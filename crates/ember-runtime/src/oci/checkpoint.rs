@@ -13,6 +13,7 @@
 use super::{OciClass, OciRuntime};
 use crate::{LaunchTiming, Launched, RuntimeError};
 use ember_types::{SandboxId, SandboxSpec};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -151,15 +152,18 @@ impl OciRuntime {
     }
 }
 
-/// The end of the sandbox's `agent.log` (the agent's and runsc's output), for errors.
-/// The last 1,500 bytes of a sandbox's agent log, for error messages.
+/// The last 1,500 bytes of a sandbox's `agent.log` (the agent's and runsc's
+/// output, which the workload can fill), for error messages: only those
+/// bytes are read.
 pub(super) fn log_tail(dir: &Path) -> String {
-    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    let mut start = log.len().saturating_sub(1500);
-    while !log.is_char_boundary(start) {
-        start += 1;
+    const TAIL: u64 = 1500;
+    let Ok(mut f) = std::fs::File::open(dir.join("agent.log")) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).is_err() || f.take(TAIL).read_to_end(&mut buf).is_err() {
+        return String::new();
     }
-    log[start..].trim().to_string()
+    String::from_utf8_lossy(&buf).trim().to_string()
 }
 
 fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
@@ -168,5 +172,35 @@ fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
             Err(RuntimeError::Prepare { what: "remove checkpoint dir", path: path.to_path_buf(), source: e })
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_tail;
+    use std::io::Write;
+
+    fn peak_rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// A workload can fill its agent log; an error message reads its end only.
+    #[test]
+    fn only_the_tail_of_a_large_agent_log_is_read() {
+        let dir = std::env::temp_dir().join(format!("ember-logtail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = std::fs::File::create(dir.join("agent.log")).unwrap();
+        f.set_len(256 << 20).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("agent.log")).unwrap();
+        f.write_all(b"the last line\n").unwrap();
+        let before = peak_rss_kib();
+        let tail = log_tail(&dir);
+        let grown = peak_rss_kib().saturating_sub(before);
+        assert!(tail.ends_with("the last line") && tail.len() <= 1500, "{:?}", &tail[tail.len().saturating_sub(40)..]);
+        assert!(grown < 64 << 10, "peak RSS grew by {grown} KiB reading the tail of a 256 MiB log");
+        assert_eq!(log_tail(&dir.join("none")), "");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
