@@ -191,7 +191,7 @@ mod tests {
     fn only_the_tail_of_a_large_agent_log_is_read() {
         let dir = std::env::temp_dir().join(format!("ember-logtail-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut f = std::fs::File::create(dir.join("agent.log")).unwrap();
+        let f = std::fs::File::create(dir.join("agent.log")).unwrap();
         f.set_len(256 << 20).unwrap();
         let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("agent.log")).unwrap();
         f.write_all(b"the last line\n").unwrap();
