@@ -9,7 +9,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-types", &[]),
         ("ember-sys", &[]),
         ("ember-cgroups", &["ember-sys"]),
-        ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups"]),
+        ("ember-agent-client", &["ember-types"]),
+        ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups", "ember-agent-client"]),
         ("ember-image", &["ember-sys"]),
         ("ember-workspace", &[]),
         ("ember-queue", &["ember-types"]),
@@ -18,6 +19,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             "ember-engine",
             &[
                 "ember-types",
+                "ember-agent-client",
                 "ember-runtime",
                 "ember-image",
                 "ember-workspace",

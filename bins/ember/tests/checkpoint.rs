@@ -198,12 +198,12 @@ async fn an_agent_left_quiesced_by_a_daemon_crash_is_woken_at_adoption() {
     // What a daemon killed mid-checkpoint leaves: the agent quiesced, waiting.
     let sock = d.data_dir.join(format!("oci/runsc/sandboxes/{id}/sock/agent.sock"));
     let s = sock.clone();
-    let (code, _) =
+    let reply =
         tokio::task::spawn_blocking(move || ember_runtime::post_agent(&s, "/ember/v1/quiesce", Duration::from_secs(5)))
             .await
             .expect("join")
             .expect("quiesce");
-    assert_eq!(code, 200);
+    assert_eq!(reply.status, 200);
     let quiesced = sock.with_file_name("quiesced");
     for _ in 0..200 {
         if quiesced.exists() {

@@ -169,3 +169,48 @@ async fn pool_management_errors_are_structured() {
     d.client.delete_pool("host").await.expect("remove pool");
     assert!(d.client.list_pools().await.expect("list").is_empty());
 }
+
+/// What a hostile peer offers: far beyond every cap of the agent client.
+const OFFERED: usize = 256 << 20;
+
+/// Root inside an OCI sandbox can bind its own server where the daemon looks
+/// for the agent's socket; here the host does it to an idle pooled sandbox
+/// (out of the API's reach). Its claim reply is a 200 whose body never ends:
+/// the claim is refused at the body cap, that sandbox is destroyed, the
+/// create falls back to a cold start, and the daemon's memory stays flat
+/// although the peer offered 256 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_by_a_hostile_agent_discards_the_sandbox_and_memory_stays_flat() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start();
+    pool(&d, 1, 1, 1.into()).await;
+    assert_eq!(wait_idle(&d, 1).await, 1);
+    let (dir, listener) = d.hijack_pooled_agent();
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = sent.clone();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("the claim connects");
+        let _ = s.read(&mut [0u8; 4096]).await;
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n").await;
+        let block = vec![b'x'; 64 << 10];
+        while count.load(Ordering::Relaxed) < OFFERED && s.write_all(&block).await.is_ok() {
+            count.fetch_add(block.len(), Ordering::Relaxed);
+        }
+    });
+    let before = d.rss_kib();
+    let (id, kind) = claim(&d, |_| {}).await;
+    let grown = d.rss_kib().saturating_sub(before);
+    assert_eq!(kind, "cold", "a claim the agent answered with an endless body is refused");
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent < OFFERED, "the daemon read all {sent} bytes the hostile agent offered");
+    assert!(grown < 32 << 10, "the daemon's RSS grew by {grown} KiB while the peer offered {OFFERED} bytes");
+    assert_ne!(dir.file_name().and_then(|n| n.to_str()), Some(id.as_str()));
+    for _ in 0..400 {
+        if !dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!dir.exists(), "the discarded sandbox was destroyed");
+}

@@ -172,3 +172,87 @@ async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
     assert!(before >= 3 && after >= 3, "batch started amid the stream: {before} before, {after} after");
     assert!((2_900..5_000).contains(&waited), "batch waited {waited} ms; two agings are 3000 ms");
 }
+
+/// An attempt's log stops at `--task-log-limit` with one marker line, and is
+/// read (whole, followed, or from `offset`) in pieces: here 4 MiB, four of
+/// the API's 1 MiB reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_past_its_cap_ends_with_one_marker_and_is_read_from_an_offset() {
+    let d = Daemon::start_with(&["--task-log-limit", "4Mi"]);
+    // 17 bytes a line, 400,000 lines: 6.8 MB of output.
+    let (t, _) =
+        d.client.submit_task(&task(&["sh", "-c", "yes 0123456789abcdef | head -n 400000"])).await.expect("submit");
+    let done = wait_all(&d, std::slice::from_ref(&t.id), Duration::from_secs(120)).await;
+    assert_eq!(done[0].state, TaskState::Succeeded, "{:?}", done[0].attempts);
+    let text = log(&d, &t.id, None).await;
+    let marker = format!("\n[ember: log truncated at {} bytes; further output dropped]\n", 4 << 20);
+    assert!(text.ends_with(&marker), "the log ends with the marker: {:?}", &text[text.len().saturating_sub(200)..]);
+    assert_eq!(text.len(), (4 << 20) + marker.len());
+    assert_eq!(text.matches("[ember: log truncated").count(), 1);
+    assert!(text[..4 << 20].lines().take(1000).all(|l| l == "0123456789abcdef"), "output kept in order");
+    let mut followed = Vec::new();
+    d.client.task_logs(&t.id, None, true, |b| followed.extend_from_slice(b)).await.expect("follow");
+    assert_eq!(followed, text.as_bytes(), "following an ended attempt reads the same log");
+    let mut tail = Vec::new();
+    d.client.task_logs_from(&t.id, None, false, 3 << 20, |b| tail.extend_from_slice(b)).await.expect("offset");
+    assert_eq!(tail, &text.as_bytes()[3 << 20..]);
+}
+
+/// A task attempt whose agent answers the command with an endless event line
+/// (root inside an OCI sandbox can put its own server at the agent's socket;
+/// here the host does it to the pooled sandbox the attempt claims): the
+/// attempt fails with the cap as its reason, its sandbox is destroyed, the
+/// retry runs elsewhere, and the daemon's memory stays flat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_agent_sends_an_endless_line_fails_with_the_cap_and_the_retry_succeeds() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const OFFERED: usize = 256 << 20;
+    let d = Daemon::start_with(&["--task-workers", "1"]);
+    let pool = CreatePoolRequest { template: "host".into(), max: 1, target: Some(1.into()), ..Default::default() };
+    d.client.create_pool(&pool).await.expect("pool");
+    for _ in 0..400 {
+        if d.client.get_pool("host").await.expect("pool").idle == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (dir, listener) = d.hijack_pooled_agent();
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut req = vec![0u8; 64 << 10];
+            let n = s.read(&mut req).await.unwrap_or(0);
+            if req[..n].starts_with(b"POST /ember/v1/claim") {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await;
+                continue;
+            }
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"type\":\"stdout\",\"text\":\"").await;
+            let block = vec![b'a'; 64 << 10];
+            while count.load(Ordering::Relaxed) < OFFERED && s.write_all(&block).await.is_ok() {
+                count.fetch_add(block.len(), Ordering::Relaxed);
+            }
+        }
+    });
+    let before = d.rss_kib();
+    let (t, _) = d.client.submit_task(&task(&["true"])).await.expect("submit");
+    let done = wait_all(&d, std::slice::from_ref(&t.id), Duration::from_secs(120)).await;
+    let grown = d.rss_kib().saturating_sub(before);
+    let attempts = &done[0].attempts;
+    assert_eq!(done[0].state, TaskState::Succeeded, "{attempts:?}");
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    let reason = attempts[0].reason.as_deref().unwrap_or("");
+    assert!(reason.contains("exceeds the 1048576-byte cap"), "first attempt's reason: {reason}");
+    assert_eq!(attempts[0].sandbox.as_deref(), dir.file_name().and_then(|n| n.to_str()), "it ran in the pooled one");
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent < OFFERED, "the daemon read all {sent} bytes the hostile agent offered");
+    assert!(grown < 32 << 10, "the daemon's RSS grew by {grown} KiB while the peer offered {OFFERED} bytes");
+    for _ in 0..400 {
+        if !dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!dir.exists(), "the hostile attempt's sandbox was destroyed");
+}

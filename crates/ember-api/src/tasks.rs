@@ -7,7 +7,7 @@ use axum::http::HeaderName;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::tasks::{TaskFilter, TaskState};
+use ember_engine::tasks::{TaskFilter, TaskState, LOG_READ_CHUNK};
 use ember_types::task::{SubmitTaskRequest, TaskList, Tier};
 use std::time::Duration;
 
@@ -53,30 +53,34 @@ pub async fn cancel(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
     Ok(Json(st.engine.cancel_task(&id).await?).into_response())
 }
 
-/// The attempt's output as text; with `follow=true` the reply streams until
-/// the attempt ends. `X-Ember-Attempt` says which attempt it is.
+/// The attempt's output as text from `offset` (default 0), read from the
+/// file in pieces of at most `LOG_READ_CHUNK` bytes, never whole; with
+/// `follow=true` the reply keeps following the file by offset until the
+/// attempt ends. `X-Ember-Attempt` says which attempt it is.
 pub async fn logs(
     State(st): State<ApiState>,
     ApiPath(id): ApiPath<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (mut follow, mut attempt) = (false, None);
+    let (mut follow, mut attempt, mut offset) = (false, None, 0u64);
     for (k, v) in query(q) {
         match k.as_str() {
             "follow" => follow = v == "true" || v == "1",
             "attempt" => {
                 attempt = Some(v.parse::<u32>().map_err(|_| ApiError::bad_request("attempt must be a number"))?)
             }
+            "offset" => offset = v.parse().map_err(|_| ApiError::bad_request("offset must be a byte count"))?,
             _ => {}
         }
     }
-    let (first, ended, n) = st.engine.task_log(&id, attempt, 0).await?;
+    let (first, ended, n) = st.engine.task_log(&id, attempt, offset).await?;
     let head = [(header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()), (ATTEMPT_HEADER, n.to_string())];
-    if !follow || ended {
+    if (!follow || ended) && (first.len() as u64) < LOG_READ_CHUNK {
+        // The rest of the log fit in one read.
         return Ok((head, first).into_response());
     }
     let engine = st.engine.clone();
-    let offset = first.len() as u64;
+    let offset = offset + first.len() as u64;
     let stream = futures_util::stream::unfold((Some(first), offset, false), move |(pending, offset, done)| {
         let engine = engine.clone();
         let id = id.clone();
@@ -90,11 +94,12 @@ pub async fn logs(
                     return None;
                 }
                 match engine.task_log(&id, Some(n), offset).await {
-                    Ok((data, ended, _)) if !data.is_empty() => {
+                    Ok((data, _, _)) if !data.is_empty() => {
                         let next = offset + data.len() as u64;
-                        return Some((Ok(data), (None, next, ended)));
+                        return Some((Ok(data), (None, next, false)));
                     }
-                    Ok((_, ended, _)) => done = ended,
+                    // Nothing past `offset`: the end, unless following a live attempt.
+                    Ok((_, ended, _)) => done = ended || !follow,
                     Err(_) => return None,
                 }
                 if !done {

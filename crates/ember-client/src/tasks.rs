@@ -41,9 +41,22 @@ impl Client {
         id: &str,
         attempt: Option<u32>,
         follow: bool,
+        on_chunk: impl FnMut(&[u8]),
+    ) -> Result<(), ClientError> {
+        self.task_logs_from(id, attempt, follow, 0, on_chunk).await
+    }
+
+    /// [`Self::task_logs`] from byte `offset` of the log (a follower that lost
+    /// its connection resumes with the bytes it already has).
+    pub async fn task_logs_from(
+        &self,
+        id: &str,
+        attempt: Option<u32>,
+        follow: bool,
+        offset: u64,
         mut on_chunk: impl FnMut(&[u8]),
     ) -> Result<(), ClientError> {
-        let mut path = format!("/v1/tasks/{id}/logs?follow={follow}");
+        let mut path = format!("/v1/tasks/{id}/logs?follow={follow}&offset={offset}");
         if let Some(a) = attempt {
             path.push_str(&format!("&attempt={a}"));
         }

@@ -37,10 +37,12 @@ pub use snapshots::SnapshotStoreConfig;
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
 pub use create::{CreateSandbox, HostVolumeRequest};
+/// Every daemon → agent connection pins the socket first (the API's proxy too).
+pub use ember_agent_client::connect_agent;
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
-pub use ops::{connect_agent, ListFilter};
+pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
 
 use ember_runtime::{Runtime, Runtimes};

@@ -79,14 +79,6 @@ impl Engine {
     }
 }
 
-/// Connects to an agent's socket without following a symlink planted in its
-/// place (see `ember_runtime::pin_agent_socket`): every daemon → agent
-/// connection goes through here.
-pub async fn connect_agent(socket: &std::path::Path) -> std::io::Result<tokio::net::UnixStream> {
-    let (_pin, path) = ember_runtime::pin_agent_socket(socket)?;
-    tokio::net::UnixStream::connect(path).await
-}
-
 impl Engine {
     pub async fn pause(&self, id: &str) -> Result<(), EngineError> {
         self.set_frozen(id, true).await

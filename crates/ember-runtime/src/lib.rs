@@ -6,15 +6,30 @@
 //! Everything here is synchronous; the engine calls it from blocking threads.
 #![forbid(unsafe_code)]
 
-mod agent;
 pub mod native;
 pub mod oci;
 mod registry;
 
 pub use registry::{ClassInfo, Runtimes};
 
-pub use agent::{pin_agent_socket, ping_agent, post_agent};
+pub use ember_agent_client::pin_agent_socket;
 pub use ember_sys::pidfd::ExitStatus as ExitKind;
+
+/// `GET /ping` to the agent within `timeout` (readiness at launch and after a
+/// restore), through the one agent client: pinned socket, capped reply.
+pub fn ping_agent(socket: &std::path::Path, timeout: std::time::Duration) -> Result<(), String> {
+    ember_agent_client::blocking::ping(socket, timeout).map_err(|e| e.report())
+}
+
+/// A bodiless `POST path` to the agent within `timeout` (the gVisor quiesce),
+/// and its capped reply whatever its status.
+pub fn post_agent(
+    socket: &std::path::Path,
+    path: &str,
+    timeout: std::time::Duration,
+) -> Result<ember_agent_client::Reply, ember_agent_client::AgentError> {
+    ember_agent_client::blocking::post(socket, path, timeout)
+}
 
 /// Reaps the sandbox init behind `pidfd` if it has exited.
 pub fn try_wait(pidfd: &OwnedFd) -> Option<ExitKind> {

@@ -126,6 +126,12 @@ impl FrameDecoder {
         self.buf.extend_from_slice(chunk);
     }
 
+    /// Bytes held for a line not yet complete: a reader caps this, since a
+    /// peer that never sends a newline would otherwise grow it without end.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The next complete event, or `None` until more bytes arrive. Lines that are
     /// not JSON objects (SSE comments, `event:` lines) are skipped.
     pub fn next_event(&mut self) -> Option<Result<StreamEvent, serde_json::Error>> {

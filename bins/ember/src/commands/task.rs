@@ -75,6 +75,9 @@ pub enum TaskCmd {
         follow: bool,
         #[arg(long)]
         attempt: Option<u32>,
+        /// Start at this byte of the log (resume a follow that was cut).
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
     },
 }
 
@@ -108,6 +111,10 @@ pub struct TaskFlags {
     /// At most this many finished tasks are kept; the oldest are dropped first.
     #[arg(long, default_value_t = 100_000)]
     pub task_retention_count: usize,
+    /// Cap on one attempt's log (bytes, or 16Mi, 1Gi...); output past it is
+    /// dropped after a `[ember: log truncated ...]` line.
+    #[arg(long, default_value = "16Mi")]
+    pub task_log_limit: String,
 }
 
 impl TaskFlags {
@@ -156,6 +163,8 @@ impl TaskFlags {
                 },
             },
             default_attempts: self.task_attempts,
+            log_limit: ember_types::parse_memory_bytes(&self.task_log_limit)
+                .map_err(|e| anyhow::anyhow!("--task-log-limit {:?}: {e}", self.task_log_limit))?,
             ..Default::default()
         })
     }
@@ -246,9 +255,9 @@ pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
         TaskCmd::Cancel { ids } => {
             return super::for_each_name(ids, |id| async move { client.cancel_task(&id).await }).await;
         }
-        TaskCmd::Logs { id, follow, attempt } => {
+        TaskCmd::Logs { id, follow, attempt, offset } => {
             client
-                .task_logs(&id, attempt, follow, |b| {
+                .task_logs_from(&id, attempt, follow, offset, |b| {
                     let mut o = std::io::stdout().lock();
                     let _ = o.write_all(b);
                     let _ = o.flush();

@@ -86,6 +86,27 @@ impl Daemon {
         self.child = Some(child);
     }
 
+    /// The resident memory of `ember serve`, in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.as_ref().expect("the daemon runs").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS in kB")
+    }
+
+    /// Binds a listener where the only pooled sandbox's agent socket was,
+    /// and returns that sandbox's dir: what root inside an OCI sandbox can do
+    /// to the socket dir bound at `/run/ember` (a pooled sandbox is out of the
+    /// API's reach, so the host does it here).
+    pub fn hijack_pooled_agent(&self) -> (PathBuf, tokio::net::UnixListener) {
+        let pooled: Vec<_> = std::fs::read_dir(self.data_dir.join("sandboxes")).expect("sandboxes").flatten().collect();
+        assert_eq!(pooled.len(), 1, "one pooled sandbox on disk");
+        let dir = pooled[0].path();
+        let sock = dir.join("agent.sock");
+        std::fs::remove_file(&sock).expect("remove the agent's socket");
+        (dir, tokio::net::UnixListener::bind(&sock).expect("bind the hostile agent"))
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -6,11 +6,14 @@
 use super::Pool;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::{Control, Engine, EngineError};
+use ember_agent_client::AgentClient;
 use ember_types::{SandboxSpec, SandboxState, TerminationReason};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a pooled sandbox's agent has to accept its claim.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Engine {
     /// Claims an idle sandbox of `pool` for `spec`; `Ok(None)` on a miss.
@@ -51,7 +54,7 @@ impl Engine {
                 "gid": spec.user.gid,
                 "entrypoint": spec.entrypoint,
             });
-            if let Err(e) = bind(&entry.agent_socket, &body.to_string()).await {
+            if let Err(e) = bind(&entry.agent_socket, &body).await {
                 self.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
                 let (done, _) = tokio::sync::oneshot::channel();
@@ -85,33 +88,10 @@ impl Engine {
     }
 }
 
-/// `POST /ember/v1/claim` to the agent over its unix socket. A minimal HTTP/1.1
-/// exchange: the agent is ours, the reply is still untrusted, so only the
-/// status line is read, with a size cap and a timeout.
-async fn bind(socket: &Path, body: &str) -> Result<(), String> {
-    let exchange = async {
-        let mut s = crate::connect_agent(socket).await.map_err(|e| format!("connect: {e}"))?;
-        let req = format!(
-            "POST /ember/v1/claim HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
-        let mut buf = [0u8; 256];
-        let mut n = 0;
-        while n < 12 {
-            let r = s.read(&mut buf[n..]).await.map_err(|e| format!("read: {e}"))?;
-            if r == 0 {
-                break;
-            }
-            n += r;
-        }
-        let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-        match head.split_whitespace().nth(1) {
-            Some("200") => Ok(()),
-            _ => Err(format!("agent answered {:?}", head.lines().next().unwrap_or(""))),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .map_err(|_| "agent did not answer the claim".to_string())?
+/// `POST /ember/v1/claim` to the agent, through the one agent client (capped
+/// reply, a deadline): a refusal or a misbehaving agent discards the sandbox.
+async fn bind(socket: &Path, body: &serde_json::Value) -> Result<(), String> {
+    let client = AgentClient::new(socket).with_timeout(CLAIM_TIMEOUT);
+    let reply = client.post_json("/ember/v1/claim", body).await.map_err(|e| e.report())?;
+    client.expect_success(reply).map(drop).map_err(|e| e.report())
 }

@@ -3,10 +3,12 @@
 //!
 //! Layout: `mod.rs` (configuration, submit/get/list/cancel/logs),
 //! `worker.rs` (the pull loop and one attempt), `commit.rs` (an attempt's
-//! workspace layer committed or dropped), `execd.rs` (the command's stream
-//! over the agent socket), `metrics.rs`.
+//! workspace layer committed or dropped), `execd.rs` (the command's outcome,
+//! its stream read by `ember_agent_client`), `log.rs` (an attempt's log:
+//! capped writes, reads from an offset), `metrics.rs`.
 mod commit;
 mod execd;
+mod log;
 mod metrics;
 mod reuse;
 mod worker;
@@ -22,6 +24,7 @@ use tokio::sync::Notify;
 
 pub use ember_queue::{QueueConfig, QueueError, Retention, TaskFilter};
 pub use ember_types::task::TaskState;
+pub use log::{DEFAULT_LOG_LIMIT, LOG_READ_CHUNK};
 
 /// Task settings of this node, validated by the binary and fixed at start.
 #[derive(Clone, Debug)]
@@ -36,6 +39,8 @@ pub struct TaskConfig {
     pub queue: QueueConfig,
     pub default_attempts: u32,
     pub default_timeout: Duration,
+    /// Cap on one attempt's log; output past it is dropped after a marker.
+    pub log_limit: u64,
 }
 
 impl Default for TaskConfig {
@@ -48,6 +53,7 @@ impl Default for TaskConfig {
             queue: QueueConfig::default(),
             default_attempts: 3,
             default_timeout: Duration::from_secs(3600),
+            log_limit: log::DEFAULT_LOG_LIMIT,
         }
     }
 }
@@ -175,8 +181,9 @@ impl Engine {
         Ok(rec)
     }
 
-    /// Bytes of an attempt's log (default: the latest) from `offset`, and
-    /// whether that attempt has ended (nothing more will be written).
+    /// At most `LOG_READ_CHUNK` bytes of an attempt's log (default: the
+    /// latest) from `offset`, and whether that attempt had ended before the
+    /// read (then an empty read is the end of the log).
     pub async fn task_log(
         &self,
         id: &str,
@@ -192,12 +199,7 @@ impl Engine {
         let ended = rec.state.is_terminal()
             || n == 0
             || rec.attempts.get(n as usize - 1).is_some_and(|a| a.ended_at_ms.is_some());
-        let path = svc.log_path(id, n);
-        let data = match tokio::fs::read(&path).await {
-            Ok(d) => d.get(offset as usize..).map(<[u8]>::to_vec).unwrap_or_default(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(source) => return Err(EngineError::Store { path, source }),
-        };
+        let data = log::read_from(&svc.log_path(id, n), offset).await?;
         Ok((data, ended, n))
     }
 

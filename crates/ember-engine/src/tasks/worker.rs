@@ -33,7 +33,6 @@ use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
 /// The pull loop of worker `slot`.
 pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slot: u32) {
@@ -322,7 +321,7 @@ async fn attempt(
         ..Default::default()
     };
     let path = svc.log_path(&rec.id, lease.attempt);
-    let mut log = match tokio::fs::File::create(&path).await {
+    let mut log = match super::log::TaskLog::create(path.clone(), svc.cfg.log_limit).await {
         Ok(f) => Some(f),
         Err(err) => {
             tracing::warn!(path = %path.display(), error = %err, "task log cannot be written");
@@ -346,9 +345,7 @@ async fn attempt(
             end = &mut exec => break Some(end),
             Some(chunk) = rx.recv() => {
                 if let Some(f) = log.as_mut() {
-                    // tokio's File writes in the background: flush so a reader sees it.
-                    let _ = f.write_all(&chunk).await;
-                    let _ = f.flush().await;
+                    f.append(&chunk).await;
                 }
             }
             err = &mut fenced => {
@@ -359,9 +356,8 @@ async fn attempt(
     };
     if let Some(f) = log.as_mut() {
         while let Ok(chunk) = rx.try_recv() {
-            let _ = f.write_all(&chunk).await;
+            f.append(&chunk).await;
         }
-        let _ = f.flush().await;
     }
     svc.metrics.phase("exec", t_exec);
     let Some(end) = end else { return Ended::Done { succeeded: false } };
@@ -379,6 +375,9 @@ async fn attempt(
         ExecEnd::Cut(m) => {
             tracing::warn!(task = %lease.task, worker = %lease.worker, reason = %m, "the attempt's sandbox died; leaving the lease to expire");
             Ended::Lost
+        }
+        ExecEnd::Broken(m) => {
+            finish(Outcome::Retry { reason: format!("the sandbox's agent misbehaved: {m}"), exit_code: None })
         }
     }
 }

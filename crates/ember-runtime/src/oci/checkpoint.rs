@@ -14,6 +14,7 @@ use super::{OciClass, OciRuntime};
 use crate::{LaunchTiming, Launched, RuntimeError};
 use ember_sys::beneath::{FileType, PinnedDir};
 use ember_types::{SandboxId, SandboxSpec};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -69,10 +70,10 @@ impl OciRuntime {
     fn quiesce(&self, id: &SandboxId, sock: &Path) -> Result<(), RuntimeError> {
         let busy = |message: String| RuntimeError::Busy { id: id.clone(), message };
         match crate::post_agent(sock, "/ember/v1/quiesce", Duration::from_secs(5)) {
-            Ok((code, _)) if (200..300).contains(&code) => {}
-            Ok((409, reply)) => return Err(busy(reply_message(&reply))),
-            Ok((code, reply)) => return Err(busy(format!("the agent answered {code}: {}", reply_message(&reply)))),
-            Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {e}"))),
+            Ok(reply) if reply.is_success() => {}
+            Ok(reply) if reply.status == 409 => return Err(busy(reply.message())),
+            Ok(reply) => return Err(busy(format!("the agent answered {}: {}", reply.status, reply.message()))),
+            Err(e) => return Err(busy(format!("the agent did not answer the quiesce: {}", e.report()))),
         }
         let sock_dir = sock.parent().unwrap_or(Path::new("/"));
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
@@ -152,16 +153,17 @@ impl OciRuntime {
 }
 
 /// The last 1,500 bytes of a sandbox's `agent.log` (the agent's and runsc's
-/// output), for error messages. The sandbox writes what goes in it, so only
-/// the tail is read, never the whole file.
+/// output, which the workload can fill), for error messages: only those
+/// bytes are read.
 pub(super) fn log_tail(dir: &Path) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut bytes = Vec::new();
-    if let Ok(mut f) = std::fs::File::open(dir.join("agent.log")) {
-        let _ = f.seek(SeekFrom::End(-1500)).or_else(|_| f.seek(SeekFrom::Start(0)));
-        let _ = f.take(1500).read_to_end(&mut bytes);
+    const TAIL: u64 = 1500;
+    let Ok(mut f) = std::fs::File::open(dir.join("agent.log")) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).is_err() || f.take(TAIL).read_to_end(&mut buf).is_err() {
+        return String::new();
     }
-    String::from_utf8_lossy(&bytes).trim().to_string()
+    String::from_utf8_lossy(&buf).trim().to_string()
 }
 
 /// Whether `name` in the socket dir is a regular file (a symlink the sandbox
@@ -194,23 +196,32 @@ fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
     }
 }
 
-/// The `message` of an agent's JSON error reply, or the reply's body.
-fn reply_message(reply: &str) -> String {
-    let body = reply.split_once("\r\n\r\n").map_or(reply, |(_, b)| b);
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-        .unwrap_or_else(|| body.trim().to_string())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::log_tail;
+    use std::io::Write;
 
+    fn peak_rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// A workload can fill its agent log; an error message reads its end only.
     #[test]
-    fn the_agents_error_message_is_taken_from_its_json_reply() {
-        let reply = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\r\n{\"code\":\"CONFLICT\",\"message\":\"1 open\"}";
-        assert_eq!(reply_message(reply), "1 open");
-        assert_eq!(reply_message("HTTP/1.1 500 X\r\n\r\nplain"), "plain");
+    fn only_the_tail_of_a_large_agent_log_is_read() {
+        let dir = std::env::temp_dir().join(format!("ember-logtail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = std::fs::File::create(dir.join("agent.log")).unwrap();
+        f.set_len(256 << 20).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("agent.log")).unwrap();
+        f.write_all(b"the last line\n").unwrap();
+        let before = peak_rss_kib();
+        let tail = log_tail(&dir);
+        let grown = peak_rss_kib().saturating_sub(before);
+        assert!(tail.ends_with("the last line") && tail.len() <= 1500, "{:?}", &tail[tail.len().saturating_sub(40)..]);
+        assert!(grown < 64 << 10, "peak RSS grew by {grown} KiB reading the tail of a 256 MiB log");
+        assert_eq!(log_tail(&dir.join("none")), "");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
