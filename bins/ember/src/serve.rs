@@ -37,6 +37,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         root: ember_engine::templates::images_dir(&args.data_dir),
         uid_base: args.uid_base,
         insecure_registries: args.insecure_registry.clone(),
+        max_unpacked_bytes: args.max_image_bytes,
+        max_config_bytes: args.max_image_config_bytes,
     })
     .context("image store")?;
     let runtimes = runtimes(Arc::new(runtime), &args, &agent);
