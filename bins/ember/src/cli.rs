@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
+    /// A host name (no port) the API answers to besides IP addresses and
+    /// `localhost` (repeatable); requests naming any other Host get a 421,
+    /// against DNS rebinding. `--public-host`'s name is added.
+    #[arg(long, value_name = "NAME")]
+    pub allowed_host: Vec<String>,
     /// A registry (host:port) to reach over plain http (repeatable).
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,

@@ -59,7 +59,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     println!("ember listening on http://{local}");
     let state = ApiState {
         engine,
-        cfg: Arc::new(ApiConfig { api_key: api_key.filter(|k| !k.is_empty()), public_host: args.public_host }),
+        cfg: Arc::new(ApiConfig {
+            api_key: api_key.filter(|k| !k.is_empty()),
+            allowed_hosts: args.allowed_host,
+            public_host: args.public_host,
+        }),
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
