@@ -103,9 +103,21 @@ pub struct ServeArgs {
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,
+    /// A host name (no port) the API answers to besides IP addresses and
+    /// `localhost` (repeatable); requests naming any other Host get a 421,
+    /// against DNS rebinding. `--public-host`'s name is added.
+    #[arg(long, value_name = "NAME")]
+    pub allowed_host: Vec<String>,
     /// A registry (host:port) to reach over plain http (repeatable).
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,
+    /// Most bytes an image's layers may decompress to, summed (pulls and
+    /// imports); past it the image is refused with IMAGE::TOO_LARGE.
+    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_UNPACKED_BYTES)]
+    pub max_image_bytes: u64,
+    /// Largest image config blob (and JSON file of an imported OCI layout).
+    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_CONFIG_BYTES)]
+    pub max_image_config_bytes: u64,
     /// A host directory that `host` volumes may bind (it and everything under
     /// it); repeatable. Without it, host volumes are refused.
     #[arg(long, value_name = "DIR")]

@@ -37,6 +37,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         root: ember_engine::templates::images_dir(&args.data_dir),
         uid_base: args.uid_base,
         insecure_registries: args.insecure_registry.clone(),
+        max_unpacked_bytes: args.max_image_bytes,
+        max_config_bytes: args.max_image_config_bytes,
     })
     .context("image store")?;
     let runtimes = runtimes(Arc::new(runtime), &args, &agent);
@@ -57,7 +59,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     println!("ember listening on http://{local}");
     let state = ApiState {
         engine,
-        cfg: Arc::new(ApiConfig { api_key: api_key.filter(|k| !k.is_empty()), public_host: args.public_host }),
+        cfg: Arc::new(ApiConfig {
+            api_key: api_key.filter(|k| !k.is_empty()),
+            allowed_hosts: args.allowed_host,
+            public_host: args.public_host,
+        }),
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");

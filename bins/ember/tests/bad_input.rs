@@ -1,6 +1,8 @@
 //! Absurd values from a request against a real daemon: every duration and count
 //! is capped (ember_types::limits) and refused with a `{code, message}` 400,
 //! never turned into a wrapped deadline; `--max-ttl` bounds every sandbox.
+//! A request naming a `Host` the daemon does not answer to (DNS rebinding) is
+//! a `{code, message}` 421.
 mod common;
 
 use common::Daemon;
@@ -91,4 +93,34 @@ async fn max_ttl_bounds_a_sandbox_created_without_timeout() {
     t.timeout = Some(480);
     d.client.submit_task(&t).await.expect("task timeout 480");
     d.client.delete_sandbox(&s.id).await.expect("delete");
+}
+
+/// The status line and body of `GET /health` sent raw with `Host: host`.
+async fn get_with_host(url: &str, host: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_host_is_refused() {
+    let d = Daemon::start_with(&["--allowed-host", "ember.test"]);
+    let port = d.url.rsplit(':').next().unwrap().to_string();
+    for host in ["evil.example", &format!("rebind.example:{port}"), "127.0.0.1.nip.io"] {
+        let (status, body) = get_with_host(&d.url, host).await;
+        assert!(status.contains(" 421 "), "{host}: {status}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{host}: {body:?}: {e}"));
+        assert_eq!(v["code"], "GENERAL::MISDIRECTED_HOST", "{host}");
+        assert!(v["message"].as_str().unwrap_or("").contains("--allowed-host"), "{body}");
+    }
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("ember.test:{port}")] {
+        let (status, _) = get_with_host(&d.url, &host).await;
+        assert!(status.contains(" 200 "), "{host}: {status}");
+    }
 }

@@ -2,7 +2,9 @@
 //! that serves a valid manifest and config and then a layer with the wrong
 //! content, or answers 401 to everything, or dies in the middle of a blob.
 //! Each pull must fail with a clear `{code, message}` and leave no layer, and
-//! no half-written file, in the store. Root tests (a real `ember serve`).
+//! no half-written file, in the store. The same for an image past the store's
+//! caps (`--max-image-bytes`), and for an imported OCI layout whose blob is a
+//! symlink. Root tests (a real `ember serve`).
 mod common;
 #[path = "../src/bench/registry.rs"]
 mod registry;
@@ -15,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
+    None,
     WrongDigest,
     Unauthorized,
     DiesMidBlob,
@@ -87,9 +90,13 @@ async fn fake_registry(blobs: HashMap<String, Vec<u8>>, manifest: Vec<u8>, fault
 }
 
 fn image() -> (HashMap<String, Vec<u8>>, Vec<u8>) {
+    image_of(&(0..200_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>())
+}
+
+/// An image of one layer holding `d/data`: its blobs by digest, and its manifest.
+fn image_of(data: &[u8]) -> (HashMap<String, Vec<u8>>, Vec<u8>) {
     let dir = std::env::temp_dir().join(format!("ember-faults-{}-{}", std::process::id(), rand_tag()));
-    let data: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    let layer = registry::layer_tar(&[registry::Entry::Dir("d"), registry::Entry::File("d/data", &data, 0o644)]);
+    let layer = registry::layer_tar(&[registry::Entry::Dir("d"), registry::Entry::File("d/data", data, 0o644)]);
     let md = registry::write_layout(&dir, &[layer], &registry::Config::default(), "1").unwrap();
     let mut blobs = HashMap::new();
     for e in std::fs::read_dir(dir.join("blobs/sha256")).unwrap().flatten() {
@@ -106,8 +113,18 @@ fn rand_tag() -> u64 {
 
 async fn pull_fails(fault: Fault, code: &str, needle: &str) {
     let (blobs, manifest) = image();
+    pull_fails_with((blobs, manifest), fault, &[], code, needle).await;
+}
+
+async fn pull_fails_with(
+    (blobs, manifest): (HashMap<String, Vec<u8>>, Vec<u8>),
+    fault: Fault,
+    flags: &[&str],
+    code: &str,
+    needle: &str,
+) {
     let addr = fake_registry(blobs, manifest, fault).await;
-    let d = Daemon::start_with(&["--insecure-registry", &addr]);
+    let d = Daemon::start_with(&[&["--insecure-registry", &addr], flags].concat());
     let req = PullRequest { image: format!("{addr}/repo/x:1"), auth: None };
     let err = d.client.pull_image(&req).await.expect_err("the pull must fail").to_string();
     assert!(err.contains(code), "{err}");
@@ -133,4 +150,46 @@ async fn a_401_says_authentication_failed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_registry_dying_mid_blob_leaves_nothing() {
     pull_fails(Fault::DiesMidBlob, "IMAGE::REGISTRY_ERROR", "/repo/x:1").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layer_decompressing_past_the_cap_is_refused() {
+    // 4 MiB of zeros gzip to a few KiB: only the decompressed size is over.
+    let image = image_of(&vec![0u8; 4 << 20]);
+    let flags = ["--max-image-bytes", "1000000"];
+    pull_fails_with(image, Fault::None, &flags, "IMAGE::TOO_LARGE", "over its cap of 1000000 bytes").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_past_its_cap_is_refused() {
+    let flags = ["--max-image-config-bytes", "100"];
+    pull_fails_with(image(), Fault::None, &flags, "IMAGE::TOO_LARGE", "config blob").await;
+}
+
+/// An OCI layout whose layer blob is a symlink to a file outside the layout
+/// (with the right content, so only the symlink can refuse it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layout_import_with_a_symlinked_blob_is_refused() {
+    let d = Daemon::start();
+    let tmp = std::env::temp_dir().join(format!("ember-faults-layout-{}-{}", std::process::id(), rand_tag()));
+    let layer = registry::layer_tar(&[registry::Entry::File("motd", b"hi\n", 0o644)]);
+    let layout = tmp.join("layout");
+    registry::write_layout(&layout, &[layer.clone()], &registry::Config::default(), "1").unwrap();
+    let hex = ember_image::digest::sha256(&registry::gzip(&layer))[7..].to_string();
+    let blob = layout.join("blobs/sha256").join(&hex);
+    std::fs::rename(&blob, tmp.join("outside")).unwrap();
+    std::os::unix::fs::symlink(tmp.join("outside"), &blob).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--url", &d.url, "image", "import"])
+        .arg(&layout)
+        .args(["--name", "local/symlinked:1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "the import must fail");
+    assert!(err.contains("IMAGE::BAD_IMPORT") && err.contains(&hex), "{err}");
+    let store = d.data_dir.join("images");
+    assert_eq!(std::fs::read_dir(store.join("layers")).unwrap().count(), 0, "no layer was published");
+    assert!(d.client.list_images().await.unwrap().items.is_empty());
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -94,6 +94,7 @@ fn image_status(e: &ember_image::ImageError) -> (StatusCode, &'static str) {
         I::UnsafeEntry { .. } => (S::UNPROCESSABLE_ENTITY, "IMAGE::UNSAFE_LAYER"),
         I::BadLayer { .. } => (S::UNPROCESSABLE_ENTITY, "IMAGE::BAD_LAYER"),
         I::BadImport { .. } => (S::BAD_REQUEST, "IMAGE::BAD_IMPORT"),
+        I::TooLarge { .. } => (S::UNPROCESSABLE_ENTITY, "IMAGE::TOO_LARGE"),
         I::InUse { .. } => (S::CONFLICT, "IMAGE::IN_USE"),
         I::User { .. } => (S::BAD_REQUEST, "IMAGE::BAD_USER"),
         I::Io { .. } | I::Sys(_) => (S::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),

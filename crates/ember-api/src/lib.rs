@@ -8,7 +8,7 @@
 //! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
 //! `diagnostics.rs` (logs, events), `sandbox_snapshots.rs`
 //! (OpenSandbox snapshots: `/v1/sandboxes/{id}/snapshots`, `/v1/snapshots`), `system.rs` (health, version, metrics),
-//! `middleware.rs` (request id, API key).
+//! `middleware.rs` (request id, `Host` check, API key).
 #![forbid(unsafe_code)]
 
 mod convert;
@@ -43,6 +43,10 @@ pub struct ApiConfig {
     pub api_key: Option<String>,
     /// `host:port` put in endpoint answers; defaults to the request's Host.
     pub public_host: Option<String>,
+    /// Host names requests may name besides IP literals, `localhost` and
+    /// `public_host`'s name (`--allowed-host`). Any other `Host` is refused
+    /// (421), against DNS rebinding (`middleware::host_check`).
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -137,6 +141,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::auth))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::host_check))
         .layer(axum::middleware::from_fn(middleware::request_id))
         .with_state(state)
 }

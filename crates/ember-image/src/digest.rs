@@ -35,6 +35,10 @@ impl<R: Read> HashingReader<R> {
         HashingReader { inner, hash: Sha256::new(), count: 0 }
     }
 
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
     /// `sha256:<hex>` of everything read so far.
     pub fn finish(self) -> String {
         format!("sha256:{}", hex(&self.hash.finalize()))

@@ -24,6 +24,10 @@ pub enum ImageError {
     UnsafeEntry { digest: String, entry: String, message: String },
     #[error("layer {digest}: {message}")]
     BadLayer { digest: String, message: String },
+    /// A cap of `bounds.rs` was passed: `what` of `subject` went over `limit`
+    /// bytes; `why` names the cap (the flag that sets it).
+    #[error("{what} of {subject} is over its cap of {limit} bytes ({why})")]
+    TooLarge { what: &'static str, subject: String, limit: u64, why: &'static str },
     #[error("import: {message}")]
     BadImport { message: String },
     #[error("{what} {path}")]

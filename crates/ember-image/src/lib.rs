@@ -16,6 +16,7 @@
 //! (image config, users), `progress.rs` (pulls in flight).
 #![forbid(unsafe_code)]
 
+mod bounds;
 mod config;
 pub mod digest;
 mod error;
@@ -25,6 +26,7 @@ mod pull;
 mod store;
 pub mod unpack;
 
+pub use bounds::{DEFAULT_MAX_CONFIG_BYTES, DEFAULT_MAX_UNPACKED_BYTES};
 pub use config::{resolve_user, ImageConfig};
 pub use error::ImageError;
 pub use progress::{LayerProgress, LayerState, PullProgress};
@@ -45,6 +47,12 @@ pub struct StoreConfig {
     pub uid_base: u32,
     /// Registries (`host:port`) reached over plain http.
     pub insecure_registries: Vec<String>,
+    /// Most bytes an image's layers may decompress to, summed; also caps the
+    /// upload an import unpacks ([`DEFAULT_MAX_UNPACKED_BYTES`]).
+    pub max_unpacked_bytes: u64,
+    /// Largest image config blob, and JSON file of an imported layout, read
+    /// into memory ([`DEFAULT_MAX_CONFIG_BYTES`]).
+    pub max_config_bytes: u64,
 }
 
 type SharedPull = Shared<BoxFuture<'static, Result<ImageRecord, Arc<ImageError>>>>;
@@ -185,20 +193,23 @@ impl ImageStore {
         m.entry(digest.to_string()).or_default().clone()
     }
 
-    /// Unpacks the blob file `blob` (digest `digest`) via `tmp` into the store,
-    /// checking the blob's digest and, when given, its diff id. Blocking.
+    /// Unpacks the blob `f` (file `blob`, digest `digest`) via `tmp` into the
+    /// store, checking the blob's digest and, when given, its diff id, and
+    /// refusing it past `max_bytes` decompressed. Returns the decompressed
+    /// size. The caller opens `f`, so it decides how `blob` may be resolved.
+    /// Blocking.
     pub(crate) fn unpack_file(
         &self,
-        blob: &Path,
+        (f, blob): (std::fs::File, &Path),
         tmp: &Path,
-        digest: &str,
-        diff_id: Option<&str>,
+        (digest, diff_id): (&str, Option<&str>),
         size: u64,
-    ) -> Result<(), ImageError> {
-        let f = std::fs::File::open(blob).map_err(ImageError::io("open blob", blob))?;
+        max_bytes: u64,
+    ) -> Result<u64, ImageError> {
         let mut hashing = digest::HashingReader::new(f);
         let _ = std::fs::create_dir(tmp);
-        let unpacked = unpack::unpack_layer(digest, &mut hashing, &tmp.join("rootfs"), self.cfg.uid_base)?;
+        let rootfs = tmp.join("rootfs");
+        let unpacked = unpack::unpack_layer_capped(digest, &mut hashing, &rootfs, self.cfg.uid_base, max_bytes)?;
         std::io::copy(&mut hashing, &mut std::io::sink()).map_err(ImageError::io("read blob", blob))?;
         let got = hashing.finish();
         if got != digest {
@@ -215,7 +226,14 @@ impl ImageStore {
             });
         }
         let meta = LayerMeta { digest: digest.into(), diff_id: unpacked.diff_id, size, unpacked_bytes: unpacked.bytes };
-        self.disk.publish_layer(tmp, &meta)
+        self.disk.publish_layer(tmp, &meta)?;
+        Ok(unpacked.tar_bytes)
+    }
+
+    /// What a layer already in the store counts against an image's cap: its
+    /// files' bytes (its tar's size is not kept; the headers are noise).
+    pub(crate) fn stored_bytes(&self, digest: &str) -> u64 {
+        self.disk.layer_meta(digest).map(|m| m.unpacked_bytes).unwrap_or(0)
     }
 }
 
@@ -255,6 +273,9 @@ impl ImageError {
                 E::UnsafeEntry { digest: digest.clone(), entry: entry.clone(), message: message.clone() }
             }
             E::BadLayer { digest, message } => E::BadLayer { digest: digest.clone(), message: message.clone() },
+            E::TooLarge { what, subject, limit, why } => {
+                E::TooLarge { what: *what, subject: subject.clone(), limit: *limit, why: *why }
+            }
             other => E::Registry { reference: String::new(), message: pull_chain(other) },
         }
     }

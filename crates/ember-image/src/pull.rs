@@ -3,6 +3,7 @@
 //! file, its digest checked by oci-client as it arrives (and again here before
 //! the file is used), unpacked to a temp dir, its diff id checked against the
 //! config, and renamed into the store.
+use crate::bounds::CappedWriter;
 use crate::config::ConfigBlob;
 use crate::digest;
 use crate::progress::{LayerState, ProgressWriter};
@@ -146,9 +147,7 @@ impl ImageStore {
                 return Err(ImageError::MediaType { reference: name.clone(), media_type: l.media_type.clone() });
             }
         }
-        let mut config = Vec::new();
-        self.client.pull_blob(&r, &descriptor(&cfg_desc), &mut config).await.map_err(|e| map_err(&name, e))?;
-        check_digest(&name, &cfg_desc.digest, &config)?;
+        let config = self.pull_config(&r, &name, &cfg_desc).await?;
         let blob = ConfigBlob::parse(&name, &config)?;
         let diff_ids = blob.rootfs.as_ref().map(|r| r.diff_ids.clone()).unwrap_or_default();
         if diff_ids.len() != m.layers.len() {
@@ -159,8 +158,19 @@ impl ImageStore {
         }
         self.progress_start(&name, m.layers.iter().map(|l| (l.digest.clone(), l.size.max(0) as u64)).collect());
         let mut layers = Vec::new();
+        // What the image's layers may still decompress to.
+        let mut budget = self.cfg.max_unpacked_bytes;
         for (l, diff_id) in m.layers.iter().zip(&diff_ids) {
-            layers.push(self.clone().ensure_layer(&r, &name, l, diff_id).await?);
+            let (lref, used) = self.clone().ensure_layer(&r, &name, l, diff_id, budget).await.map_err(|e| match e {
+                // The cap is the image's, not the layer's share of it.
+                ImageError::TooLarge { what: "decompressed layer", why, .. } => {
+                    let limit = self.cfg.max_unpacked_bytes;
+                    ImageError::TooLarge { what: "decompressed layers", subject: name.clone(), limit, why }
+                }
+                other => other,
+            })?;
+            budget = budget.saturating_sub(used);
+            layers.push(lref);
         }
         let rec = ImageRecord {
             name: name.clone(),
@@ -208,15 +218,40 @@ impl ImageStore {
         Ok((digest, m))
     }
 
+    /// The config blob, at most `max_config_bytes` of it, digest checked.
+    async fn pull_config(&self, r: &Reference, name: &str, d: &Desc) -> Result<Vec<u8>, ImageError> {
+        let limit = self.cfg.max_config_bytes;
+        let too_large = || ImageError::TooLarge {
+            what: "config blob",
+            subject: format!("{name} ({})", d.digest),
+            limit,
+            why: "ember serve --max-image-config-bytes",
+        };
+        if d.size.max(0) as u64 > limit {
+            return Err(too_large());
+        }
+        let mut w = CappedWriter::new(Vec::new(), limit);
+        let res = self.client.pull_blob(r, &descriptor(d), &mut w).await;
+        if w.exceeded {
+            return Err(too_large());
+        }
+        res.map_err(|e| map_err(name, e))?;
+        let config = w.into_inner();
+        check_digest(name, &d.digest, &config)?;
+        Ok(config)
+    }
+
     /// Makes sure the layer is unpacked in the store: one download per digest
     /// at a time, node-wide, so images sharing a layer never fetch it twice.
+    /// Returns the layer and what it counts against the image's `budget`.
     async fn ensure_layer(
         self: Arc<Self>,
         r: &Reference,
         name: &str,
         l: &Desc,
         diff_id: &str,
-    ) -> Result<LayerRef, ImageError> {
+        budget: u64,
+    ) -> Result<(LayerRef, u64), ImageError> {
         if !digest::valid(&l.digest) {
             return Err(ImageError::Registry {
                 reference: name.into(),
@@ -228,15 +263,34 @@ impl ImageStore {
         let _guard = lock.lock().await;
         if self.disk.has_layer(&l.digest) {
             self.progress_layer(name, &l.digest, LayerState::Cached);
-            return Ok(lref);
+            return Ok((lref, self.stored_bytes(&l.digest)));
         }
+        // A blob larger than what its tar may decompress to is not worth
+        // fetching; one the registry sends past its stated size is a lie.
+        let why = "ember serve --max-image-bytes";
+        if lref.size > budget {
+            return Err(ImageError::TooLarge {
+                what: "decompressed layer",
+                subject: l.digest.clone(),
+                limit: budget,
+                why,
+            });
+        }
+        let blob_cap = if l.size > 0 { lref.size } else { budget };
         let tmp = self.disk.tmp().join(format!("{}-{}", digest::file_name(&l.digest), crate::rand_suffix()));
         let blob = tmp.with_extension("blob");
         let res = async {
             let file = tokio::fs::File::create(&blob).await.map_err(ImageError::io("create", &blob))?;
-            let mut w = ProgressWriter::new(file, self.clone(), name.to_string(), l.digest.clone());
+            let w = ProgressWriter::new(file, self.clone(), name.to_string(), l.digest.clone());
+            let mut w = CappedWriter::new(w, blob_cap);
             self.progress_layer(name, &l.digest, LayerState::Downloading);
-            self.client.pull_blob(r, &descriptor(l), &mut w).await.map_err(|e| match map_err(name, e) {
+            let res = self.client.pull_blob(r, &descriptor(l), &mut w).await;
+            if w.exceeded {
+                let what = "layer blob";
+                let why = "the size its manifest states";
+                return Err(ImageError::TooLarge { what, subject: l.digest.clone(), limit: blob_cap, why });
+            }
+            res.map_err(|e| match map_err(name, e) {
                 ImageError::DigestMismatch { reference, message, .. } => {
                     ImageError::DigestMismatch { reference, digest: l.digest.clone(), message }
                 }
@@ -246,18 +300,21 @@ impl ImageStore {
             self.progress_layer(name, &l.digest, LayerState::Unpacking);
             let store = self.clone();
             let (b, t, d, id) = (blob.clone(), tmp.clone(), l.digest.clone(), diff_id.to_string());
-            tokio::task::spawn_blocking(move || store.unpack_file(&b, &t, &d, Some(&id), l_size(&b)))
-                .await
-                .map_err(|e| ImageError::BadLayer { digest: l.digest.clone(), message: e.to_string() })?
+            tokio::task::spawn_blocking(move || {
+                let f = std::fs::File::open(&b).map_err(ImageError::io("open blob", &b))?;
+                store.unpack_file((f, &b), &t, (&d, Some(&id)), l_size(&b), budget)
+            })
+            .await
+            .map_err(|e| ImageError::BadLayer { digest: l.digest.clone(), message: e.to_string() })?
         }
         .await;
         let _ = remove_any(&blob);
         if res.is_err() {
             let _ = remove_any(&tmp);
         }
-        res?;
+        let used = res?;
         self.progress_layer(name, &l.digest, LayerState::Done);
-        Ok(lref)
+        Ok((lref, used))
     }
 }
 

@@ -17,6 +17,7 @@
 //!
 //! The caller unpacks into a fresh temp dir and renames it into place, so a
 //! refused or interrupted layer is never visible.
+use crate::bounds::CappedReader;
 use crate::digest::HashingReader;
 use crate::ImageError;
 use std::fs::{self, OpenOptions};
@@ -34,10 +35,25 @@ pub struct Unpacked {
     pub diff_id: String,
     /// Sum of the regular files' sizes.
     pub bytes: u64,
+    /// Size of the decompressed tar (what counts against the cap).
+    pub tar_bytes: u64,
 }
 
 /// Unpacks `src` into `dest` (created here; must not exist).
 pub fn unpack_layer(digest: &str, src: impl Read, dest: &Path, uid_base: u32) -> Result<Unpacked, ImageError> {
+    unpack_layer_capped(digest, src, dest, uid_base, u64::MAX)
+}
+
+/// [`unpack_layer`], refusing the layer ([`ImageError::TooLarge`]) once its
+/// decompressed tar passes `max_bytes`. What was written stays in `dest`, for
+/// the caller to remove with the rest of its temp dir.
+pub fn unpack_layer_capped(
+    digest: &str,
+    src: impl Read,
+    dest: &Path,
+    uid_base: u32,
+    max_bytes: u64,
+) -> Result<Unpacked, ImageError> {
     let mut buf = BufReader::with_capacity(1 << 16, src);
     let magic = buf.fill_buf().map_err(|e| bad(digest, format!("read: {e}")))?.to_vec();
     let stream: Box<dyn Read> = if magic.starts_with(&[0x1f, 0x8b]) {
@@ -50,20 +66,25 @@ pub fn unpack_layer(digest: &str, src: impl Read, dest: &Path, uid_base: u32) ->
     fs::create_dir(dest).map_err(ImageError::io("create layer dir", dest))?;
     chown(dest, 0, 0, uid_base)?;
     let mut u = Unpacker { digest, dest, uid_base, dirs: Vec::new(), bytes: 0 };
-    let mut archive = tar::Archive::new(HashingReader::new(stream));
-    for entry in archive.entries().map_err(|e| bad(digest, format!("tar: {e}")))? {
-        let entry = entry.map_err(|e| bad(digest, format!("tar: {e}")))?;
-        u.entry(entry)?;
-    }
+    let mut archive = tar::Archive::new(HashingReader::new(CappedReader::new(stream, max_bytes)));
+    let res = u.entries(&mut archive);
     let mut rest = archive.into_inner();
-    std::io::copy(&mut rest, &mut std::io::sink()).map_err(|e| bad(digest, format!("read: {e}")))?;
+    let res = res
+        .and_then(|()| std::io::copy(&mut rest, &mut std::io::sink()).map_err(|e| bad(digest, format!("read: {e}"))));
+    // The tar reader turns the cap's io error into its own; say which cap it was.
+    if rest.get_ref().exceeded {
+        let why = "ember serve --max-image-bytes";
+        return Err(ImageError::TooLarge { what: "decompressed layer", subject: digest.into(), limit: max_bytes, why });
+    }
+    res?;
     // Modes last, deepest first: a read-only dir must not stop its own entries.
     for (dir, mode) in u.dirs.iter().rev() {
         if fs::symlink_metadata(dir).map(|m| m.is_dir()).unwrap_or(false) {
             fs::set_permissions(dir, fs::Permissions::from_mode(*mode)).map_err(ImageError::io("chmod", dir))?;
         }
     }
-    Ok(Unpacked { diff_id: rest.finish(), bytes: u.bytes })
+    let tar_bytes = rest.get_ref().read;
+    Ok(Unpacked { diff_id: rest.finish(), bytes: u.bytes, tar_bytes })
 }
 
 fn bad(digest: &str, message: String) -> ImageError {
@@ -103,6 +124,14 @@ struct Unpacker<'a> {
 }
 
 impl Unpacker<'_> {
+    fn entries<R: Read>(&mut self, archive: &mut tar::Archive<R>) -> Result<(), ImageError> {
+        for entry in archive.entries().map_err(|e| bad(self.digest, format!("tar: {e}")))? {
+            let entry = entry.map_err(|e| bad(self.digest, format!("tar: {e}")))?;
+            self.entry(entry)?;
+        }
+        Ok(())
+    }
+
     fn entry<R: Read>(&mut self, mut e: tar::Entry<R>) -> Result<(), ImageError> {
         let raw = e.path().map_err(|err| bad(self.digest, format!("entry path: {err}")))?.into_owned();
         let Some(rel) = clean(self.digest, &raw)? else { return Ok(()) };

@@ -9,6 +9,12 @@
 //!    the slot's nftables set, with the matching rules' ports, *before* the
 //!    answer goes back, so the connection that follows finds it open;
 //! 4. drops AAAA answers (sandboxes have no IPv6).
+//!
+//! An upstream reply is taken only if its id and question match the query's
+//! (anything else is dropped and the wait goes on). Each slot has a bounded
+//! number of queries in flight and a rate of `nft` pin updates
+//! (`dns_limits.rs`).
+use crate::dns_limits::SlotLimits;
 use crate::Network;
 use ember_types::{EgressAction, EgressTarget};
 use hickory_proto::op::{Message, ResponseCode};
@@ -23,6 +29,7 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub(crate) async fn serve(net: Weak<Network>, sock: UdpSocket) {
     let sock = Arc::new(sock);
+    let limits = SlotLimits::new();
     let mut buf = vec![0u8; 4096];
     loop {
         let (n, from) = match sock.recv_from(&mut buf).await {
@@ -34,12 +41,20 @@ pub(crate) async fn serve(net: Weak<Network>, sock: UdpSocket) {
             }
         };
         let Some(net) = net.upgrade() else { return };
+        // Only slot addresses get answers; each within its slot's bound.
+        let IpAddr::V4(src) = from.ip() else { continue };
+        let Some(slot) = net.lookup(src) else { continue };
+        let Some(inflight) = limits.begin(slot.0) else {
+            tracing::debug!(sandbox = %slot.1, "resolver: too many queries in flight; dropping one");
+            continue;
+        };
         let pkt = buf[..n].to_vec();
-        let sock = sock.clone();
+        let (sock, limits) = (sock.clone(), limits.clone());
         tokio::spawn(async move {
-            if let Some(reply) = answer(&net, from, &pkt).await {
+            if let Some(reply) = answer(&net, slot, &limits, &pkt).await {
                 let _ = sock.send_to(&reply, from).await;
             }
+            drop(inflight);
         });
     }
 }
@@ -52,9 +67,10 @@ fn reply_code(req: &Message, code: ResponseCode) -> Option<Vec<u8>> {
     m.to_vec().ok()
 }
 
-async fn answer(net: &Arc<Network>, from: SocketAddr, pkt: &[u8]) -> Option<Vec<u8>> {
-    let IpAddr::V4(src) = from.ip() else { return None };
-    let (slot, sandbox, policy) = net.lookup(src)?;
+type SlotInfo = (u32, String, ember_types::EgressPolicy);
+
+async fn answer(net: &Arc<Network>, slot: SlotInfo, limits: &SlotLimits, pkt: &[u8]) -> Option<Vec<u8>> {
+    let (slot, sandbox, policy) = slot;
     let req = Message::from_vec(pkt).ok()?;
     let Some(q) = req.queries().first() else { return reply_code(&req, ResponseCode::FormErr) };
     let qname = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
@@ -63,7 +79,7 @@ async fn answer(net: &Arc<Network>, from: SocketAddr, pkt: &[u8]) -> Option<Vec<
         net.dns_denied(&sandbox, &qname);
         return reply_code(&req, ResponseCode::Refused);
     }
-    let Some(raw) = forward(net.upstream(), pkt, req.id()).await else {
+    let Some(raw) = forward(net.upstream(), pkt, &req, UPSTREAM_TIMEOUT).await else {
         return reply_code(&req, ResponseCode::ServFail);
     };
     let Ok(mut resp) = Message::from_vec(&raw) else { return reply_code(&req, ResponseCode::ServFail) };
@@ -79,6 +95,11 @@ async fn answer(net: &Arc<Network>, from: SocketAddr, pkt: &[u8]) -> Option<Vec<
                     pins.extend(ports.iter().map(|p| (a, *p)));
                 }
             }
+        }
+        // Pins all in place need no `nft` run; new ones wait for the slot's rate.
+        if !pins.is_empty() && !net.all_pinned(slot, &pins) && !limits.take_pin(slot) {
+            tracing::debug!(sandbox = %sandbox, name = %qname, "resolver: pin rate exceeded; answering SERVFAIL");
+            return reply_code(&req, ResponseCode::ServFail);
         }
         if !pins.is_empty() {
             let n = net.clone();
@@ -113,8 +134,9 @@ fn pin_ports(rules: &[ember_types::EgressRule], qname: &str) -> Vec<Option<u16>>
 }
 
 /// Sends the query upstream from a fresh socket and waits for the reply with
-/// the same id.
-async fn forward(upstream: SocketAddr, pkt: &[u8], id: u16) -> Option<Vec<u8>> {
+/// the same id and question: a reply to another question (spoofed, or a stale
+/// one) must not be answered, nor pinned.
+async fn forward(upstream: SocketAddr, pkt: &[u8], req: &Message, timeout: Duration) -> Option<Vec<u8>> {
     let exchange = async {
         let s = UdpSocket::bind("0.0.0.0:0").await.ok()?;
         s.connect(upstream).await.ok()?;
@@ -122,19 +144,59 @@ async fn forward(upstream: SocketAddr, pkt: &[u8], id: u16) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; 4096];
         loop {
             let n = s.recv(&mut buf).await.ok()?;
-            if n >= 2 && u16::from_be_bytes([buf[0], buf[1]]) == id {
-                buf.truncate(n);
-                return Some(buf);
+            let reply = &buf[..n];
+            if n < 2 || u16::from_be_bytes([reply[0], reply[1]]) != req.id() {
+                continue;
+            }
+            match Message::from_vec(reply) {
+                Ok(m) if m.queries() == req.queries() => return Some(reply.to_vec()),
+                _ => tracing::debug!(upstream = %upstream, "resolver: dropping a reply to another question"),
             }
         }
     };
-    tokio::time::timeout(UPSTREAM_TIMEOUT, exchange).await.ok().flatten()
+    tokio::time::timeout(timeout, exchange).await.ok().flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use ember_types::EgressPolicy;
+
+    fn query(name: &str) -> Message {
+        let mut m = Message::new();
+        m.set_id(4242);
+        m.add_query(hickory_proto::op::Query::query(name.parse().unwrap(), RecordType::A));
+        m
+    }
+
+    /// A real upstream on loopback that answers each query first with a reply
+    /// to `wrong` (same id), then, if `then_right`, with the right one.
+    async fn upstream(wrong: &str, then_right: bool) -> SocketAddr {
+        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = s.local_addr().unwrap();
+        let wrong = query(wrong).to_vec().unwrap();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let (n, from) = s.recv_from(&mut buf).await.unwrap();
+            s.send_to(&wrong, from).await.unwrap();
+            if then_right {
+                s.send_to(&buf[..n], from).await.unwrap();
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_reply_to_another_question_is_dropped() {
+        let req = query("allowed.test.");
+        let pkt = req.to_vec().unwrap();
+        let up = upstream("evil.test.", true).await;
+        let got = forward(up, &pkt, &req, UPSTREAM_TIMEOUT).await.expect("the right reply");
+        assert_eq!(Message::from_vec(&got).unwrap().queries(), req.queries());
+        // Only the wrong reply: nothing is taken (the wait runs out).
+        let up = upstream("evil.test.", false).await;
+        assert!(forward(up, &pkt, &req, Duration::from_millis(300)).await.is_none());
+    }
 
     #[test]
     fn ports_follow_the_matching_rules() {

@@ -16,6 +16,7 @@
 
 pub mod addr;
 mod dns;
+mod dns_limits;
 pub mod flowlog;
 pub mod nft;
 mod pool;

@@ -153,6 +153,12 @@ impl Network {
         self.apply_policy(n, policy, true)
     }
 
+    /// Whether every one of `pins` is pinned for slot `n` already.
+    pub(crate) fn all_pinned(&self, n: u32, pins: &[(Ipv4Addr, Option<u16>)]) -> bool {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        pins.iter().all(|(a, p)| st.pins.contains(&(n, *a, *p)))
+    }
+
     /// Pins resolver answers for slot `n` for about `ttl` seconds.
     pub(crate) fn pin(&self, n: u32, pins: &[(Ipv4Addr, Option<u16>)], ttl: u32) -> Result<(), NetError> {
         let timeout = u64::from(ttl).clamp(30, 86_400) + 60;

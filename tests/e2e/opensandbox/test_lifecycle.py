@@ -299,7 +299,7 @@ def test_proxy_reaches_any_port_http_and_upgrade(ember):
             host, port = ember.domain.split(":")
             with socket.create_connection((host, int(port)), timeout=10) as s:
                 s.sendall(
-                    f"GET /v1/sandboxes/{sb.id}/proxy/9000/ws HTTP/1.1\r\nHost: x\r\n"
+                    f"GET /v1/sandboxes/{sb.id}/proxy/9000/ws HTTP/1.1\r\nHost: {ember.domain}\r\n"
                     "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode()
                 )
                 head = b""
