@@ -28,6 +28,13 @@ export EMBER_MOTO_SERVER="$PWD/.venv/bin/moto_server"
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
 
+# This host's controllers sit in v1 hierarchies: the cgroup-sensitive tests
+# also run on a real cgroup v2 kernel, booted under qemu (docs/cgroup-v2.md).
+echo "== cgroup v2 guest"
+start=$SECONDS
+scripts/cgroup-v2-guest.sh
+echo "cgroup v2 guest: $((SECONDS - start)) s"
+
 # The real OpenSandbox SDKs from PyPI against a real `ember serve`
 # (tests/e2e/opensandbox; the fixtures start the daemon built above).
 echo "== OpenSandbox SDK end-to-end"
