@@ -11,6 +11,8 @@
 #   scripts/cgroup-v2-guest.sh            build (cached) and run
 #   scripts/cgroup-v2-guest.sh --build    build only; prints the initramfs path
 #
+# $EMBER_GUEST_TESTS (an extended regex) keeps only the matching tests, to
+# iterate on one; the stage in scripts/test.sh runs them all.
 # Cache (outside the repo): $EMBER_GUEST_CACHE, default /var/cache/ember/cgroup-v2-guest.
 # Needs (Debian packages): qemu-system-x86, busybox-static, kmod, cpio, zstd.
 set -euo pipefail
@@ -25,6 +27,7 @@ target_dir=${CARGO_TARGET_DIR:-$repo/target}
 tests=(
   "ember-cgroups/ember_cgroups v2::tests::limits_are_written_in_v2_syntax_and_read_back"
   "ember-cgroups/host create_attach_freeze_destroy_on_the_real_hierarchy"
+  "ember-cgroups/host freeze_returns_once_every_process_is_frozen"
   "ember/isolation oom_kill_is_reported_and_the_neighbour_keeps_running"
   "ember/isolation fork_bomb_is_capped_by_the_pids_limit"
   "ember/isolation a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname"
@@ -34,6 +37,10 @@ tests=(
   "ember/restart a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon"
   "ember/pools a_restart_re_adopts_the_idle_pool"
 )
+if [[ -n ${EMBER_GUEST_TESTS:-} ]]; then
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E -- "$EMBER_GUEST_TESTS")
+  ((${#tests[@]})) || { echo "cgroup-v2-guest: no test matches $EMBER_GUEST_TESTS" >&2; exit 1; }
+fi
 # Modules the guest loads (with their dependencies, from modules.dep).
 modules=(virtio_pci overlay loop ext4)
 

@@ -38,6 +38,24 @@ pub enum CgroupError {
     NoHierarchy(String),
     #[error("cgroup {name} still has processes after {tries} kill rounds")]
     Busy { name: String, tries: u32 },
+    #[error("cgroup {name} was not frozen {waited_ms} ms after the freeze")]
+    FreezeTimeout { name: String, waited_ms: u64 },
+}
+
+/// Polls until the kernel reports every task of `name` frozen: after the write
+/// it freezes them asynchronously (v1 passes through FREEZING, v2 shows
+/// `frozen 0` in cgroup.events until the last task stopped). Bounded: a task
+/// stuck in the kernel (uninterruptible IO) can hold a freeze off for good.
+pub(crate) fn wait_frozen(cg: &dyn Cgroups, name: &str) -> Result<(), CgroupError> {
+    const STEP: std::time::Duration = std::time::Duration::from_micros(200);
+    const TRIES: u32 = 25_000;
+    for _ in 0..TRIES {
+        if cg.is_frozen(name)? {
+            return Ok(());
+        }
+        std::thread::sleep(STEP);
+    }
+    Err(CgroupError::FreezeTimeout { name: name.to_string(), waited_ms: (STEP * TRIES).as_millis() as u64 })
 }
 
 pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError {
@@ -83,7 +101,12 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError>;
     /// How many processes the OOM killer has killed in the cgroup.
     fn oom_kills(&self, name: &str) -> Result<u64, CgroupError>;
+    /// Freezes (or thaws) every process in the cgroup. Freezing returns once
+    /// the kernel reports all of them frozen, so the caller can rely on none of
+    /// them running, forking or exiting.
     fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError>;
+    /// Whether the kernel reports every process of the cgroup frozen.
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError>;
     /// Pids currently in the cgroup.
     fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError>;
     fn usage(&self, name: &str) -> Result<Usage, CgroupError>;

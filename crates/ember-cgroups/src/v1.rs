@@ -100,15 +100,13 @@ impl Cgroups for V1 {
         let p = self.dir(FREEZER, name).join("freezer.state");
         write(&p, if frozen { "FROZEN" } else { "THAWED" })?;
         if frozen {
-            // FREEZING is transient; wait until every task is frozen.
-            for _ in 0..1000 {
-                if read(&p)?.trim() == "FROZEN" {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
+            crate::wait_frozen(self, name)?;
         }
         Ok(())
+    }
+
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {
+        Ok(read(&self.dir(FREEZER, name).join("freezer.state"))?.trim() == "FROZEN")
     }
 
     fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {

@@ -61,7 +61,15 @@ impl Cgroups for V2 {
     }
 
     fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
-        write(&self.dir(name).join("cgroup.freeze"), if frozen { "1" } else { "0" })
+        write(&self.dir(name).join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
+        if frozen {
+            crate::wait_frozen(self, name)?;
+        }
+        Ok(())
+    }
+
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {
+        Ok(read_key(&self.dir(name).join("cgroup.events"), "frozen")? == 1)
     }
 
     fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {

@@ -34,3 +34,32 @@ fn create_attach_freeze_destroy_on_the_real_hierarchy() {
     cg.destroy("c1").expect("destroy is idempotent");
     cg.remove_group().expect("remove group");
 }
+
+/// Freezing is asynchronous in the kernel (v1 passes through FREEZING, v2
+/// reports `frozen 1` in cgroup.events once the last task stopped); `freeze`
+/// returns only after that. Many spinning processes on few CPUs make the gap
+/// wide: most of them are runnable, not running, when the freeze is written.
+#[test]
+fn freeze_returns_once_every_process_is_frozen() {
+    let group = format!("ember-cgfreeze-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    cg.create("f1", &Limits { memory_bytes: 256 << 20, cpu_millis: 2000, pids: 64 }).expect("create");
+    let mut spinners: Vec<_> = (0..24)
+        .map(|_| {
+            let c = Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("spin");
+            cg.attach("f1", c.id() as i32).expect("attach");
+            c
+        })
+        .collect();
+    for round in 0..5 {
+        cg.freeze("f1", true).expect("freeze");
+        assert!(cg.is_frozen("f1").expect("frozen state"), "round {round}: freeze returned before all were frozen");
+        cg.freeze("f1", false).expect("thaw");
+        assert!(!cg.is_frozen("f1").expect("frozen state"), "round {round}: still frozen after thaw");
+    }
+    cg.destroy("f1").expect("destroy");
+    for c in &mut spinners {
+        assert!(!c.wait().expect("reaped").success(), "destroy killed every spinner");
+    }
+    cg.remove_group().expect("remove group");
+}
