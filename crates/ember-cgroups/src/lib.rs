@@ -22,6 +22,20 @@ pub struct Limits {
     pub pids: u64,
 }
 
+/// The sandbox's share of contended CPU, proportional to its cpu limit as
+/// Kubernetes makes it proportional to a request: v1 `cpu.shares` of 1024 per
+/// CPU (kernel range 2..=262144). Without it every sandbox weighs the same
+/// whatever its limit (v1 1024, v2 100).
+pub fn cpu_shares(cpu_millis: u64) -> u64 {
+    (cpu_millis.saturating_mul(1024) / 1000).clamp(2, 262_144)
+}
+
+/// v2 `cpu.weight` (1..=10000) for v1 shares, by the conversion runc, crun and
+/// the kubelet use, so a sandbox weighs the same on either version.
+pub fn cpu_weight(cpu_millis: u64) -> u64 {
+    1 + (cpu_shares(cpu_millis) - 2) * 9999 / 262_142
+}
+
 /// An IO error with the cgroup file that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {

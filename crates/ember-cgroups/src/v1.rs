@@ -71,6 +71,7 @@ impl Cgroups for V1 {
         let cpu = self.dir(CPU, name);
         write(&cpu.join("cpu.cfs_period_us"), "100000")?;
         write(&cpu.join("cpu.cfs_quota_us"), &(l.cpu_millis * 100).to_string())?;
+        write(&cpu.join("cpu.shares"), &crate::cpu_shares(l.cpu_millis).to_string())?;
         write(&self.dir(PIDS, name).join("pids.max"), &l.pids.to_string())?;
         Ok(())
     }

@@ -43,6 +43,7 @@ impl Cgroups for V2 {
         // One OOM kill ends the whole sandbox, as Kubernetes does on v2.
         let _ = write(&d.join("memory.oom.group"), "1");
         write(&d.join("cpu.max"), &format!("{} 100000", l.cpu_millis * 100))?;
+        write(&d.join("cpu.weight"), &crate::cpu_weight(l.cpu_millis).to_string())?;
         write(&d.join("pids.max"), &l.pids.to_string())?;
         Ok(())
     }
@@ -160,6 +161,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(d.join("memory.max")).unwrap(), (64u64 << 20).to_string());
         assert_eq!(std::fs::read_to_string(d.join("memory.swap.max")).unwrap(), "0");
         assert_eq!(std::fs::read_to_string(d.join("cpu.max")).unwrap(), "50000 100000");
+        assert_eq!(std::fs::read_to_string(d.join("cpu.weight")).unwrap(), "20");
         assert_eq!(std::fs::read_to_string(d.join("pids.max")).unwrap(), "99");
         assert_eq!(cg.read_limits("s1").expect("read back"), l);
         std::fs::write(d.join("memory.events"), "low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\n").expect("events");

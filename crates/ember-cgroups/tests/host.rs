@@ -63,3 +63,27 @@ fn freeze_returns_once_every_process_is_frozen() {
     }
     cg.remove_group().expect("remove group");
 }
+
+/// Under contention a sandbox's CPU share follows its cpu limit (Kubernetes'
+/// conversion: 1024 v1 shares per CPU, the same share as v2 `cpu.weight`),
+/// read back from the kernel's own file.
+#[test]
+fn cpu_weight_follows_the_cpu_limit() {
+    let group = format!("ember-cgweight-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    let (file, want) = match cg.version() {
+        "v2" => (format!("/sys/fs/cgroup/{group}/w1/cpu.weight"), [10, 39, 79]),
+        _ => {
+            let cpu =
+                ["cpu", "cpu,cpuacct"].into_iter().find(|h| std::path::Path::new("/sys/fs/cgroup").join(h).exists());
+            (format!("/sys/fs/cgroup/{}/{group}/w1/cpu.shares", cpu.expect("the v1 cpu hierarchy")), [256, 1024, 2048])
+        }
+    };
+    for (millis, want) in [250, 1000, 2000].into_iter().zip(want) {
+        cg.create("w1", &Limits { memory_bytes: 64 << 20, cpu_millis: millis, pids: 8 }).expect("create");
+        let got: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(got, want, "{file} for {millis} millicpu");
+        cg.destroy("w1").expect("destroy");
+    }
+    cg.remove_group().expect("remove group");
+}
