@@ -10,6 +10,7 @@
 #
 #   scripts/cgroup-v2-guest.sh            build (cached) and run
 #   scripts/cgroup-v2-guest.sh --build    build only; prints the initramfs path
+#   scripts/cgroup-v2-guest.sh --boot     boot the last build again
 #
 # $EMBER_GUEST_TESTS (an extended regex) keeps only the matching tests, to
 # iterate on one; the stage in scripts/test.sh runs them all.
@@ -28,15 +29,28 @@ tests=(
   "ember-cgroups/ember_cgroups v2::tests::limits_are_written_in_v2_syntax_and_read_back"
   "ember-cgroups/host create_attach_freeze_destroy_on_the_real_hierarchy"
   "ember-cgroups/host freeze_returns_once_every_process_is_frozen"
+  "ember-cgroups/host cpu_weight_follows_the_cpu_limit"
   "ember/isolation oom_kill_is_reported_and_the_neighbour_keeps_running"
   "ember/isolation fork_bomb_is_capped_by_the_pids_limit"
   "ember/isolation a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname"
+  "ember/isolation a_sandbox_is_the_root_of_its_cgroup_namespace"
+  "ember/isolation pause_freezes_every_process_before_it_answers_and_resume_thaws"
   "ember/isolation removing_a_sandbox_leaves_no_cgroup_mount_namespace_or_process"
   "ember/isolation ttl_expiry_and_entrypoint_exit_end_with_their_reasons"
   "ember/restart kill9_of_the_daemon_then_restart_converges"
   "ember/restart a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon"
   "ember/pools a_restart_re_adopts_the_idle_pool"
+  "ember/classes conformance_crun"
+  "ember/classes conformance_runc"
+  "ember/classes entrypoint_exit_codes_crun"
 )
+# Left out: runsc, whose agent did not answer within the 10 s readiness
+# timeout here (whether TCG's speed or v2 is the cause is not known yet), so
+# neither conformance_runsc nor the re-adoption test, which starts one; and
+# entrypoint_exit_codes_runc, which took 143-180 s and missed that timeout
+# once: slow and flaky under TCG, and no more v2-specific than the crun one.
+# The OCI runtimes (Debian's crun and runc), at the host's paths.
+runtimes=(crun runc)
 if [[ -n ${EMBER_GUEST_TESTS:-} ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E -- "$EMBER_GUEST_TESTS")
   ((${#tests[@]})) || { echo "cgroup-v2-guest: no test matches $EMBER_GUEST_TESTS" >&2; exit 1; }
@@ -50,13 +64,16 @@ log() { echo "cgroup-v2-guest: $*" >&2; }
 # depends on (never installed on the host).
 kernel() {
   local pkg
-  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  local find='/Depends: linux-image-[0-9]/ {print $2; exit}'
+  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk "$find")
+  # Images often ship without package lists.
+  [[ -n $pkg ]] || { apt-get update -qq && pkg=$(apt-cache depends linux-image-amd64 | awk "$find"); }
   [[ -n $pkg ]] || { log "no linux-image package behind linux-image-amd64"; exit 1; }
   kdir=$cache/$pkg
   if [[ ! -e $kdir/done ]]; then
     log "fetching $pkg"
     rm -rf "$kdir" && mkdir -p "$kdir/deb"
-    (cd "$kdir/deb" && apt-get download "$pkg" >/dev/null 2>&1)
+    (cd "$kdir/deb" && apt-get download -q "$pkg" >/dev/null) || { log "apt-get download $pkg failed"; exit 1; }
     dpkg-deb -x "$kdir"/deb/*.deb "$kdir/x"
     kver=$(ls "$kdir/x/lib/modules")
     depmod -b "$kdir/x" "$kver"
@@ -86,7 +103,7 @@ module_order() {
 # Builds the binaries and prints `<package>/<target> <executable>` per test target.
 binaries() {
   cargo build -q -p ember --bin ember >&2
-  cargo test -q -p ember-cgroups -p ember --lib --test host --test isolation --test restart --test pools \
+  cargo test -q -p ember-cgroups -p ember --lib --test host --test isolation --test restart --test pools --test classes \
     --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -135,6 +152,12 @@ build() {
   strip --strip-debug -o "$root$target_dir/debug/ember" "$target_dir/debug/ember"
   strip --strip-debug -o "$root/ember-agent-static" "$agent"
   copy_libs "$target_dir/debug/ember"
+  for r in "${runtimes[@]}"; do
+    r=$(command -v "$r") || { log "$r is not installed (.ci/run installs it)"; exit 1; }
+    mkdir -p "$root$(dirname "$r")"
+    cp "$r" "$root$r"
+    ldd "$r" >/dev/null 2>&1 && copy_libs "$r"
+  done
   : >"$root/tests/list"
   for line in "${tests[@]}"; do
     key=${line%% *}
