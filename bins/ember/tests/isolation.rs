@@ -156,7 +156,8 @@ async fn pause_freezes_every_process_before_it_answers_and_resume_thaws() {
     let spin = "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) >/dev/null 2>&1 & done; echo ok";
     let (code, out, _) = d.sh(&s.id, spin, None).await;
     assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
-    for round in 0..3 {
+    // Not every pause hits the window (the old v2 freeze failed in round 2 of 3).
+    for round in 0..10 {
         d.client.pause_sandbox(&s.id).await.expect("pause");
         assert!(
             d.cgroups().is_frozen(&s.id).expect("freezer state"),
