@@ -35,6 +35,13 @@ echo "== API fuzzing (schemathesis on docs/api/openapi.yaml)"
 cargo build -q -p ember
 scripts/fuzz-api.sh 10
 
+# This host's controllers sit in v1 hierarchies: the cgroup-sensitive tests
+# also run on a real cgroup v2 kernel, booted under qemu (docs/cgroup-v2.md).
+echo "== cgroup v2 guest"
+start=$SECONDS
+scripts/cgroup-v2-guest.sh
+echo "cgroup v2 guest: $((SECONDS - start)) s"
+
 # The real OpenSandbox SDKs from PyPI against a real `ember serve`
 # (tests/e2e/opensandbox; the fixtures start the daemon built above).
 echo "== OpenSandbox SDK end-to-end"

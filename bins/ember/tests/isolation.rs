@@ -146,6 +146,52 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
     assert!(!b.capabilities.iter().any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_NET_RAW" || c.contains("unexpected")));
 }
 
+/// Pause freezes every process of the sandbox through its cgroup before it
+/// answers (busy processes make the kernel's freeze take a while), resume
+/// thaws them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_freezes_every_process_before_it_answers_and_resume_thaws() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let spin = "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) >/dev/null 2>&1 & done; echo ok";
+    let (code, out, _) = d.sh(&s.id, spin, None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
+    // Not every pause hits the window (the old v2 freeze failed in round 2 of 3).
+    for round in 0..10 {
+        d.client.pause_sandbox(&s.id).await.expect("pause");
+        assert!(
+            d.cgroups().is_frozen(&s.id).expect("freezer state"),
+            "round {round}: pause answered before the freeze"
+        );
+        assert_eq!(d.client.get_sandbox(&s.id).await.expect("get").status.state, "Paused");
+        d.client.resume_sandbox(&s.id).await.expect("resume");
+        assert!(!d.cgroups().is_frozen(&s.id).expect("freezer state"), "round {round}: still frozen after resume");
+    }
+    let (code, out, _) = d.sh(&s.id, "echo back", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "back\n"));
+}
+
+/// The sandbox is the root of its own cgroup namespace (unshared after the
+/// attach): `/proc/self/cgroup` names no host path, on v1 (`N:ctrl:/` per
+/// hierarchy) and v2 (`0::/`) alike, and root inside cannot mount cgroupfs to
+/// reach its own limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_is_the_root_of_its_cgroup_namespace() {
+    let d = Daemon::start();
+    let s = d.create_limited("128Mi", 64).await;
+    let (code, out, _) = d.sh(&s.id, "cat /proc/self/cgroup", None).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.trim().is_empty());
+    for line in out.lines() {
+        assert!(line.ends_with(":/"), "a cgroup path outside the sandbox's namespace: {out}");
+    }
+    let script = "mkdir -p /tmp/cg && mount -t cgroup2 none /tmp/cg 2>&1 || mount -t cgroup -o pids none /tmp/cg 2>&1";
+    let (code, out, _) = d.sh(&s.id, script, None).await;
+    assert_ne!(code, Some(0), "root inside mounted cgroupfs: {out}");
+    let procs = d.procs(&s.id);
+    assert!(!procs.is_empty(), "the sandbox's processes are in its cgroup on the host");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_sandbox_leaves_no_cgroup_mount_namespace_or_process() {
     let d = Daemon::start();

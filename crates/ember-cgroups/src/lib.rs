@@ -22,6 +22,20 @@ pub struct Limits {
     pub pids: u64,
 }
 
+/// The sandbox's share of contended CPU, proportional to its cpu limit as
+/// Kubernetes makes it proportional to a request: v1 `cpu.shares` of 1024 per
+/// CPU (kernel range 2..=262144). Without it every sandbox weighs the same
+/// whatever its limit (v1 1024, v2 100).
+pub fn cpu_shares(cpu_millis: u64) -> u64 {
+    (cpu_millis.saturating_mul(1024) / 1000).clamp(2, 262_144)
+}
+
+/// v2 `cpu.weight` (1..=10000) for v1 shares, by the conversion runc, crun and
+/// the kubelet use, so a sandbox weighs the same on either version.
+pub fn cpu_weight(cpu_millis: u64) -> u64 {
+    1 + (cpu_shares(cpu_millis) - 2) * 9999 / 262_142
+}
+
 /// An IO error with the cgroup file that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -38,6 +52,24 @@ pub enum CgroupError {
     NoHierarchy(String),
     #[error("cgroup {name} still has processes after {tries} kill rounds")]
     Busy { name: String, tries: u32 },
+    #[error("cgroup {name} was not frozen {waited_ms} ms after the freeze")]
+    FreezeTimeout { name: String, waited_ms: u64 },
+}
+
+/// Polls until the kernel reports every task of `name` frozen: after the write
+/// it freezes them asynchronously (v1 passes through FREEZING, v2 shows
+/// `frozen 0` in cgroup.events until the last task stopped). Bounded: a task
+/// stuck in the kernel (uninterruptible IO) can hold a freeze off for good.
+pub(crate) fn wait_frozen(cg: &dyn Cgroups, name: &str) -> Result<(), CgroupError> {
+    const STEP: std::time::Duration = std::time::Duration::from_micros(200);
+    const TRIES: u32 = 25_000;
+    for _ in 0..TRIES {
+        if cg.is_frozen(name)? {
+            return Ok(());
+        }
+        std::thread::sleep(STEP);
+    }
+    Err(CgroupError::FreezeTimeout { name: name.to_string(), waited_ms: (STEP * TRIES).as_millis() as u64 })
 }
 
 pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError {
@@ -83,7 +115,12 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError>;
     /// How many processes the OOM killer has killed in the cgroup.
     fn oom_kills(&self, name: &str) -> Result<u64, CgroupError>;
+    /// Freezes (or thaws) every process in the cgroup. Freezing returns once
+    /// the kernel reports all of them frozen, so the caller can rely on none of
+    /// them running, forking or exiting.
     fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError>;
+    /// Whether the kernel reports every process of the cgroup frozen.
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError>;
     /// Pids currently in the cgroup.
     fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError>;
     fn usage(&self, name: &str) -> Result<Usage, CgroupError>;

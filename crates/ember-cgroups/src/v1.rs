@@ -71,6 +71,7 @@ impl Cgroups for V1 {
         let cpu = self.dir(CPU, name);
         write(&cpu.join("cpu.cfs_period_us"), "100000")?;
         write(&cpu.join("cpu.cfs_quota_us"), &(l.cpu_millis * 100).to_string())?;
+        write(&cpu.join("cpu.shares"), &crate::cpu_shares(l.cpu_millis).to_string())?;
         write(&self.dir(PIDS, name).join("pids.max"), &l.pids.to_string())?;
         Ok(())
     }
@@ -100,15 +101,13 @@ impl Cgroups for V1 {
         let p = self.dir(FREEZER, name).join("freezer.state");
         write(&p, if frozen { "FROZEN" } else { "THAWED" })?;
         if frozen {
-            // FREEZING is transient; wait until every task is frozen.
-            for _ in 0..1000 {
-                if read(&p)?.trim() == "FROZEN" {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
+            crate::wait_frozen(self, name)?;
         }
         Ok(())
+    }
+
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {
+        Ok(read(&self.dir(FREEZER, name).join("freezer.state"))?.trim() == "FROZEN")
     }
 
     fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {

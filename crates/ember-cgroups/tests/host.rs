@@ -34,3 +34,56 @@ fn create_attach_freeze_destroy_on_the_real_hierarchy() {
     cg.destroy("c1").expect("destroy is idempotent");
     cg.remove_group().expect("remove group");
 }
+
+/// Freezing is asynchronous in the kernel (v1 passes through FREEZING, v2
+/// reports `frozen 1` in cgroup.events once the last task stopped); `freeze`
+/// returns only after that. Many spinning processes on few CPUs make the gap
+/// wide: most of them are runnable, not running, when the freeze is written.
+#[test]
+fn freeze_returns_once_every_process_is_frozen() {
+    let group = format!("ember-cgfreeze-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    cg.create("f1", &Limits { memory_bytes: 256 << 20, cpu_millis: 2000, pids: 64 }).expect("create");
+    let mut spinners: Vec<_> = (0..24)
+        .map(|_| {
+            let c = Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("spin");
+            cg.attach("f1", c.id() as i32).expect("attach");
+            c
+        })
+        .collect();
+    for round in 0..5 {
+        cg.freeze("f1", true).expect("freeze");
+        assert!(cg.is_frozen("f1").expect("frozen state"), "round {round}: freeze returned before all were frozen");
+        cg.freeze("f1", false).expect("thaw");
+        assert!(!cg.is_frozen("f1").expect("frozen state"), "round {round}: still frozen after thaw");
+    }
+    cg.destroy("f1").expect("destroy");
+    for c in &mut spinners {
+        assert!(!c.wait().expect("reaped").success(), "destroy killed every spinner");
+    }
+    cg.remove_group().expect("remove group");
+}
+
+/// Under contention a sandbox's CPU share follows its cpu limit (Kubernetes'
+/// conversion: 1024 v1 shares per CPU, the same share as v2 `cpu.weight`),
+/// read back from the kernel's own file.
+#[test]
+fn cpu_weight_follows_the_cpu_limit() {
+    let group = format!("ember-cgweight-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    let (file, want) = match cg.version() {
+        "v2" => (format!("/sys/fs/cgroup/{group}/w1/cpu.weight"), [10, 39, 79]),
+        _ => {
+            let cpu =
+                ["cpu", "cpu,cpuacct"].into_iter().find(|h| std::path::Path::new("/sys/fs/cgroup").join(h).exists());
+            (format!("/sys/fs/cgroup/{}/{group}/w1/cpu.shares", cpu.expect("the v1 cpu hierarchy")), [256, 1024, 2048])
+        }
+    };
+    for (millis, want) in [250, 1000, 2000].into_iter().zip(want) {
+        cg.create("w1", &Limits { memory_bytes: 64 << 20, cpu_millis: millis, pids: 8 }).expect("create");
+        let got: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(got, want, "{file} for {millis} millicpu");
+        cg.destroy("w1").expect("destroy");
+    }
+    cg.remove_group().expect("remove group");
+}

@@ -112,6 +112,9 @@ pub struct BundleInputs<'a> {
     pub pids_limit: u64,
     /// The workspace slot bound at [`super::slot::SLOT_DIR`] (runsc only).
     pub workspace_slot: Option<&'a Path>,
+    /// The host runs cgroup v2, which has no swappiness: crun refuses a
+    /// config that sets it. No swap is ember's own `memory.swap.max = 0` there.
+    pub cgroup_v2: bool,
 }
 
 fn err(id: &SandboxId) -> impl Fn(oci_spec::OciSpecError) -> BundleError + '_ {
@@ -181,8 +184,12 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
     }
 
     let r = &b.spec.resources;
+    let mut memory = LinuxMemoryBuilder::default().limit(r.memory_bytes as i64);
+    if !b.cgroup_v2 {
+        memory = memory.swappiness(0u64);
+    }
     let resources = LinuxResourcesBuilder::default()
-        .memory(LinuxMemoryBuilder::default().limit(r.memory_bytes as i64).swappiness(0u64).build().map_err(&e)?)
+        .memory(memory.build().map_err(&e)?)
         .cpu(LinuxCpuBuilder::default().quota(r.cpu_millis as i64 * 100).period(100_000u64).build().map_err(&e)?)
         .pids(LinuxPidsBuilder::default().limit(b.pids_limit as i64).build().map_err(&e)?)
         .build()
@@ -304,6 +311,7 @@ mod tests {
             errno_ret: true,
             pids_limit: spec.resources.pids,
             workspace_slot: None,
+            cgroup_v2: false,
         };
         let v = serde_json::to_value(build(&inputs).unwrap()).unwrap();
         assert_eq!(v["process"]["args"][0], AGENT_PATH);
@@ -312,6 +320,7 @@ mod tests {
         assert_eq!(v["linux"]["resources"]["memory"]["limit"], spec.resources.memory_bytes as i64);
         assert_eq!(v["linux"]["resources"]["pids"]["limit"], spec.resources.pids as i64);
         assert_eq!(v["linux"]["cgroupsPath"], "/ember-crun/x");
+        assert_eq!(v["linux"]["resources"]["memory"]["swappiness"], 0);
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(caps.iter().any(|c| c == "CAP_SETUID"));
         assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN"));
@@ -324,7 +333,9 @@ mod tests {
         let v = serde_json::to_value(build(&no_userns).unwrap()).unwrap();
         assert!(v["linux"]["uidMappings"].is_null());
         let image = SandboxSpec { lower_dirs: vec![PathBuf::from("/layers/a")], ..spec.clone() };
-        let v = serde_json::to_value(build(&BundleInputs { spec: &image, ..no_userns }).unwrap()).unwrap();
+        let v =
+            serde_json::to_value(build(&BundleInputs { spec: &image, cgroup_v2: true, ..no_userns }).unwrap()).unwrap();
         assert!(!usr_bound(&v), "an image brings its own /usr");
+        assert!(v["linux"]["resources"]["memory"]["swappiness"].is_null(), "cgroup v2 has no swappiness");
     }
 }

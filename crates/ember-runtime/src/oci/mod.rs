@@ -126,6 +126,7 @@ impl OciRuntime {
             errno_ret: self.cfg.class != OciClass::Runsc,
             pids_limit: self.cfg.class.host_pids(spec.resources.pids),
             workspace_slot: slot.as_deref(),
+            cgroup_v2: self.cgroups.version() == "v2",
         })?;
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
