@@ -67,6 +67,11 @@ async fn absurd_timeouts_and_counts_are_refused() {
         refused(d.client.submit_task(&task(f)).await, "SANDBOX::INVALID_PARAMETER", what);
     }
     refused(d.client.fork_snapshot("s1", u32::MAX, "f").await, "SANDBOX::INVALID_PARAMETER", "fork count");
+    // Found by the API fuzzer: a size past what the host filesystem can hold
+    // was a 500 from truncate(2).
+    for size in ["2045412870.2109M", "20Ti"] {
+        refused(d.client.create_workspace("huge", size).await, "WORKSPACE::INVALID_PARAMETER", size);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

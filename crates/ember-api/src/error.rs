@@ -105,7 +105,7 @@ fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'stati
     use ember_workspace::{LeaseError, WorkspaceError as W};
     use StatusCode as S;
     match e {
-        W::Name(_) | W::TooSmall(_) => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
+        W::Name(_) | W::TooSmall(_) | W::TooLarge(_) => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
         W::NotFound(_) => (S::NOT_FOUND, "WORKSPACE::NOT_FOUND"),
         W::Exists(_) => (S::CONFLICT, "WORKSPACE::ALREADY_EXISTS"),
         W::InUse { .. } => (S::CONFLICT, "WORKSPACE::IN_USE"),

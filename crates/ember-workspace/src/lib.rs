@@ -26,7 +26,7 @@ mod merge;
 mod volume;
 
 pub use lease::{Lease, LeaseError, LeaseState};
-pub use volume::{WorkspaceMeta, WorkspaceStore, MIN_SIZE};
+pub use volume::{WorkspaceMeta, WorkspaceStore, MAX_SIZE, MIN_SIZE};
 
 use std::path::PathBuf;
 
@@ -40,6 +40,8 @@ pub enum WorkspaceError {
     Exists(String),
     #[error("workspace size {0} bytes is below the minimum of {MIN_SIZE} bytes")]
     TooSmall(u64),
+    #[error("workspace size {0} bytes is above the maximum of {MAX_SIZE} bytes")]
+    TooLarge(u64),
     #[error("{op} {path}")]
     Io {
         op: &'static str,

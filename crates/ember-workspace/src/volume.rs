@@ -16,6 +16,9 @@ use std::process::Command;
 
 /// ext4 needs a few MiB for its own metadata.
 pub const MIN_SIZE: u64 = 16 << 20;
+/// The largest workspace: ext4's 16 TiB file-size limit on the host (4 KiB
+/// blocks) minus headroom; a larger sparse image cannot even be truncated.
+pub const MAX_SIZE: u64 = 8 << 40;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -81,6 +84,9 @@ impl WorkspaceStore {
         check_name(name)?;
         if size_bytes < MIN_SIZE {
             return Err(WorkspaceError::TooSmall(size_bytes));
+        }
+        if size_bytes > MAX_SIZE {
+            return Err(WorkspaceError::TooLarge(size_bytes));
         }
         let dir = self.dir(name);
         if dir.exists() {
