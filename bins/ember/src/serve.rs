@@ -17,6 +17,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
+    // First, before anything reads or changes the data dir's state: one daemon per data dir.
+    let _lock = crate::datadir::lock(&args.data_dir)?;
+    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     let addr: SocketAddr =
         args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {

@@ -77,3 +77,31 @@ async fn a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon() {
     d.client.delete_sandbox(&s.id).await.expect("delete after restart");
     assert!(!d.cgroups().exists(&s.id));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_data_dir_is_refused_naming_the_first() {
+    let d = Daemon::start();
+    let sbx = d.create(|_| {}).await;
+    let pids = d.procs(&sbx.id);
+    let first = d.pid();
+    let err = common::serve_refused(&d.data_dir, &d.group);
+    assert!(err.contains(&format!("pid {first}")), "the refusal names the holder's pid: {err}");
+    assert!(err.contains("--data-dir"), "and says what to change: {err}");
+    // It stopped before recovery: the first daemon's sandbox is untouched.
+    let s = d.client.get_sandbox(&sbx.id).await.expect("still known");
+    assert_eq!(s.status.state, "Running");
+    assert_eq!(d.procs(&sbx.id), pids);
+}
+
+#[test]
+fn a_data_dir_the_sandbox_range_cannot_traverse_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = std::env::temp_dir().join(format!("ember-test-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir(&parent).expect("mkdir");
+    // What `mktemp -d` makes.
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    let err = common::serve_refused(&parent.join("data"), &format!("ember-test-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    assert!(err.contains(&format!("chmod o+x {}", parent.display())), "names the directory and the fix: {err}");
+}
