@@ -205,10 +205,25 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(id.to_string()))
     }
 
+    /// Persists a change nobody waits for (the monitor's, a teardown's): a
+    /// failure can only be logged.
     fn persist(&self, e: &Entry) {
         let r = e.snapshot();
         if let Err(err) = self.store.save(r.id.as_str(), &r) {
             tracing::error!(error = %err, "persisting sandbox record failed");
         }
+    }
+
+    /// Applies a change a caller asked for and persists it before it counts:
+    /// if the record cannot be written, the change is not made (in memory
+    /// either) and the caller gets the error. The record's lock is held over
+    /// the write so no other change slips in between.
+    fn update_persisted(&self, e: &Entry, f: impl FnOnce(&mut SandboxRecord)) -> Result<SandboxRecord, EngineError> {
+        let mut cur = e.record.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = cur.clone();
+        f(&mut next);
+        self.store.save(next.id.as_str(), &next)?;
+        *cur = next.clone();
+        Ok(next)
     }
 }

@@ -4,12 +4,14 @@
 //! Format: a header line `EMBER-STATE v1 <fnv64 of the body>` and the JSON body.
 //! Written to a temp file and renamed into place, so a crash leaves either the old
 //! or the new record, never a torn one; a record whose checksum does not match is
-//! reported, not trusted. No fsync: a record describes processes that do not
-//! survive a host crash, while a daemon crash (the case this guards) keeps the
-//! page cache.
+//! reported, not trusted. Every save is durable before it returns (the file
+//! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
+//! the API acknowledged survives a power loss too, not only a daemon crash:
+//! a pool spec, a sandbox's metadata, a template, a snapshot record.
 use crate::error::EngineError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const VERSION: &str = "v1";
@@ -42,10 +44,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
         let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
         data.extend_from_slice(&body);
-        let path = self.path(id);
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &data).map_err(store_err(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(store_err(&path))
+        write_durable(&self.path(id), &data)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {
@@ -79,6 +78,27 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         }
         out
     }
+}
+
+/// Replaces `path` with `data` so that, once this returns, a crash or a power
+/// loss leaves the new file: a temp file (`<path>.tmp`, which `load_all`
+/// clears) written and fsynced, renamed over `path`, then the directory
+/// fsynced (the rename is durable only once the directory is). On error the
+/// old file stands and the temp file is removed.
+pub(crate) fn write_durable(path: &Path, data: &[u8]) -> Result<(), EngineError> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(store_err(path)(e));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(store_err(dir))
 }
 
 fn load<T: DeserializeOwned>(p: &Path) -> Result<T, String> {
