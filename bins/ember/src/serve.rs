@@ -50,6 +50,10 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         max_ttl,
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+        snapshot_gc_interval: match args.snapshot_gc_interval.as_str() {
+            "off" => None,
+            every => Some(parse_duration(every).context("--snapshot-gc-interval")?).filter(|d| !d.is_zero()),
+        },
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     engine.start_tasks(args.tasks.config()?).context("tasks")?;

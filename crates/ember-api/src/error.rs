@@ -130,6 +130,8 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
     match e {
         E::CommitRefused { .. } => (StatusCode::CONFLICT, "WORKSPACE::FENCED"),
         E::NotFound { .. } => (StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
+        // Another daemon sharing the store is writing a snapshot, or sweeping.
+        E::SnapshotsInProgress { .. } | E::GcRunning { .. } => (StatusCode::CONFLICT, "SNAPSHOT::BUSY"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }
