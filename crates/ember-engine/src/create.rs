@@ -382,7 +382,7 @@ impl Engine {
         let mut rec = rec;
         rec.net_slot = net.as_ref().map(|a| a.slot);
         rec.event("Pending: create requested".to_string());
-        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+        if let Err(e) = self.store.save_volatile(rec.id.as_str(), &rec) {
             self.release_network(&rec).await;
             return Err(e);
         }

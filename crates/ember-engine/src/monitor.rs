@@ -201,7 +201,10 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: Option<OwnedF
         r.transition(SandboxState::Stopping, None);
         (r.id.clone(), r.spec.runtime_class.clone())
     });
-    engine.persist(entry);
+    // Only for a daemon crash mid-teardown: the terminal record below is the durable one.
+    if let Err(e) = engine.store.save_volatile(id.as_str(), &entry.snapshot()) {
+        tracing::error!(sandbox = %id, error = %e, "persisting sandbox record failed");
+    }
     let rt = engine.rt(&class);
     let rid = id.clone();
     let res = tokio::task::spawn_blocking(move || destroy_and_reap(rt.as_ref(), &rid, pidfd)).await;

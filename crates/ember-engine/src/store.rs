@@ -7,7 +7,10 @@
 //! reported, not trusted. Every save is durable before it returns (the file
 //! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
 //! the API acknowledged survives a power loss too, not only a daemon crash:
-//! a pool spec, a sandbox's metadata, a template, a snapshot record.
+//! a pool spec, a sandbox's metadata, a template, a snapshot record. The
+//! exception, [`Store::save_volatile`], is for the two records whose loss a
+//! power loss makes moot (Pending, Stopping): a create and a remove each pay
+//! one fsync pair, not two.
 use crate::error::EngineError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -41,10 +44,15 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     pub fn save(&self, id: &str, r: &T) -> Result<(), EngineError> {
-        let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
-        let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
-        data.extend_from_slice(&body);
-        write_durable(&self.path(id), &data)
+        write_durable(&self.path(id), &encode(r)?, true)
+    }
+
+    /// [`save`](Self::save) without the fsyncs, for a record that only has to
+    /// survive a daemon crash: a create's Pending record, a teardown's
+    /// Stopping one. A power loss ends those sandboxes' processes too, and
+    /// the restart reaps whatever they left with or without the record.
+    pub fn save_volatile(&self, id: &str, r: &T) -> Result<(), EngineError> {
+        write_durable(&self.path(id), &encode(r)?, false)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {
@@ -85,20 +93,33 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
 /// clears) written and fsynced, renamed over `path`, then the directory
 /// fsynced (the rename is durable only once the directory is). On error the
 /// old file stands and the temp file is removed.
-pub(crate) fn write_durable(path: &Path, data: &[u8]) -> Result<(), EngineError> {
+/// (`sync: false`: the same without the two fsyncs.)
+pub(crate) fn write_durable(path: &Path, data: &[u8], sync: bool) -> Result<(), EngineError> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
         return Err(store_err(path)(e));
     }
+    if !sync {
+        return Ok(());
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(store_err(dir))
+}
+
+fn encode<T: Serialize>(r: &T) -> Result<Vec<u8>, EngineError> {
+    let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
+    let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
+    data.extend_from_slice(&body);
+    Ok(data)
 }
 
 fn load<T: DeserializeOwned>(p: &Path) -> Result<T, String> {

@@ -75,7 +75,7 @@ impl TemplateStore {
     }
 
     pub fn save(&self, t: &Template) -> Result<(), EngineError> {
-        crate::store::write_durable(&self.path(&t.name), &serde_json::to_vec_pretty(t).unwrap_or_default())
+        crate::store::write_durable(&self.path(&t.name), &serde_json::to_vec_pretty(t).unwrap_or_default(), true)
     }
 
     pub fn remove(&self, name: &str) -> Result<(), EngineError> {
