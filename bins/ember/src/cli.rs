@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// different ones.
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
+    /// How often unreferenced snapshot chunks are swept (also about a minute
+    /// after a delete); `off`: only by `ember snapshot gc`.
+    #[arg(long, default_value = "1h")]
+    pub snapshot_gc_interval: String,
     /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
     /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
     /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
@@ -303,7 +307,8 @@ pub enum SandboxSnapshotCmd {
     },
     /// Show a sandbox snapshot.
     Inspect { id: String },
-    /// Remove sandbox snapshots (their chunks go at the next `ember snapshot gc`).
+    /// Remove sandbox snapshots (their chunks go at the next `ember snapshot gc`,
+    /// which the daemon also runs on a schedule and soon after a delete).
     Rm { ids: Vec<String> },
 }
 
@@ -532,6 +537,18 @@ pub enum SnapshotCmd {
     },
     Rm {
         ids: Vec<String>,
+    },
+    /// Reclaim storage: delete every chunk that no snapshot (workspace or
+    /// sandbox) references any more. The daemon also does this on a schedule
+    /// (`serve --snapshot-gc-interval`) and soon after a delete. Waits for
+    /// snapshots being written; they wait for it.
+    Gc {
+        /// Keep unreferenced chunks younger than this (e.g. 0s, 10m; the
+        /// daemon's default is 10m).
+        #[arg(long)]
+        min_age: Option<String>,
+        #[arg(long)]
+        json: bool,
     },
 }
 

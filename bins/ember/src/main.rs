@@ -6,6 +6,7 @@
 mod bench;
 mod cli;
 mod commands;
+mod datadir;
 mod netsetup;
 mod serve;
 

@@ -17,6 +17,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
+    // First, before anything reads or changes the data dir's state: one daemon per data dir.
+    let _lock = crate::datadir::lock(&args.data_dir)?;
+    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     let addr: SocketAddr =
         args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
@@ -49,6 +52,10 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         max_ttl,
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+        snapshot_gc_interval: match args.snapshot_gc_interval.as_str() {
+            "off" => None,
+            every => Some(parse_duration(every).context("--snapshot-gc-interval")?).filter(|d| !d.is_zero()),
+        },
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     engine.start_tasks(args.tasks.config()?).context("tasks")?;

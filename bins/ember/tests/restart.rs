@@ -77,3 +77,83 @@ async fn a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon() {
     d.client.delete_sandbox(&s.id).await.expect("delete after restart");
     assert!(!d.cgroups().exists(&s.id));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_data_dir_is_refused_naming_the_first() {
+    let d = Daemon::start();
+    let sbx = d.create(|_| {}).await;
+    let pids = d.procs(&sbx.id);
+    let first = d.pid();
+    let err = common::serve_refused(&d.data_dir, &d.group);
+    assert!(err.contains(&format!("pid {first}")), "the refusal names the holder's pid: {err}");
+    assert!(err.contains("--data-dir"), "and says what to change: {err}");
+    // It stopped before recovery: the first daemon's sandbox is untouched.
+    let s = d.client.get_sandbox(&sbx.id).await.expect("still known");
+    assert_eq!(s.status.state, "Running");
+    assert_eq!(d.procs(&sbx.id), pids);
+}
+
+#[test]
+fn a_data_dir_the_sandbox_range_cannot_traverse_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = std::env::temp_dir().join(format!("ember-test-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir(&parent).expect("mkdir");
+    // What `mktemp -d` makes.
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    let err = common::serve_refused(&parent.join("data"), &format!("ember-test-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    assert!(err.contains(&format!("chmod o+x {}", parent.display())), "names the directory and the fix: {err}");
+}
+
+/// The record of a create is written twice: Pending before the launch,
+/// Running after it. Here the state dir has room for one record page and no
+/// more (a 2-page tmpfs, one page taken), so the Pending record fits and the
+/// Running one cannot be written: the sandbox is up but unrecorded. The
+/// create must fail with a structured 5xx and leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_record_cannot_be_written_fails_and_leaves_nothing() {
+    let mut d = Daemon::start();
+    let probe = d.create(|_| {}).await;
+    let state = d.data_dir.join("state/sandboxes");
+    let running_len = std::fs::metadata(state.join(format!("{}.json", probe.id))).expect("record").len();
+    assert!(running_len < 4096, "a Running record fits one page ({running_len} bytes), so a Pending one does too");
+    d.client.delete_sandbox(&probe.id).await.expect("delete probe");
+    d.kill9();
+
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8k", "tmpfs"])
+        .arg(&state)
+        .status()
+        .expect("mount runs");
+    assert!(mounted.success(), "mount a 2-page tmpfs on {}", state.display());
+    std::fs::write(state.join("filler"), vec![0u8; 4096]).expect("take one page");
+    d.spawn();
+
+    let err = d.client.create_sandbox(&Default::default()).await.expect_err("the create cannot be recorded");
+    let listed = d.client.list_sandboxes("").await.expect("list");
+    let cgroups = d.cgroups().list().expect("cgroups");
+    let records: Vec<_> = std::fs::read_dir(&state).expect("state").flatten().map(|e| e.file_name()).collect();
+    let dirs: Vec<_> = std::fs::read_dir(d.data_dir.join("sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let sandbox_mounts = d.data_dir.join("sandboxes").display().to_string();
+    d.kill9();
+    let _ = std::process::Command::new("umount").arg(&state).status();
+
+    match err {
+        ember_client::ClientError::Api { status, code, .. } => {
+            assert_eq!((status, code.as_str()), (500, "STORE::IO_ERROR"))
+        }
+        other => panic!("expected a structured API error, got {other}"),
+    }
+    assert!(listed.is_empty(), "no sandbox is listed: {listed:?}");
+    assert!(cgroups.is_empty(), "no cgroup (so no process) is left: {cgroups:?}");
+    assert_eq!(records, vec![std::ffi::OsString::from("filler")], "no record is left");
+    assert!(dirs.is_empty(), "no sandbox dir is left: {dirs:?}");
+    assert!(!mountinfo.contains(&sandbox_mounts), "no writable layer stays mounted");
+}

@@ -115,3 +115,79 @@ async fn kill9_mid_snapshot_leaves_no_half_snapshot_and_thaws_the_writer() {
     let s = d.client.snapshot_workspace("big", None).await.expect("a new snapshot after the restart");
     assert!(s.logical_bytes >= 240_000_000);
 }
+
+/// Stored bytes of every chunk in the daemon's local snapshot store.
+fn chunk_bytes(d: &Daemon) -> u64 {
+    fn walk(dir: &std::path::Path) -> u64 {
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        entries.map(|e| if e.path().is_dir() { walk(&e.path()) } else { e.metadata().map_or(0, |m| m.len()) }).sum()
+    }
+    walk(&d.data_dir.join("snapshots/chunks"))
+}
+
+/// Snapshots are deleted and swept while others are being written: every
+/// sweep and every write succeeds (the sweep waits for the writes in flight),
+/// every remaining snapshot restores byte for byte, and the store shrinks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_during_snapshot_writes_keeps_every_remaining_snapshot_restorable() {
+    const BLOB: usize = 3 << 20;
+    let d = Daemon::start();
+    let mut blobs = Vec::new();
+    for i in 0..5 {
+        let name = format!("w{i}");
+        d.client.create_workspace(&name, "64Mi").await.expect("workspace");
+        // Random bytes: no chunk is shared between workspaces, none compresses.
+        let mut blob = vec![0u8; BLOB];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").expect("urandom"), &mut blob).expect("read");
+        std::fs::write(d.data_dir.join("workspaces").join(&name).join("mnt/blob"), &blob).expect("write blob");
+        blobs.push(blob);
+    }
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(d.client.snapshot_workspace(&format!("w{i}"), None).await.expect("snapshot").id);
+    }
+    let three = chunk_bytes(&d);
+    assert!(three >= 3 * BLOB as u64, "three blobs stored: {three}");
+
+    let (c, s0, s1) = (&d.client, old[0].clone(), old[1].clone());
+    let deletes_and_sweeps = async {
+        let mut freed = 0;
+        for id in [s0, s1] {
+            c.delete_snapshot(&id).await.expect("delete");
+            freed += c.gc_snapshots(Some(0)).await.expect("gc while snapshots are written").bytes_deleted;
+        }
+        freed
+    };
+    let writes = async {
+        let mut ids = Vec::new();
+        for i in 3..5 {
+            ids.push(c.snapshot_workspace(&format!("w{i}"), None).await.expect("snapshot during gc").id);
+        }
+        ids
+    };
+    let sweeps = async {
+        for _ in 0..3 {
+            c.gc_snapshots(Some(0)).await.expect("gc");
+        }
+    };
+    let (freed, new, ()) = tokio::join!(deletes_and_sweeps, writes, sweeps);
+    let last = c.gc_snapshots(Some(0)).await.expect("final gc");
+    assert!(last.missing_chunks.is_empty(), "a sweep removed a live chunk: {last:?}");
+    assert_eq!(last.chunks_seen, last.chunks_referenced, "every unreferenced chunk is gone: {last:?}");
+    let now = chunk_bytes(&d);
+    // Three snapshots remain (old[2] and the two new ones), as before the deletes.
+    assert!(now <= three + (64 << 10), "deleted snapshots' chunks were reclaimed: {three} then {now}, freed {freed}");
+
+    let remaining = [(old[2].clone(), 2), (new[0].clone(), 3), (new[1].clone(), 4)];
+    for (id, i) in remaining {
+        let copy = format!("copy{i}");
+        c.restore_snapshot(&id, &copy, None).await.unwrap_or_else(|e| panic!("restore {id}: {e}"));
+        let got = std::fs::read(d.data_dir.join("workspaces").join(&copy).join("mnt/blob")).expect("restored blob");
+        assert!(got == blobs[i], "snapshot {id} restored different bytes");
+    }
+
+    c.delete_snapshot(&old[2]).await.expect("delete");
+    let r = c.gc_snapshots(Some(0)).await.expect("gc");
+    let after = chunk_bytes(&d);
+    assert!(r.bytes_deleted >= BLOB as u64 && after + BLOB as u64 <= now, "the store shrank: {now} then {after}");
+}

@@ -133,6 +133,8 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
         E::NotFound { .. } => (StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
         E::InvalidId { .. } => (StatusCode::BAD_REQUEST, "SNAPSHOT::INVALID_ID"),
         E::AlreadyExists { .. } => (StatusCode::CONFLICT, "SNAPSHOT::ALREADY_EXISTS"),
+        // Another daemon sharing the store is writing a snapshot, or sweeping.
+        E::SnapshotsInProgress { .. } | E::GcRunning { .. } => (StatusCode::CONFLICT, "SNAPSHOT::BUSY"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }

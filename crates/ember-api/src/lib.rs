@@ -129,6 +129,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/workspace-snapshots/{id}", get(snapshots::get_one).delete(snapshots::remove))
         .route("/workspace-snapshots/{id}/restore", post(snapshots::restore))
         .route("/workspace-snapshots/{id}/fork", post(snapshots::fork))
+        .route("/snapshot-store/gc", post(snapshots::gc))
         .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
         .route("/sandboxes/{id}/network/events", get(network::events))
         .route("/network", get(network::node));

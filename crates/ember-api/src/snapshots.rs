@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_snapshot::SnapshotSummary;
 use ember_types::api::{
-    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotOperation, SnapshotOperationList, SnapshotWorkspaceRequest,
-    WorkspaceList, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotGcReport, SnapshotGcRequest, SnapshotOperation,
+    SnapshotOperationList, SnapshotWorkspaceRequest, WorkspaceList, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
 };
 
 pub fn info(s: &SnapshotSummary) -> WorkspaceSnapshotInfo {
@@ -43,11 +43,7 @@ pub async fn create(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     // The body is optional: an empty one means "no fencing".
-    let req: SnapshotWorkspaceRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        SnapshotWorkspaceRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?
-    };
+    let req: SnapshotWorkspaceRequest = optional_json(&body)?;
     let fence = match (req.holder, req.epoch) {
         (Some(h), Some(e)) => Some((h, e)),
         (None, None) => None,
@@ -123,4 +119,29 @@ pub async fn operations(State(st): State<ApiState>) -> Response {
 /// `GET /v1/workspace-snapshots/operations/{id}`.
 pub async fn operation_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
     Ok(Json(operation(&st.engine.snapshot_op(&id)?)).into_response())
+}
+
+/// `POST /v1/snapshot-store/gc`: one mark-and-sweep now (it waits for the
+/// snapshots this daemon is writing, and holds new ones until it is done).
+pub async fn gc(State(st): State<ApiState>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let req: SnapshotGcRequest = optional_json(&body)?;
+    let r = st.engine.gc_snapshots(req.min_age_seconds.map(std::time::Duration::from_secs)).await?;
+    Ok(Json(SnapshotGcReport {
+        manifests: r.manifests,
+        chunks_seen: r.chunks_seen,
+        chunks_referenced: r.chunks_referenced,
+        chunks_deleted: r.chunks_deleted,
+        bytes_deleted: r.bytes_deleted,
+        chunks_spared_young: r.chunks_spared_young,
+        missing_chunks: r.missing_chunks,
+    })
+    .into_response())
+}
+
+/// A JSON body that may be left out (empty or whitespace: the defaults).
+fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }

@@ -16,8 +16,8 @@ use ember_types::api::{
     SandboxInfo, SandboxList, WorkspaceInfo, WorkspaceList,
 };
 use ember_types::api::{
-    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotOperation, SnapshotOperationList, SnapshotWorkspaceRequest,
-    WorkspaceSnapshotInfo, WorkspaceSnapshotList,
+    ForkSnapshotRequest, RestoreSnapshotRequest, SnapshotGcReport, SnapshotGcRequest, SnapshotOperation,
+    SnapshotOperationList, SnapshotWorkspaceRequest, WorkspaceSnapshotInfo, WorkspaceSnapshotList,
 };
 use ember_types::BoundaryReport;
 use http_body_util::{BodyExt, Full};
@@ -294,6 +294,14 @@ impl Client {
 
     pub async fn get_snapshot(&self, id: &str) -> Result<WorkspaceSnapshotInfo, ClientError> {
         Ok(self.json(Method::GET, &format!("/v1/workspace-snapshots/{id}"), None).await?.0)
+    }
+
+    /// One mark-and-sweep of the snapshot store; `min_age_secs`: keep
+    /// unreferenced chunks younger than this (the server's default if `None`).
+    pub async fn gc_snapshots(&self, min_age_secs: Option<u64>) -> Result<SnapshotGcReport, ClientError> {
+        let body = serde_json::to_vec(&SnapshotGcRequest { min_age_seconds: min_age_secs })
+            .map_err(|e| ClientError::Protocol { path: "snapshot gc".into(), message: e.to_string() })?;
+        Ok(self.json(Method::POST, "/v1/snapshot-store/gc", Some(body)).await?.0)
     }
 
     pub async fn delete_snapshot(&self, id: &str) -> Result<(), ClientError> {

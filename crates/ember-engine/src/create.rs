@@ -261,7 +261,7 @@ impl Engine {
             let policy = req.network_policy.clone();
             let rec = self.create_from_snapshot(&sid, req).await?;
             self.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-            return self.record_policy(rec, policy);
+            return self.record_policy(rec, policy).await;
         }
         self.prepare_image(&req).await?;
         let spec = self.resolve(&req)?;
@@ -269,7 +269,7 @@ impl Engine {
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return self.record_policy(rec, req.network_policy);
+                return self.record_policy(rec, req.network_policy).await;
             }
         }
         let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
@@ -277,14 +277,13 @@ impl Engine {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {
                 let entry = self.entry(rec.id.as_str())?;
-                entry.update(|r| {
+                let res = self.update_persisted(&entry, |r| {
                     r.workspaces = mounted;
                     if let Some(l) = r.launch.as_mut() {
                         l.micros = t0.elapsed().as_micros() as u64;
                     }
                 });
-                self.persist(&entry);
-                entry.snapshot()
+                self.or_remove(&rec.id, res).await?
             }
             Err(e) => {
                 let _ = self.remove(rec.id.as_str()).await;
@@ -292,20 +291,37 @@ impl Engine {
             }
         };
         self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-        self.record_policy(rec, req.network_policy)
+        self.record_policy(rec, req.network_policy).await
     }
 
-    /// Records the create request's egress policy on the new sandbox.
-    fn record_policy(
-        &self,
+    /// Records the create request's egress policy on the new sandbox. A
+    /// sandbox whose record cannot say so is removed: the caller is told the
+    /// create failed, so nothing may be left running.
+    async fn record_policy(
+        self: &Arc<Self>,
         rec: SandboxRecord,
         policy: Option<ember_types::api::NetworkPolicy>,
     ) -> Result<SandboxRecord, EngineError> {
         let Some(policy) = policy else { return Ok(rec) };
         let e = self.entry(rec.id.as_str())?;
-        e.update(|r| r.network_policy = Some(policy));
-        self.persist(&e);
-        Ok(e.snapshot())
+        let res = self.update_persisted(&e, |r| r.network_policy = Some(policy));
+        self.or_remove(&rec.id, res).await
+    }
+
+    /// Passes a create's last step through; on an error the new sandbox is
+    /// removed first (the record names it).
+    async fn or_remove(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        res: Result<SandboxRecord, EngineError>,
+    ) -> Result<SandboxRecord, EngineError> {
+        if res.is_err() {
+            self.metrics.create_failures.inc();
+            if let Err(e) = self.remove(id.as_str()).await {
+                tracing::error!(sandbox = %id, error = %e, "removing a sandbox whose create failed");
+            }
+        }
+        res
     }
 
     /// Starts a sandbox cold. The record is persisted as Pending before anything
@@ -371,7 +387,7 @@ impl Engine {
         let mut rec = rec;
         rec.net_slot = net.as_ref().map(|a| a.slot);
         rec.event("Pending: create requested".to_string());
-        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+        if let Err(e) = self.store.save_volatile(rec.id.as_str(), &rec) {
             self.release_network(&rec).await;
             return Err(e);
         }
@@ -395,12 +411,7 @@ impl Engine {
         let launched = match launched {
             Ok(l) => l,
             Err(e) => {
-                self.metrics.create_failures.inc();
-                self.release_network(&rec).await;
-                let rt = self.rt(&spec.runtime_class);
-                let name = id.to_string();
-                let _ = tokio::task::spawn_blocking(move || rt.reap_leftover(&name)).await;
-                let _ = self.store.remove(id.as_str());
+                self.discard_launch(&rec, None).await;
                 return Err(e);
             }
         };
@@ -422,10 +433,38 @@ impl Engine {
             ctl: tx,
             wake: Notify::new(),
         });
-        self.store.save(rec.id.as_str(), &rec)?;
+        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+            // Running but not recorded: the caller is told the create failed,
+            // so the sandbox must not outlive this call.
+            self.discard_launch(&rec, Some(launched.pidfd)).await;
+            return Err(e);
+        }
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
         crate::monitor::spawn(self.clone(), entry, launched, rx);
         Ok(rec)
+    }
+
+    /// Undoes a cold start that will not be handed out: the sandbox
+    /// destroyed if it runs (`init`), whatever the launch left on the host
+    /// reaped, its network slot released and its record removed.
+    async fn discard_launch(&self, rec: &SandboxRecord, init: Option<std::os::fd::OwnedFd>) {
+        self.metrics.create_failures.inc();
+        let rt = self.rt(&rec.spec.runtime_class);
+        let id = rec.id.clone();
+        let reaped = tokio::task::spawn_blocking(move || {
+            if init.is_some() {
+                let _ = crate::monitor::destroy_and_reap(rt.as_ref(), &id, init);
+            }
+            rt.reap_leftover(id.as_str())
+        })
+        .await;
+        if let Ok(Err(e)) = reaped {
+            tracing::error!(sandbox = %rec.id, error = %e, "reaping a failed create");
+        }
+        self.release_network(rec).await;
+        if let Err(e) = self.store.remove(rec.id.as_str()) {
+            tracing::error!(sandbox = %rec.id, error = %e, "removing a failed create's record");
+        }
     }
 
     pub(crate) fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {

@@ -7,7 +7,8 @@
 //! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
 //! sandbox), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
 //! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
-//! pause, renew, metadata), `store.rs` (records on disk).
+//! pause, renew, metadata), `store.rs` (records on disk), `snapshot_gc.rs` (snapshot storage reclaimed:
+//! scheduled and requested mark-and-sweep, kept apart from snapshot writes).
 #![forbid(unsafe_code)]
 
 mod checkpoint;
@@ -23,6 +24,7 @@ pub mod record;
 mod recover;
 mod sandbox_restore;
 mod sandbox_snapshots;
+mod snapshot_gc;
 mod snapshot_ops;
 mod snapshots;
 mod store;
@@ -63,6 +65,9 @@ pub struct EngineConfig {
     pub max_ttl: Option<Duration>,
     /// Where workspace snapshots go.
     pub snapshot_store: SnapshotStoreConfig,
+    /// How often the snapshot store's unreferenced chunks are swept (also
+    /// soon after a delete); `None`: only on request.
+    pub snapshot_gc_interval: Option<Duration>,
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -118,6 +123,11 @@ pub struct Engine {
     snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
     /// Progress of running (and recently finished) snapshots, restores, forks.
     snapshot_ops: snapshot_ops::SnapshotOps,
+    /// Snapshot writes (shared) against a gc sweep (exclusive): a tokio lock,
+    /// as both sides hold it across the await of their blocking work.
+    snapshot_gate: tokio::sync::RwLock<()>,
+    /// Wakes the scheduled sweep after a delete.
+    snapshot_gc_kick: Arc<Notify>,
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
@@ -166,6 +176,8 @@ impl Engine {
             workspaces,
             snapshot_store,
             snapshot_ops: Default::default(),
+            snapshot_gate: tokio::sync::RwLock::new(()),
+            snapshot_gc_kick: Arc::new(Notify::new()),
             lease_lock: Mutex::new(()),
             metrics: Metrics::new(),
             images,
@@ -175,6 +187,9 @@ impl Engine {
         });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
+        if let Some(every) = engine.cfg.snapshot_gc_interval {
+            tokio::spawn(snapshot_gc::gc_loop(Arc::downgrade(&engine), every));
+        }
         Ok(engine)
     }
 
@@ -207,10 +222,25 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(id.to_string()))
     }
 
+    /// Persists a change nobody waits for (the monitor's, a teardown's): a
+    /// failure can only be logged.
     fn persist(&self, e: &Entry) {
         let r = e.snapshot();
         if let Err(err) = self.store.save(r.id.as_str(), &r) {
             tracing::error!(error = %err, "persisting sandbox record failed");
         }
+    }
+
+    /// Applies a change a caller asked for and persists it before it counts:
+    /// if the record cannot be written, the change is not made (in memory
+    /// either) and the caller gets the error. The record's lock is held over
+    /// the write so no other change slips in between.
+    fn update_persisted(&self, e: &Entry, f: impl FnOnce(&mut SandboxRecord)) -> Result<SandboxRecord, EngineError> {
+        let mut cur = e.record.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = cur.clone();
+        f(&mut next);
+        self.store.save(next.id.as_str(), &next)?;
+        *cur = next.clone();
+        Ok(next)
     }
 }

@@ -7,7 +7,7 @@ use crate::record::now_ms;
 use crate::{Control, Engine, EngineError, Entry};
 use ember_runtime::ExitKind;
 use ember_runtime::Launched;
-use ember_types::{SandboxState, TerminationReason};
+use ember_types::{SandboxId, SandboxState, TerminationReason};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -177,6 +177,23 @@ async fn exit_reason(engine: &Arc<Engine>, entry: &Entry, pidfd: Option<&OwnedFd
     }
 }
 
+/// Destroys a sandbox and reaps its init (our child, for the native class)
+/// so it does not linger as a zombie. Blocking.
+pub(crate) fn destroy_and_reap(
+    rt: &dyn ember_runtime::Runtime,
+    id: &SandboxId,
+    pidfd: Option<OwnedFd>,
+) -> Result<(), ember_runtime::RuntimeError> {
+    let r = rt.destroy(id, pidfd.as_ref());
+    for _ in 0..1000 {
+        if pidfd.as_ref().is_none_or(ember_runtime::wait_done) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    r
+}
+
 /// Stopping → destroy → terminal state, persisted. The sandbox's record stays
 /// (visible as Terminated/Failed) until removed or the retention passes.
 async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: Option<OwnedFd>, reason: TerminationReason) {
@@ -184,21 +201,13 @@ async fn teardown(engine: &Arc<Engine>, entry: &Arc<Entry>, pidfd: Option<OwnedF
         r.transition(SandboxState::Stopping, None);
         (r.id.clone(), r.spec.runtime_class.clone())
     });
-    engine.persist(entry);
+    // Only for a daemon crash mid-teardown: the terminal record below is the durable one.
+    if let Err(e) = engine.store.save_volatile(id.as_str(), &entry.snapshot()) {
+        tracing::error!(sandbox = %id, error = %e, "persisting sandbox record failed");
+    }
     let rt = engine.rt(&class);
     let rid = id.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        let r = rt.destroy(&rid, pidfd.as_ref());
-        // Reap the init (our child) so it does not linger as a zombie.
-        for _ in 0..1000 {
-            if pidfd.as_ref().is_none_or(ember_runtime::wait_done) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        r
-    })
-    .await;
+    let res = tokio::task::spawn_blocking(move || destroy_and_reap(rt.as_ref(), &rid, pidfd)).await;
     let reason = match res {
         Ok(Ok(())) => reason,
         Ok(Err(e)) => TerminationReason::RuntimeError(format!("teardown: {e}")),

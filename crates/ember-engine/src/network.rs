@@ -146,8 +146,7 @@ impl Engine {
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
             .map_err(|source| EngineError::Network { id: id.to_string(), source })?;
-        e.update(|r| r.spec.egress = policy);
-        self.persist(&e);
+        self.update_persisted(&e, |r| r.spec.egress = policy)?;
         self.network_status(id)
     }
 

@@ -138,13 +138,12 @@ impl Engine {
                 return Err(EngineError::invalid("expiresAt", format!("at most {max} seconds from now")));
             }
         }
-        e.update(|r| {
+        let rec = self.update_persisted(&e, |r| {
             r.expires_at_ms = Some(expires_at_ms);
             r.event(format!("expiry renewed to {expires_at_ms} ms"));
-        });
-        self.persist(&e);
+        })?;
         e.wake.notify_one();
-        Ok(e.snapshot())
+        Ok(rec)
     }
 
     /// JSON merge-patch of the metadata: `None` deletes a key.
@@ -157,16 +156,14 @@ impl Engine {
             return Err(EngineError::invalid("metadata", format!("key {k:?} is reserved or empty")));
         }
         let e = self.entry(id)?;
-        e.update(|r| {
+        self.update_persisted(&e, |r| {
             for (k, v) in patch {
                 match v {
                     Some(v) => r.spec.metadata.insert(k, v),
                     None => r.spec.metadata.remove(&k),
                 };
             }
-        });
-        self.persist(&e);
-        Ok(e.snapshot())
+        })
     }
 
     /// The recorded egress policy; none recorded reads as deny-all, which is
@@ -219,11 +216,10 @@ impl Engine {
             self.set_network_policy(id, typed).await?;
         }
         let e = self.entry(id)?;
-        e.update(|r| {
+        self.update_persisted(&e, |r| {
             r.network_policy = Some(policy.clone());
             r.event("egress policy changed".to_string());
-        });
-        self.persist(&e);
+        })?;
         Ok(policy)
     }
 

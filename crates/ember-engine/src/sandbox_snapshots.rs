@@ -172,6 +172,8 @@ impl Engine {
         }
         let records = self.snapshot_records()?;
         records.save(&rec.id, &rec)?;
+        // Before the sandbox is frozen: a sweep under way may take a while.
+        let gate = self.snapshot_write_gate().await;
         if let Err(e) = self.pause(id).await {
             // Nothing was written yet: no manifest to delete.
             rec.transition(SandboxSnapshotState::Failed, Some(("SNAPSHOT_FAILED", e.to_string())));
@@ -185,6 +187,7 @@ impl Engine {
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))
             .and_then(|r| r);
+        drop(gate);
         // Thaw first: the sandbox must not stay frozen whatever happened.
         let _ = self.resume(id).await;
         entry.update(|r| r.snapshot_freeze = false);
@@ -249,7 +252,8 @@ impl Engine {
         Ok(info.summary.stats.logical_bytes)
     }
 
-    /// Deletes a sandbox snapshot and its manifests (chunks go at the next gc).
+    /// Deletes a sandbox snapshot and its manifests; the scheduled gc then
+    /// reclaims the chunks no other snapshot shares (`snapshot_gc.rs`).
     pub async fn delete_sandbox_snapshot(self: &Arc<Self>, id: &str) -> Result<(), EngineError> {
         let mut rec = self.sandbox_snapshot(id)?;
         if rec.state == SandboxSnapshotState::Creating {
@@ -271,7 +275,9 @@ impl Engine {
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))??;
-        records.remove(&rec.id)
+        records.remove(&rec.id)?;
+        self.snapshot_deleted();
+        Ok(())
     }
 }
 

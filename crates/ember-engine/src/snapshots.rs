@@ -73,6 +73,8 @@ impl Engine {
         if let Some((holder, epoch)) = &fence {
             meta.leases.check(name, holder, *epoch)?;
         }
+        // Before the writer is frozen: a sweep under way may take a while.
+        let gate = self.snapshot_write_gate().await;
         // Consistency: the live writer, if any, is frozen while the tree is read.
         let writer = start
             .as_ref()
@@ -108,6 +110,7 @@ impl Engine {
                 Ok(ember_snapshot::snapshot(&mnt, store, opts).map(|i| i.summary)?)
             })
             .await;
+        drop(gate);
         if let Some(w) = &writer {
             let _ = self.resume(w).await;
             if let Ok(e) = self.entry(w) {
@@ -152,11 +155,9 @@ impl Engine {
 
     pub async fn delete_snapshot(self: &Arc<Self>, id: &str) -> Result<(), EngineError> {
         let id = id.to_string();
-        self.snap(move |_, store| Ok(ember_snapshot::delete(store, &id)?)).await
-    }
-
-    pub async fn gc_snapshots(self: &Arc<Self>) -> Result<ember_snapshot::GcReport, EngineError> {
-        self.snap(|_, store| Ok(ember_snapshot::gc(store, ember_snapshot::GcOptions::default())?)).await
+        self.snap(move |_, store| Ok(ember_snapshot::delete(store, &id)?)).await?;
+        self.snapshot_deleted();
+        Ok(())
     }
 
     /// A new workspace holding the snapshot's tree, every chunk verified.

@@ -4,9 +4,13 @@
 //! Format: a header line `EMBER-STATE v1 <fnv64 of the body>` and the JSON body.
 //! Written to a temp file and renamed into place, so a crash leaves either the old
 //! or the new record, never a torn one; a record whose checksum does not match is
-//! reported, not trusted. No fsync: a record describes processes that do not
-//! survive a host crash, while a daemon crash (the case this guards) keeps the
-//! page cache.
+//! reported, not trusted. Every save is durable before it returns (the file
+//! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
+//! the API acknowledged survives a power loss too, not only a daemon crash:
+//! a pool spec, a sandbox's metadata, a template, a snapshot record. The
+//! exception, [`Store::save_volatile`], is for the two records whose loss a
+//! power loss makes moot (Pending, Stopping): a create and a remove each pay
+//! one fsync pair, not two.
 use crate::error::EngineError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -40,17 +44,12 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), EngineError> {
 
 /// Writes `data` to `path` as a `0600` file (callers write a temp file and
 /// rename it into place): records hold sandboxes' env.
-pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<(), EngineError> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(store_err(path))?;
+/// Opens `path` for writing, created 0600: records hold a sandbox's env.
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     // A temp file a crash left behind keeps its old mode through `open`.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(store_err(path))?;
-    f.write_all(data).map_err(store_err(path))
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
 }
 
 impl<T: Serialize + DeserializeOwned> Store<T> {
@@ -64,13 +63,15 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     pub fn save(&self, id: &str, r: &T) -> Result<(), EngineError> {
-        let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
-        let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
-        data.extend_from_slice(&body);
-        let path = self.path(id);
-        let tmp = path.with_extension("tmp");
-        write_private(&tmp, &data)?;
-        std::fs::rename(&tmp, &path).map_err(store_err(&path))
+        write_durable(&self.path(id), &encode(r)?, true)
+    }
+
+    /// [`save`](Self::save) without the fsyncs, for a record that only has to
+    /// survive a daemon crash: a create's Pending record, a teardown's
+    /// Stopping one. A power loss ends those sandboxes' processes too, and
+    /// the restart reaps whatever they left with or without the record.
+    pub fn save_volatile(&self, id: &str, r: &T) -> Result<(), EngineError> {
+        write_durable(&self.path(id), &encode(r)?, false)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {
@@ -104,6 +105,40 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         }
         out
     }
+}
+
+/// Replaces `path` with `data` so that, once this returns, a crash or a power
+/// loss leaves the new file: a temp file (`<path>.tmp`, which `load_all`
+/// clears) written and fsynced, renamed over `path`, then the directory
+/// fsynced (the rename is durable only once the directory is). On error the
+/// old file stands and the temp file is removed.
+/// (`sync: false`: the same without the two fsyncs.)
+pub(crate) fn write_durable(path: &Path, data: &[u8], sync: bool) -> Result<(), EngineError> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = open_private(&tmp)?;
+        f.write_all(data)?;
+        if sync {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(store_err(path)(e));
+    }
+    if !sync {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(store_err(dir))
+}
+
+fn encode<T: Serialize>(r: &T) -> Result<Vec<u8>, EngineError> {
+    let body = serde_json::to_vec(r).map_err(|e| EngineError::Internal(e.to_string()))?;
+    let mut data = format!("EMBER-STATE {VERSION} {:016x}\n", fnv64(&body)).into_bytes();
+    data.extend_from_slice(&body);
+    Ok(data)
 }
 
 fn load<T: DeserializeOwned>(p: &Path) -> Result<T, String> {

@@ -66,6 +66,8 @@ impl TemplateStore {
             .into_iter()
             .flatten()
             .flatten()
+            // `.json` only: a `.tmp` is a save that never completed.
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
             .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -73,11 +75,7 @@ impl TemplateStore {
     }
 
     pub fn save(&self, t: &Template) -> Result<(), EngineError> {
-        let p = self.path(&t.name);
-        let tmp = p.with_extension("json.tmp");
-        let err = |source| EngineError::Store { path: p.clone(), source };
-        crate::store::write_private(&tmp, &serde_json::to_vec_pretty(t).unwrap_or_default())?;
-        std::fs::rename(&tmp, &p).map_err(err)
+        crate::store::write_durable(&self.path(&t.name), &serde_json::to_vec_pretty(t).unwrap_or_default(), true)
     }
 
     pub fn remove(&self, name: &str) -> Result<(), EngineError> {

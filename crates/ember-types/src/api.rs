@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub use crate::sandbox_snapshot::{
-    CreateSnapshotRequest, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotStatus, SnapshotWorkspaceInfo,
+    CreateSnapshotRequest, SandboxSnapshotInfo, SandboxSnapshotList, SnapshotGcReport, SnapshotGcRequest,
+    SnapshotStatus, SnapshotWorkspaceInfo,
 };
 
 /// `{code, message}`: every error the API returns.

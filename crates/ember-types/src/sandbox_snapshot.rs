@@ -66,3 +66,30 @@ pub struct SandboxSnapshotList {
     pub items: Vec<SandboxSnapshotInfo>,
     pub pagination: crate::api::Pagination,
 }
+
+/// `POST /v1/snapshot-store/gc` (the body is optional): one mark-and-sweep of
+/// the snapshot store, for sandbox and workspace snapshots alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotGcRequest {
+    /// Keep unreferenced chunks younger than this (default 600: a second
+    /// guard, beside the markers, for stores without read-after-write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_age_seconds: Option<u64>,
+}
+
+/// What a sweep found and removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotGcReport {
+    pub manifests: u64,
+    pub chunks_seen: u64,
+    pub chunks_referenced: u64,
+    pub chunks_deleted: u64,
+    /// Stored (compressed) bytes freed.
+    pub bytes_deleted: u64,
+    /// Unreferenced, but younger than the minimum age.
+    pub chunks_spared_young: u64,
+    /// Referenced by a manifest but absent from the store.
+    pub missing_chunks: Vec<String>,
+}

@@ -11,6 +11,7 @@
 use crate::lease::LeaseState;
 use crate::{check_name, io, WorkspaceError};
 use serde::{Deserialize, Serialize};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -52,6 +53,13 @@ pub(crate) fn run(command: &'static str, args: &[&str], path: &Path) -> Result<(
         path: path.to_path_buf(),
         stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
     })
+}
+
+/// Makes the renames in `dir` durable. The record holds the lease and its
+/// fencing epoch: were the rename lost to a power loss, the epoch would roll
+/// back and a fenced writer's commit could be accepted again.
+fn sync_dir(dir: &Path) -> Result<(), WorkspaceError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync", dir))
 }
 
 fn now_ms() -> i64 {
@@ -107,6 +115,7 @@ impl WorkspaceStore {
             WorkspaceMeta { name: name.into(), size_bytes, created_at_ms: now_ms(), leases: LeaseState::default() };
         self.write_meta(&tmp, &meta)?;
         std::fs::rename(&tmp, &dir).map_err(io("rename", &dir))?;
+        sync_dir(&self.root)?;
         self.ensure_mounted(name)?;
         Ok(meta)
     }
@@ -115,8 +124,11 @@ impl WorkspaceStore {
         let p = dir.join("meta.json");
         let t = dir.join("meta.json.tmp");
         let data = serde_json::to_vec_pretty(meta).map_err(|e| io("encode", &p)(std::io::Error::other(e)))?;
-        std::fs::write(&t, data).map_err(io("write", &t))?;
-        std::fs::rename(&t, &p).map_err(io("rename", &p))
+        let mut f = std::fs::File::create(&t).map_err(io("create", &t))?;
+        f.write_all(&data).map_err(io("write", &t))?;
+        f.sync_all().map_err(io("fsync", &t))?;
+        std::fs::rename(&t, &p).map_err(io("rename", &p))?;
+        sync_dir(dir)
     }
 
     pub fn save(&self, meta: &WorkspaceMeta) -> Result<(), WorkspaceError> {

@@ -136,6 +136,26 @@ pub async fn snapshots(client: &Client, cmd: SnapshotCmd) -> anyhow::Result<i32>
         SnapshotCmd::Rm { ids } => {
             return super::for_each_name(ids, |id| async move { client.delete_snapshot(&id).await }).await;
         }
+        SnapshotCmd::Gc { min_age, json } => {
+            let min_age = min_age.as_deref().map(super::parse_duration).transpose()?.map(|d| d.as_secs());
+            let r = client.gc_snapshots(min_age).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "{} manifests, {} chunks ({} referenced): deleted {} chunks, {} bytes; {} kept as too young",
+                    r.manifests,
+                    r.chunks_seen,
+                    r.chunks_referenced,
+                    r.chunks_deleted,
+                    r.bytes_deleted,
+                    r.chunks_spared_young
+                );
+                if !r.missing_chunks.is_empty() {
+                    eprintln!("warning: {} referenced chunks are missing from the store", r.missing_chunks.len());
+                }
+            }
+        }
     }
     Ok(0)
 }

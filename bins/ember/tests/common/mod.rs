@@ -9,7 +9,7 @@ use ember_client::Client;
 use ember_types::api::{CreateSandboxRequest, ResourcesSpec, SandboxInfo};
 use ember_types::execd::RunCommandRequest;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -65,16 +65,8 @@ impl Daemon {
 
     /// (Re)starts `ember serve` on the same data dir and cgroup parent.
     pub fn spawn(&mut self) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--retention", "1h", "--cgroup-parent", &self.group])
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--agent")
-            .arg(agent_bin())
-            .args(&self.extra)
-            .env("EMBER_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut cmd = serve_command(&self.data_dir, &self.group, &self.extra);
+        cmd.stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("ember serve starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
@@ -105,6 +97,11 @@ impl Daemon {
         let sock = dir.join("agent.sock");
         std::fs::remove_file(&sock).expect("remove the agent's socket");
         (dir, tokio::net::UnixListener::bind(&sock).expect("bind the hostile agent"))
+    }
+
+    /// The running daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
     }
 
     pub fn kill9(&mut self) {
@@ -213,6 +210,38 @@ impl Daemon {
     pub fn procs(&self, id: &str) -> Vec<i32> {
         self.cgroups().procs(id).unwrap_or_default()
     }
+}
+
+/// `ember serve` on port 0 with this data dir, cgroup parent and extra flags.
+fn serve_command(data_dir: &Path, group: &str, extra: &[String]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--retention", "1h", "--cgroup-parent", group])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--agent")
+        .arg(agent_bin())
+        .args(extra)
+        .env("EMBER_LOG", "warn")
+        .stdout(Stdio::piped());
+    cmd
+}
+
+/// Runs `ember serve` on `data_dir` expecting it to refuse to start, and
+/// returns what it said on stderr. A daemon that starts serving instead
+/// fails the test (and is killed).
+pub fn serve_refused(data_dir: &Path, group: &str) -> String {
+    let extra = ["--network-range".to_string(), "none".to_string()];
+    let mut child = serve_command(data_dir, group, &extra).stderr(Stdio::piped()).spawn().expect("ember serve starts");
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line);
+    if !line.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("ember serve on {} started ({line:?}) instead of refusing", data_dir.display());
+    }
+    let out = child.wait_with_output().expect("ember serve exits");
+    assert!(!out.status.success(), "a refusal exits non-zero");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 impl Drop for Daemon {

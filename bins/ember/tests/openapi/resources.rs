@@ -74,6 +74,11 @@ pub(super) async fn workspaces(api: &Api) {
     }
     assert_eq!(api.req("DELETE", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 204);
     assert_eq!(api.req("GET", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 404);
+    let r = api.req("POST", "/v1/snapshot-store/gc", &[]).json(json!({"minAgeSeconds": 0})).send().await;
+    assert_eq!(r.status, 200);
+    assert!(r.json()["chunksDeleted"].as_u64() >= Some(1), "the deleted snapshot's chunks went: {}", r.json());
+    let r = api.req("POST", "/v1/snapshot-store/gc", &[]).json(json!({"minAgeSeconds": -1})).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (400, Some("SANDBOX::INVALID_PARAMETER")));
     assert_eq!(api.req("DELETE", "/v1/sandboxes/{id}", &[&id]).send().await.status, 204);
     assert_eq!(api.req("GET", "/v1/workspaces/{name}", &["nope"]).send().await.status, 404);
     assert_eq!(api.req("DELETE", "/v1/workspaces/{name}", &["ws1"]).send().await.status, 204);

@@ -1,8 +1,9 @@
 //! The claim path: pop an idle sandbox, bind the caller's request to it through
 //! its agent, persist, answer. No namespace, mount, cgroup or network is
-//! created here; the only disk write is the sandbox's small record (page cache,
-//! no fsync), which must land before the answer so a restart can never return
-//! a claimed sandbox to the pool.
+//! created here; the only disk write is the sandbox's small record (fsynced),
+//! which must land before the answer so a restart can never return a claimed
+//! sandbox to the pool. A record that cannot be written ends the sandbox: it
+//! was bound to this caller, who is told the claim failed.
 use super::Pool;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::{Control, Engine, EngineError};
@@ -63,9 +64,9 @@ impl Engine {
             }
             let micros = t0.elapsed().as_micros() as u64;
             let now = now_ms();
-            entry.update(|r| {
+            let saved = self.update_persisted(&entry, |r| {
                 r.pooled = false;
-                r.workspaces = mounted;
+                r.workspaces = mounted.clone();
                 r.spec.env = spec.env.clone();
                 r.spec.metadata = spec.metadata.clone();
                 r.spec.entrypoint = spec.entrypoint.clone();
@@ -76,8 +77,16 @@ impl Engine {
                 r.expires_at_ms = spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t));
                 r.launch = Some(LaunchRecord { kind: "warm".into(), micros, phases: Default::default() });
             });
-            let rec = entry.snapshot();
-            self.store.save(rec.id.as_str(), &rec)?;
+            let rec = match saved {
+                Ok(rec) => rec,
+                Err(e) => {
+                    self.release_leases(id.as_str(), &mounted);
+                    let (done, _) = tokio::sync::oneshot::channel();
+                    let reason = TerminationReason::RuntimeError(format!("claim not recorded: {e}"));
+                    let _ = entry.ctl.try_send(Control::Stop { reason, done });
+                    return Err(e);
+                }
+            };
             entry.wake.notify_one();
             pool.record_claim();
             self.observe_launch(&rec.spec, "warm", micros);
