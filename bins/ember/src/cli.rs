@@ -345,7 +345,7 @@ pub enum BenchCmd {
     Create {
         #[arg(long, default_value_t = 100)]
         runs: usize,
-        /// Skip the crun reference (it needs `crun` installed).
+        /// Skip the crun reference (it needs crun: scripts/bench-setup.sh).
         #[arg(long)]
         no_crun: bool,
         #[arg(long)]
