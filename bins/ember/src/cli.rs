@@ -329,11 +329,8 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Cold create-to-ready and exec round trip, beside crun in the same run.
-    /// Cold create-to-ready and exec round trip, beside crun in the same run.
-    /// Cold create-to-ready and exec round trip, beside crun in the same run.
     /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
-    /// the bench builds, beside `tar | zstd` of the same directory. Local, in
+    /// the bench builds, beside `tar | zstd -T0 -3` of the same directory. Local, in
     /// this process (no daemon needed).
     Snapshot {
         /// Size of the generated tree in MB.
@@ -360,11 +357,14 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Cold create-to-ready and exec round trip, beside crun in the same run.
+    /// Cold create-to-ready and exec round trip, beside crun in the same run,
+    /// both timed by this client up to the agent's answer to GET /ping; crun
+    /// runs ember's own bundle, rootfs and agent (scripts/bench-setup.sh
+    /// installs it).
     Create {
         #[arg(long, default_value_t = 100)]
         runs: usize,
-        /// Skip the crun reference (it needs `crun` installed).
+        /// Skip the crun reference (it needs crun: scripts/bench-setup.sh).
         #[arg(long)]
         no_crun: bool,
         #[arg(long)]

@@ -114,7 +114,7 @@ fn allowed_host_paths(raw: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     raw.iter().map(|p| p.canonicalize().with_context(|| format!("--allow-host-path {}", p.display()))).collect()
 }
 
-fn default_agent() -> anyhow::Result<PathBuf> {
+pub(crate) fn default_agent() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the ember executable")?;
     let dir = exe.parent().context("executable has no directory")?;
     for cand in [dir.join("ember-agent-static"), dir.join("ember-agent")] {

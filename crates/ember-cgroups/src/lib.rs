@@ -144,13 +144,17 @@ pub fn detect(root: &Path, group: &str) -> Result<Box<dyn Cgroups>, CgroupError>
     if group.is_empty() || group.contains("..") || group.starts_with('/') {
         return Err(CgroupError::NoHierarchy(format!("invalid cgroup parent {group:?}")));
     }
-    let controllers = root.join("cgroup.controllers");
-    if let Ok(c) = std::fs::read_to_string(&controllers) {
-        if ["memory", "pids", "cpu"].iter().all(|k| c.split_whitespace().any(|w| w == *k)) {
-            return Ok(Box::new(V2::new(root.to_path_buf(), group)?));
-        }
+    if unified(root) {
+        return Ok(Box::new(V2::new(root.to_path_buf(), group)?));
     }
     Ok(Box::new(V1::from_mountinfo(group)?))
+}
+
+/// Whether the unified (v2) hierarchy at `root` has the controllers ember
+/// needs: the choice [`detect`] makes.
+pub fn unified(root: &Path) -> bool {
+    let c = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    ["memory", "pids", "cpu"].iter().all(|k| c.split_whitespace().any(|w| w == *k))
 }
 
 /// Retries `rmdir` briefly: a cgroup stays busy until its last task has exited,

@@ -1,7 +1,7 @@
 //! `ember bench snapshot`: builds a tree of mixed files, then times a full
 //! snapshot, an incremental one after changing 1 % of the data, a restore, a
-//! fork into N trees (one restore, then copies), and `tar | zstd` (and back) of the same tree as the
-//! reference. Single runs: the sizes are large enough that one run is a
+//! fork into N trees (one restore, then copies), and `tar | zstd -T0 -3` (and back) of the same tree as the
+//! reference: multi-threaded like ember's chunking and packing, so both use every core. Single runs: the sizes are large enough that one run is a
 //! throughput figure, not a latency sample.
 use std::cell::RefCell;
 use std::fmt;
@@ -9,6 +9,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The reference's zstd flags: `-T0` = one worker per core, as ember's
+/// snapshot hashes and packs on every core.
+const ZSTD: &str = "zstd -T0 -3";
+const UNZSTD: &str = "zstd -T0 -d";
 
 use crate::{
     copy_restored, restore, snapshot, LocalStore, ObjectStore, Phase, Progress, RestoreOptions, S3Config, S3Store,
@@ -96,7 +101,7 @@ impl fmt::Display for BenchReport {
         let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &Step| {
             writeln!(
                 f,
-                "{name:<28} {:>8.2} s  {:>8.1} MB/s  {:>9.1} MB stored  {:>7.2} s CPU",
+                "{name:<32} {:>8.2} s  {:>8.1} MB/s  {:>9.1} MB stored  {:>7.2} s CPU",
                 s.elapsed.as_secs_f64(),
                 s.mb_per_s(),
                 mb(s.stored_bytes),
@@ -118,8 +123,8 @@ impl fmt::Display for BenchReport {
         row(f, "ember restore", &self.restore)?;
         writeln!(f, "  phases: {}", phases(&self.restore_phases))?;
         row(f, &format!("ember fork x{}", self.forks), &self.fork)?;
-        row(f, "tar | zstd (reference)", &self.tar_zstd)?;
-        row(f, "zstd -d | tar -x (reference)", &self.untar_zstd)
+        row(f, &format!("tar | {ZSTD} (reference)"), &self.tar_zstd)?;
+        row(f, &format!("{UNZSTD} | tar -x (reference)"), &self.untar_zstd)
     }
 }
 
@@ -248,7 +253,7 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     let archive = w.join("src.tar.zst");
     let (a, q) = (archive.display().to_string(), src.display().to_string());
     r.tar_zstd = Step {
-        elapsed: shell(&format!("tar -C '{q}' -cf - . | zstd -q -3 -o '{a}'"))?,
+        elapsed: shell(&format!("tar -C '{q}' -cf - . | {ZSTD} -q -o '{a}'"))?,
         bytes: tree.bytes,
         stored_bytes: fs::metadata(&archive).map_err(io("stat", &archive))?.len(),
         cpu: lap(),
@@ -259,7 +264,7 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
     lap();
     let u = untar.display().to_string();
     r.untar_zstd = Step {
-        elapsed: shell(&format!("zstd -q -dc '{a}' | tar -C '{u}' -xf -"))?,
+        elapsed: shell(&format!("{UNZSTD} -q -c '{a}' | tar -C '{u}' -xf -"))?,
         bytes: tree.bytes,
         stored_bytes: 0,
         cpu: lap(),

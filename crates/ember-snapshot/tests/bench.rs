@@ -18,4 +18,8 @@ fn bench_runs_at_a_small_size() {
     assert!(r.full.stored_bytes < r.tree_bytes, "partly compressible data compresses");
     assert!(r.tar_zstd.stored_bytes > 0 && r.restore.bytes == r.tree_bytes);
     assert!(!cfg.work_dir.exists(), "scratch removed");
+    // The reference is multi-threaded like ember (`-T0`), and says so.
+    let text = r.to_string();
+    assert!(text.contains("tar | zstd -T0 -3 (reference)"), "{text}");
+    assert!(text.contains("zstd -T0 -d | tar -x (reference)"), "{text}");
 }

@@ -172,6 +172,38 @@ pub fn take_inherited_fd(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Makes `fd` descriptor `target` of the command's process, open across its
+/// exec: the inverse of [`take_inherited_fd`], for handing a listening socket
+/// to a program that passes it on (`crun create --preserve-fds 1` gives fds
+/// 3.. to the container's init, as ember's native class gives its agent fd 3).
+/// `fd` stays open in this process until `cmd` is dropped. `target` must be
+/// >= 3: stdio is configured through `Command` itself.
+pub fn pass_fd(cmd: &mut Command, fd: OwnedFd, target: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if target < 3 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "target fd must be >= 3"));
+    }
+    let hook = move || -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        if raw == target {
+            // dup2 onto itself would keep close-on-exec: clear it instead.
+            // SAFETY: fcntl on an fd this closure owns; no memory is touched.
+            let flags = cvt_int(unsafe { libc::fcntl(raw, libc::F_GETFD) })?;
+            // SAFETY: as above.
+            return cvt(unsafe { libc::fcntl(raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) });
+        }
+        // SAFETY: dup2 between integer fds (the new one has no close-on-exec);
+        // async-signal-safe, no allocation, nothing of ours is aliased.
+        cvt_int(unsafe { libc::dup2(raw, target) }).map(|_| ())
+    };
+    // SAFETY: the hook runs between fork and exec and only makes raw syscalls
+    // on an fd captured before the fork.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    Ok(())
+}
+
 /// The identity a command runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
@@ -298,6 +330,22 @@ fn cvt_long(r: libc::c_long) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The passed socket is fd 3 of the exec'd program (a shell reads the link).
+    #[test]
+    fn pass_fd_gives_the_command_the_socket_as_fd_3() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let path = std::env::temp_dir().join(format!("ember-pass-fd-{}", std::process::id()));
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let ino = std::fs::metadata(format!("/proc/self/fd/{}", l.as_raw_fd())).unwrap().ino();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "readlink /proc/self/fd/3"]);
+        pass_fd(&mut cmd, OwnedFd::from(l), 3).unwrap();
+        let out = cmd.output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("socket:[{ino}]"));
+    }
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {

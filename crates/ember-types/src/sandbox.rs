@@ -69,6 +69,28 @@ pub struct SandboxSpec {
     pub volumes: Vec<VolumeMount>,
 }
 
+impl SandboxSpec {
+    /// A sandbox of the built-in `host` template with nothing asked for:
+    /// default resources, the sandbox user, no network, no entrypoint.
+    pub fn host(runtime_class: &str) -> SandboxSpec {
+        SandboxSpec {
+            template: "host".into(),
+            runtime_class: runtime_class.into(),
+            resources: Resources::default(),
+            ttl_secs: None,
+            env: Default::default(),
+            metadata: Default::default(),
+            entrypoint: vec![],
+            user: UserSpec::SANDBOX,
+            network: Default::default(),
+            volumes: vec![],
+            egress: Default::default(),
+            lower_dirs: vec![],
+            workdir: None,
+        }
+    }
+}
+
 /// A host directory bound at `mount_path` inside the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -40,7 +40,8 @@ pub async fn run(client: &Client, a: Args) -> anyhow::Result<i32> {
     eprintln!("building a {size} MiB image (4 layers) and pushing it to {}", reg.addr);
     let d2 = dir.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let bb = std::fs::read("/bin/busybox").context("/bin/busybox (apt-get install busybox-static)")?;
+        let bb =
+            std::fs::read("/bin/busybox").context("/bin/busybox (scripts/bench-setup.sh installs busybox-static)")?;
         let mut layers = vec![layer_tar(&[
             Entry::Dir("bin"),
             Entry::File("bin/busybox", &bb, 0o755),

@@ -1,196 +1,197 @@
-//! Getting crun ready to be measured: the binary, the hugetlb hierarchy this
-//! host's hybrid cgroup layout needs, and an OCI bundle shaped like ember's
-//! `host` template.
-use serde_json::{json, Value};
+//! The crun reference's setup: what it needs installed (checked here, never
+//! installed: `scripts/bench-setup.sh` does that), and its containers, built
+//! by ember-runtime's own functions so they do the work of a `host` sandbox:
+//! tmpfs + overlay over the host template layer, `config.json` from
+//! `ember_runtime::oci::bundle::build` (ember's seccomp deny-list,
+//! capabilities, default limits, 0 → uid base mapping, /usr read-only), and
+//! ember's agent as the container's process, serving on a socket this process
+//! made and crun hands over as fd 3 (as native hands its agent fd 3).
+use ember_runtime::oci::cli::OciCli;
+use ember_runtime::oci::{prepare_bundle, BundlePlan, OciClass};
+use ember_types::{SandboxId, SandboxSpec};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-/// Same id range as `ember serve --uid-base` (default) and its 65536 ids.
-pub const HOST_ID: u32 = 1_000_000_000;
-pub const ID_RANGE: u32 = 65536;
+/// `ember serve --uid-base`'s default: the same host ids as the daemon's sandboxes.
+pub const UID_BASE: u32 = 1_000_000_000;
+/// Installs what the benchmarks need and mounts what crun needs.
+pub const SETUP: &str = "scripts/bench-setup.sh";
+/// How long a started agent may take to answer `/ping`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The capability set the native runtime keeps (ember-runtime's `KEEP_CAPS`).
-const CAPS: [&str; 11] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_AUDIT_WRITE",
-    "CAP_SETFCAP",
-];
-
-/// How the crun bundle differs from an ember sandbox, for the report.
+/// How the reference still differs from an ember sandbox, for the report.
 pub const DIFFERENCES: &[&str] = &[
-    "crun: read-only root dir (ember: overlay with a tmpfs upper layer, plus a generated /etc)",
-    "crun: no seccomp filter (ember loads one before exec'ing its agent)",
-    "crun ready = `crun state` says running (ember ready = its agent answered GET /ping over its socket)",
-    "crun is driven by fork+exec of its CLI here; ember by HTTP to a daemon (loopback, one connection)",
+    "ember: one HTTP request to a daemon (loopback; the daemon also persists a record and \
+     creates the cgroups with its own manager); crun: two CLI processes (create, start) \
+     forked from this one, crun creating the cgroups from cgroupsPath",
+    "ember native mounts the overlay inside its clone with syscalls and loads its seccomp BPF \
+     itself; the reference mounts tmpfs + overlay on the host with mount(8), as ember's crun \
+     class does, and crun compiles the same deny-list with libseccomp",
+    "exec: ember's agent runs the command as uid 1000 and streams it over HTTP; \
+     `crun exec` joins the namespaces as root from a new CLI process",
 ];
 
-/// `crun --version`'s first line; installs crun with apt-get when it is missing.
-pub fn ensure_crun() -> Result<String, String> {
-    if let Some(v) = crun_version() {
-        return Ok(v);
-    }
-    eprintln!("crun is not installed: running `apt-get install -y crun`");
-    if !apt_install() {
-        eprintln!("apt-get install failed: running `apt-get update` and trying once more");
-        if !apt(&["update"]) || !apt_install() {
-            return Err("crun is not installed and `apt-get install -y crun` failed".into());
-        }
-    }
-    crun_version().ok_or_else(|| "crun was installed but `crun --version` does not run".into())
-}
-
-fn crun_version() -> Option<String> {
-    let out = Command::new("crun").arg("--version").stdin(Stdio::null()).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    out.status.success().then(|| text.lines().next().unwrap_or("crun").trim().to_string())
-}
-
-fn apt_install() -> bool {
-    apt(&["install", "-y", "crun"])
-}
-
-/// apt-get with its output on our stderr (stdout stays for the report).
-fn apt(args: &[&str]) -> bool {
-    Command::new("apt-get")
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::io::stderr()))
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// crun refuses a hybrid cgroup v1 layout that lacks a hugetlb hierarchy. Mounts
-/// one when the layout is v1/hybrid, the kernel has the controller and no
-/// hierarchy has it yet; says what it did. Returns a warning when it could not.
-pub fn ensure_hugetlb() -> Option<String> {
+/// What crun's reference needs: its version line and ember's static agent,
+/// or what is missing and how to get it. Changes nothing on the host.
+pub fn preflight() -> Result<(String, PathBuf), String> {
+    let cli = OciCli::new("crun", "/nonexistent", vec![]);
+    let version = cli.version().map_err(|e| format!("crun does not run ({e}): run {SETUP}, or pass --no-crun"))?;
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+    if needs_hugetlb(&mounts, &cgroups) {
+        return Err(format!(
+            "crun refuses this cgroup v1 layout without a hugetlb hierarchy (/sys/fs/cgroup/hugetlb): run {SETUP}"
+        ));
+    }
+    let agent = match std::env::var_os("EMBER_AGENT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => crate::serve::default_agent().map_err(|e| format!("{e:#}; or set EMBER_AGENT_BIN"))?,
+    };
+    Ok((version, agent))
+}
+
+/// crun refuses a v1/hybrid cgroup layout whose kernel has the hugetlb
+/// controller but no hierarchy mounts it.
+pub fn needs_hugetlb(mounts: &str, cgroups: &str) -> bool {
     let rows: Vec<Vec<&str>> =
         mounts.lines().map(|l| l.split_whitespace().collect()).filter(|f: &Vec<&str>| f.len() >= 4).collect();
     let unified_root = rows.iter().any(|f| f[1] == "/sys/fs/cgroup" && f[2] == "cgroup2");
     let v1 = rows.iter().any(|f| f[2] == "cgroup" && f[1].starts_with("/sys/fs/cgroup/"));
     let has_hugetlb = rows.iter().any(|f| f[2] == "cgroup" && f[3].split(',').any(|o| o == "hugetlb"));
-    let kernel_has = std::fs::read_to_string("/proc/cgroups")
-        .unwrap_or_default()
+    let kernel_has = cgroups
         .lines()
         .any(|l| l.split_whitespace().next() == Some("hugetlb") && l.split_whitespace().nth(3) == Some("1"));
-    if unified_root || !v1 || has_hugetlb || !kernel_has {
-        return None;
-    }
-    let dir = "/sys/fs/cgroup/hugetlb";
-    eprintln!(
-        "crun needs a hugetlb cgroup v1 hierarchy here: mkdir -p {dir} && mount -t cgroup -o hugetlb cgroup {dir}"
-    );
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        return Some(format!("cannot create {dir}: {e}; crun may refuse to start containers"));
-    }
-    let ok = Command::new("mount")
-        .args(["-t", "cgroup", "-o", "hugetlb", "cgroup", dir])
-        .stdin(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    (!ok).then(|| format!("mounting the hugetlb hierarchy at {dir} failed; crun may refuse to start containers"))
+    !unified_root && v1 && !has_hugetlb && kernel_has
 }
 
-/// A temp dir with a rootfs, two bundles (`/bin/true`, `sleep infinity`) and
-/// crun's state root. Removed on drop.
-pub struct Bundle {
-    pub dir: PathBuf,
-    pub state_root: PathBuf,
-    pub true_bundle: PathBuf,
-    pub sleep_bundle: PathBuf,
-    pub log: PathBuf,
+/// A temp dir with the host template layer, crun's state root and one dir per
+/// container; its cgroup group in every hierarchy. All removed on drop.
+pub struct Reference {
+    dir: PathBuf,
+    template: PathBuf,
+    agent: PathBuf,
+    group: String,
+    pub cli: OciCli,
+    spec: SandboxSpec,
+    seq: AtomicU64,
 }
 
-impl Bundle {
-    pub fn create() -> Result<Bundle, String> {
-        let dir = std::env::temp_dir().join(format!("ember-bench-crun.{}", std::process::id()));
-        let b = Bundle {
-            state_root: dir.join("state"),
-            true_bundle: dir.join("bundle-true"),
-            sleep_bundle: dir.join("bundle-sleep"),
-            log: dir.join("crun.log"),
-            dir,
-        };
-        b.build().map_err(|e| format!("building the OCI bundle in {}: {e}", b.dir.display()))?;
-        Ok(b)
+/// One started container: ready once its agent answered.
+pub struct Container {
+    pub id: SandboxId,
+    dir: PathBuf,
+}
+
+impl Reference {
+    pub fn new(agent: PathBuf) -> Result<Reference, String> {
+        let group = format!("ember-bench-crun-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&group);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("state")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let template = ember_runtime::native::rootfs::ensure_host_template(&dir.join("templates"), UID_BASE)
+            .map_err(|e| format!("the host template layer: {e}"))?;
+        let cli = OciCli::new("crun", dir.join("state"), vec![]);
+        Ok(Reference { template, agent, cli, spec: SandboxSpec::host("crun"), seq: AtomicU64::new(0), group, dir })
     }
 
-    fn build(&self) -> std::io::Result<()> {
-        if self.dir.exists() {
-            std::fs::remove_dir_all(&self.dir)?;
+    /// From nothing to an agent that answered `GET /ping`: rootfs, bundle,
+    /// `crun create` (the listening socket as fd 3), `crun start`, ping.
+    pub fn start(&self) -> Result<Container, String> {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        // Bytes 6 and 8 carry the UUID version and variant.
+        b[10..16].copy_from_slice(&n.to_le_bytes()[..6]);
+        let id = SandboxId::from_random(b);
+        let c = Container { dir: self.dir.join("sandboxes").join(id.as_str()), id };
+        std::fs::create_dir_all(&c.dir).map_err(|e| format!("{}: {e}", c.dir.display()))?;
+        if let Err(e) = self.launch(&c) {
+            let _ = self.remove(&c);
+            return Err(e);
         }
-        let rootfs = self.dir.join("rootfs");
-        for d in ["usr", "proc", "dev", "tmp", "etc"] {
-            std::fs::create_dir_all(rootfs.join(d))?;
-        }
-        for (link, target) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")] {
-            std::os::unix::fs::symlink(target, rootfs.join(link))?;
-        }
-        std::fs::create_dir_all(&self.state_root)?;
-        for (bundle, args) in
-            [(&self.true_bundle, vec!["/bin/true"]), (&self.sleep_bundle, vec!["/bin/sleep", "infinity"])]
-        {
-            std::fs::create_dir_all(bundle)?;
-            let cfg = serde_json::to_vec_pretty(&config(&rootfs, &args))?;
-            std::fs::write(bundle.join("config.json"), cfg)?;
-        }
-        Ok(())
+        Ok(c)
+    }
+
+    fn launch(&self, c: &Container) -> Result<(), String> {
+        let prepared = prepare_bundle(&BundlePlan {
+            id: &c.id,
+            spec: &self.spec,
+            dir: &c.dir,
+            host_template: &self.template,
+            agent: &self.agent,
+            cgroups_path: PathBuf::from("/").join(&self.group).join(c.id.as_str()),
+            uid_base: UID_BASE,
+            class: OciClass::Crun,
+            workspace_slot: None,
+            listen_fd: true,
+            cgroup_v2: ember_cgroups::unified(Path::new("/sys/fs/cgroup")),
+        })
+        .map_err(|e| format!("{e}: {}", error_chain(&e)))?;
+        let sock = prepared.socket_dir.join("agent.sock");
+        let listener = UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+        let log = c.dir.join("agent.log");
+        self.cli
+            .create_with_listener(c.id.as_str(), &prepared.bundle_dir, &log, listener.into())
+            .map_err(|e| e.to_string())?;
+        self.cli.start(c.id.as_str()).map_err(|e| e.to_string())?;
+        ember_runtime::ping_agent(&sock, READY_TIMEOUT)
+    }
+
+    /// `crun delete --force`, then the overlay and tmpfs and the dir.
+    pub fn remove(&self, c: &Container) -> Result<(), String> {
+        let deleted = self.cli.delete(c.id.as_str()).map_err(|e| e.to_string());
+        ember_runtime::oci::rootfs::unmount(&c.dir).map_err(|e| format!("{e}: {}", error_chain(&e)))?;
+        std::fs::remove_dir_all(&c.dir).map_err(|e| format!("{}: {e}", c.dir.display()))?;
+        deleted
+    }
+
+    /// The container's init as the host sees it: seccomp mode and uid map.
+    pub fn init_boundary(&self, c: &Container) -> Result<(String, String), String> {
+        let pid = self.cli.state(c.id.as_str()).map_err(|e| e.to_string())?.pid;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+        let seccomp = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).unwrap_or("?").trim().to_string();
+        let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).map_err(|e| e.to_string())?;
+        Ok((seccomp, map.split_whitespace().collect::<Vec<_>>().join(" ")))
     }
 }
 
-impl Drop for Bundle {
+impl Drop for Reference {
     fn drop(&mut self) {
+        // crun removes each container's cgroup; the group above them is ours.
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        for f in mounts.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()) {
+            if f.len() >= 3 && (f[2] == "cgroup" || f[2] == "cgroup2") {
+                let _ = std::fs::remove_dir(Path::new(f[1]).join(&self.group));
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// crun's default spec, minus /sys and mqueue (ember mounts neither), plus the
-/// host's /usr read-only, ember's id mapping, capabilities and default limits
-/// (512 MiB, 1 CPU, 256 pids), in the same six namespaces.
-fn config(rootfs: &Path, args: &[&str]) -> Value {
-    let map = json!([{ "containerID": 0, "hostID": HOST_ID, "size": ID_RANGE }]);
-    json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": { "uid": 0, "gid": 0 },
-            "args": args,
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "cwd": "/",
-            "capabilities": { "bounding": CAPS, "effective": CAPS, "permitted": CAPS },
-            "noNewPrivileges": true
-        },
-        "root": { "path": rootfs, "readonly": true },
-        "hostname": "crun-bench",
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] },
-            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-            { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
-            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "nodev", "mode=1777", "size=65536k"] },
-            { "destination": "/usr", "type": "bind", "source": "/usr", "options": ["bind", "ro", "nosuid", "nodev"] }
-        ],
-        "linux": {
-            "uidMappings": map,
-            "gidMappings": map,
-            "namespaces": [
-                { "type": "pid" }, { "type": "mount" }, { "type": "uts" },
-                { "type": "ipc" }, { "type": "network" }, { "type": "user" }
-            ],
-            "resources": {
-                "memory": { "limit": 512u64 << 20 },
-                "cpu": { "quota": 100_000, "period": 100_000 },
-                "pids": { "limit": 256 }
-            },
-            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats"]
-        }
-    })
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = Vec::new();
+    let mut s = e.source();
+    while let Some(x) = s {
+        parts.push(x.to_string());
+        s = x.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_hugetlb;
+
+    const CGROUPS: &str = "#subsys_name\thierarchy\tnum_cgroups\tenabled\nhugetlb\t0\t1\t1\n";
+
+    #[test]
+    fn a_hybrid_layout_without_hugetlb_needs_the_setup_script() {
+        let hybrid = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n";
+        assert!(needs_hugetlb(hybrid, CGROUPS));
+        let mounted = format!("{hybrid}cgroup /sys/fs/cgroup/hugetlb cgroup rw,relatime,hugetlb 0 0\n");
+        assert!(!needs_hugetlb(&mounted, CGROUPS));
+        assert!(!needs_hugetlb("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n", CGROUPS));
+    }
 }

@@ -39,7 +39,7 @@ impl Registry {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("starting docker-registry (apt-get install docker-registry): {e}"))?;
+            .map_err(|e| format!("starting docker-registry (scripts/bench-setup.sh installs docker-registry): {e}"))?;
         let reg = Registry { child, addr, dir };
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
@@ -181,7 +181,7 @@ pub fn push(layout: &Path, tag: &str, dest: &str) -> Result<(), String> {
         .arg(format!("oci:{}:{tag}", layout.display()))
         .arg(format!("docker://{dest}"))
         .output()
-        .map_err(|e| format!("running skopeo (apt-get install skopeo): {e}"))?;
+        .map_err(|e| format!("running skopeo (scripts/bench-setup.sh installs skopeo): {e}"))?;
     if !out.status.success() {
         return Err(format!("skopeo copy to {dest}: {}", String::from_utf8_lossy(&out.stderr)));
     }

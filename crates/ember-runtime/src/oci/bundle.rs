@@ -283,21 +283,7 @@ mod tests {
     #[test]
     fn the_config_maps_root_limits_the_cgroup_and_runs_the_agent() {
         let id = SandboxId::from_random([7; 16]);
-        let spec = SandboxSpec {
-            template: "host".into(),
-            runtime_class: "crun".into(),
-            resources: Default::default(),
-            ttl_secs: None,
-            env: Default::default(),
-            metadata: Default::default(),
-            entrypoint: vec![],
-            user: ember_types::UserSpec::SANDBOX,
-            network: Default::default(),
-            volumes: vec![],
-            egress: Default::default(),
-            lower_dirs: vec![],
-            workdir: None,
-        };
+        let spec = SandboxSpec::host("crun");
         let inputs = BundleInputs {
             id: &id,
             spec: &spec,

@@ -83,16 +83,34 @@ impl OciCli {
     /// container's life); on failure the error carries the log's tail.
     pub fn create(&self, id: &str, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
         let b = bundle.display().to_string();
-        self.run_logged(&["create", "--bundle", &b, id], log)
+        self.run_logged(&["create", "--bundle", &b, id], log, None)
     }
 
-    /// Runs `verb` with stdout and stderr appended to `log`.
-    fn run_logged(&self, verb: &[&str], log: &Path) -> Result<(), OciCliError> {
+    /// [`OciCli::create`] with `listener` as the init's fd 3
+    /// (`--preserve-fds 1`): the agent serves on it from its first instruction
+    /// and a client can connect before it runs, as with the native class.
+    pub fn create_with_listener(
+        &self,
+        id: &str,
+        bundle: &Path,
+        log: &Path,
+        listener: std::os::fd::OwnedFd,
+    ) -> Result<(), OciCliError> {
+        let b = bundle.display().to_string();
+        self.run_logged(&["create", "--preserve-fds", "1", "--bundle", &b, id], log, Some(listener))
+    }
+
+    /// Runs `verb` with stdout and stderr appended to `log` (and `fd3` passed on).
+    fn run_logged(&self, verb: &[&str], log: &Path, fd3: Option<std::os::fd::OwnedFd>) -> Result<(), OciCliError> {
         let command = self.line(verb);
         let spawn = |source| OciCliError::Spawn { command: command.clone(), source };
         let f = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(spawn)?;
         let f2 = f.try_clone().map_err(spawn)?;
-        let status = self.command(verb).stdout(f).stderr(f2).status().map_err(spawn)?;
+        let mut cmd = self.command(verb);
+        if let Some(fd) = fd3 {
+            ember_sys::process::pass_fd(&mut cmd, fd, 3).map_err(spawn)?;
+        }
+        let status = cmd.stdout(f).stderr(f2).status().map_err(spawn)?;
         if !status.success() {
             let stderr = std::fs::read_to_string(log).unwrap_or_default();
             return Err(OciCliError::Failed { command, status: status.to_string(), stderr: tail(&stderr) });
@@ -110,7 +128,7 @@ impl OciCli {
     /// [`OciCli::create`], the restored init's stdio goes to `log`.
     pub fn restore(&self, id: &str, image: &Path, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
         let (i, b) = (image.display().to_string(), bundle.display().to_string());
-        self.run_logged(&["restore", "--image-path", &i, "--bundle", &b, "--detach", id], log)
+        self.run_logged(&["restore", "--image-path", &i, "--bundle", &b, "--detach", id], log, None)
     }
 
     pub fn start(&self, id: &str) -> Result<(), OciCliError> {

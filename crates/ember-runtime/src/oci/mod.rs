@@ -17,18 +17,19 @@ mod checkpoint;
 mod class;
 pub mod cli;
 mod exit;
+pub mod prepare;
 pub mod rootfs;
 pub mod slot;
 
 pub use class::{OciClass, RUNSC_PIDS_OVERHEAD, RUNSC_TASKS_PER_PROCESS};
 use exit::read_exit_file;
 pub use exit::EXIT_FILE;
+pub use prepare::{prepare_bundle, BundlePlan, PreparedBundle};
 
 use crate::native::rootfs::{ensure_host_template, ID_RANGE};
 use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
 use cli::{OciCli, OciCliError};
 use ember_cgroups::{Cgroups, Limits};
-use ember_sys::beneath::PinnedDir;
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -87,52 +88,26 @@ impl OciRuntime {
         Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: self.cfg.class.host_pids(r.pids) }
     }
 
-    fn env(&self, spec: &SandboxSpec, hostname: &str) -> Vec<String> {
-        crate::native::agent_env(spec, hostname)
-            .into_iter()
-            .map(|c| c.to_string_lossy().into_owned())
-            .filter(|e| !e.starts_with("EMBER_AGENT_LISTEN_FD="))
-            .collect()
-    }
-
     /// Assembles the rootfs and bundle, `<rt> create`, opens the init's pidfd,
     /// `<rt> start`. The pidfd is taken between create and start, while the
     /// init waits to be started: an entrypoint that exits at once can be gone
     /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
-        let hostname = format!("sbx-{}", id.short());
-        // An image brings its own /usr (bundle.rs binds the host's only for `host`).
-        crate::native::rootfs::check_image_root(&spec.lower_dirs)?;
-        let lowers =
-            if spec.lower_dirs.is_empty() { vec![self.host_template.clone()] } else { spec.lower_dirs.clone() };
-        let root = rootfs::assemble(dir, &lowers, spec.resources.disk_bytes, self.cfg.uid_base, &hostname)?;
-        // The sandbox writes its socket dir: made and chowned from the
-        // sandbox dir's fd, never following what may already be there.
-        let sandbox = PinnedDir::open(dir)?;
-        let sock_dir = dir.join("sock");
-        sandbox.ensure_dir("sock", 0o755)?.chown("", self.cfg.uid_base, self.cfg.uid_base)?;
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
-        let bundle_dir = sandbox.ensure_dir("bundle", 0o711)?;
-        let config = bundle::build(&bundle::BundleInputs {
+        let prepared = prepare_bundle(&BundlePlan {
             id,
             spec,
-            rootfs: &root,
-            socket_dir: &sock_dir,
+            dir,
+            host_template: &self.host_template,
             agent: &self.cfg.agent_path,
             cgroups_path: PathBuf::from("/").join(&self.cfg.cgroup_group).join(id.as_str()),
             uid_base: self.cfg.uid_base,
-            env: self.env(spec, &hostname),
-            user_namespace: true,
-            errno_ret: self.cfg.class != OciClass::Runsc,
-            pids_limit: self.cfg.class.host_pids(spec.resources.pids),
+            class: self.cfg.class,
             workspace_slot: slot.as_deref(),
             cgroup_v2: self.cgroups.version() == "v2",
+            listen_fd: false,
         })?;
-        let json = serde_json::to_vec_pretty(&config)
-            .map_err(|e| bundle::BundleError { id: id.to_string(), message: e.to_string() })?;
-        // 0600: it holds the sandbox's env.
-        bundle_dir.replace_file("config.json", &json, 0o600)?;
-        let bundle_dir = bundle_dir.path().to_path_buf();
+        let (bundle_dir, sock_dir) = (prepared.bundle_dir, prepared.socket_dir);
         let log = dir.join("agent.log");
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;

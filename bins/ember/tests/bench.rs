@@ -1,0 +1,66 @@
+//! `ember bench create` against a real daemon: ember and its crun reference do
+//! the same work and are timed from the same side, and the bench leaves the
+//! host as it found it (no package installs).
+mod common;
+
+use common::{agent_bin, Daemon};
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn bench_create(d: &Daemon, runs: &str, path: Option<&std::path::Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+    cmd.args(["bench", "create", "--runs", runs, "--json"])
+        .env("EMBER_URL", &d.url)
+        .env("EMBER_AGENT_BIN", agent_bin());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    cmd.output().expect("ember runs")
+}
+
+fn json(o: &Output) -> Value {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ember bench create failed: {err}");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn bench_create_times_crun_like_ember_and_judges_the_target_on_the_client_side() {
+    let d = Daemon::start();
+    let v = json(&bench_create(&d, "3", None));
+    let targets = v["targets"].as_array().expect("targets");
+    let create = targets.iter().find(|t| t["figure"].as_str().unwrap_or("").starts_with("cold create")).expect("row");
+    assert_eq!(create["p50Ms"], v["ember"]["createWall"]["p50Ms"], "the target is judged on the client's wall time");
+
+    let crun = &v["crun"];
+    assert_eq!(crun["createToReady"]["samples"], 3, "crun measured to ready: {crun}");
+    assert_eq!(crun["createToReady"]["failed"], 0, "{crun}");
+    // The reference's init is ember's agent under ember's seccomp filter and
+    // user mapping, read from the host's /proc.
+    assert_eq!(crun["init"]["seccomp"], "2", "{crun}");
+    assert_eq!(crun["init"]["uidMap"], "0 1000000000 65536", "{crun}");
+    assert_eq!(crun["exec"]["failed"], 0, "{crun}");
+}
+
+/// Without crun on PATH the bench reports what is missing and which script
+/// installs it; it never runs a package manager itself.
+#[test]
+fn bench_create_without_crun_names_the_setup_script_and_installs_nothing() {
+    let d = Daemon::start();
+    let bin = d.data_dir.with_extension("path");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = bin.join("apt-get-ran");
+    let stub = format!("#!/bin/sh\necho \"$@\" >> {}\nexit 1\n", marker.display());
+    for name in ["apt-get", "apt"] {
+        let p = bin.join(name);
+        std::fs::write(&p, &stub).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let o = bench_create(&d, "1", Some(&bin));
+    let ran = std::fs::read_to_string(&marker).ok();
+    let _ = std::fs::remove_dir_all(&bin);
+    assert_eq!(ran, None, "the bench ran a package manager");
+    let v = json(&o);
+    let why = v["crun"]["unavailable"].as_str().unwrap_or_else(|| panic!("crun should be unavailable: {}", v["crun"]));
+    assert!(why.contains("scripts/bench-setup.sh"), "{why}");
+}
