@@ -14,6 +14,9 @@ fi
 echo "== format"
 cargo fmt --all --check
 
+echo "== clippy"
+cargo clippy -q --workspace --all-targets -- -D warnings
+
 echo "== static agent"
 scripts/build-agent.sh >/dev/null
 export EMBER_AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ember-agent-static"

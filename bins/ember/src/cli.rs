@@ -231,6 +231,7 @@ pub struct ExecArgs {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum SandboxCmd {
     /// Create a sandbox and print its id.
     Create {
@@ -591,6 +592,7 @@ pub enum ImageCmd {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum TemplateCmd {
     /// Create a template (pulls its image first).
     Create {

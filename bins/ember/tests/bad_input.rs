@@ -56,7 +56,8 @@ async fn absurd_timeouts_and_counts_are_refused() {
         f(&mut r);
         r
     };
-    let bad_tasks: [(&str, fn(&mut SubmitTaskRequest)); 5] = [
+    type Mutate = fn(&mut SubmitTaskRequest);
+    let bad_tasks: [(&str, Mutate); 5] = [
         ("timeout", |r| r.timeout = Some(u64::MAX)),
         ("timeout", |r| r.timeout = Some(i64::MAX as u64)),
         ("leaseMs", |r| r.lease_ms = Some(u64::MAX)),

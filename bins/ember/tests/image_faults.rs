@@ -174,7 +174,7 @@ async fn a_layout_import_with_a_symlinked_blob_is_refused() {
     let tmp = std::env::temp_dir().join(format!("ember-faults-layout-{}-{}", std::process::id(), rand_tag()));
     let layer = registry::layer_tar(&[registry::Entry::File("motd", b"hi\n", 0o644)]);
     let layout = tmp.join("layout");
-    registry::write_layout(&layout, &[layer.clone()], &registry::Config::default(), "1").unwrap();
+    registry::write_layout(&layout, std::slice::from_ref(&layer), &registry::Config::default(), "1").unwrap();
     let hex = ember_image::digest::sha256(&registry::gzip(&layer))[7..].to_string();
     let blob = layout.join("blobs/sha256").join(&hex);
     std::fs::rename(&blob, tmp.join("outside")).unwrap();

@@ -75,7 +75,7 @@ async fn attempts_killed_at_random_leave_no_partial_writes() {
         let running =
             d.wait_task(id, Duration::from_secs(60), |t| t.state == TaskState::Running || t.state.is_terminal());
         let running = running.await;
-        if running.state.is_terminal() || next(&mut seed) % 2 == 0 {
+        if running.state.is_terminal() || next(&mut seed).is_multiple_of(2) {
             continue;
         }
         tokio::time::sleep(Duration::from_millis(next(&mut seed) % 400)).await;

@@ -274,7 +274,7 @@ impl ImageError {
             }
             E::BadLayer { digest, message } => E::BadLayer { digest: digest.clone(), message: message.clone() },
             E::TooLarge { what, subject, limit, why } => {
-                E::TooLarge { what: *what, subject: subject.clone(), limit: *limit, why: *why }
+                E::TooLarge { what, subject: subject.clone(), limit: *limit, why }
             }
             other => E::Registry { reference: String::new(), message: pull_chain(other) },
         }

@@ -49,7 +49,7 @@ pub async fn run(client: &Client, a: Args) -> anyhow::Result<i32> {
             Entry::Dir("etc"),
         ])];
         for i in 0..4u64 {
-            let data = noise(size / 4 << 20, seed ^ i);
+            let data = noise((size / 4) << 20, seed ^ i);
             let name = format!("data/part{i}");
             layers.push(layer_tar(&[Entry::Dir("data"), Entry::File(&name, &data, 0o644)]));
         }

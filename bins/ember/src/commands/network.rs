@@ -42,7 +42,7 @@ pub async fn events(client: &Client, id: &str, json: bool) -> anyhow::Result<i32
         println!("{}", serde_json::to_string_pretty(&evs)?);
         return Ok(0);
     }
-    println!("{:<30} {:<8} {:<10} {:<32} {}", "TIME", "KIND", "RULE", "DESTINATION", "PORT");
+    println!("{:<30} {:<8} {:<10} {:<32} PORT", "TIME", "KIND", "RULE", "DESTINATION");
     for e in evs {
         let port = e.port.map(|p| format!("{p}/{}", e.protocol)).unwrap_or(e.protocol);
         println!("{:<30} {:<8} {:<10} {:<32} {port}", e.time, e.kind, e.rule, e.destination);

@@ -145,7 +145,7 @@ async fn snapshots(client: &Client, cmd: SandboxSnapshotCmd) -> anyhow::Result<i
 }
 
 fn print_table(list: &[SandboxInfo]) {
-    println!("{:<38} {:<11} {:<12} {:<10} {:<25} {}", "ID", "STATE", "REASON", "TEMPLATE", "CREATED", "EXPIRES");
+    println!("{:<38} {:<11} {:<12} {:<10} {:<25} EXPIRES", "ID", "STATE", "REASON", "TEMPLATE", "CREATED");
     for s in list {
         println!(
             "{:<38} {:<11} {:<12} {:<10} {:<25} {}",

@@ -227,7 +227,7 @@ pub async fn run(client: &Client, cmd: TaskCmd) -> anyhow::Result<i32> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
-                println!("{:<20} {:<13} {:<12} {:>7}  {}", "ID", "STATE", "TIER", "ATTEMPT", "LAST REASON");
+                println!("{:<20} {:<13} {:<12} {:>7}  LAST REASON", "ID", "STATE", "TIER", "ATTEMPT");
                 all.iter().for_each(|t| println!("{}", line(t)));
             }
         }

@@ -27,7 +27,7 @@ pub async fn run(client: &Client, cmd: WorkspaceCmd) -> anyhow::Result<i32> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
-                println!("{:<24} {:>12} {:>12} {}", "NAME", "SIZE", "USED", "WRITER");
+                println!("{:<24} {:>12} {:>12} WRITER", "NAME", "SIZE", "USED");
                 for w in all {
                     println!("{:<24} {:>12} {:>12} {}", w.name, mib(w.size_bytes), mib(w.used_bytes), lease(&w));
                 }
