@@ -17,14 +17,15 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 
-    // First, before anything reads or changes the data dir's state: one daemon per data dir.
-    let _lock = crate::datadir::lock(&args.data_dir)?;
-    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
+    // Flags that refuse the start outright are checked before the data dir is touched.
     let addr: SocketAddr =
         args.listen.parse().with_context(|| format!("--listen {:?} is not host:port", args.listen))?;
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
         bail!("listening on non-loopback {addr} needs an API key (--api-key or EMBER_API_KEY)");
     }
+    // Then, before anything reads or changes the data dir's state: one daemon per data dir.
+    let _lock = crate::datadir::lock(&args.data_dir)?;
+    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     let agent = match args.agent.clone() {
         Some(p) => p,
         None => default_agent()?,
