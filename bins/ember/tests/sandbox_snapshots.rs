@@ -79,12 +79,8 @@ async fn a_snapshot_restores_the_rootfs_changes_and_workspaces_into_a_new_sandbo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshots_of_non_running_sandboxes_and_restores_of_unknown_ones_are_refused() {
+async fn snapshots_of_ended_sandboxes_and_restores_of_unknown_ones_are_refused() {
     let d = Daemon::start();
-    let s = d.create(|_| {}).await;
-    d.client.pause_sandbox(&s.id).await.expect("pause");
-    let e = d.client.snapshot_sandbox(&s.id, None).await.expect_err("paused").to_string();
-    assert!(e.contains("SNAPSHOT::INVALID_SOURCE_STATE"), "{e}");
     // The entrypoint outlives the agent's readiness ping, then ends the sandbox.
     let ended = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), "sleep 0.3".into()])).await;
     d.wait_state(&ended.id, "Terminated", Duration::from_secs(10)).await;
@@ -97,6 +93,66 @@ async fn snapshots_of_non_running_sandboxes_and_restores_of_unknown_ones_are_ref
     let e = d.client.create_sandbox(&req).await.expect_err("unknown snapshot").to_string();
     assert!(e.contains("SNAPSHOT::NOT_FOUND"), "{e}");
     assert!(d.client.list_sandbox_snapshots("").await.expect("list").is_empty(), "no record was left");
+}
+
+/// A snapshot takes a freeze of its own: a sandbox its user paused is
+/// snapshotted and stays paused after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_is_snapshotted_and_stays_paused() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    assert_eq!(d.sh(&s.id, "echo kept > /tmp/k", None).await.0, Some(0));
+    d.client.pause_sandbox(&s.id).await.expect("pause");
+    let snap = d.client.snapshot_sandbox(&s.id, None).await.expect("a paused sandbox snapshots");
+    assert_eq!(snap.status.state, "Ready");
+    assert_eq!(
+        d.client.get_sandbox(&s.id).await.expect("get").status.state,
+        "Paused",
+        "the snapshot's thaw undid the pause"
+    );
+    d.client.resume_sandbox(&s.id).await.expect("resume");
+    assert_eq!(d.sh(&s.id, "cat /tmp/k", None).await.1, "kept\n");
+}
+
+/// The freeze a snapshot holds and the user's pause compose: the user cannot
+/// resume (thaw) a writer the snapshot froze, and a pause the user asks for
+/// while the snapshot runs outlives the snapshot's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_resume_cannot_thaw_a_snapshot_and_a_pause_outlives_it() {
+    let d = Daemon::start();
+    d.client.create_workspace("big", "512Mi").await.expect("workspace");
+    let s = d.create(|r| r.workspaces = vec![mount("big")]).await;
+    let script = "for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done";
+    assert_eq!(d.sh(&s.id, script, None).await.0, Some(0));
+    let client = ember_client::Client::new(&d.url, None).expect("client");
+    let sid = s.id.clone();
+    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
+    // The layer's manifest is written while the sandbox is frozen; the
+    // workspace's 240 MB follow, still frozen.
+    let creating = loop {
+        if let Some(x) = d.client.list_sandbox_snapshots("state=Creating").await.expect("list").into_iter().next() {
+            break x;
+        }
+        assert!(!task.is_finished(), "the snapshot ended before it was seen Creating: {:?}", task.await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let layer = d.data_dir.join(format!("snapshots/manifests/sbx-{}-layer.json", creating.id));
+    while !layer.exists() {
+        assert!(!task.is_finished(), "the snapshot ended before its layer was seen");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(d.client.get_sandbox(&s.id).await.expect("get").status.state, "Running", "not paused by its user");
+    let e = d.client.resume_sandbox(&s.id).await.expect_err("a snapshot's freeze is not the user's").to_string();
+    assert!(e.contains("NOT_PAUSED"), "{e}");
+    d.client.pause_sandbox(&s.id).await.expect("the user pauses during the snapshot");
+    let still = d.client.list_sandbox_snapshots("state=Creating").await.expect("list");
+    assert!(!still.is_empty(), "the snapshot ended before the pause: this run did not test the overlap");
+    let snap = task.await.expect("join").expect("snapshot");
+    assert_eq!(snap.status.state, "Ready");
+    let st = d.client.get_sandbox(&s.id).await.expect("get").status.state;
+    assert_eq!(st, "Paused", "the snapshot's end undid the user's pause");
+    d.client.resume_sandbox(&s.id).await.expect("resume");
+    assert_eq!(d.sh(&s.id, "ls /workspace | wc -l", None).await.1.trim(), "6");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

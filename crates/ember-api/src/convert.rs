@@ -35,7 +35,9 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             state: r.state.as_str().to_string(),
             reason: r.reason.as_ref().map(|x| x.code()),
             // A checkpointed sandbox reads Paused; the message says which kind.
-            message: r.message.clone().or_else(|| r.checkpointed.then(|| CHECKPOINTED.to_string())),
+            message: r.message.clone().or_else(|| {
+                (r.lifecycle == ember_types::lifecycle::Lifecycle::Checkpointed).then(|| CHECKPOINTED.to_string())
+            }),
             last_transition_at: Some(rfc3339(r.last_transition_ms)),
         },
         entrypoint: r.spec.entrypoint.clone(),

@@ -84,7 +84,7 @@ pub async fn renew(
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> Result<Response, ApiError> {
     let ms = parse_rfc3339_ms(&req.expires_at)?;
-    let rec = st.engine.renew(&id, ms)?;
+    let rec = st.engine.renew(&id, ms).await?;
     let at = rec.expires_at_ms.map(rfc3339).unwrap_or_default();
     Ok(Json(serde_json::json!({ "expiresAt": at })).into_response())
 }
@@ -94,7 +94,7 @@ pub async fn patch_metadata(
     ApiPath(id): ApiPath<String>,
     ApiJson(patch): ApiJson<BTreeMap<String, Option<String>>>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(sandbox_info(&st.engine.patch_metadata(&id, patch)?)).into_response())
+    Ok(Json(sandbox_info(&st.engine.patch_metadata(&id, patch).await?)).into_response())
 }
 
 /// Every port is reached through the daemon's proxy route, so the sandbox needs

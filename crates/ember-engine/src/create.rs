@@ -1,7 +1,9 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
+use crate::sandbox::{Command, Edit};
 use crate::templates::{self, Template};
-use crate::{Engine, EngineError, Entry};
+use crate::{Engine, EngineError};
+use ember_types::lifecycle::{Action, Lifecycle};
 use ember_types::limits::{self, expiry_ms};
 use ember_types::{
     parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
@@ -9,9 +11,8 @@ use ember_types::{
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, Notify};
 
 /// A create request, transport-independent. Every field is optional; the
 /// template fills in what is missing.
@@ -277,12 +278,8 @@ impl Engine {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {
                 let entry = self.entry(rec.id.as_str())?;
-                let res = self.update_persisted(&entry, |r| {
-                    r.workspaces = mounted;
-                    if let Some(l) = r.launch.as_mut() {
-                        l.micros = t0.elapsed().as_micros() as u64;
-                    }
-                });
+                let launch_micros = Some(t0.elapsed().as_micros() as u64);
+                let res = entry.ask(Command::Edit(Edit::Workspaces { mounted, launch_micros })).await;
                 self.or_remove(&rec.id, res).await?
             }
             Err(e) => {
@@ -304,7 +301,7 @@ impl Engine {
     ) -> Result<SandboxRecord, EngineError> {
         let Some(policy) = policy else { return Ok(rec) };
         let e = self.entry(rec.id.as_str())?;
-        let res = self.update_persisted(&e, |r| r.network_policy = Some(policy));
+        let res = e.ask(Command::Edit(Edit::NetworkPolicy(policy))).await;
         self.or_remove(&rec.id, res).await
     }
 
@@ -372,16 +369,14 @@ impl Engine {
             pid: None,
             start_time: None,
             launch: None,
-            deleting: false,
+            lifecycle: Lifecycle::Pending,
+            legacy: Default::default(),
             network_policy: None,
             events: Vec::new(),
-            pooled: pool.is_some(),
             pool,
             workspaces: Vec::new(),
-            snapshot_freeze: false,
             snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
             net_slot: None,
-            checkpointed: false,
         };
         let net = self.attach_network(&id, &spec).await?;
         let mut rec = rec;
@@ -422,25 +417,22 @@ impl Engine {
             ("spawn".to_string(), t.spawn_us),
             ("agentReady".to_string(), t.ready_us),
         ]);
-        let (tx, rx) = mpsc::channel(4);
         rec.pid = Some(launched.pid);
         rec.start_time = Some(launched.start_time);
         rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });
-        rec.transition(SandboxState::Running, None);
-        let entry = Arc::new(Entry {
-            record: Mutex::new(rec.clone()),
-            agent_socket: launched.agent_socket.clone(),
-            ctl: tx,
-            wake: Notify::new(),
-        });
+        // Not published yet: this create still owns the record.
+        if let Err(e) = rec.apply(Action::Launched { idle: rec.pool.is_some() }, None) {
+            self.discard_launch(&rec, Some(launched.pidfd)).await;
+            return Err(EngineError::Internal(e.to_string()));
+        }
         if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
             // Running but not recorded: the caller is told the create failed,
             // so the sandbox must not outlive this call.
             self.discard_launch(&rec, Some(launched.pidfd)).await;
             return Err(e);
         }
-        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
-        crate::monitor::spawn(self.clone(), entry, launched, rx);
+        let socket = launched.agent_socket.clone();
+        crate::sandbox::publish(self, rec.clone(), socket, Some(launched));
         Ok(rec)
     }
 
@@ -453,7 +445,7 @@ impl Engine {
         let id = rec.id.clone();
         let reaped = tokio::task::spawn_blocking(move || {
             if init.is_some() {
-                let _ = crate::monitor::destroy_and_reap(rt.as_ref(), &id, init);
+                let _ = crate::sandbox::destroy_and_reap(rt.as_ref(), &id, init);
             }
             rt.reap_leftover(id.as_str())
         })

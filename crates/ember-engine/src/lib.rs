@@ -4,8 +4,9 @@
 //! does. It knows no HTTP: the API layer parses requests into the calls below and
 //! maps [`EngineError`] to status codes.
 //!
-//! Layout: `create.rs` (request → spec → launch), `monitor.rs` (one task per
-//! sandbox), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
+//! Layout: `create.rs` (request → spec → launch), `sandbox/` (one owner per
+//! sandbox: its monitor task, the only writer of its record, and the commands
+//! it takes), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
 //! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
 //! pause, renew, metadata), `store.rs` (records on disk), `snapshot_gc.rs` (snapshot storage reclaimed:
 //! scheduled and requested mark-and-sweep, kept apart from snapshot writes).
@@ -16,12 +17,12 @@ mod create;
 mod error;
 mod images;
 mod metrics;
-mod monitor;
 mod network;
 mod ops;
 pub mod pool;
 pub mod record;
 mod recover;
+mod sandbox;
 mod sandbox_restore;
 mod sandbox_snapshots;
 mod snapshot_gc;
@@ -49,11 +50,12 @@ pub use record::{LaunchRecord, SandboxRecord};
 
 use ember_runtime::{Runtime, Runtimes};
 use ember_types::SandboxId;
+use sandbox::Entry;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::Notify;
 
 /// Engine configuration, validated by the binary and fixed at start.
 #[derive(Clone, Debug)]
@@ -71,43 +73,6 @@ pub struct EngineConfig {
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
-}
-
-/// A request to the monitor of one sandbox.
-pub(crate) enum Control {
-    Stop {
-        reason: ember_types::TerminationReason,
-        done: oneshot::Sender<()>,
-    },
-    /// Save the sandbox to disk and stop its processes (`checkpoint.rs`).
-    Checkpoint {
-        done: oneshot::Sender<Result<(), EngineError>>,
-    },
-    /// Start a checkpointed sandbox again from its image.
-    Restore {
-        done: oneshot::Sender<Result<(), EngineError>>,
-    },
-}
-
-/// One sandbox known to the engine.
-pub(crate) struct Entry {
-    /// A std Mutex: it is only held to read or update fields, never across an
-    /// await, and the sections are short.
-    pub record: Mutex<SandboxRecord>,
-    pub agent_socket: PathBuf,
-    pub ctl: mpsc::Sender<Control>,
-    /// Wakes the monitor when the expiry changed.
-    pub wake: Notify,
-}
-
-impl Entry {
-    pub fn snapshot(&self) -> SandboxRecord {
-        self.record.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn update<T>(&self, f: impl FnOnce(&mut SandboxRecord) -> T) -> T {
-        f(&mut self.record.lock().unwrap_or_else(|p| p.into_inner()))
-    }
 }
 
 pub struct Engine {
@@ -222,25 +187,21 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(id.to_string()))
     }
 
-    /// Persists a change nobody waits for (the monitor's, a teardown's): a
-    /// failure can only be logged.
-    fn persist(&self, e: &Entry) {
-        let r = e.snapshot();
-        if let Err(err) = self.store.save(r.id.as_str(), &r) {
-            tracing::error!(error = %err, "persisting sandbox record failed");
+    /// A sandbox a caller may see: idle pool members and sandboxes on their
+    /// way out of the store are not found.
+    fn visible(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        let e = self.entry(id)?;
+        if e.snapshot().lifecycle.is_hidden() {
+            return Err(EngineError::NotFound(id.to_string()));
         }
+        Ok(e)
     }
 
-    /// Applies a change a caller asked for and persists it before it counts:
-    /// if the record cannot be written, the change is not made (in memory
-    /// either) and the caller gets the error. The record's lock is held over
-    /// the write so no other change slips in between.
-    fn update_persisted(&self, e: &Entry, f: impl FnOnce(&mut SandboxRecord)) -> Result<SandboxRecord, EngineError> {
-        let mut cur = e.record.lock().unwrap_or_else(|p| p.into_inner());
-        let mut next = cur.clone();
-        f(&mut next);
-        self.store.save(next.id.as_str(), &next)?;
-        *cur = next.clone();
-        Ok(next)
+    /// Persists a change nobody waits for (the monitor's, a teardown's): a
+    /// failure can only be logged.
+    fn persist(&self, r: &SandboxRecord) {
+        if let Err(err) = self.store.save(r.id.as_str(), r) {
+            tracing::error!(sandbox = %r.id, error = %err, "persisting sandbox record failed");
+        }
     }
 }

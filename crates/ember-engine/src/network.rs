@@ -125,11 +125,8 @@ impl Engine {
 
     /// Replaces the egress policy of a running sandbox with egress networking.
     pub async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
-        let e = self.entry(id)?;
+        let e = self.visible(id)?;
         let r = e.snapshot();
-        if r.pooled {
-            return Err(EngineError::NotFound(id.to_string()));
-        }
         if r.state.is_terminal() {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
         }
@@ -146,7 +143,7 @@ impl Engine {
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
             .map_err(|source| EngineError::Network { id: id.to_string(), source })?;
-        self.update_persisted(&e, |r| r.spec.egress = policy)?;
+        e.ask(crate::sandbox::Command::Edit(crate::sandbox::Edit::Egress(policy))).await?;
         self.network_status(id)
     }
 

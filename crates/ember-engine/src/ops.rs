@@ -1,15 +1,16 @@
 //! Operations on existing sandboxes: get, list, remove, pause/resume, renew,
 //! metadata, agent access, and the retention sweep.
 use crate::record::{now_ms, SandboxRecord};
-use crate::{Control, Engine, EngineError};
+use crate::sandbox::Entry;
+use crate::sandbox::{Command, Edit};
+use crate::{Engine, EngineError};
 use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::limits;
-use ember_types::{BoundaryReport, SandboxState, TerminationReason};
+use ember_types::{BoundaryReport, SandboxState};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// `state` values are OR-ed, `metadata` pairs AND-ed (OpenSandbox semantics).
 #[derive(Clone, Debug, Default)]
@@ -20,12 +21,8 @@ pub struct ListFilter {
 
 impl Engine {
     pub fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
-        let r = self.entry(id)?.snapshot();
-        if r.pooled {
-            // Idle pool members are the pool's, not any caller's.
-            return Err(EngineError::NotFound(id.to_string()));
-        }
-        Ok(r)
+        // Idle pool members are the pool's, not any caller's.
+        Ok(self.visible(id)?.snapshot())
     }
 
     /// Matching sandboxes, oldest first.
@@ -34,7 +31,7 @@ impl Engine {
         let mut out: Vec<SandboxRecord> = entries
             .iter()
             .map(|e| e.snapshot())
-            .filter(|r| !r.deleting && !r.pooled)
+            .filter(|r| !r.lifecycle.is_hidden())
             .filter(|r| f.states.is_empty() || f.states.contains(&r.state))
             .filter(|r| f.metadata.iter().all(|(k, v)| r.spec.metadata.get(k) == Some(v)))
             .collect();
@@ -44,33 +41,37 @@ impl Engine {
 
     /// Kills the sandbox, removes every host resource and forgets it.
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
-        let entry = self.entry(id)?;
-        entry.update(|r| r.deleting = true);
-        self.persist(&entry);
-        if !entry.snapshot().state.is_terminal() {
-            let (done, wait) = oneshot::channel();
-            if entry.ctl.send(Control::Stop { reason: TerminationReason::Killed, done }).await.is_ok() {
-                let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+        self.discard(self.visible(id)?).await
+    }
+
+    /// [`Engine::remove`] of any sandbox, idle pool members included.
+    pub(crate) async fn remove_any(&self, id: &str) -> Result<(), EngineError> {
+        self.discard(self.entry(id)?).await
+    }
+
+    async fn discard(&self, entry: Arc<Entry>) -> Result<(), EngineError> {
+        match entry.ask(Command::Remove).await {
+            Ok(_) => Ok(()),
+            Err(EngineError::NotFound(_)) if self.entry(entry.snapshot().id.as_str()).is_ok() => {
+                // Its monitor is gone (it never started, or it died): reap directly.
+                let rec = entry.snapshot();
+                let rt = self.rt(&rec.spec.runtime_class);
+                let rid = rec.id.clone();
+                tokio::task::spawn_blocking(move || rt.reap_leftover(rid.as_str()))
+                    .await
+                    .map_err(|e| EngineError::Internal(e.to_string()))?
+                    .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
+                self.release_network(&rec).await;
+                self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
+                self.store.remove(rec.id.as_str())
             }
+            Err(e) => Err(e),
         }
-        let rec = entry.snapshot();
-        if !rec.state.is_terminal() {
-            // No monitor answered (it never started, or it died): reap directly.
-            let rt = self.rt(&rec.spec.runtime_class);
-            let rid = rec.id.clone();
-            tokio::task::spawn_blocking(move || rt.reap_leftover(rid.as_str()))
-                .await
-                .map_err(|e| EngineError::Internal(e.to_string()))?
-                .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
-            self.release_network(&rec).await;
-        }
-        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
-        self.store.remove(rec.id.as_str())
     }
 
     /// The agent's socket, for exec and file traffic; only while Running.
     pub fn agent_socket(&self, id: &str) -> Result<PathBuf, EngineError> {
-        let e = self.entry(id)?;
+        let e = self.visible(id)?;
         let r = e.snapshot();
         if r.state != SandboxState::Running {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
@@ -80,48 +81,21 @@ impl Engine {
 }
 
 impl Engine {
+    /// Freezes the sandbox for the user (a hold of its own: a snapshot's
+    /// thaw does not undo it).
     pub async fn pause(&self, id: &str) -> Result<(), EngineError> {
-        self.set_frozen(id, true).await
+        self.visible(id)?.ask(Command::Pause).await.map(drop)
     }
 
-    /// Thaws a paused sandbox, or restores a checkpointed one from disk.
+    /// Thaws a paused sandbox (it stays frozen while a snapshot reads it),
+    /// or restores a checkpointed one from disk.
     pub async fn resume(&self, id: &str) -> Result<(), EngineError> {
-        let e = self.entry(id)?;
-        if e.snapshot().checkpointed {
-            return self.restore_checkpoint(&e).await;
-        }
-        self.set_frozen(id, false).await
-    }
-
-    async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), EngineError> {
-        let e = self.entry(id)?;
-        let r = e.snapshot();
-        let (from, to) = if frozen {
-            (SandboxState::Running, SandboxState::Paused)
-        } else {
-            (SandboxState::Paused, SandboxState::Running)
-        };
-        if r.state != from {
-            return Err(if frozen {
-                EngineError::NotRunning { id: r.id, state: r.state }
-            } else {
-                EngineError::NotPaused { id: r.id, state: r.state }
-            });
-        }
-        let rt = self.rt(&r.spec.runtime_class);
-        let rid = r.id.clone();
-        tokio::task::spawn_blocking(move || rt.freeze(&rid, frozen))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
-        e.update(|r| r.transition(to, None));
-        self.persist(&e);
-        Ok(())
+        self.visible(id)?.ask(Command::Resume).await.map(drop)
     }
 
     /// Sets an absolute expiry (it may shorten the life, as in OpenSandbox).
-    pub fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
-        let e = self.entry(id)?;
+    pub async fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
+        let e = self.visible(id)?;
         let r = e.snapshot();
         if r.state.is_terminal() {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
@@ -138,16 +112,11 @@ impl Engine {
                 return Err(EngineError::invalid("expiresAt", format!("at most {max} seconds from now")));
             }
         }
-        let rec = self.update_persisted(&e, |r| {
-            r.expires_at_ms = Some(expires_at_ms);
-            r.event(format!("expiry renewed to {expires_at_ms} ms"));
-        })?;
-        e.wake.notify_one();
-        Ok(rec)
+        e.ask(Command::Edit(Edit::Expiry(expires_at_ms))).await
     }
 
     /// JSON merge-patch of the metadata: `None` deletes a key.
-    pub fn patch_metadata(
+    pub async fn patch_metadata(
         &self,
         id: &str,
         patch: BTreeMap<String, Option<String>>,
@@ -155,21 +124,13 @@ impl Engine {
         if let Some(k) = patch.keys().find(|k| k.starts_with("opensandbox.io/") || k.is_empty()) {
             return Err(EngineError::invalid("metadata", format!("key {k:?} is reserved or empty")));
         }
-        let e = self.entry(id)?;
-        self.update_persisted(&e, |r| {
-            for (k, v) in patch {
-                match v {
-                    Some(v) => r.spec.metadata.insert(k, v),
-                    None => r.spec.metadata.remove(&k),
-                };
-            }
-        })
+        self.visible(id)?.ask(Command::Edit(Edit::Metadata(patch))).await
     }
 
     /// The recorded egress policy; none recorded reads as deny-all, which is
     /// what a sandbox without network has.
     pub fn egress_policy(&self, id: &str) -> Result<NetworkPolicy, EngineError> {
-        let r = self.entry(id)?.snapshot();
+        let r = self.visible(id)?.snapshot();
         if r.spec.network == ember_types::NetworkMode::Egress {
             return Ok(crate::network::egress_to_wire(&r.spec.egress));
         }
@@ -203,7 +164,7 @@ impl Engine {
 
     /// Whether the sandbox's egress policy is enforced (it has egress networking).
     pub fn egress_enforced(&self, id: &str) -> Result<bool, EngineError> {
-        Ok(self.entry(id)?.snapshot().spec.network == ember_types::NetworkMode::Egress)
+        Ok(self.visible(id)?.snapshot().spec.network == ember_types::NetworkMode::Egress)
     }
 
     /// Changes the policy; on a sandbox with egress networking the change is
@@ -215,18 +176,14 @@ impl Engine {
             let typed = crate::network::egress_from_wire(&policy)?;
             self.set_network_policy(id, typed).await?;
         }
-        let e = self.entry(id)?;
-        self.update_persisted(&e, |r| {
-            r.network_policy = Some(policy.clone());
-            r.event("egress policy changed".to_string());
-        })?;
+        self.visible(id)?.ask(Command::Edit(Edit::NetworkPolicy(policy.clone()))).await?;
         Ok(policy)
     }
 
     /// The tail (at most `max` bytes) of the sandbox's agent log, and whether
     /// it was cut.
     pub async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
-        let r = self.entry(id)?.snapshot();
+        let r = self.visible(id)?.snapshot();
         let Some(path) = self.rt(&r.spec.runtime_class).log_path(&r.id) else {
             return Ok((String::new(), false));
         };
@@ -251,7 +208,7 @@ impl Engine {
 
     /// What is enforced on a running sandbox, read back from the kernel.
     pub async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
-        let r = self.entry(id)?.snapshot();
+        let r = self.visible(id)?.snapshot();
         let Some(pid) = r.pid.filter(|_| !r.state.is_terminal()) else {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
         };
@@ -287,8 +244,9 @@ impl Engine {
             .filter(|r| r.state.is_terminal() && r.last_transition_ms < cutoff)
             .collect();
         for r in old {
-            self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&r.id);
-            let _ = self.store.remove(r.id.as_str());
+            if let Ok(e) = self.entry(r.id.as_str()) {
+                e.tell(Command::Remove);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! A sandbox's persisted record: its spec, where it is in its lifecycle, and the
 //! handles a restarted daemon needs to find it again.
+use ember_types::lifecycle::{Action, Effect, Holds, Lifecycle, LifecycleError};
 use ember_types::{SandboxId, SandboxSpec, SandboxState, TerminationReason};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -29,9 +30,14 @@ pub struct SandboxRecord {
     pub pid: Option<i32>,
     pub start_time: Option<u64>,
     pub launch: Option<LaunchRecord>,
-    /// Set before a removal starts, so a restart finishes it instead of
-    /// re-adopting the sandbox.
-    pub deleting: bool,
+    /// Where the sandbox is in its lifecycle; `state` is what it shows.
+    /// Changed only by the sandbox's monitor, through [`SandboxRecord::apply`].
+    #[serde(default = "pending")]
+    pub lifecycle: Lifecycle,
+    /// Flags of records written before `lifecycle` existed; read once by
+    /// [`SandboxRecord::migrate`], never written.
+    #[serde(flatten, skip_serializing)]
+    pub(crate) legacy: LegacyFlags,
     /// The egress policy as last set (create, then the egress port's
     /// `/policy`). Recorded and reported; not enforced yet.
     #[serde(default)]
@@ -42,25 +48,13 @@ pub struct SandboxRecord {
     /// The warm pool that started this sandbox, if any.
     #[serde(default)]
     pub pool: Option<String>,
-    /// True while the sandbox waits, idle, in its pool. Cleared (and persisted)
-    /// before a claim is answered; from then on it is never returned to a pool.
-    #[serde(default)]
-    pub pooled: bool,
     /// Workspaces mounted in the sandbox, with their lease epochs.
     #[serde(default)]
     pub workspaces: Vec<crate::workspaces::MountedWorkspace>,
-    /// Paused by ember for a consistent workspace snapshot (not by the user): a
-    /// restart that finds it set thaws the sandbox.
-    #[serde(default)]
-    pub snapshot_freeze: bool,
     /// The network slot the sandbox joined (egress networking), recorded
     /// before launch so a restart can re-adopt or reclaim it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_slot: Option<u32>,
-    /// Saved to disk by a gVisor checkpoint: no process runs (state Paused,
-    /// `pid` unset) and `resume` restores it from the image.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub checkpointed: bool,
     /// The sandbox snapshot this sandbox was restored from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
@@ -72,25 +66,73 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+fn pending() -> Lifecycle {
+    Lifecycle::Pending
+}
+
+/// The flags that stood for states before [`Lifecycle`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub(crate) struct LegacyFlags {
+    #[serde(default)]
+    deleting: bool,
+    #[serde(default)]
+    pooled: bool,
+    #[serde(default)]
+    snapshot_freeze: bool,
+    #[serde(default)]
+    checkpointed: bool,
+}
+
 impl SandboxRecord {
-    /// Moves to `to`, checking the transition is legal; terminal states take the
-    /// reason with them.
-    pub fn transition(&mut self, to: SandboxState, reason: Option<TerminationReason>) -> bool {
-        if self.state.check_transition(to).is_err() {
-            return false;
-        }
-        self.state = to;
+    /// Applies `action`: the lifecycle moves, the wire state follows, and an
+    /// event is appended. Refused moves change nothing. The returned effect is
+    /// the caller's to do (the monitor's: only it calls this).
+    #[must_use = "the step's effect must be done and the record persisted"]
+    pub(crate) fn apply(
+        &mut self,
+        action: Action,
+        reason: Option<TerminationReason>,
+    ) -> Result<Option<Effect>, LifecycleError> {
+        let step = self.lifecycle.apply(action)?;
+        let to = step.next.visible();
+        self.lifecycle = step.next;
         if reason.is_some() {
             self.message = reason.as_ref().map(|r| r.to_string());
             self.reason = reason;
         }
-        self.last_transition_ms = now_ms();
-        let text = match &self.reason {
-            Some(r) if to.is_terminal() => format!("{to} ({r})"),
-            _ => to.to_string(),
+        if self.state != to {
+            self.state = to;
+            self.last_transition_ms = now_ms();
+            let text = match &self.reason {
+                Some(r) if to.is_terminal() => format!("{to} ({r})"),
+                _ => to.to_string(),
+            };
+            self.event(text);
+        }
+        Ok(step.effect)
+    }
+
+    /// Gives a record written before [`Lifecycle`] existed its lifecycle,
+    /// from its state and flags. A record of today is left as it is.
+    pub(crate) fn migrate(&mut self) {
+        if self.lifecycle != Lifecycle::Pending || self.state == SandboxState::Pending {
+            return;
+        }
+        let f = &self.legacy;
+        let ended = self.state.is_terminal();
+        self.lifecycle = match self.state {
+            _ if f.deleting && ended => Lifecycle::Removing,
+            _ if f.deleting => Lifecycle::Stopping { remove: true },
+            SandboxState::Running if f.pooled => Lifecycle::Pooled,
+            SandboxState::Paused if f.checkpointed => Lifecycle::Checkpointed,
+            SandboxState::Running => {
+                Lifecycle::Live { holds: Holds { user: false, snapshots: u32::from(f.snapshot_freeze) } }
+            }
+            SandboxState::Paused => Lifecycle::Live { holds: Holds { user: true, snapshots: 0 } },
+            SandboxState::Stopping => Lifecycle::Stopping { remove: false },
+            SandboxState::Failed => Lifecycle::Failed,
+            SandboxState::Terminated | SandboxState::Pending => Lifecycle::Terminated,
         };
-        self.event(text);
-        true
     }
 
     /// Appends a lifecycle event, dropping the oldest past [`MAX_EVENTS`].

@@ -2,10 +2,10 @@
 //! is re-adopted or reaped, and every host resource without a record is reaped.
 //! The same path runs on every start, so a restart converges instead of replaying.
 use crate::record::SandboxRecord;
-use crate::{Engine, EngineError, Entry};
+use crate::{Engine, EngineError};
+use ember_types::lifecycle::{Action, Lifecycle};
 use ember_types::{SandboxState, TerminationReason};
-use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, Notify};
+use std::sync::Arc;
 
 pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
     for (name, spec) in engine.pool_store.load_all() {
@@ -52,53 +52,34 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
 }
 
 async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
-    if rec.checkpointed && rec.state == SandboxState::Paused && !rec.deleting {
+    rec.migrate();
+    if rec.lifecycle == Lifecycle::Checkpointed {
         // No process to adopt: the image on disk is the sandbox until a resume.
         let socket = engine.rt(&rec.spec.runtime_class).agent_socket_path(&rec.id).unwrap_or_default();
-        let (tx, rx) = mpsc::channel(4);
-        let entry =
-            Arc::new(Entry { record: Mutex::new(rec.clone()), agent_socket: socket, ctl: tx, wake: Notify::new() });
-        engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
         tracing::info!(sandbox = %rec.id, "kept checkpointed sandbox");
-        crate::monitor::spawn_checkpointed(engine.clone(), entry, rx);
+        crate::sandbox::publish(engine, rec, socket, None);
         return;
     }
-    let live = matches!(rec.state, SandboxState::Running | SandboxState::Paused);
-    if live && !rec.deleting {
-        if let (Some(pid), Some(st)) = (rec.pid, rec.start_time) {
-            let rt = engine.rt(&rec.spec.runtime_class);
-            let id = rec.id.clone();
-            let adopted = tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await;
-            if let Ok(Ok(launched)) = adopted {
-                tracing::info!(sandbox = %rec.id, pid, "re-adopted sandbox");
-                engine.adopt_network(&rec).await;
-                let (tx, rx) = mpsc::channel(4);
-                let entry = Arc::new(Entry {
-                    record: Mutex::new(rec.clone()),
-                    agent_socket: launched.agent_socket.clone(),
-                    ctl: tx,
-                    wake: Notify::new(),
-                });
-                engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), entry.clone());
-                crate::monitor::spawn(engine.clone(), entry.clone(), launched, rx);
-                // Frozen for a snapshot the crash interrupted: give the writer back.
-                if rec.snapshot_freeze {
-                    let _ = engine.resume(rec.id.as_str()).await;
-                    entry.update(|r| r.snapshot_freeze = false);
-                    engine.persist(&entry);
-                }
-                // An idle pooled sandbox goes back to its pool: its record says it
-                // was never handed out (a claim persists before it answers).
-                if rec.pooled {
-                    match rec.pool.as_deref().and_then(|n| engine.pool(n).ok()) {
-                        Some(pool) => pool.push_idle(rec.id.clone()),
-                        None => {
-                            let _ = engine.remove(rec.id.as_str()).await;
-                        }
+    if matches!(rec.lifecycle, Lifecycle::Live { .. } | Lifecycle::Pooled) {
+        if let Some(launched) = adopt(engine, &rec).await {
+            tracing::info!(sandbox = %rec.id, pid = launched.pid, "re-adopted sandbox");
+            engine.adopt_network(&rec).await;
+            converge_freezer(engine, &mut rec).await;
+            let pooled = rec.lifecycle == Lifecycle::Pooled;
+            let (id, pool) = (rec.id.clone(), rec.pool.clone());
+            let socket = launched.agent_socket.clone();
+            crate::sandbox::publish(engine, rec, socket, Some(launched));
+            // An idle pooled sandbox goes back to its pool: its record says it
+            // was never handed out (a claim persists before it answers).
+            if pooled {
+                match pool.as_deref().and_then(|n| engine.pool(n).ok()) {
+                    Some(pool) => pool.push_idle(id),
+                    None => {
+                        let _ = engine.remove_any(id.as_str()).await;
                     }
                 }
-                return;
             }
+            return;
         }
     }
     // Not adoptable: whatever is left of it goes.
@@ -111,29 +92,60 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     })
     .await
     .unwrap_or(0);
-    if rec.deleting || rec.pooled {
+    if rec.lifecycle.is_hidden() {
         // Removed on purpose, or an idle pool member no caller ever saw.
         let _ = engine.store.remove(rec.id.as_str());
         return;
     }
-    if !rec.state.is_terminal() {
-        let reason = match rec.state {
-            SandboxState::Pending => {
+    if !rec.lifecycle.is_ended() {
+        let reason = match rec.lifecycle {
+            Lifecycle::Pending => {
                 TerminationReason::RuntimeError("daemon restarted while the sandbox was being created".into())
             }
             _ if ooms > 0 => TerminationReason::OOMKilled,
             _ => TerminationReason::Killed,
         };
         tracing::info!(sandbox = %rec.id, reason = %reason, "sandbox did not survive the restart");
-        rec.transition(reason.terminal_state(), Some(reason));
+        let failed = reason.terminal_state() == SandboxState::Failed;
+        let stopped = match rec.lifecycle {
+            Lifecycle::Pending | Lifecycle::Stopping { .. } => Ok(None),
+            _ => rec.apply(Action::Stop, None),
+        };
+        if let Err(e) = stopped.and_then(|_| rec.apply(Action::Ended { failed }, Some(reason))) {
+            tracing::error!(sandbox = %rec.id, error = %e, "recording a lost sandbox's end");
+        }
     }
     let _ = engine.store.save(rec.id.as_str(), &rec);
-    let (tx, _rx) = mpsc::channel(1);
-    let entry = Arc::new(Entry {
-        record: Mutex::new(rec.clone()),
-        agent_socket: Default::default(),
-        ctl: tx,
-        wake: Notify::new(),
-    });
-    engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id, entry);
+    crate::sandbox::publish(engine, rec, Default::default(), None);
+}
+
+async fn adopt(engine: &Arc<Engine>, rec: &SandboxRecord) -> Option<ember_runtime::Launched> {
+    let (pid, st) = (rec.pid?, rec.start_time?);
+    let rt = engine.rt(&rec.spec.runtime_class);
+    let id = rec.id.clone();
+    tokio::task::spawn_blocking(move || rt.adopt(&id, pid, st)).await.ok()?.ok()
+}
+
+/// Snapshot holds died with the old daemon; the cgroup is set to what the
+/// record says now (frozen only if its user paused it), whatever a crash
+/// between a freeze and its record left.
+async fn converge_freezer(engine: &Arc<Engine>, rec: &mut SandboxRecord) {
+    let before = rec.lifecycle;
+    let effect = match rec.apply(Action::Restarted, None) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(sandbox = %rec.id, error = %e, "restart step refused");
+            None
+        }
+    };
+    let frozen = rec.lifecycle.frozen();
+    if effect.is_some() || frozen {
+        let (rt, id) = (engine.rt(&rec.spec.runtime_class), rec.id.clone());
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || rt.freeze(&id, frozen)).await {
+            tracing::warn!(sandbox = %rec.id, error = %e, frozen, "setting the freezer after a restart failed");
+        }
+    }
+    if rec.lifecycle != before {
+        engine.persist(rec);
+    }
 }

@@ -28,9 +28,14 @@ impl Engine {
             Ok(mounted) if mounted.is_empty() => Ok(rec),
             Ok(mounted) => {
                 let entry = self.entry(rec.id.as_str())?;
-                entry.update(|r| r.workspaces = mounted);
-                self.persist(&entry);
-                Ok(entry.snapshot())
+                let edit = crate::sandbox::Edit::Workspaces { mounted, launch_micros: None };
+                match entry.ask(crate::sandbox::Command::Edit(edit)).await {
+                    Ok(rec) => Ok(rec),
+                    Err(e) => {
+                        let _ = self.remove(rec.id.as_str()).await;
+                        Err(e)
+                    }
+                }
             }
             Err(e) => {
                 let _ = self.remove(rec.id.as_str()).await;

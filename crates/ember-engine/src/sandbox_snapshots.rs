@@ -3,16 +3,17 @@
 //! sandbox.
 //!
 //! Taking one, in steps:
-//! 1. the source must be Running and its class must expose its writable layer
+//! 1. the source must be live (running, or paused by its user) and its class must expose its writable layer
 //!    on the host ([`Runtime::writable_layer`](ember_runtime::Runtime));
 //! 2. the record is persisted as Creating, naming every manifest it will
 //!    write (write-ahead);
-//! 3. the sandbox is frozen (cgroup freezer) with `snapshot_freeze` persisted,
-//!    so a restart thaws it;
+//! 3. the snapshot takes a freeze hold of its own in the sandbox's lifecycle
+//!    (cgroup freezer; a user's resume meanwhile does not thaw it, and a
+//!    restart drops the hold and thaws it unless its user paused it);
 //! 4. the upper dir goes to the object store as a layer snapshot (whiteouts and
 //!    opaque dirs included), then each read-write workspace as a workspace
 //!    snapshot, committed only while the sandbox still holds its lease epoch;
-//! 5. thaw, then the record becomes Ready (or Failed, its manifests deleted).
+//! 5. the hold is given back (the sandbox thaws unless its user paused it), then the record becomes Ready (or Failed, its manifests deleted).
 //!
 //! A daemon crash before step 5 leaves a Creating record: the restart marks it
 //! Failed and deletes whatever manifests it names, so no Ready record ever
@@ -22,10 +23,12 @@
 //! from the layer snapshot (every chunk verified) before its init starts, then
 //! each workspace snapshot restored into a new workspace at the same path.
 use crate::record::now_ms;
+use crate::sandbox::Command;
 use crate::store::Store;
 use crate::{Engine, EngineError, SandboxRecord};
 use ember_snapshot::SnapshotOptions;
-use ember_types::{SandboxId, SandboxSpec, SandboxState};
+use ember_types::lifecycle::Lifecycle;
+use ember_types::{SandboxId, SandboxSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -154,12 +157,10 @@ impl Engine {
         id: &str,
         name: Option<String>,
     ) -> Result<SandboxSnapshotRecord, EngineError> {
-        let entry = self.entry(id)?;
+        let entry = self.visible(id)?;
         let src = entry.snapshot();
-        if src.pooled || src.deleting {
-            return Err(EngineError::NotFound(id.to_string()));
-        }
-        if src.state != SandboxState::Running {
+        // Live (running, or paused by its user: the snapshot keeps it paused).
+        if !matches!(src.lifecycle, Lifecycle::Live { .. }) {
             return Err(EngineError::SnapshotSourceState { id: src.id, state: src.state });
         }
         let rt = self.rt(&src.spec.runtime_class);
@@ -174,24 +175,23 @@ impl Engine {
         records.save(&rec.id, &rec)?;
         // Before the sandbox is frozen: a sweep under way may take a while.
         let gate = self.snapshot_write_gate().await;
-        if let Err(e) = self.pause(id).await {
+        if let Err(e) = entry.ask(Command::SnapshotFreeze).await {
             // Nothing was written yet: no manifest to delete.
             rec.transition(SandboxSnapshotState::Failed, Some(("SNAPSHOT_FAILED", e.to_string())));
             records.save(&rec.id, &rec)?;
             return Err(e);
         }
-        entry.update(|r| r.snapshot_freeze = true);
-        self.persist(&entry);
         let (me, r2, holder) = (self.clone(), rec.clone(), src.id.to_string());
         let res = tokio::task::spawn_blocking(move || me.write_snapshot(&r2, &layer, &holder))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))
             .and_then(|r| r);
         drop(gate);
-        // Thaw first: the sandbox must not stay frozen whatever happened.
-        let _ = self.resume(id).await;
-        entry.update(|r| r.snapshot_freeze = false);
-        self.persist(&entry);
+        // Thaw first: the snapshot's freeze must go whatever happened (a
+        // user's pause stays).
+        if let Err(e) = entry.ask(Command::SnapshotThaw).await {
+            tracing::warn!(sandbox = %id, error = %e, "giving back a snapshot's freeze failed");
+        }
         match res {
             Ok(bytes) => {
                 rec.layer_bytes = bytes;

@@ -1,6 +1,7 @@
 //! Workspace snapshots: consistent (the writer is frozen), fenced (a commit is
 //! accepted only while the lease epoch it started under is current),
 //! content-addressed and incremental in the configured object store.
+use crate::sandbox::Command;
 use crate::snapshot_ops::{OpKind, SnapshotOp};
 use crate::workspaces::WorkspaceStatus;
 use crate::{Engine, EngineError};
@@ -76,17 +77,11 @@ impl Engine {
         // Before the writer is frozen: a sweep under way may take a while.
         let gate = self.snapshot_write_gate().await;
         // Consistency: the live writer, if any, is frozen while the tree is read.
-        let writer = start
-            .as_ref()
-            .map(|l| l.holder.clone())
-            .filter(|h| self.entry(h).is_ok_and(|e| e.snapshot().state == ember_types::SandboxState::Running));
-        if let Some(w) = &writer {
-            self.pause(w).await?;
-            if let Ok(e) = self.entry(w) {
-                e.update(|r| r.snapshot_freeze = true);
-                self.persist(&e);
-            }
-        }
+        // A writer that is not live (checkpointed, ended) writes nothing.
+        let writer = match start.as_ref().and_then(|l| self.entry(&l.holder).ok()) {
+            Some(e) => e.ask(Command::SnapshotFreeze).await.ok().map(|_| e),
+            None => None,
+        };
         let (n, op) = (name.to_string(), op.to_string());
         let res = self
             .snap(move |e, store| {
@@ -111,11 +106,10 @@ impl Engine {
             })
             .await;
         drop(gate);
-        if let Some(w) = &writer {
-            let _ = self.resume(w).await;
-            if let Ok(e) = self.entry(w) {
-                e.update(|r| r.snapshot_freeze = false);
-                self.persist(&e);
+        if let Some(e) = writer {
+            // The sandbox stays frozen if its user paused it meanwhile.
+            if let Err(err) = e.ask(Command::SnapshotThaw).await {
+                tracing::warn!(sandbox = %e.snapshot().id, error = %err, "giving back a snapshot's freeze failed");
             }
         }
         res

@@ -10,6 +10,7 @@ pub mod api;
 pub mod execd;
 pub mod id;
 pub mod image;
+pub mod lifecycle;
 pub mod limits;
 pub mod network;
 pub mod quantity;

@@ -6,9 +6,11 @@
 //! was bound to this caller, who is told the claim failed.
 use super::Pool;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
-use crate::{Control, Engine, EngineError};
+use crate::sandbox::{ClaimPatch, Command};
+use crate::{Engine, EngineError};
 use ember_agent_client::AgentClient;
-use ember_types::{SandboxSpec, SandboxState, TerminationReason};
+use ember_types::lifecycle::Lifecycle;
+use ember_types::{SandboxSpec, TerminationReason};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,7 @@ impl Engine {
         while let Some(id) = pool.pop_idle() {
             let Ok(entry) = self.entry(id.as_str()) else { continue };
             let r = entry.snapshot();
-            if !r.pooled || r.state != SandboxState::Running {
+            if r.lifecycle != Lifecycle::Pooled {
                 continue;
             }
             // Workspaces first: the entrypoint may need them. A refused lease
@@ -41,10 +43,7 @@ impl Engine {
                         pool.idle.lock().unwrap_or_else(|p| p.into_inner()).push_front(id);
                     } else {
                         // A mount that failed half-way: this sandbox is not clean.
-                        let (done, _) = tokio::sync::oneshot::channel();
-                        let _ = entry
-                            .ctl
-                            .try_send(Control::Stop { reason: TerminationReason::RuntimeError(e.to_string()), done });
+                        entry.tell(Command::Stop(TerminationReason::RuntimeError(e.to_string())));
                     }
                     return Err(e);
                 }
@@ -58,36 +57,29 @@ impl Engine {
             if let Err(e) = bind(&entry.agent_socket, &body).await {
                 self.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
-                let (done, _) = tokio::sync::oneshot::channel();
-                let _ = entry.ctl.try_send(Control::Stop { reason: TerminationReason::RuntimeError(e), done });
+                entry.tell(Command::Stop(TerminationReason::RuntimeError(e)));
                 continue;
             }
             let micros = t0.elapsed().as_micros() as u64;
             let now = now_ms();
-            let saved = self.update_persisted(&entry, |r| {
-                r.pooled = false;
-                r.workspaces = mounted.clone();
-                r.spec.env = spec.env.clone();
-                r.spec.metadata = spec.metadata.clone();
-                r.spec.entrypoint = spec.entrypoint.clone();
-                r.spec.user = spec.user;
-                r.spec.ttl_secs = spec.ttl_secs;
-                r.image_uri = image_uri.clone();
-                r.created_at_ms = now;
-                r.expires_at_ms = spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t));
-                r.launch = Some(LaunchRecord { kind: "warm".into(), micros, phases: Default::default() });
-            });
+            let patch = ClaimPatch {
+                spec: spec.clone(),
+                image_uri: image_uri.clone(),
+                workspaces: mounted.clone(),
+                created_at_ms: now,
+                expires_at_ms: spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t)),
+                launch: LaunchRecord { kind: "warm".into(), micros, phases: Default::default() },
+            };
+            let saved = entry.ask(Command::Claim(Box::new(patch))).await;
             let rec = match saved {
                 Ok(rec) => rec,
                 Err(e) => {
                     self.release_leases(id.as_str(), &mounted);
-                    let (done, _) = tokio::sync::oneshot::channel();
                     let reason = TerminationReason::RuntimeError(format!("claim not recorded: {e}"));
-                    let _ = entry.ctl.try_send(Control::Stop { reason, done });
+                    entry.tell(Command::Stop(reason));
                     return Err(e);
                 }
             };
-            entry.wake.notify_one();
             pool.record_claim();
             self.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));

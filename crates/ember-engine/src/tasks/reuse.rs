@@ -79,7 +79,7 @@ impl Engine {
     pub(super) async fn take_over(&self, id: &str, task: &str, attempt: u32, ttl_secs: u64) -> Result<(), EngineError> {
         let entry = self.entry(id)?;
         let r = entry.snapshot();
-        if r.state != SandboxState::Running || r.deleting {
+        if r.state != SandboxState::Running || r.lifecycle.is_hidden() {
             return Err(EngineError::NotRunning { id: r.id, state: r.state });
         }
         let pid = r.pid.ok_or_else(|| EngineError::Internal(format!("sandbox {id} has no init pid")))?;
@@ -89,16 +89,13 @@ impl Engine {
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
             .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
-        let now = now_ms();
-        entry.update(|r| {
-            r.spec.metadata.insert(super::TASK_LABEL.into(), task.into());
-            r.spec.metadata.insert("ember.task.attempt".into(), attempt.to_string());
-            r.expires_at_ms = Some(limits::expiry_ms(now, ttl_secs));
-        });
-        self.persist(&entry);
-        // The monitor re-reads the TTL.
-        entry.wake.notify_one();
-        Ok(())
+        let labels = std::collections::BTreeMap::from([
+            (super::TASK_LABEL.to_string(), task.to_string()),
+            ("ember.task.attempt".to_string(), attempt.to_string()),
+        ]);
+        let expires_at_ms = limits::expiry_ms(now_ms(), ttl_secs);
+        let edit = crate::sandbox::Edit::TakeOver { labels, expires_at_ms };
+        entry.ask(crate::sandbox::Command::Edit(edit)).await.map(drop)
     }
 }
 

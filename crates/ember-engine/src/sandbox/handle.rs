@@ -1,0 +1,197 @@
+//! One command in the monitor: the lifecycle step checked first (a refused
+//! step changes nothing), its effect done, the record written. The order of
+//! effect and write is chosen so a crash in between is converged on restart
+//! (`recover.rs` sets the freezer to what the record says): a freeze is
+//! written before it is done, a thaw after.
+use super::monitor::{Live, Monitor};
+use super::{ClaimPatch, Edit};
+use crate::{EngineError, SandboxRecord};
+use ember_types::lifecycle::{Action, Effect, Lifecycle, LifecycleError};
+
+impl Monitor {
+    pub(super) async fn pause(&mut self) -> Result<SandboxRecord, EngineError> {
+        self.hold(Action::Pause).await
+    }
+
+    /// Thaws a user-paused sandbox (unless a snapshot holds a freeze), or
+    /// restores a checkpointed one from its image.
+    pub(super) async fn resume(&mut self) -> Result<SandboxRecord, EngineError> {
+        if self.entry.snapshot().lifecycle == Lifecycle::Checkpointed {
+            return self.restore().await;
+        }
+        self.hold(Action::Resume).await
+    }
+
+    pub(super) async fn snapshot_freeze(&mut self) -> Result<SandboxRecord, EngineError> {
+        self.hold(Action::SnapshotFreeze).await
+    }
+
+    pub(super) async fn snapshot_thaw(&mut self) -> Result<SandboxRecord, EngineError> {
+        self.hold(Action::SnapshotThaw).await
+    }
+
+    /// A change of the freezer's holds; the cgroup follows the first hold
+    /// and the last. The user's holds are fsynced; a snapshot's dies with
+    /// the daemon, so its record need not be.
+    async fn hold(&mut self, action: Action) -> Result<SandboxRecord, EngineError> {
+        let cur = self.entry.snapshot();
+        let mut next = cur.clone();
+        let effect = next.apply(action, None).map_err(|e| refusal(&cur, e))?;
+        let durable = matches!(action, Action::Pause | Action::Resume);
+        if effect == Some(Effect::Freeze) {
+            self.save(&next, durable)?;
+        }
+        if let Some(effect) = effect {
+            if let Err(e) = self.freeze(&cur, effect == Effect::Freeze).await {
+                if effect == Effect::Freeze {
+                    let _ = self.save(&cur, durable);
+                }
+                return Err(e);
+            }
+        }
+        if effect != Some(Effect::Freeze) {
+            if let Err(e) = self.save(&next, durable) {
+                if effect == Some(Effect::Thaw) {
+                    // Not recorded: the thaw must not count either.
+                    let _ = self.freeze(&cur, true).await;
+                }
+                return Err(e);
+            }
+        }
+        self.entry.write(next.clone());
+        Ok(next)
+    }
+
+    async fn freeze(&self, rec: &SandboxRecord, frozen: bool) -> Result<(), EngineError> {
+        let rt = self.engine.rt(&rec.spec.runtime_class);
+        let id = rec.id.clone();
+        tokio::task::spawn_blocking(move || rt.freeze(&id, frozen))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })
+    }
+
+    fn save(&self, rec: &SandboxRecord, durable: bool) -> Result<(), EngineError> {
+        match durable {
+            true => self.engine.store.save(rec.id.as_str(), rec),
+            false => self.engine.store.save_volatile(rec.id.as_str(), rec),
+        }
+    }
+
+    /// Saves a Running gVisor sandbox to disk and stops its processes.
+    pub(super) async fn checkpoint(&mut self) -> Result<SandboxRecord, EngineError> {
+        let cur = self.entry.snapshot();
+        let mut next = cur.clone();
+        next.apply(Action::Checkpointed, None).map_err(|e| refusal(&cur, e))?;
+        if self.live.is_none() {
+            return Err(EngineError::NotRunning { id: cur.id, state: cur.state });
+        }
+        crate::checkpoint::checkpoint(&self.engine, &cur).await?;
+        // The Sentry has exited: its end is not the sandbox's.
+        self.live = None;
+        next.pid = None;
+        next.start_time = None;
+        next.event("checkpointed to disk".to_string());
+        self.engine.persist(&next);
+        self.entry.write(next.clone());
+        Ok(next)
+    }
+
+    /// The restore, the record (new init), then the image goes: a crash in
+    /// between loses nothing (the next restore deletes a half-restored
+    /// container first).
+    async fn restore(&mut self) -> Result<SandboxRecord, EngineError> {
+        let cur = self.entry.snapshot();
+        let mut next = cur.clone();
+        next.apply(Action::Restored, None).map_err(|e| refusal(&cur, e))?;
+        let launched = crate::checkpoint::restore(&self.engine, &cur).await?;
+        next.pid = Some(launched.pid);
+        next.start_time = Some(launched.start_time);
+        next.event(format!("restored from checkpoint in {} ms", launched.timing.total_us / 1000));
+        self.live = Some(Live::new(launched).map_err(|e| EngineError::Internal(e.to_string()))?);
+        self.engine.persist(&next);
+        self.entry.write(next.clone());
+        crate::checkpoint::drop_image(&self.engine, &next).await;
+        Ok(next)
+    }
+
+    /// A pooled sandbox becomes the caller's; written (fsynced) before the
+    /// claim is answered, so a restart never returns it to the pool.
+    pub(super) fn claim(&mut self, p: ClaimPatch) -> Result<SandboxRecord, EngineError> {
+        let cur = self.entry.snapshot();
+        let mut next = cur.clone();
+        next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
+        next.workspaces = p.workspaces;
+        next.spec.env = p.spec.env;
+        next.spec.metadata = p.spec.metadata;
+        next.spec.entrypoint = p.spec.entrypoint;
+        next.spec.user = p.spec.user;
+        next.spec.ttl_secs = p.spec.ttl_secs;
+        next.image_uri = p.image_uri;
+        next.created_at_ms = p.created_at_ms;
+        next.expires_at_ms = p.expires_at_ms;
+        next.launch = Some(p.launch);
+        self.engine.store.save(next.id.as_str(), &next)?;
+        self.entry.write(next.clone());
+        Ok(next)
+    }
+
+    /// A change outside the lifecycle; it counts once written.
+    pub(super) fn edit(&mut self, edit: Edit) -> Result<SandboxRecord, EngineError> {
+        let cur = self.entry.snapshot();
+        if cur.lifecycle.is_hidden() {
+            return Err(EngineError::NotFound(cur.id.to_string()));
+        }
+        let not_running = || EngineError::NotRunning { id: cur.id.clone(), state: cur.state };
+        let mut next = cur.clone();
+        match edit {
+            Edit::Workspaces { mounted, launch_micros } => {
+                next.workspaces = mounted;
+                if let (Some(l), Some(m)) = (next.launch.as_mut(), launch_micros) {
+                    l.micros = m;
+                }
+            }
+            Edit::NetworkPolicy(p) => {
+                next.network_policy = Some(p);
+                next.event("egress policy changed".to_string());
+            }
+            Edit::Egress(p) => next.spec.egress = p,
+            Edit::Expiry(ms) if !cur.lifecycle.is_ended() => {
+                next.expires_at_ms = Some(ms);
+                next.event(format!("expiry renewed to {ms} ms"));
+            }
+            Edit::Metadata(patch) => {
+                for (k, v) in patch {
+                    match v {
+                        Some(v) => next.spec.metadata.insert(k, v),
+                        None => next.spec.metadata.remove(&k),
+                    };
+                }
+            }
+            Edit::TakeOver { labels, expires_at_ms } if matches!(cur.lifecycle, Lifecycle::Live { .. }) => {
+                next.spec.metadata.extend(labels);
+                next.expires_at_ms = Some(expires_at_ms);
+            }
+            Edit::Expiry(_) | Edit::TakeOver { .. } => return Err(not_running()),
+        }
+        self.engine.store.save(next.id.as_str(), &next)?;
+        self.entry.write(next.clone());
+        Ok(next)
+    }
+}
+
+/// A refused step, as the caller's error.
+fn refusal(rec: &SandboxRecord, e: LifecycleError) -> EngineError {
+    let (id, state) = (rec.id.clone(), rec.state);
+    if rec.lifecycle.is_hidden() {
+        return EngineError::NotFound(id.to_string());
+    }
+    match (e.action, rec.lifecycle) {
+        (Action::Resume | Action::Restored, _) => EngineError::NotPaused { id, state },
+        (Action::SnapshotFreeze, _) => EngineError::SnapshotSourceState { id, state },
+        (Action::Checkpointed, Lifecycle::Live { holds }) if holds.snapshots > 0 && !holds.user => {
+            EngineError::Busy { id, message: "a snapshot is reading it; retry when it is done".into() }
+        }
+        _ => EngineError::NotRunning { id, state },
+    }
+}

@@ -1,0 +1,141 @@
+//! One owner per sandbox. A published sandbox (launched, adopted after a
+//! restart, or ended and still visible) has one monitor task, and the monitor
+//! is the only writer of its record: every change is a [`Command`] sent to it,
+//! as firecracker routes every change to a VM through one action enum. The
+//! record's lock is private to this module, so the compiler holds everyone
+//! else to reading it. Lifecycle moves go through the pure machine of
+//! `ember_types::lifecycle`; the monitor does their effects (freeze, thaw,
+//! checkpoint, teardown) and persists the result.
+//!
+//! Layout: `monitor.rs` (the task: exit, OOM, TTL and commands), `handle.rs`
+//! (one command: its checks, its effect, the record written), `teardown.rs`
+//! (the end: destroy, the terminal state, the record kept or dropped).
+mod handle;
+mod monitor;
+mod teardown;
+
+pub(crate) use teardown::destroy_and_reap;
+
+use crate::record::SandboxRecord;
+use crate::{Engine, EngineError, MountedWorkspace};
+use ember_runtime::Launched;
+use ember_types::api::NetworkPolicy;
+use ember_types::{EgressPolicy, SandboxId, TerminationReason};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+
+/// Every change a sandbox's record can take. Sent to its monitor; answered
+/// with the record as written, or why not.
+pub(crate) enum Command {
+    /// The user's pause (a hold of the cgroup freezer).
+    Pause,
+    /// The user's resume: thaws when no snapshot holds a freeze, or restores a
+    /// checkpointed sandbox from its image.
+    Resume,
+    /// Save to disk and stop the processes (gVisor).
+    Checkpoint,
+    /// A snapshot's own freeze, and its end.
+    SnapshotFreeze,
+    SnapshotThaw,
+    /// A pooled sandbox handed to a caller, with what the caller asked for.
+    Claim(Box<ClaimPatch>),
+    /// A change of the record's other fields.
+    Edit(Edit),
+    /// End it (an unclean claim, a discarded pool member).
+    Stop(TerminationReason),
+    /// End it if it runs, then forget it.
+    Remove,
+}
+
+/// What a claim binds to a pooled sandbox.
+pub(crate) struct ClaimPatch {
+    pub spec: ember_types::SandboxSpec,
+    pub image_uri: Option<String>,
+    pub workspaces: Vec<MountedWorkspace>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub launch: crate::record::LaunchRecord,
+}
+
+/// Changes to fields outside the lifecycle, each persisted before it counts.
+pub(crate) enum Edit {
+    /// Workspaces mounted after the launch; the launch time then includes them.
+    Workspaces { mounted: Vec<MountedWorkspace>, launch_micros: Option<u64> },
+    /// The recorded OpenSandbox egress policy.
+    NetworkPolicy(NetworkPolicy),
+    /// The enforced egress policy (egress networking).
+    Egress(EgressPolicy),
+    /// A renewed expiry.
+    Expiry(i64),
+    /// A JSON merge-patch of the metadata (`None` deletes a key).
+    Metadata(BTreeMap<String, Option<String>>),
+    /// A kept task sandbox moved to attempt `attempt` of `task`.
+    TakeOver { labels: BTreeMap<String, String>, expires_at_ms: i64 },
+}
+
+struct Msg {
+    cmd: Command,
+    reply: oneshot::Sender<Result<SandboxRecord, EngineError>>,
+}
+
+/// One published sandbox: its record (read by anyone, written by its
+/// monitor) and the way to its monitor.
+pub(crate) struct Entry {
+    /// A std Mutex: held only to copy or replace the record, never across an
+    /// await. Private: only this module's monitor writes it.
+    record: Mutex<SandboxRecord>,
+    pub agent_socket: PathBuf,
+    tx: mpsc::Sender<Msg>,
+}
+
+impl Entry {
+    pub fn snapshot(&self) -> SandboxRecord {
+        self.record.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sends `cmd` to the monitor and waits for its answer. A monitor that
+    /// is gone (it ended with the sandbox's removal) answers for a sandbox
+    /// that no longer runs.
+    pub async fn ask(&self, cmd: Command) -> Result<SandboxRecord, EngineError> {
+        let (reply, wait) = oneshot::channel();
+        let gone = || {
+            let r = self.snapshot();
+            EngineError::NotFound(r.id.to_string())
+        };
+        self.tx.send(Msg { cmd, reply }).await.map_err(|_| gone())?;
+        wait.await.map_err(|_| gone())?
+    }
+
+    /// Sends `cmd` without waiting for the answer (a stop nobody waits for).
+    pub fn tell(self: &Arc<Self>, cmd: Command) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.ask(cmd).await {
+                tracing::debug!(sandbox = %me.snapshot().id, error = %e, "command refused");
+            }
+        });
+    }
+
+    fn write(&self, rec: SandboxRecord) {
+        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = rec;
+    }
+}
+
+/// Publishes a sandbox: its entry is visible from now on and its monitor
+/// owns it. `live`: the init's descriptors (none for a checkpointed or an
+/// ended sandbox).
+pub(crate) fn publish(
+    engine: &Arc<Engine>,
+    rec: SandboxRecord,
+    agent_socket: PathBuf,
+    live: Option<Launched>,
+) -> Arc<Entry> {
+    let (tx, rx) = mpsc::channel(8);
+    let id: SandboxId = rec.id.clone();
+    let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx });
+    engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, entry.clone());
+    monitor::spawn(engine.clone(), entry.clone(), live, rx);
+    entry
+}
