@@ -125,14 +125,17 @@ fn bad_input_gets_a_clear_error() {
 
 #[test]
 fn a_non_loopback_listener_needs_an_api_key() {
+    // A name of this run's own: other runs (and other checkouts) share /tmp.
+    let dir = std::env::temp_dir().join(format!("ember-never-created-{}", std::process::id()));
     let o = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir", "/tmp/ember-never-created"])
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(&dir)
         .env_remove("EMBER_API_KEY")
         .output()
         .expect("ember runs");
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs an API key"));
-    assert!(!std::path::Path::new("/tmp/ember-never-created").exists(), "refused before touching anything");
+    assert!(!dir.exists(), "refused before touching anything");
 }
 
 #[test]
