@@ -24,7 +24,7 @@ pub async fn create(
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(sandbox_info(&st.engine.get(&id)?)).into_response())
+    Ok(Json(sandbox_info(&st.engine.get(&id).await?)).into_response())
 }
 
 pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
@@ -56,7 +56,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             }
         }
     }
-    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f) };
+    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f).await? };
     let (items, pagination) = paging.cut(&all, sandbox_info);
     Ok(Json(SandboxList { items, pagination }).into_response())
 }
@@ -84,7 +84,7 @@ pub async fn renew(
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> Result<Response, ApiError> {
     let ms = parse_rfc3339_ms(&req.expires_at)?;
-    let rec = st.engine.renew(&id, ms)?;
+    let rec = st.engine.renew(&id, ms).await?;
     let at = rec.expires_at_ms.map(rfc3339).unwrap_or_default();
     Ok(Json(serde_json::json!({ "expiresAt": at })).into_response())
 }
@@ -94,7 +94,7 @@ pub async fn patch_metadata(
     ApiPath(id): ApiPath<String>,
     ApiJson(patch): ApiJson<BTreeMap<String, Option<String>>>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(sandbox_info(&st.engine.patch_metadata(&id, patch)?)).into_response())
+    Ok(Json(sandbox_info(&st.engine.patch_metadata(&id, patch).await?)).into_response())
 }
 
 /// Every port is reached through the daemon's proxy route, so the sandbox needs
@@ -104,7 +104,7 @@ pub async fn endpoint(
     ApiPath((id, port)): ApiPath<(String, u16)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    st.engine.get(&id)?;
+    st.engine.get(&id).await?;
     let host = st
         .cfg
         .public_host
