@@ -66,8 +66,9 @@ pub trait ControlPlane: Send + Sync {
     /// One sandbox's record. Cluster: the holding node's current record.
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError>;
 
-    /// Sandboxes matching `f`, sorted as the engine sorts them. Cluster: the
-    /// whole cluster, merged and sorted the same way (the API pages the result).
+    /// Sandboxes matching `f` (idle pool members never), oldest first
+    /// (creation time, then id). Cluster: the whole cluster, merged in that
+    /// order (the API pages the result).
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError>;
 
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.
@@ -212,7 +213,8 @@ pub trait ControlPlane: Send + Sync {
     /// Cluster: found wherever its record is.
     async fn sandbox_snapshot(&self, id: &str) -> Result<SandboxSnapshotRecord, EngineError>;
     async fn delete_sandbox_snapshot(&self, id: &str) -> Result<(), EngineError>;
-    /// Cluster: every node's records matching `f`, merged in the engine's order.
+    /// Records matching `f`, oldest first (creation time, then id). Cluster:
+    /// every node's, merged in that order.
     async fn list_sandbox_snapshots(&self, f: &SnapshotFilter) -> Result<Vec<SandboxSnapshotRecord>, EngineError>;
 
     // ---- Images and templates ------------------------------------------------
