@@ -66,7 +66,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     // One line on stdout so scripts (and tests binding port 0) learn the address.
     println!("ember listening on http://{local}");
     let state = ApiState {
-        engine,
+        // The API sees the engine only through the seam.
+        engine: Arc::new(engine),
         cfg: Arc::new(ApiConfig {
             api_key: api_key.filter(|k| !k.is_empty()),
             allowed_hosts: args.allowed_host,

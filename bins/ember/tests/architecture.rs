@@ -121,3 +121,45 @@ fn walk(dir: &std::path::Path, f: &mut dyn FnMut(&std::path::Path)) {
         }
     }
 }
+
+/// The API reaches the engine only through the seam (`ember_engine::ControlPlane`):
+/// the cluster puts another implementation behind the same routes, so any use
+/// of the concrete `Engine` in ember-api (a type, a path, a doc link) would be
+/// a call that implementation cannot route. `EngineError` and other plain data
+/// types are fine: the word is matched whole.
+#[test]
+fn api_reaches_the_engine_only_through_the_seam() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/ember-api/src");
+    // A moved directory would make the check pass on nothing.
+    assert!(src.join("lib.rs").is_file(), "{} holds no lib.rs", src.display());
+    let mut offenders = Vec::new();
+    walk(&src, &mut |p| {
+        if p.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                if names_engine(line) {
+                    offenders.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    });
+    assert!(offenders.is_empty(), "ember-api names the concrete Engine:\n{}", offenders.join("\n"));
+}
+
+/// Whether `line` holds the identifier `Engine` (not a longer one such as `EngineError`).
+fn names_engine(line: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    line.match_indices("Engine").any(|(i, w)| {
+        !line[..i].chars().next_back().is_some_and(ident) && !line[i + w.len()..].chars().next().is_some_and(ident)
+    })
+}
+
+#[test]
+fn names_engine_matches_the_whole_word_only() {
+    assert!(names_engine("use ember_engine::Engine;"));
+    assert!(names_engine("pub engine: Arc<Engine>,"));
+    assert!(names_engine("Engine::get(&e, id)"));
+    assert!(!names_engine("use ember_engine::EngineError;"));
+    assert!(!names_engine("let engine = MyEngine::new();"));
+    assert!(!names_engine("ember_engine::connect_agent(&s)"));
+}

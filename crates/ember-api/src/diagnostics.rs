@@ -51,7 +51,7 @@ pub async fn events(
     ApiPath(id): ApiPath<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<DiagnosticContentResponse>, ApiError> {
-    let rec = st.engine.get(&id)?;
+    let rec = st.engine.get(&id).await?;
     let content: String = rec.events.iter().map(|(ms, text)| format!("{} {text}\n", rfc3339(*ms))).collect();
     Ok(Json(answer(id, "events", scope_of(q), content, false)))
 }

@@ -41,7 +41,7 @@ fn status(policy: NetworkPolicy, enforced: bool) -> PolicyStatusResponse {
 /// Routes a request for the egress port; `rest` is the path after the port.
 pub async fn handle(st: &ApiState, id: &str, rest: &str, req: axum::extract::Request) -> Result<Response, ApiError> {
     if rest.trim_matches('/') != "policy" {
-        st.engine.get(id)?;
+        st.engine.get(id).await?;
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "SANDBOX::API_NOT_SUPPORTED",
@@ -50,7 +50,7 @@ pub async fn handle(st: &ApiState, id: &str, rest: &str, req: axum::extract::Req
     }
     let method = req.method().clone();
     let policy = match method {
-        Method::GET => st.engine.egress_policy(id)?,
+        Method::GET => st.engine.egress_policy(id).await?,
         Method::PATCH => {
             let ApiJson(rules) =
                 <ApiJson<Vec<NetworkRule>> as axum::extract::FromRequest<()>>::from_request(req, &()).await?;
@@ -69,5 +69,5 @@ pub async fn handle(st: &ApiState, id: &str, rest: &str, req: axum::extract::Req
             ))
         }
     };
-    Ok(Json(status(policy, st.engine.egress_enforced(id)?)).into_response())
+    Ok(Json(status(policy, st.engine.egress_enforced(id).await?)).into_response())
 }

@@ -1,5 +1,5 @@
-//! API errors: `{code, message}` with a stable code and the right status. Engine
-//! errors become HTTP errors in exactly one place, [`From<EngineError>`].
+//! API errors: `{code, message}` with a stable code and the right status. The
+//! control plane's errors become HTTP errors in exactly one place, [`From<EngineError>`].
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use ember_engine::EngineError;

@@ -35,10 +35,11 @@ pub fn image_info(r: &ImageRecord) -> ImageInfo {
 }
 
 pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let store = st.engine.images();
-    let items = store.list().iter().map(image_info).collect();
-    let layers = store
-        .layers()
+    let items = st.engine.list_images().await?.iter().map(image_info).collect();
+    let layers = st
+        .engine
+        .image_layers()
+        .await?
         .into_iter()
         .map(|(m, refs)| LayerStat {
             digest: m.digest,
@@ -51,12 +52,12 @@ pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    let rec = st.engine.images().get(&name).map_err(ember_engine::EngineError::from)?;
+    let rec = st.engine.image(&name).await?;
     Ok(Json(image_info(&rec)).into_response())
 }
 
 pub async fn remove(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
-    st.engine.remove_image(&name)?;
+    st.engine.remove_image(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -68,8 +69,8 @@ pub async fn pull(State(st): State<ApiState>, ApiJson(req): ApiJson<PullRequest>
 pub async fn pulls(State(st): State<ApiState>) -> Result<Response, ApiError> {
     let list: Vec<PullStatus> = st
         .engine
-        .images()
-        .pulls()
+        .image_pulls()
+        .await?
         .into_iter()
         .map(|p| PullStatus {
             reference: p.reference,
@@ -109,7 +110,7 @@ pub async fn import(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = q.name.filter(|n| !n.is_empty()).ok_or_else(|| ApiError::bad_request("?name=NAME:TAG is required"))?;
-    let path = st.engine.images().temp_path("upload");
+    let path = st.engine.image_upload_path();
     let res = async {
         let mut f = tokio::fs::File::create(&path)
             .await
@@ -145,17 +146,17 @@ pub async fn create_template(
 }
 
 pub async fn list_templates(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    Ok(Json(st.engine.templates().into_iter().map(template_out).collect::<Vec<_>>()).into_response())
+    Ok(Json(st.engine.templates().await?.into_iter().map(template_out).collect::<Vec<_>>()).into_response())
 }
 
 pub async fn get_template(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(template_out(st.engine.template(&name)?)).into_response())
+    Ok(Json(template_out(st.engine.template(&name).await?)).into_response())
 }
 
 pub async fn delete_template(
     State(st): State<ApiState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.engine.delete_template(&name)?;
+    st.engine.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,7 +3,8 @@
 //! `/v1` and bare, as upstream), with ember's own optional fields added. Exec and
 //! file calls go to the agent through the proxy route, which speaks execd.
 //!
-//! Handlers only parse requests into [`ember_engine::Engine`] calls; errors become
+//! Handlers only parse requests into [`ember_engine::ControlPlane`] calls (this
+//! node's engine today; a cluster's router later: the API cannot tell); errors become
 //! `{code, message}` in `error.rs`. Layout: `sandboxes.rs` (lifecycle),
 //! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
 //! `diagnostics.rs` (logs, events), `sandbox_snapshots.rs`
@@ -31,7 +32,7 @@ mod workspaces;
 use axum::extract::{FromRequest, Request};
 use axum::routing::{any, get, patch, post};
 use axum::Router;
-use ember_engine::Engine;
+use ember_engine::ControlPlane;
 use error::ApiError;
 use std::future::Future;
 use std::sync::Arc;
@@ -51,7 +52,9 @@ pub struct ApiConfig {
 
 #[derive(Clone)]
 pub struct ApiState {
-    pub engine: Arc<Engine>,
+    /// Everything the routes ask of the control plane; the API reaches the
+    /// engine through this alone (`bins/ember/tests/architecture.rs`).
+    pub engine: Arc<dyn ControlPlane>,
     pub cfg: Arc<ApiConfig>,
 }
 

@@ -47,7 +47,7 @@ fn info(s: NetworkStatus) -> NetworkInfo {
 }
 
 pub async fn get_policy(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(info(st.engine.network_status(&id)?)).into_response())
+    Ok(Json(info(st.engine.network_status(&id).await?)).into_response())
 }
 
 pub async fn put_policy(
@@ -59,7 +59,7 @@ pub async fn put_policy(
 }
 
 pub async fn events(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(DeniedFlowList { items: st.engine.network_events(&id)? }).into_response())
+    Ok(Json(DeniedFlowList { items: st.engine.network_events(&id).await? }).into_response())
 }
 
 pub async fn node(State(st): State<ApiState>) -> Result<Response, ApiError> {

@@ -80,12 +80,7 @@ pub async fn create(
 }
 
 pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let mut items = Vec::new();
-    for name in st.engine.pool_names() {
-        if let Ok(s) = st.engine.pool_status(&name).await {
-            items.push(info(&s));
-        }
-    }
+    let items = st.engine.list_pools().await?.iter().map(info).collect();
     Ok(Json(PoolList { items }).into_response())
 }
 

@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
+use ember_engine::AgentRoute;
 use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
 use hyper_util::rt::TokioIo;
 
@@ -78,7 +79,7 @@ async fn forward(
         // The agent's control routes (pool claim binding) are the daemon's alone.
         return Err(ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route"));
     }
-    let sock = st.engine.agent_socket(&id)?;
+    let route = st.engine.agent_route(&id).await?;
     let bad_gateway = |what: &str, e: &dyn std::error::Error| {
         ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -86,7 +87,11 @@ async fn forward(
             format!("sandbox {id} agent {what}: {}", chain(e)),
         )
     };
-    let stream = ember_engine::connect_agent(&sock).await.map_err(|e| bad_gateway("connect", &e))?;
+    let stream = match route {
+        AgentRoute::Local { socket } => {
+            ember_engine::connect_agent(&socket).await.map_err(|e| bad_gateway("connect", &e))?
+        }
+    };
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| bad_gateway("handshake", &e))?;
     tokio::spawn(async move {

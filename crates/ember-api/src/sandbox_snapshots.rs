@@ -69,7 +69,7 @@ pub async fn create(
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(snapshot_info(&st.engine.sandbox_snapshot(&id)?)).into_response())
+    Ok(Json(snapshot_info(&st.engine.sandbox_snapshot(&id).await?)).into_response())
 }
 
 pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
@@ -95,7 +95,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             }
         }
     }
-    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list_sandbox_snapshots(&f)? };
+    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list_sandbox_snapshots(&f).await? };
     let (items, pagination) = paging.cut(&all, snapshot_info);
     Ok(Json(SandboxSnapshotList { items, pagination }).into_response())
 }

@@ -24,7 +24,7 @@ pub async fn create(
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(sandbox_info(&st.engine.get(&id)?)).into_response())
+    Ok(Json(sandbox_info(&st.engine.get(&id).await?)).into_response())
 }
 
 pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
@@ -56,7 +56,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             }
         }
     }
-    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f) };
+    let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f).await? };
     let (items, pagination) = paging.cut(&all, sandbox_info);
     Ok(Json(SandboxList { items, pagination }).into_response())
 }
@@ -104,7 +104,7 @@ pub async fn endpoint(
     ApiPath((id, port)): ApiPath<(String, u16)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    st.engine.get(&id)?;
+    st.engine.get(&id).await?;
     let host = st
         .cfg
         .public_host

@@ -112,13 +112,14 @@ fn operation(o: &ember_engine::SnapshotOp) -> SnapshotOperation {
 }
 
 /// `GET /v1/workspace-snapshots/operations`: running and recently finished operations.
-pub async fn operations(State(st): State<ApiState>) -> Response {
-    Json(SnapshotOperationList { items: st.engine.snapshot_ops().iter().map(operation).collect() }).into_response()
+pub async fn operations(State(st): State<ApiState>) -> Result<Response, ApiError> {
+    let items = st.engine.snapshot_ops().await?.iter().map(operation).collect();
+    Ok(Json(SnapshotOperationList { items }).into_response())
 }
 
 /// `GET /v1/workspace-snapshots/operations/{id}`.
 pub async fn operation_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(operation(&st.engine.snapshot_op(&id)?)).into_response())
+    Ok(Json(operation(&st.engine.snapshot_op(&id).await?)).into_response())
 }
 
 /// `POST /v1/snapshot-store/gc`: one mark-and-sweep now (it waits for the

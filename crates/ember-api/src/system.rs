@@ -20,15 +20,7 @@ pub async fn runtimes(State(st): State<ApiState>) -> Response {
 }
 
 pub async fn metrics(State(st): State<ApiState>) -> Response {
-    st.engine.refresh_gauges();
-    let mut body = st.engine.metrics().encode();
-    if let Some(tasks) = st.engine.encode_task_metrics() {
-        // Two expositions, one `# EOF`: the task registry's ends the reply.
-        if let Some(cut) = body.rfind("# EOF") {
-            body.truncate(cut);
-        }
-        body.push_str(&tasks);
-    }
+    let body = st.engine.metrics_text();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 

@@ -22,7 +22,7 @@ pub async fn submit(
     State(st): State<ApiState>,
     ApiJson(req): ApiJson<SubmitTaskRequest>,
 ) -> Result<Response, ApiError> {
-    let (rec, created) = st.engine.submit_task(req)?;
+    let (rec, created) = st.engine.submit_task(req).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(rec)).into_response())
 }
@@ -42,11 +42,11 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             _ => {}
         }
     }
-    Ok(Json(TaskList { items: st.engine.list_tasks(&f)? }).into_response())
+    Ok(Json(TaskList { items: st.engine.list_tasks(&f).await? }).into_response())
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(st.engine.task(&id)?).into_response())
+    Ok(Json(st.engine.task(&id).await?).into_response())
 }
 
 pub async fn cancel(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {

@@ -25,6 +25,7 @@ mod recover;
 mod sandbox;
 mod sandbox_restore;
 mod sandbox_snapshots;
+mod seam;
 mod snapshot_gc;
 mod snapshot_ops;
 mod snapshots;
@@ -34,6 +35,7 @@ pub mod templates;
 mod workspaces;
 
 pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
+pub use seam::{AgentRoute, ControlPlane};
 pub use snapshot_ops::{OpKind, SnapshotOp};
 pub use snapshots::SnapshotStoreConfig;
 
