@@ -92,14 +92,6 @@ impl Bucket {
         .await
     }
 
-    /// Writes `value` whatever is there (a task's first record: its id is new).
-    pub async fn put(&self, key: &str, value: Bytes) -> Result<(), QueueError> {
-        retry(self.budget, "kv put", key, || async {
-            self.store.put(key, value.clone()).await.map(|_| ()).map_err(again)
-        })
-        .await
-    }
-
     /// Deletes `key` if it is still at `rev`; a conflict means someone
     /// changed it since, which the caller re-reads.
     pub async fn delete(&self, key: &str, rev: Option<u64>) -> Result<Cas, QueueError> {
@@ -144,10 +136,6 @@ impl Records {
 
     pub async fn save(&self, st: &Stored, rev: Option<u64>) -> Result<Cas, QueueError> {
         self.0.cas(&key_of(&st.record.id), encode(st), rev).await
-    }
-
-    pub async fn put(&self, st: &Stored) -> Result<(), QueueError> {
-        self.0.put(&key_of(&st.record.id), encode(st)).await
     }
 
     /// Applies `f` to the task's current record and writes it back, again

@@ -18,6 +18,9 @@ use std::sync::Mutex;
 /// (each skipped one is a duplicate, a finished task or a held workspace).
 const SCAN: usize = 64;
 
+/// Deliveries of a message whose task has no record before it is dropped.
+const ORPHAN_DELIVERIES: i64 = 5;
+
 /// An attempt leased through this handle: its message carries the acks.
 pub(crate) struct Inflight {
     msg: Message,
@@ -164,7 +167,13 @@ impl Inner {
         record.transition(TaskState::Queued, now, None);
         let st = Stored { record, seq: None };
         // Record first: a message is never fetched before its record exists.
-        self.records.put(&st).await?;
+        // Created at revision 0, never put: a first write that is retried,
+        // or applied late after a leader loss, must not overwrite the
+        // record a worker has moved since.
+        if self.records.save(&st, None).await? == Cas::Conflict {
+            let existing = self.records.load(id).await?.map(|(s, _)| s.record);
+            return existing.map(|r| (r, false)).ok_or_else(|| QueueError::NotFound(id.to_string()));
+        }
         let rank = st.record.spec.tier.rank();
         self.publish(&self.subjects[rank], id, Bytes::from(id.to_string())).await?;
         if let Some(ws) = &st.record.spec.workspace {
@@ -233,15 +242,22 @@ impl Inner {
     /// Decides what a fetched message is, from its task's record, and
     /// leases it to `worker` if it is a task that may run now.
     async fn claim(&self, msg: Message, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError> {
-        let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
+        let Ok((seq, delivered)) = msg.info().map(|i| (i.stream_sequence, i.delivered)) else {
             ack(Some(msg), AckKind::Term).await;
             return Ok(None);
         };
         let id = String::from_utf8_lossy(&msg.payload).into_owned();
         loop {
             let Some((mut st, rev)) = self.records.load(&id).await? else {
-                // No record: the task was pruned (its message outlived it).
-                ack(Some(msg), AckKind::Term).await;
+                // No record: the task was pruned after a settle whose ack
+                // was lost. Dropped only once seen so on several deliveries:
+                // a message must never be dropped on one doubtful read.
+                let kind = if delivered >= ORPHAN_DELIVERIES {
+                    AckKind::Term
+                } else {
+                    AckKind::Nak(Some(self.cfg.held_retry))
+                };
+                ack(Some(msg), kind).await;
                 return Ok(None);
             };
             let now = self.now();

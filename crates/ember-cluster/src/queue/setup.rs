@@ -83,5 +83,20 @@ pub(crate) async fn bucket(js: &jetstream::Context, cfg: &JetStreamConfig, name:
         js.create_key_value(config).await.map_err(again)
     })
     .await?;
+    // Reads from the stream leader, not "direct" from any replica: a
+    // lagging follower answers an older revision or none at all, and the
+    // queue decides on what it reads (a missing record, a fenced attempt).
+    // The failover test saw both once direct gets were on.
+    let stream_name = store.stream_name.clone();
+    let store = retry(cfg.retry_budget, "bucket reads from its leader", &name, || async {
+        let mut stream = js.get_stream(&stream_name).await.map_err(again)?;
+        let mut config = stream.info().await.map_err(again)?.config.clone();
+        if config.allow_direct {
+            config.allow_direct = false;
+            js.update_stream(config).await.map_err(again)?;
+        }
+        js.get_key_value(name.as_str()).await.map_err(again)
+    })
+    .await?;
     Ok(Bucket { store, name, budget: cfg.retry_budget })
 }
