@@ -272,26 +272,14 @@ impl Inner {
                     ack(Some(msg), AckKind::Term).await;
                     return Ok(None);
                 }
-                TaskState::Leased | TaskState::Running => {
-                    // Redelivered after AckWait: the attempt went silent.
-                    let attempt = st.record.attempt();
-                    let worker_was = st.record.attempts.last().map(|a| a.worker.clone()).unwrap_or_default();
-                    let beat = lock(&self.inflight).get(&id).filter(|f| f.attempt == attempt).map(|f| f.last_beat_ms);
-                    let silent_ms = beat.map_or(self.cfg.ack_wait.as_millis() as i64, |b| now - b);
-                    let reason = format!("lease expired: no heartbeat from {worker_was} for {silent_ms} ms");
-                    let next = fail_attempt(&mut st.record, reason, None, now);
-                    if self.records.save(&st, Some(rev)).await? == Cas::Conflict {
-                        continue;
-                    }
-                    lock(&self.inflight).remove(&id);
-                    let tier = st.record.spec.tier;
-                    let exp = Expired { task: id.clone(), attempt, worker: worker_was, tier, silent_ms, now: next };
-                    lock(&self.expired).push(exp);
-                    if next == TaskState::DeadLettered {
+                TaskState::Leased | TaskState::Running => match self.expire_attempt(&mut st, rev, now).await? {
+                    None => continue,
+                    Some(TaskState::DeadLettered) => {
                         self.settle(&st.record, Some(msg)).await?;
                         return Ok(None);
                     }
-                }
+                    Some(_) => {}
+                },
                 _ => {
                     if let Some(ws) = st.record.spec.workspace.clone() {
                         if !self.first_in_line(&ws, &id).await? {
@@ -317,6 +305,25 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Fails the silent attempt of a task whose message came back after
+    /// AckWait: `None` if another writer moved the record first, else where
+    /// the task went (Queued, or DeadLettered past its attempts).
+    async fn expire_attempt(&self, st: &mut Stored, rev: u64, now: i64) -> Result<Option<TaskState>, QueueError> {
+        let (id, attempt) = (st.record.id.clone(), st.record.attempt());
+        let worker = st.record.attempts.last().map(|a| a.worker.clone()).unwrap_or_default();
+        let beat = lock(&self.inflight).get(&id).filter(|f| f.attempt == attempt).map(|f| f.last_beat_ms);
+        let silent_ms = beat.map_or(self.cfg.ack_wait.as_millis() as i64, |b| now - b);
+        let reason = format!("lease expired: no heartbeat from {worker} for {silent_ms} ms");
+        let next = fail_attempt(&mut st.record, reason, None, now);
+        if self.records.save(st, Some(rev)).await? == Cas::Conflict {
+            return Ok(None);
+        }
+        lock(&self.inflight).remove(&id);
+        let tier = st.record.spec.tier;
+        lock(&self.expired).push(Expired { task: id, attempt, worker, tier, silent_ms, now: next });
+        Ok(Some(next))
     }
 
     /// Finishes the message side of a task that reached a terminal state:
