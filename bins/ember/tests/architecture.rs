@@ -14,6 +14,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-image", &["ember-sys"]),
         ("ember-workspace", &[]),
         ("ember-queue", &["ember-types"]),
+        ("ember-cluster", &["ember-types", "ember-queue"]),
         ("ember-net", &["ember-types", "ember-sys"]),
         (
             "ember-engine",

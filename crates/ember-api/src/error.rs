@@ -123,6 +123,7 @@ fn task_status(e: &ember_engine::tasks::QueueError) -> (StatusCode, &'static str
         Q::Finished { .. } => (S::CONFLICT, "TASK::ALREADY_ENDED"),
         Q::Fenced { .. } => (S::CONFLICT, "TASK::FENCED"),
         Q::Journal { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
+        Q::Unavailable { .. } => (S::SERVICE_UNAVAILABLE, "TASK::QUEUE_UNAVAILABLE"),
     }
 }
 

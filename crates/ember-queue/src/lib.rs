@@ -22,6 +22,8 @@
 //! log), `pick.rs` (tier order with aging, pure).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod embedded;
 mod journal;
 pub mod pick;
@@ -164,6 +166,10 @@ pub enum QueueError {
     Fenced { task: String, attempt: u32, worker: String, current: u32, state: TaskState },
     #[error("task {task} already ended ({state:?})")]
     Finished { task: String, state: TaskState },
+    /// The queue's backing service did not answer within the backend's
+    /// retry budget (a JetStream cluster without quorum for that long).
+    #[error("task queue unavailable: {op} {id}: {reason}")]
+    Unavailable { op: &'static str, id: String, reason: String },
     #[error("task journal {path}")]
     Journal {
         path: PathBuf,

@@ -2,7 +2,6 @@
 #![allow(dead_code)] // each test file uses its own part of this
 
 use ember_queue::{EmbeddedQueue, QueueConfig};
-use ember_types::task::{TaskSpec, Tier};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -34,19 +33,5 @@ impl Drop for Fixture {
     }
 }
 
-pub fn spec(tier: Tier, attempts: u32) -> TaskSpec {
-    TaskSpec {
-        command: vec!["true".into()],
-        template: "host".into(),
-        workspace: None,
-        tier,
-        key: None,
-        timeout_secs: 60,
-        max_attempts: attempts,
-        lease_ms: 1_000,
-        heartbeat_ms: 300,
-        env: Default::default(),
-        tenant: None,
-        reuse_sandbox: false,
-    }
-}
+#[allow(unused_imports)] // the conformance test file takes its own from the suite
+pub use ember_queue::conformance::spec;

@@ -1,0 +1,163 @@
+//! The key-value side of the queue: task records (the truth about every
+//! task), read and written with compare-and-set on the entry's revision, so
+//! two workers (or a worker and a cancel) can never both move one task: the
+//! second write names a revision that is no longer current, is refused, and
+//! its caller re-reads and decides again.
+use crate::retry::{again, retry, Step};
+use async_nats::jetstream::kv::{Operation, Store, UpdateErrorKind};
+use bytes::Bytes;
+use ember_queue::QueueError;
+use ember_types::task::TaskRecord;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A task as the records bucket holds it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Stored {
+    pub record: TaskRecord,
+    /// Stream sequence of the message the current attempt was leased from:
+    /// a later delivery of the same sequence is a redelivery (its lease
+    /// expired), any other sequence for this task a duplicate message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+}
+
+/// What a compare-and-set came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Cas {
+    Done(u64),
+    /// Another writer got there first: re-read and decide again.
+    Conflict,
+}
+
+/// A key for any string: KV keys allow `[-/_=.a-zA-Z0-9]`, so names of
+/// that alphabet (minus `.`, `/` and `=`) stay readable and anything else is
+/// hex behind a `=`, which no readable key contains.
+pub(crate) fn key_of(s: &str) -> String {
+    let plain = !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if plain {
+        s.to_string()
+    } else {
+        let hex: String = s.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("={hex}")
+    }
+}
+
+/// One bucket with the retry policy applied to each request.
+#[derive(Clone)]
+pub(crate) struct Bucket {
+    pub store: Store,
+    pub name: String,
+    pub budget: Duration,
+}
+
+impl Bucket {
+    /// The live value of `key` and its revision (`None`: absent or deleted).
+    pub async fn get(&self, key: &str) -> Result<Option<(Bytes, u64)>, QueueError> {
+        retry(self.budget, "kv get", key, || async {
+            let e = self.store.entry(key).await.map_err(again)?;
+            Ok(e.filter(|e| e.operation == Operation::Put).map(|e| (e.value, e.revision)))
+        })
+        .await
+    }
+
+    /// Writes `value` if the key is still at `expected` (`None`: absent).
+    /// A try whose reply was lost may have landed: a conflict after such a
+    /// try reads the value back and counts it as done if it is ours.
+    pub async fn cas(&self, key: &str, value: Bytes, expected: Option<u64>) -> Result<Cas, QueueError> {
+        let mut unsure = false;
+        retry(self.budget, "kv update", key, || {
+            let value = value.clone();
+            let was_unsure = unsure;
+            unsure = true;
+            async move {
+                let res = match expected {
+                    Some(rev) => self.store.update(key, value.clone(), rev).await.map_err(|e| e.kind()),
+                    None => self.store.create(key, value.clone()).await.map_err(|e| match e.kind() {
+                        async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => UpdateErrorKind::WrongLastRevision,
+                        _ => UpdateErrorKind::Other,
+                    }),
+                };
+                match res {
+                    Ok(rev) => Ok(Cas::Done(rev)),
+                    Err(UpdateErrorKind::WrongLastRevision) if was_unsure => match self.get(key).await? {
+                        Some((now, rev)) if now == value => Ok(Cas::Done(rev)),
+                        _ => Ok(Cas::Conflict),
+                    },
+                    Err(UpdateErrorKind::WrongLastRevision) => Ok(Cas::Conflict),
+                    Err(kind) => Err(Step::Again(format!("{kind} in bucket {}", self.name))),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Deletes `key` if it is still at `rev`; a conflict means someone
+    /// changed it since, which the caller re-reads.
+    pub async fn delete(&self, key: &str, rev: Option<u64>) -> Result<Cas, QueueError> {
+        retry(self.budget, "kv delete", key, || async {
+            match self.store.delete_expect_revision(key, rev).await {
+                Ok(()) => Ok(Cas::Done(0)),
+                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => match self.get(key).await? {
+                    None => Ok(Cas::Done(0)),
+                    Some(_) => Ok(Cas::Conflict),
+                },
+                Err(e) => Err(again(e)),
+            }
+        })
+        .await
+    }
+
+    /// Every live key of the bucket.
+    pub async fn keys(&self) -> Result<Vec<String>, QueueError> {
+        use futures_util::TryStreamExt;
+        retry(self.budget, "kv keys", &self.name, || async {
+            let keys = self.store.keys().await.map_err(again)?;
+            keys.try_collect::<Vec<String>>().await.map_err(again)
+        })
+        .await
+    }
+}
+
+/// The records bucket, typed.
+#[derive(Clone)]
+pub(crate) struct Records(pub Bucket);
+
+impl Records {
+    pub async fn load(&self, id: &str) -> Result<Option<(Stored, u64)>, QueueError> {
+        let Some((bytes, rev)) = self.0.get(&key_of(id)).await? else { return Ok(None) };
+        let st = serde_json::from_slice(&bytes).map_err(|e| QueueError::Unavailable {
+            op: "decode task record",
+            id: id.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Some((st, rev)))
+    }
+
+    pub async fn save(&self, st: &Stored, rev: Option<u64>) -> Result<Cas, QueueError> {
+        self.0.cas(&key_of(&st.record.id), encode(st), rev).await
+    }
+
+    /// Applies `f` to the task's current record and writes it back, again
+    /// on a newer record until no other writer came in between. `f` sees
+    /// every retry's record afresh, so its checks (fencing) hold for the
+    /// record actually written.
+    pub async fn modify(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&mut Stored) -> Result<(), QueueError>,
+    ) -> Result<Stored, QueueError> {
+        loop {
+            let (mut st, rev) = self.load(id).await?.ok_or_else(|| QueueError::NotFound(id.to_string()))?;
+            f(&mut st)?;
+            if let Cas::Done(_) = self.save(&st, Some(rev)).await? {
+                return Ok(st);
+            }
+        }
+    }
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Bytes {
+    // Serializing plain data structs to a Vec cannot fail.
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}

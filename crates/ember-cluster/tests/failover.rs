@@ -1,0 +1,99 @@
+//! The stream leader SIGKILLed mid-burst: a submitter keeps submitting and
+//! a worker keeps draining while the tier stream's Raft group elects a new
+//! leader (4–9 s of election timeout). Every submit must be answered
+//! without an error (the election is latency: `retry.rs`), every
+//! acknowledged task must be leased and finished, and no task may be
+//! finished twice in effect (one accepted `Succeeded` report each).
+mod common;
+
+use common::NatsCluster;
+use ember_cluster::{JetStreamConfig, JetStreamQueue};
+use ember_queue::conformance::spec;
+use ember_queue::{system_clock, Outcome, QueueConfig, TaskQueue};
+use ember_types::task::{TaskState, Tier};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TASKS: usize = 120;
+/// The submit after which the leader is killed: mid-burst.
+const KILL_AFTER: usize = 40;
+
+fn open(cluster: &NatsCluster) -> JetStreamQueue {
+    let cfg = JetStreamConfig { ack_wait: Duration::from_secs(5), ..JetStreamConfig::new(cluster.urls()) };
+    JetStreamQueue::open(cfg, QueueConfig::default(), system_clock()).expect("open")
+}
+
+#[test]
+fn the_stream_leader_killed_mid_burst_loses_no_task_and_runs_none_twice() {
+    let mut cluster = NatsCluster::start("failover", 3);
+    let submitter = open(&cluster);
+    let worker = Arc::new(open(&cluster));
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+
+    // The worker: lease, report Succeeded; count every report the queue accepted.
+    let drain = {
+        let (worker, done) = (Arc::clone(&worker), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut accepted: HashMap<String, u32> = HashMap::new();
+            let mut errors = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                match worker.lease("w") {
+                    Ok(Some((lease, _))) => match worker.finish(&lease, Outcome::Succeeded) {
+                        Ok(_) => *accepted.entry(lease.task).or_default() += 1,
+                        Err(e) => errors.push(format!("finish {}: {e}", lease.task)),
+                    },
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                    Err(e) => errors.push(format!("lease: {e}")),
+                }
+            }
+            (accepted, errors)
+        })
+    };
+
+    let mut slowest = Duration::ZERO;
+    let mut killed = None;
+    for i in 0..TASKS {
+        if i == KILL_AFTER {
+            let leader = cluster.stream_leader("EMBER_TASKS_STANDARD");
+            cluster.kill(&leader);
+            killed = Some(leader);
+        }
+        let t = Instant::now();
+        let (rec, created) =
+            submitter.submit(&format!("t{i:03}"), spec(Tier::Standard, 3)).expect("a submit is never an error");
+        assert!(created && rec.state == TaskState::Queued);
+        slowest = slowest.max(t.elapsed());
+        submitted.fetch_add(1, Ordering::SeqCst);
+    }
+    let killed = killed.expect("the leader was killed");
+    let new_leader = cluster.stream_leader("EMBER_TASKS_STANDARD");
+    eprintln!("killed {killed}, new leader {new_leader}; slowest submit {slowest:?}");
+    assert_ne!(new_leader, killed);
+
+    // Every acknowledged task ends Succeeded (a lease lost with the leader
+    // comes back after AckWait), within a bound that fails loudly.
+    let start = Instant::now();
+    loop {
+        let ok =
+            (0..TASKS).filter(|i| submitter.get(&format!("t{i:03}")).unwrap().state == TaskState::Succeeded).count();
+        if ok == TASKS {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{ok} of {TASKS} tasks succeeded");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    done.store(true, Ordering::SeqCst);
+    let (accepted, errors) = drain.join().expect("worker thread");
+    assert!(errors.is_empty(), "the worker saw errors: {errors:?}");
+    let twice: Vec<_> = accepted.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "finished more than once: {twice:?}");
+    assert_eq!(accepted.len(), TASKS, "every task finished by an accepted report");
+    for i in 0..TASKS {
+        let r = submitter.get(&format!("t{i:03}")).unwrap();
+        let ends = r.transitions.iter().filter(|t| t.state == TaskState::Succeeded).count();
+        assert_eq!(ends, 1, "{}: {:?}", r.id, r.transitions);
+    }
+}
