@@ -54,6 +54,11 @@ impl From<EngineError> for ApiError {
             EngineError::TemplateExists(_) => (S::CONFLICT, "TEMPLATE::EXISTS"),
             EngineError::Image(i) => image_status(i),
             EngineError::NoExpiration(_) => (S::CONFLICT, "SANDBOX::NO_EXPIRATION"),
+            // A restored layer that plants a symlink where the host prepares
+            // the rootfs: refused content, as an unsafe image layer is.
+            EngineError::Runtime { source: ember_engine::RuntimeError::UnsafeLayer { .. }, .. } => {
+                (S::UNPROCESSABLE_ENTITY, "SANDBOX::UNSAFE_LAYER")
+            }
             EngineError::Runtime { .. } => (S::INTERNAL_SERVER_ERROR, "SANDBOX::RUNTIME_ERROR"),
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
@@ -135,6 +140,9 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
         E::AlreadyExists { .. } => (StatusCode::CONFLICT, "SNAPSHOT::ALREADY_EXISTS"),
         // Another daemon sharing the store is writing a snapshot, or sweeping.
         E::SnapshotsInProgress { .. } | E::GcRunning { .. } => (StatusCode::CONFLICT, "SNAPSHOT::BUSY"),
+        // The store holds a manifest this node's key did not sign: refused
+        // content, as an unsafe image layer is (the message names the snapshot).
+        E::Tampered { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "SNAPSHOT::TAMPERED"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }

@@ -14,11 +14,19 @@ pub enum SnapshotStoreConfig {
     S3(ember_snapshot::S3Config),
 }
 
-pub(crate) fn open_store(cfg: &SnapshotStoreConfig) -> Result<Arc<dyn ObjectStore>, EngineError> {
+/// Opens the configured store with the manifest key: the given key file
+/// (which must exist: a cluster's nodes must not each invent their own), or
+/// this node's `<data>/snapshot.key`, made on first start.
+pub(crate) fn open_store(cfg: &crate::EngineConfig) -> Result<Arc<dyn ObjectStore>, EngineError> {
+    let key = match &cfg.snapshot_key_file {
+        Some(file) => ember_snapshot::ManifestKey::load(file)?,
+        None => ember_snapshot::ManifestKey::load_or_create(&cfg.data_dir.join("snapshot.key"))?,
+    };
+    let key = key.accept_unsigned(cfg.snapshot_accept_unsigned);
     let err = |e: ember_snapshot::StoreError| EngineError::Snapshot(ember_snapshot::SnapshotError::from(e));
-    Ok(match cfg {
-        SnapshotStoreConfig::Local(dir) => Arc::new(ember_snapshot::LocalStore::open(dir.clone()).map_err(err)?),
-        SnapshotStoreConfig::S3(c) => Arc::new(ember_snapshot::S3Store::open(c.clone()).map_err(err)?),
+    Ok(match &cfg.snapshot_store {
+        SnapshotStoreConfig::Local(dir) => Arc::new(ember_snapshot::LocalStore::open(dir.clone(), key).map_err(err)?),
+        SnapshotStoreConfig::S3(c) => Arc::new(ember_snapshot::S3Store::open(c.clone(), key).map_err(err)?),
     })
 }
 

@@ -71,6 +71,13 @@ pub enum SnapshotError {
     CommitRefused { id: String },
     #[error("manifest {key} is corrupt: {reason}")]
     CorruptManifest { key: String, reason: String },
+    /// The manifest's MAC is missing or does not verify with this node's key:
+    /// someone other than a holder of the key wrote it. Nothing is restored from it.
+    #[error("snapshot {id}: refusing its manifest: {reason}")]
+    Tampered { id: String, reason: String },
+    /// The manifest key file cannot be created, read or used.
+    #[error("snapshot key {}: {reason}", path.display())]
+    Key { path: PathBuf, reason: String },
     #[error("manifest {key} has format version {found}; this build reads version {supported}")]
     UnsupportedVersion { key: String, found: u32, supported: u32 },
     /// A chunk's bytes do not decompress, or do not hash to its name.

@@ -180,7 +180,7 @@ mod tests {
         assert_eq!(marks.whiteouts, vec!["etc/passwd".to_string()]);
         assert_eq!(marks.opaque_dirs, vec!["home/gone".to_string()]);
 
-        let store = LocalStore::open(tmp.path().join("store")).unwrap();
+        let store = LocalStore::open(tmp.path().join("store"), crate::ManifestKey::ephemeral()).unwrap();
         snapshot_layer(&upper, XATTR, &store, SnapshotOptions::new("l1")).unwrap();
         let into = tmp.path().join("restored");
         restore_layer(&store, "l1", &into, XATTR, RestoreOptions::default()).unwrap();

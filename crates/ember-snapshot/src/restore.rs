@@ -54,7 +54,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Sn
     move |source| SnapshotError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Reads and verifies a snapshot's manifest.
+/// Reads and verifies (checksum, MAC, id) a snapshot's manifest.
 pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, SnapshotError> {
     crate::validate_id(id)?;
     let key = manifest_key(id);
@@ -62,7 +62,7 @@ pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, Snapsh
         e if e.is_not_found() => SnapshotError::NotFound { id: id.to_string() },
         e => e.into(),
     })?;
-    Manifest::decode(&key, &bytes)
+    Manifest::decode(&key, id, &bytes, store.manifest_key())
 }
 
 /// Restores snapshot `id` as the new directory `into` (which must not exist;

@@ -191,7 +191,7 @@ fn build_and_commit(
     }
     manifest.created_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
-    store.put(key, &manifest.encode()?)?;
+    store.put(key, &manifest.encode(store.manifest_key())?)?;
     report(Phase::Done);
     Ok(SnapshotSummary::from(&manifest))
 }
