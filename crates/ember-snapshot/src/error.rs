@@ -88,6 +88,10 @@ pub enum SnapshotError {
     /// A manifest entry would escape the restore directory or has no directory parent.
     #[error("snapshot {id}: refusing entry {path:?}: {reason}")]
     UnsafeEntry { id: String, path: String, reason: &'static str },
+    /// The snapshot's file data (holes excluded) exceeds the target's quota;
+    /// nothing was written.
+    #[error("snapshot {id} holds {bytes} bytes of file data; the target's quota is {limit} bytes")]
+    TooLarge { id: String, bytes: u64, limit: u64 },
     #[error("restore target {} already exists", path.display())]
     TargetExists { path: PathBuf },
     #[error("{} is not a directory", path.display())]

@@ -55,6 +55,7 @@ pub mod manifest;
 mod pack;
 mod restore;
 mod snapshot;
+mod sparse;
 mod store;
 mod upload;
 mod walk;

@@ -70,10 +70,16 @@ pub struct Entry {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum EntryKind {
     Dir,
-    /// A regular file: its chunks in order; their lengths add up to `size`.
+    /// A regular file: its chunks in order. A dense file's chunks add up to
+    /// `size`. A sparse one lists its data extents in `data` (`[offset, len]`,
+    /// ascending, within `size`); its chunks fill those extents in order (no
+    /// chunk spans two) and the rest of the file is holes.
     File {
         size: u64,
         chunks: Vec<ChunkRef>,
+        /// Absent for dense files (and in manifests of older builds).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Vec<[u64; 2]>>,
     },
     Symlink {
         target: String,
@@ -114,6 +120,10 @@ pub struct Stats {
     /// when 0 so those still verify.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stored_bytes: u64,
+    /// Bytes of holes in sparse files: `logical_bytes` less this is the data
+    /// a restore writes. Omitted when 0, as above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hole_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -186,6 +196,18 @@ impl Manifest {
         Ok(manifest)
     }
 
+    /// The file bytes a restore writes: every chunk reference's length
+    /// (holes excluded), from the entries rather than the recorded stats.
+    pub fn data_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EntryKind::File { chunks, .. } => Some(chunks.iter().map(|c| c.len).fold(0u64, u64::saturating_add)),
+                _ => None,
+            })
+            .fold(0, u64::saturating_add)
+    }
+
     /// Every chunk the manifest references, without repeats.
     pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
         let mut seen = std::collections::HashSet::new();
@@ -213,7 +235,7 @@ mod tests {
             chunking: Chunking::default(),
             entries: vec![Entry {
                 path: "a".into(),
-                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }] },
+                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }], data: None },
                 mode: 0o644,
                 uid: 0,
                 gid: 0,

@@ -169,9 +169,10 @@ fn build_and_commit(
     };
     let batch = Staged::new();
     report(Phase::Transferring);
-    let stats = upload::upload(&mut items, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
-        report(Phase::Transferring)
-    })?;
+    let stats =
+        upload::upload(&walked.root, &mut items, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
+            report(Phase::Transferring)
+        })?;
     report(Phase::Syncing);
     // Every chunk durable before the manifest can name it.
     store.commit_staged(&batch)?;
