@@ -143,6 +143,8 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
         // The store holds a manifest this node's key did not sign: refused
         // content, as an unsafe image layer is (the message names the snapshot).
         E::Tampered { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "SNAPSHOT::TAMPERED"),
+        // More file data than the target's quota: refused before writing.
+        E::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "SNAPSHOT::TOO_LARGE"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }

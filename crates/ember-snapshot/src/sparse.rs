@@ -2,6 +2,7 @@
 //! `truncate -s 200G` in a 1 GiB workspace is read, stored, written and
 //! copied as the few bytes it holds, its holes recreated as holes.
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use rustix::fs::SeekFrom;
 use rustix::io::Errno;
@@ -45,20 +46,33 @@ pub(crate) fn recorded(data: &Option<Vec<[u64; 2]>>, size: u64) -> Vec<[u64; 2]>
     }
 }
 
-/// Copies the extents of `src` into `dest` at the same offsets with
-/// `copy_file_range` (no bytes through user space, no holes read as zeros).
+/// Copies the extents of `src` into `dest` at the same offsets: with
+/// `copy_file_range` (no bytes through user space), or, between two file
+/// systems (each workspace is its own), through a buffer. Never reads a hole.
 pub(crate) fn copy_extents(src: &File, dest: &File, extents: &[[u64; 2]]) -> std::io::Result<u64> {
+    let mut buf = Vec::new();
     let mut copied = 0;
     for &[offset, len] in extents {
         let (mut off_in, mut off_out, mut left) = (offset, offset, len);
         while left > 0 {
             let want = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
-            let n = rustix::fs::copy_file_range(src, Some(&mut off_in), dest, Some(&mut off_out), want)?;
+            let n = match rustix::fs::copy_file_range(src, Some(&mut off_in), dest, Some(&mut off_out), want) {
+                Ok(n) => n as u64,
+                Err(Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP | Errno::INVAL) => {
+                    let n = left.min(1 << 20);
+                    buf.resize(n as usize, 0);
+                    src.read_exact_at(&mut buf, off_in)?;
+                    dest.write_all_at(&buf, off_out)?;
+                    (off_in, off_out) = (off_in + n, off_out + n);
+                    n
+                }
+                Err(e) => return Err(e.into()),
+            };
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
-            left -= n as u64;
-            copied += n as u64;
+            left -= n;
+            copied += n;
         }
     }
     Ok(copied)
