@@ -13,11 +13,14 @@ use crate::manifest::ChunkRef;
 use crate::restore::fetch_chunk;
 use crate::{ObjectStore, SnapshotError};
 
+/// A file's chunks with the offset each is written at.
+pub(crate) type Placed<'m> = Vec<(u64, &'m ChunkRef)>;
+
 /// A file created empty, and the chunks to write into it, at their offsets.
 pub(crate) struct FileJob<'m> {
     pub file: File,
     pub path: PathBuf,
-    pub chunks: Vec<(u64, &'m ChunkRef)>,
+    pub chunks: Placed<'m>,
 }
 
 struct Job<'m> {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use filetime::FileTime;
 use sha2::{Digest, Sha256};
 
-use crate::fetch::{Fetcher, FileJob};
+use crate::fetch::{Fetcher, FileJob, Placed};
 use crate::manifest::{chunk_key, manifest_key, ChunkRef, Entry, EntryKind, Manifest};
 use crate::{sparse, ObjectStore, Phase, Progress, SnapshotError};
 
@@ -252,7 +252,7 @@ fn create_file<'m>(
     size: u64,
     chunks: &'m [ChunkRef],
     data: &Option<Vec<[u64; 2]>>,
-) -> Result<(fs::File, Vec<(u64, &'m ChunkRef)>), SnapshotError> {
+) -> Result<(fs::File, Placed<'m>), SnapshotError> {
     let corrupt =
         |why: &str| SnapshotError::CorruptManifest { key: manifest_key(&m.id), reason: format!("{path}: {why}") };
     let mut placed = Vec::with_capacity(chunks.len());

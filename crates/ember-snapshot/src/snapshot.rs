@@ -154,8 +154,7 @@ fn build_and_commit(
     key: &str,
 ) -> Result<SnapshotSummary, SnapshotError> {
     (opts.progress)(Progress::default());
-    let walked = walk::walk(dir)?;
-    let mut items = walked.items;
+    let mut walked = walk::walk(dir)?;
     let total = walked.file_bytes;
     let counters = Counters::default();
     let report = |phase| {
@@ -169,15 +168,14 @@ fn build_and_commit(
     };
     let batch = Staged::new();
     report(Phase::Transferring);
-    let stats =
-        upload::upload(&walked.root, &mut items, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
-            report(Phase::Transferring)
-        })?;
+    let stats = upload::upload(&mut walked, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
+        report(Phase::Transferring)
+    })?;
     report(Phase::Syncing);
     // Every chunk durable before the manifest can name it.
     store.commit_staged(&batch)?;
     report(Phase::Committing);
-    let entries = items.into_iter().map(|i| i.entry).collect();
+    let entries = walked.items.into_iter().map(|i| i.entry).collect();
     let mut manifest = Manifest {
         id: opts.id.clone(),
         created_unix_ms: 0,

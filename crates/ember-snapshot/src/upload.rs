@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use ember_sys::beneath::PinnedDir;
 
 use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, Stats};
-use crate::walk::Walked;
+use crate::walk::{Walk, Walked};
 use crate::{pack, sparse, ObjectStore, SnapshotError, Staged};
 
 struct Job {
@@ -171,8 +171,7 @@ fn present_chunks(store: &dyn ObjectStore) -> Result<HashMap<[u8; 32], u64>, Sna
 /// `batch` with `threads` workers; `on_chunk` is called on the calling thread
 /// after every chunk read. Returns the stats.
 pub(crate) fn upload(
-    root: &PinnedDir,
-    items: &mut [Walked],
+    walked: &mut Walk,
     store: &dyn ObjectStore,
     batch: &Staged,
     chunking: Chunking,
@@ -201,14 +200,14 @@ pub(crate) fn upload(
         }
         // `tx` moves in and is dropped on return: the workers then drain and exit.
         let mut out = Batcher { tx, pending: Vec::new(), bytes: 0 };
-        produce(root, items, &mut out, &shared, chunking, &mut counts, on_chunk)
+        produce(&walked.root, &mut walked.items, &mut out, &shared, chunking, &mut counts, on_chunk)
     });
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
     }
     produced?;
     let hashes = std::mem::take(&mut *lock(&shared.hashes));
-    fill_hashes(items, &hashes);
+    fill_hashes(&mut walked.items, &hashes);
     let s = lock(&shared.stats).clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
@@ -250,10 +249,10 @@ fn produce(
             EntryKind::File { size, chunks, data } => {
                 counts.files += 1;
                 let mut reader = Reader { root, rel, c, out, shared, on_chunk: &mut *on_chunk };
-                let (apparent, extents, read) = reader.file(chunks)?;
-                (*size, *data) = (apparent, extents);
-                counts.logical_bytes += apparent;
-                counts.hole_bytes += apparent - read;
+                let read = reader.file(chunks)?;
+                (*size, *data) = (read.size, read.data);
+                counts.logical_bytes += read.size;
+                counts.hole_bytes += read.size - read.bytes;
                 counts.chunk_refs += chunks.len() as u64;
             }
         }
@@ -262,6 +261,14 @@ fn produce(
         return Err(SnapshotError::UploadStopped);
     }
     Ok(())
+}
+
+/// What [`Reader::file`] found: the size, the data extents as recorded
+/// (`None`: dense), and the bytes read.
+struct ReadFile {
+    size: u64,
+    data: Option<Vec<[u64; 2]>>,
+    bytes: u64,
 }
 
 /// Reads one file for [`produce`].
@@ -281,9 +288,8 @@ impl Reader<'_, '_> {
 
     /// Opens the file beneath the root (never through a symlink: a directory
     /// swapped for one since the walk fails here, naming the path) and chunks
-    /// its data extents, sending every chunk to the workers; holes are not
-    /// read. Returns its size, its extents as recorded, and the bytes read.
-    fn file(&mut self, chunks: &mut Vec<ChunkRef>) -> Result<(u64, Option<Vec<[u64; 2]>>, u64), SnapshotError> {
+    /// its data extents, sending every chunk to the workers; holes are not read.
+    fn file(&mut self, chunks: &mut Vec<ChunkRef>) -> Result<ReadFile, SnapshotError> {
         let mut f = self.root.open_file(self.rel).map_err(|e| SnapshotError::Io {
             op: "open beneath the snapshot root (no symlinks)",
             path: e.target.into(),
@@ -296,7 +302,7 @@ impl Reader<'_, '_> {
             f.seek(std::io::SeekFrom::Start(offset)).map_err(|e| self.err("seek", e))?;
             total += self.extent((&mut f).take(len), chunks)?;
         }
-        Ok((size, sparse::as_recorded(extents, size), total))
+        Ok(ReadFile { size, data: sparse::as_recorded(extents, size), bytes: total })
     }
 
     /// Chunks one extent; returns the bytes read. The references get their

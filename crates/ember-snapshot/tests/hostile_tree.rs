@@ -81,9 +81,7 @@ fn sparse_files_are_read_and_written_by_their_data_only() {
         assert_eq!(fs::read(dir.join("dense")).unwrap(), b"dense");
     };
     let out = tmp.path().join("out");
-    let mut ropts = RestoreOptions::default();
-    ropts.progress = &read;
-    restore(&store, "s", &out, ropts).unwrap();
+    restore(&store, "s", &out, RestoreOptions { progress: &read, ..Default::default() }).unwrap();
     restored(&out);
     for i in 0..5 {
         let fork = tmp.path().join(format!("fork{i}"));
@@ -105,13 +103,10 @@ fn restore_refuses_more_data_than_the_targets_quota_before_writing() {
     let store = common::local_store(&tmp.path().join("store"));
     snapshot(&src, &store, SnapshotOptions::new("s")).unwrap();
     let out = tmp.path().join("out");
-    let mut opts = RestoreOptions::default();
-    opts.max_bytes = Some(2 << 20);
-    let err = restore(&store, "s", &out, opts).unwrap_err();
+    let err =
+        restore(&store, "s", &out, RestoreOptions { max_bytes: Some(2 << 20), ..Default::default() }).unwrap_err();
     let ember_snapshot::SnapshotError::TooLarge { id, bytes, limit } = &err else { panic!("{err:?}") };
     assert_eq!((id.as_str(), *bytes, *limit), ("s", (3 << 20) + 4096, 2 << 20), "{err}");
     assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 2, "nothing written beside src and store");
-    let mut opts = RestoreOptions::default();
-    opts.max_bytes = Some(4 << 20);
-    restore(&store, "s", &out, opts).unwrap();
+    restore(&store, "s", &out, RestoreOptions { max_bytes: Some(4 << 20), ..Default::default() }).unwrap();
 }
