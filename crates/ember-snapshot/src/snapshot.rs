@@ -59,6 +59,9 @@ pub struct SnapshotOptions<'a> {
     /// Worker threads that check, compress and upload chunks (default: the
     /// available cores, at most 4).
     pub threads: usize,
+    /// Set by [`snapshot_layer`](crate::snapshot_layer): the tree is an overlay
+    /// upper dir whose opaque dirs carry this xattr; its marks go in a label.
+    pub(crate) layer_xattr: Option<String>,
 }
 
 impl<'a> SnapshotOptions<'a> {
@@ -70,6 +73,7 @@ impl<'a> SnapshotOptions<'a> {
             progress: &no_progress,
             chunking: Chunking::default(),
             threads: default_threads(),
+            layer_xattr: None,
         }
     }
 
@@ -154,7 +158,7 @@ fn build_and_commit(
     key: &str,
 ) -> Result<SnapshotSummary, SnapshotError> {
     (opts.progress)(Progress::default());
-    let mut walked = walk::walk(dir)?;
+    let mut walked = walk::walk(dir, opts.layer_xattr.as_deref())?;
     let total = walked.file_bytes;
     let counters = Counters::default();
     let report = |phase| {
@@ -176,10 +180,16 @@ fn build_and_commit(
     store.commit_staged(&batch)?;
     report(Phase::Committing);
     let entries = walked.items.into_iter().map(|i| i.entry).collect();
+    let mut labels = opts.labels.clone();
+    if opts.layer_xattr.is_some() {
+        let json = serde_json::to_string(&walked.marks)
+            .map_err(|e| SnapshotError::InvalidOptions { reason: format!("encoding overlay marks: {e}") })?;
+        labels.insert(crate::LAYER_LABEL.to_string(), json);
+    }
     let mut manifest = Manifest {
         id: opts.id.clone(),
         created_unix_ms: 0,
-        labels: opts.labels.clone(),
+        labels,
         chunking: opts.chunking,
         entries,
         stats,

@@ -18,7 +18,7 @@ use rustix::fs::{AtFlags, Stat};
 use rustix::io::Errno;
 
 use crate::manifest::{Entry, EntryKind};
-use crate::SnapshotError;
+use crate::{LayerMarks, SnapshotError};
 
 /// A walked path: its entry (the path, relative to the root, is also how the
 /// upload reopens a file beneath the root).
@@ -32,6 +32,8 @@ pub(crate) struct Walk {
     pub warnings: Vec<String>,
     /// Bytes the regular files occupy at walk time, holes not counted (for progress).
     pub file_bytes: u64,
+    /// An overlay upper dir's whiteouts and opaque dirs (when walked with an xattr).
+    pub marks: LayerMarks,
 }
 
 fn sys(e: ember_sys::SysError) -> SnapshotError {
@@ -44,8 +46,10 @@ fn at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(rustix::io::Errno) ->
 
 /// Walks `root` depth-first, names sorted, directories before their contents.
 /// Never follows a symlink. Devices, sockets, fifos and non-UTF-8 names are
-/// skipped with a warning.
-pub(crate) fn walk(root: &Path) -> Result<Walk, SnapshotError> {
+/// skipped with a warning. With `opaque_xattr` (an overlay upper dir), whiteouts
+/// (character devices 0/0) and directories whose `opaque_xattr` is `y` are
+/// collected as [`LayerMarks`] instead, the xattr read from the dir's own fd.
+pub(crate) fn walk(root: &Path, opaque_xattr: Option<&str>) -> Result<Walk, SnapshotError> {
     let dir = PinnedDir::open(root).map_err(|e| {
         let code = e.source.raw_os_error();
         // O_DIRECTORY | O_NOFOLLOW: a file is ENOTDIR, a symlink ELOOP.
@@ -56,10 +60,12 @@ pub(crate) fn walk(root: &Path) -> Result<Walk, SnapshotError> {
         }
     })?;
     let st = rustix::fs::fstat(&dir).map_err(at("stat", root))?;
-    let mut w = Found { items: Vec::new(), warnings: Vec::new(), file_bytes: 0 };
+    let mut w = Found { items: Vec::new(), warnings: Vec::new(), file_bytes: 0, marks: None };
+    w.marks = opaque_xattr.map(|x| (x.to_string(), LayerMarks::default()));
     w.items.push(Walked { entry: entry(".".into(), EntryKind::Dir, &st) });
     descend(&dir, "", &mut w)?;
-    Ok(Walk { root: dir, items: w.items, warnings: w.warnings, file_bytes: w.file_bytes })
+    let marks = w.marks.map(|(_, m)| m).unwrap_or_default();
+    Ok(Walk { root: dir, items: w.items, warnings: w.warnings, file_bytes: w.file_bytes, marks })
 }
 
 /// What the walk collects on its way down.
@@ -67,6 +73,18 @@ struct Found {
     items: Vec<Walked>,
     warnings: Vec<String>,
     file_bytes: u64,
+    /// The opaque xattr and the marks found, for an overlay upper dir.
+    marks: Option<(String, LayerMarks)>,
+}
+
+/// Whether the directory `dir` carries the opaque xattr `name` with value `y`.
+fn is_opaque(dir: &PinnedDir, name: &str) -> Result<bool, SnapshotError> {
+    let mut buf = [0u8; 8];
+    match rustix::fs::fgetxattr(dir, name, &mut buf[..]) {
+        Ok(n) => Ok(&buf[..n] == b"y"),
+        Err(Errno::NODATA | Errno::NOTSUP | Errno::RANGE) => Ok(false),
+        Err(e) => Err(at("read xattr", dir.path())(e)),
+    }
 }
 
 fn descend(dir: &PinnedDir, rel: &str, w: &mut Found) -> Result<(), SnapshotError> {
@@ -92,6 +110,11 @@ fn descend(dir: &PinnedDir, rel: &str, w: &mut Found) -> Result<(), SnapshotErro
                 // Opened beneath without following: a dir swapped for a link since the stat is an error.
                 let sub = dir.open_dir(name).map_err(sys)?;
                 let st = rustix::fs::fstat(&sub).map_err(at("stat", &source))?;
+                if let Some((xattr, marks)) = &mut w.marks {
+                    if is_opaque(&sub, xattr)? {
+                        marks.opaque_dirs.push(relp.clone());
+                    }
+                }
                 w.items.push(Walked { entry: entry(relp.clone(), EntryKind::Dir, &st) });
                 descend(&sub, &relp, w)?;
                 continue;
@@ -107,6 +130,12 @@ fn descend(dir: &PinnedDir, rel: &str, w: &mut Found) -> Result<(), SnapshotErro
                     continue;
                 };
                 EntryKind::Symlink { target }
+            }
+            FileType::CharacterDevice if st.st_rdev == 0 && w.marks.is_some() => {
+                if let Some((_, marks)) = &mut w.marks {
+                    marks.whiteouts.push(relp);
+                }
+                continue;
             }
             FileType::BlockDevice | FileType::CharacterDevice => {
                 w.warnings.push(format!("skipped device {relp}"));
