@@ -104,6 +104,16 @@ pub struct ServeArgs {
     /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
     #[arg(long)]
     pub snapshot_store: Option<String>,
+    /// The key that signs and verifies snapshot manifests: 64 hex digits in a
+    /// file only its owner can read (default <data-dir>/snapshot.key, made on
+    /// first start). Daemons sharing a snapshot store share this file.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot_key_file: Option<PathBuf>,
+    /// Also accept snapshot manifests without a MAC (written by builds before
+    /// manifests were authenticated), to restore and snapshot them again.
+    /// Anyone who can write the store can then forge one: migrate, then drop it.
+    #[arg(long)]
+    pub snapshot_accept_unsigned: bool,
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,

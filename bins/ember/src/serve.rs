@@ -53,6 +53,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         max_ttl,
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
         snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+        snapshot_key_file: args.snapshot_key_file.clone(),
+        snapshot_accept_unsigned: args.snapshot_accept_unsigned,
         snapshot_gc_interval: match args.snapshot_gc_interval.as_str() {
             "off" => None,
             every => Some(parse_duration(every).context("--snapshot-gc-interval")?).filter(|d| !d.is_zero()),

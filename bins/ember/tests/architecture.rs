@@ -31,7 +31,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ),
         ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace", "ember-snapshot"]),
         ("ember-client", &["ember-types"]),
-        ("ember-snapshot", &[]),
+        ("ember-snapshot", &["ember-sys"]),
         (
             "ember",
             &[

@@ -5,13 +5,16 @@
 //!   and a restore (the host-side rootfs preparation wrote `hosts` and
 //!   `hostname` into that dir and chowned it);
 //! - a layer snapshot whose manifest says `tmp -> /` (the bundle binds
-//!   `<rootfs>/tmp`: the host's `/` would be bound into the sandbox);
+//!   `<rootfs>/tmp`: the host's `/` would be bound into the sandbox), forged
+//!   without the node's manifest key (refused as tampered) and with it (refused
+//!   by the rootfs checks);
 //! - runsc: a symlink planted at the `resume` file before checkpoint → resume
 //!   (host root created the file it named).
 mod common;
 
 use common::Daemon;
 use ember_snapshot::manifest::{EntryKind, Manifest};
+use ember_snapshot::ManifestKey;
 use ember_types::api::CreateSandboxRequest;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -49,9 +52,10 @@ async fn etc_symlink_through_snapshot_and_restore(class: &str) {
     let owner = std::fs::metadata(&host_dir).expect("victim").uid();
     assert!(left.is_empty(), "{class}: the host dir the sandbox's /etc named was written: {left:?}");
     assert_eq!(owner, UID_BASE, "{class}: the host dir the sandbox's /etc named was chowned");
-    // The restore is refused with a structured error naming the layer's etc.
+    // The restore is refused with a structured 4xx naming the layer's etc (a 500 before).
     let e = restored.map(|(s, _)| s.id).expect_err("a layer whose /etc is a symlink is refused").to_string();
     assert!(e.contains("must not be symlinks") && e.contains("upper/etc"), "{class}: {e}");
+    assert!(e.starts_with("SANDBOX::UNSAFE_LAYER:") && e.ends_with("(HTTP 422)"), "{class}: {e}");
     let _ = std::fs::remove_dir_all(&host_dir);
 }
 
@@ -70,18 +74,47 @@ async fn runc_a_restored_etc_symlink_is_never_followed_on_the_host() {
     etc_symlink_through_snapshot_and_restore("runc").await;
 }
 
+/// How the forger got at the manifest.
+#[derive(Clone, Copy, PartialEq)]
+enum Forger {
+    /// Write access to the store only: the checksum is recomputed, the MAC cannot be.
+    StoreOnly,
+    /// The node's key as well: the manifest verifies, the rootfs checks must hold.
+    WithKey,
+}
+
 /// Rewrites the layer manifest of sandbox snapshot `snap` in the node's local
 /// store so that its `tmp` is a symlink to `/` (a forged store).
-fn forge_tmp_to_root(data_dir: &Path, snap: &str) {
+fn forge_tmp_to_root(data_dir: &Path, snap: &str, forger: Forger) {
     let path = data_dir.join(format!("snapshots/manifests/sbx-{snap}-layer.json"));
-    let key = format!("manifests/sbx-{snap}-layer.json");
-    let mut m = Manifest::decode(&key, &std::fs::read(&path).expect("layer manifest")).expect("decode");
+    let (id, key) = (format!("sbx-{snap}-layer"), format!("manifests/sbx-{snap}-layer.json"));
+    let node_key = ManifestKey::load(&data_dir.join("snapshot.key")).expect("the node's key");
+    let bytes = std::fs::read(&path).expect("layer manifest");
+    let mut m = Manifest::decode(&key, &id, &bytes, &node_key).expect("decode");
     m.entries.retain(|e| e.path != "tmp" && !e.path.starts_with("tmp/"));
     let at = m.entries.iter().position(|e| e.path.as_str() > "tmp").unwrap_or(m.entries.len());
     let mut link = m.entries[0].clone();
     (link.path, link.kind) = ("tmp".into(), EntryKind::Symlink { target: "/".into() });
     m.entries.insert(at, link);
-    std::fs::write(&path, m.encode().expect("encode")).expect("write forged manifest");
+    let signer = match forger {
+        Forger::WithKey => node_key,
+        Forger::StoreOnly => ManifestKey::ephemeral(),
+    };
+    std::fs::write(&path, m.encode(&signer).expect("encode")).expect("write forged manifest");
+}
+
+/// Without the node's key a forged manifest is refused before anything is
+/// restored from it (before the MAC, this one restored as far as the runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crun_a_forged_layer_manifest_without_the_key_is_refused_as_tampered() {
+    let d = Daemon::start();
+    let src = d.create(|r| r.runtime_class = Some("crun".into())).await;
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
+    forge_tmp_to_root(&d.data_dir, &snap.id, Forger::StoreOnly);
+    let e = d.client.create_sandbox(&restore_req(&snap.id)).await.map(|(s, _)| s.id).expect_err("refused");
+    let e = e.to_string();
+    assert!(e.starts_with("SNAPSHOT::TAMPERED:") && e.ends_with("(HTTP 422)"), "{e}");
+    assert!(e.contains(&format!("sbx-{}-layer", snap.id)), "names the manifest's snapshot: {e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,7 +124,7 @@ async fn crun_a_forged_tmp_to_root_layer_never_binds_the_host_root() {
     std::fs::write(&marker, b"host\n").expect("marker");
     let src = d.create(|r| r.runtime_class = Some("crun".into())).await;
     let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
-    forge_tmp_to_root(&d.data_dir, &snap.id);
+    forge_tmp_to_root(&d.data_dir, &snap.id, Forger::WithKey);
     match d.client.create_sandbox(&restore_req(&snap.id)).await {
         Ok((s, _)) => {
             let probe = format!("cat /tmp{} 2>/dev/null; ls /tmp", marker.display());
@@ -105,7 +138,8 @@ async fn crun_a_forged_tmp_to_root_layer_never_binds_the_host_root() {
             assert!(
                 e.contains("must not be symlinks") && e.contains("upper/tmp"),
                 "refused, naming the layer's tmp: {e}"
-            )
+            );
+            assert!(e.starts_with("SANDBOX::UNSAFE_LAYER:") && e.ends_with("(HTTP 422)"), "{e}");
         }
     }
 }

@@ -273,3 +273,43 @@ async fn the_cli_snapshots_lists_restores_and_removes() {
     assert_eq!(ember(&d, &["sandbox", "snapshots", "rm", &sid]), sid);
     assert!(ember(&d, &["sandbox", "snapshots", "ls", "--json"]).trim() == "[]");
 }
+
+/// Sparse files cost their data, never their apparent size: the largest file
+/// the kernel takes (`truncate -s 8E` is one byte past it) in the writable
+/// layer and a 200G one in a 1 GiB workspace go through a snapshot, a restore
+/// and a fork ×5 with their holes kept as holes. Before, the snapshot read
+/// 2^63 bytes of zeros (it never finished).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_files_snapshot_restore_and_fork_within_the_quota() {
+    let d = Daemon::start();
+    d.client.create_workspace("sp", "1Gi").await.expect("workspace");
+    let src = d.create(|r| r.workspaces = vec![mount("sp")]).await;
+    let plant = "set -e; truncate -s 9223372036854775807 /huge; truncate -s 200G /workspace/big; \
+        echo tail >> /workspace/big";
+    let (code, _, err) = d.sh(&src.id, plant, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
+    let ws_snap = snap.workspaces[0].snapshot_id.clone().expect("rw workspace snapshot");
+
+    let req = CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    // Apparent size, then allocated KiB: a few blocks, not the holes.
+    let check = "stat -c '%s %b %B' /huge /workspace/big; tail -c 5 /workspace/big";
+    let (code, out, err) = d.sh(&restored.id, check, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (line, size) in lines[..2].iter().zip(["9223372036854775807", "214748364805"]) {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[0], size, "{out}");
+        let allocated: u64 = f[1].parse::<u64>().unwrap() * f[2].parse::<u64>().unwrap();
+        assert!(allocated <= 64 << 10, "{allocated} bytes allocated: holes written as zeros ({out})");
+    }
+    assert_eq!(lines[2], "tail", "{out}");
+
+    let forks = d.client.fork_snapshot(&ws_snap, 5, "sp-fork").await.expect("fork x5");
+    assert_eq!(forks.len(), 5);
+    for w in &forks {
+        assert_eq!(w.size_bytes, 1 << 30, "the source's quota, not the apparent 200G");
+        assert!(w.used_bytes < 256 << 20, "{}: {} bytes used", w.name, w.used_bytes);
+    }
+}

@@ -191,3 +191,22 @@ async fn gc_during_snapshot_writes_keeps_every_remaining_snapshot_restorable() {
     let after = chunk_bytes(&d);
     assert!(r.bytes_deleted >= BLOB as u64 && after + BLOB as u64 <= now, "the store shrank: {now} then {after}");
 }
+
+/// A restore into a workspace smaller than the snapshot's data is refused
+/// before anything is written, naming both sizes (before, the requested size
+/// was silently raised to fit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_smaller_than_the_snapshots_data_is_refused_up_front() {
+    let d = Daemon::start();
+    d.client.create_workspace("big", "64Mi").await.expect("workspace");
+    let w = d.create(|r| r.workspaces = vec![mount("big")]).await;
+    let (code, _, err) = d.sh(&w.id, "head -c 24000000 /dev/urandom > /workspace/blob", None).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_workspace("big", None).await.expect("snapshot");
+    let e = d.client.restore_snapshot(&snap.id, "small", Some("16Mi")).await.expect_err("refused").to_string();
+    assert!(e.starts_with("SNAPSHOT::TOO_LARGE:") && e.ends_with("(HTTP 422)"), "{e}");
+    assert!(e.contains("24000000 bytes") && e.contains(&(16u64 << 20).to_string()), "{e}");
+    let gone = d.client.get_workspace("small").await.expect_err("no workspace left behind").to_string();
+    assert!(gone.contains("WORKSPACE::NOT_FOUND"), "{gone}");
+    d.client.restore_snapshot(&snap.id, "fits", Some("48Mi")).await.expect("a quota the data fits in");
+}

@@ -54,6 +54,11 @@ impl From<EngineError> for ApiError {
             EngineError::TemplateExists(_) => (S::CONFLICT, "TEMPLATE::EXISTS"),
             EngineError::Image(i) => image_status(i),
             EngineError::NoExpiration(_) => (S::CONFLICT, "SANDBOX::NO_EXPIRATION"),
+            // A restored layer that plants a symlink where the host prepares
+            // the rootfs: refused content, as an unsafe image layer is.
+            EngineError::Runtime { source: ember_engine::RuntimeError::UnsafeLayer { .. }, .. } => {
+                (S::UNPROCESSABLE_ENTITY, "SANDBOX::UNSAFE_LAYER")
+            }
             EngineError::Runtime { .. } => (S::INTERNAL_SERVER_ERROR, "SANDBOX::RUNTIME_ERROR"),
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
@@ -136,6 +141,11 @@ fn snapshot_status(e: &ember_snapshot::SnapshotError) -> (StatusCode, &'static s
         E::AlreadyExists { .. } => (StatusCode::CONFLICT, "SNAPSHOT::ALREADY_EXISTS"),
         // Another daemon sharing the store is writing a snapshot, or sweeping.
         E::SnapshotsInProgress { .. } | E::GcRunning { .. } => (StatusCode::CONFLICT, "SNAPSHOT::BUSY"),
+        // The store holds a manifest this node's key did not sign: refused
+        // content, as an unsafe image layer is (the message names the snapshot).
+        E::Tampered { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "SNAPSHOT::TAMPERED"),
+        // More file data than the target's quota: refused before writing.
+        E::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "SNAPSHOT::TOO_LARGE"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "SNAPSHOT::ERROR"),
     }
 }

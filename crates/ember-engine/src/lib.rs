@@ -44,6 +44,7 @@ pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 pub use create::{CreateSandbox, HostVolumeRequest};
 /// Every daemon → agent connection pins the socket first (the API's proxy too).
 pub use ember_agent_client::connect_agent;
+pub use ember_runtime::RuntimeError;
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
@@ -69,6 +70,13 @@ pub struct EngineConfig {
     pub max_ttl: Option<Duration>,
     /// Where workspace snapshots go.
     pub snapshot_store: SnapshotStoreConfig,
+    /// The file holding the key that signs and verifies snapshot manifests
+    /// (`None`: `<data_dir>/snapshot.key`, created on first start). A cluster
+    /// sharing a store shares this file.
+    pub snapshot_key_file: Option<PathBuf>,
+    /// Accept manifests without a MAC (written before manifests were
+    /// authenticated): a migration aid, off by default.
+    pub snapshot_accept_unsigned: bool,
     /// How often the snapshot store's unreferenced chunks are swept (also
     /// soon after a delete); `None`: only on request.
     pub snapshot_gc_interval: Option<Duration>,
@@ -132,7 +140,7 @@ impl Engine {
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
-        let snapshot_store = snapshots::open_store(&cfg.snapshot_store)?;
+        let snapshot_store = snapshots::open_store(&cfg)?;
         let engine = Arc::new(Engine {
             cfg,
             runtimes,

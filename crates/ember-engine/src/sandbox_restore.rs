@@ -135,6 +135,8 @@ pub(crate) fn seed_layer(
         .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
     // The prepared upper dir is empty; the restore creates it anew.
     std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
-    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, RestoreOptions::default())?;
+    // No more than the sandbox's disk quota is written into its layer.
+    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
+    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
     Ok(())
 }

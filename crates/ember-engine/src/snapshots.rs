@@ -15,11 +15,19 @@ pub enum SnapshotStoreConfig {
     S3(ember_snapshot::S3Config),
 }
 
-pub(crate) fn open_store(cfg: &SnapshotStoreConfig) -> Result<Arc<dyn ObjectStore>, EngineError> {
+/// Opens the configured store with the manifest key: the given key file
+/// (which must exist: a cluster's nodes must not each invent their own), or
+/// this node's `<data>/snapshot.key`, made on first start.
+pub(crate) fn open_store(cfg: &crate::EngineConfig) -> Result<Arc<dyn ObjectStore>, EngineError> {
+    let key = match &cfg.snapshot_key_file {
+        Some(file) => ember_snapshot::ManifestKey::load(file)?,
+        None => ember_snapshot::ManifestKey::load_or_create(&cfg.data_dir.join("snapshot.key"))?,
+    };
+    let key = key.accept_unsigned(cfg.snapshot_accept_unsigned);
     let err = |e: ember_snapshot::StoreError| EngineError::Snapshot(ember_snapshot::SnapshotError::from(e));
-    Ok(match cfg {
-        SnapshotStoreConfig::Local(dir) => Arc::new(ember_snapshot::LocalStore::open(dir.clone()).map_err(err)?),
-        SnapshotStoreConfig::S3(c) => Arc::new(ember_snapshot::S3Store::open(c.clone()).map_err(err)?),
+    Ok(match &cfg.snapshot_store {
+        SnapshotStoreConfig::Local(dir) => Arc::new(ember_snapshot::LocalStore::open(dir.clone(), key).map_err(err)?),
+        SnapshotStoreConfig::S3(c) => Arc::new(ember_snapshot::S3Store::open(c.clone(), key).map_err(err)?),
     })
 }
 
@@ -230,12 +238,24 @@ impl Engine {
         op: &str,
     ) -> Result<(), EngineError> {
         let summary = self.inspect_snapshot(id).await?;
-        let size = size
-            .or_else(|| summary.labels.get("sizeBytes").and_then(|s| s.parse().ok()))
-            .unwrap_or(1 << 30)
-            .max(summary.stats.logical_bytes + (16 << 20));
-        let logical = summary.stats.logical_bytes;
-        self.snapshot_ops.update(op, |o| o.progress.bytes_total = logical * names.len() as u64);
+        // What a restore writes: holes are recreated as holes, so a 200 GiB
+        // sparse file in a 1 GiB workspace needs its data only.
+        let data = summary.stats.logical_bytes.saturating_sub(summary.stats.hole_bytes);
+        let size = match size {
+            // The caller's quota: refused up front if the data cannot fit (the
+            // restore checks it again, from the manifest's entries).
+            Some(size) => size,
+            None => summary
+                .labels
+                .get("sizeBytes")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1u64 << 30)
+                .max(data.saturating_add(16 << 20)),
+        };
+        if data > size {
+            return Err(ember_snapshot::SnapshotError::TooLarge { id: id.to_string(), bytes: data, limit: size }.into());
+        }
+        self.snapshot_ops.update(op, |o| o.progress.bytes_total = data.saturating_mul(names.len() as u64));
         let (id, names, op) = (id.to_string(), names.to_vec(), op.to_string());
         self.snap(move |e, store| {
             let mut made = Vec::new();
@@ -276,8 +296,8 @@ fn fill_workspaces(
     // The op's total covers every workspace; a step reports only its own bytes.
     let progress =
         |p: Progress| e.snapshot_ops.update(op, |o| o.progress = Progress { bytes_total: o.progress.bytes_total, ..p });
-    let info =
-        ember_snapshot::restore(store, id, &first_tmp, RestoreOptions { progress: &progress, ..Default::default() })?;
+    let opts = RestoreOptions { progress: &progress, max_bytes: Some(size), ..Default::default() };
+    let info = ember_snapshot::restore(store, id, &first_tmp, opts)?;
     let item_done = || {
         e.snapshot_ops.update(op, |o| {
             o.items_done += 1;

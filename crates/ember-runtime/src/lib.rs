@@ -78,6 +78,11 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// A writable layer (restored from a snapshot, or left by a checkpoint)
+    /// where a path the host prepares is, or goes through, a symlink: refused
+    /// content, not a fault (a 422 at the API).
+    #[error("refusing writable layer: {} is or goes through a symlink (/etc, /proc, /dev, /tmp and mount points must not be symlinks)", path.display())]
+    UnsafeLayer { path: PathBuf },
     #[error("cgroups of sandbox {id}")]
     Cgroup {
         id: SandboxId,

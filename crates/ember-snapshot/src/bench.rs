@@ -16,8 +16,8 @@ const ZSTD: &str = "zstd -T0 -3";
 const UNZSTD: &str = "zstd -T0 -d";
 
 use crate::{
-    copy_restored, restore, snapshot, LocalStore, ObjectStore, Phase, Progress, RestoreOptions, S3Config, S3Store,
-    SnapshotError, SnapshotOptions, StoreError,
+    copy_restored, restore, snapshot, LocalStore, ManifestKey, ObjectStore, Phase, Progress, RestoreOptions, S3Config,
+    S3Store, SnapshotError, SnapshotOptions, StoreError,
 };
 
 /// What to build and where.
@@ -180,9 +180,10 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
             let run = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let prefix =
                 format!("{}/ember-bench-{run}", c.prefix.trim_matches('/')).trim_start_matches('/').to_string();
-            Box::new(S3Store::open(S3Config { prefix, ..c.clone() })?)
+            Box::new(S3Store::open(S3Config { prefix, ..c.clone() }, ManifestKey::ephemeral())?)
         }
-        None => Box::new(LocalStore::open(objects)?),
+        // A throwaway store: its manifests need no key that outlives the run.
+        None => Box::new(LocalStore::open(objects, ManifestKey::ephemeral())?),
     };
     let store = store.as_ref();
     let mut r =

@@ -71,6 +71,13 @@ pub enum SnapshotError {
     CommitRefused { id: String },
     #[error("manifest {key} is corrupt: {reason}")]
     CorruptManifest { key: String, reason: String },
+    /// The manifest's MAC is missing or does not verify with this node's key:
+    /// someone other than a holder of the key wrote it. Nothing is restored from it.
+    #[error("snapshot {id}: refusing its manifest: {reason}")]
+    Tampered { id: String, reason: String },
+    /// The manifest key file cannot be created, read or used.
+    #[error("snapshot key {}: {reason}", path.display())]
+    Key { path: PathBuf, reason: String },
     #[error("manifest {key} has format version {found}; this build reads version {supported}")]
     UnsupportedVersion { key: String, found: u32, supported: u32 },
     /// A chunk's bytes do not decompress, or do not hash to its name.
@@ -81,6 +88,10 @@ pub enum SnapshotError {
     /// A manifest entry would escape the restore directory or has no directory parent.
     #[error("snapshot {id}: refusing entry {path:?}: {reason}")]
     UnsafeEntry { id: String, path: String, reason: &'static str },
+    /// The snapshot's file data (holes excluded) exceeds the target's quota;
+    /// nothing was written.
+    #[error("snapshot {id} holds {bytes} bytes of file data; the target's quota is {limit} bytes")]
+    TooLarge { id: String, bytes: u64, limit: u64 },
     #[error("restore target {} already exists", path.display())]
     TargetExists { path: PathBuf },
     #[error("{} is not a directory", path.display())]

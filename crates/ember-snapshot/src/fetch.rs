@@ -13,11 +13,14 @@ use crate::manifest::ChunkRef;
 use crate::restore::fetch_chunk;
 use crate::{ObjectStore, SnapshotError};
 
-/// A file created empty, and the chunks to write into it.
+/// A file's chunks with the offset each is written at.
+pub(crate) type Placed<'m> = Vec<(u64, &'m ChunkRef)>;
+
+/// A file created empty, and the chunks to write into it, at their offsets.
 pub(crate) struct FileJob<'m> {
     pub file: File,
     pub path: PathBuf,
-    pub chunks: &'m [ChunkRef],
+    pub chunks: Placed<'m>,
 }
 
 struct Job<'m> {
@@ -43,8 +46,7 @@ impl<'m> Jobs<'_, 'm> {
     /// Queues every chunk of `job`; blocks while the workers are busy.
     pub(crate) fn file(&self, job: FileJob<'m>) -> Result<(), SnapshotError> {
         let file = Arc::new((job.file, job.path));
-        let mut offset = 0;
-        for chunk in job.chunks {
+        for (offset, chunk) in job.chunks {
             let full = {
                 let mut p = self.pending.borrow_mut();
                 p.0.push(Job { file: Arc::clone(&file), offset, chunk });
@@ -54,7 +56,6 @@ impl<'m> Jobs<'_, 'm> {
             if self.fetcher.failed() || (full && !self.flush()) {
                 return Err(SnapshotError::UploadStopped);
             }
-            offset += chunk.len;
         }
         Ok(())
     }

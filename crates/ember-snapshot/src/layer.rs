@@ -5,11 +5,11 @@
 //! opaque directories (an xattr, `user.overlay.opaque` or
 //! `trusted.overlay.opaque` = `y`: "hide everything below"). The tree itself
 //! (files, dirs, symlinks, modes, owners, mtimes) goes through the ordinary
-//! [`snapshot`](crate::snapshot) path; the overlay marks ride in the manifest's
-//! [`LAYER_LABEL`] label, so they are covered by its checksum and committed
-//! with it, last. Other xattrs (file capabilities, ACLs) are not carried.
-use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+//! [`snapshot`](crate::snapshot) path, whose walk by fd also collects the
+//! marks (the opaque xattr read from each dir's own fd); they ride in the
+//! manifest's [`LAYER_LABEL`] label, so they are covered by its checksum and
+//! MAC and committed with it, last. Other xattrs (file capabilities, ACLs) are
+//! not carried.
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -32,59 +32,22 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Sn
     move |source| SnapshotError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Whether `path` carries the opaque xattr `name` with value `y`.
-fn is_opaque(path: &Path, name: &str) -> Result<bool, SnapshotError> {
-    let mut buf = [0u8; 8];
-    match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
-        Ok(n) => Ok(&buf[..n] == b"y"),
-        Err(e) if e == rustix::io::Errno::NODATA || e == rustix::io::Errno::NOTSUP => Ok(false),
-        Err(e) => Err(io("read xattr", path)(e.into())),
-    }
-}
-
-/// Finds the whiteouts and opaque directories under `root` (names sorted).
+/// Finds the whiteouts and opaque directories under `root` (names sorted),
+/// walking by fd as a snapshot does.
 pub fn scan_marks(root: &Path, opaque_xattr: &str) -> Result<LayerMarks, SnapshotError> {
-    let mut marks = LayerMarks::default();
-    scan(root, "", opaque_xattr, &mut marks)?;
-    Ok(marks)
-}
-
-fn scan(dir: &Path, rel: &str, xattr: &str, marks: &mut LayerMarks) -> Result<(), SnapshotError> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .map_err(io("read dir", dir))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(io("read dir", dir))?;
-    names.sort();
-    for name in names {
-        let Some(n) = name.to_str() else { continue }; // the walk warns about it
-        let path = dir.join(&name);
-        let relp = if rel.is_empty() { n.to_string() } else { format!("{rel}/{n}") };
-        let meta = fs::symlink_metadata(&path).map_err(io("stat", &path))?;
-        if meta.file_type().is_char_device() && meta.rdev() == 0 {
-            marks.whiteouts.push(relp);
-        } else if meta.is_dir() {
-            if is_opaque(&path, xattr)? {
-                marks.opaque_dirs.push(relp.clone());
-            }
-            scan(&path, &relp, xattr, marks)?;
-        }
-    }
-    Ok(())
+    Ok(crate::walk::walk(root, Some(opaque_xattr))?.marks)
 }
 
 /// Snapshots the upper dir `upper` (frozen by the caller) with its overlay
-/// marks; `opaque_xattr` is the xattr the overlay mount uses.
+/// marks, found by the same walk; `opaque_xattr` is the xattr the overlay
+/// mount uses.
 pub fn snapshot_layer(
     upper: &Path,
     opaque_xattr: &str,
     store: &dyn ObjectStore,
     mut opts: SnapshotOptions<'_>,
 ) -> Result<SnapshotInfo, SnapshotError> {
-    let marks = scan_marks(upper, opaque_xattr)?;
-    let json = serde_json::to_string(&marks)
-        .map_err(|e| SnapshotError::InvalidOptions { reason: format!("encoding overlay marks: {e}") })?;
-    opts.labels.insert(LAYER_LABEL.to_string(), json);
+    opts.layer_xattr = Some(opaque_xattr.to_string());
     snapshot(upper, store, opts)
 }
 
@@ -154,6 +117,17 @@ fn checked_parent(path: &str) -> Option<&str> {
 mod tests {
     use super::*;
     use crate::LocalStore;
+    use std::fs;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    fn is_opaque(path: &Path, name: &str) -> Result<bool, SnapshotError> {
+        let mut buf = [0u8; 8];
+        match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
+            Ok(n) => Ok(&buf[..n] == b"y"),
+            Err(e) if e == rustix::io::Errno::NODATA || e == rustix::io::Errno::NOTSUP => Ok(false),
+            Err(e) => Err(io("read xattr", path)(e.into())),
+        }
+    }
 
     const XATTR: &str = "user.overlay.opaque";
 
@@ -180,7 +154,7 @@ mod tests {
         assert_eq!(marks.whiteouts, vec!["etc/passwd".to_string()]);
         assert_eq!(marks.opaque_dirs, vec!["home/gone".to_string()]);
 
-        let store = LocalStore::open(tmp.path().join("store")).unwrap();
+        let store = LocalStore::open(tmp.path().join("store"), crate::ManifestKey::ephemeral()).unwrap();
         snapshot_layer(&upper, XATTR, &store, SnapshotOptions::new("l1")).unwrap();
         let into = tmp.path().join("restored");
         restore_layer(&store, "l1", &into, XATTR, RestoreOptions::default()).unwrap();

@@ -30,9 +30,10 @@
 //! snapshot markers), `bench.rs` (`ember bench snapshot`).
 //!
 //! ```no_run
-//! use ember_snapshot::{restore, snapshot, LocalStore, RestoreOptions, SnapshotOptions};
+//! use ember_snapshot::{restore, snapshot, LocalStore, ManifestKey, RestoreOptions, SnapshotOptions};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = LocalStore::open("/var/lib/ember/objects")?;
+//! let key = ManifestKey::load_or_create("/var/lib/ember/snapshot.key".as_ref())?;
+//! let store = LocalStore::open("/var/lib/ember/objects", key)?;
 //! let fenced = || true; // the caller's lease check
 //! let mut opts = SnapshotOptions::new("ws1-0001").label("workspace", "ws1");
 //! opts.commit_guard = &fenced;
@@ -48,17 +49,20 @@ mod catalog;
 mod coord;
 mod error;
 mod fetch;
+mod key;
 mod layer;
 pub mod manifest;
 mod pack;
 mod restore;
 mod snapshot;
+mod sparse;
 mod store;
 mod upload;
 mod walk;
 
 pub use catalog::{delete, gc, inspect, list, GcOptions, GcReport, SnapshotSummary};
 pub use error::{SnapshotError, StoreError};
+pub use key::ManifestKey;
 pub use layer::{layer_marks, restore_layer, scan_marks, snapshot_layer, LayerMarks, LAYER_LABEL};
 pub use manifest::{Chunking, Stats};
 pub use restore::{copy_restored, restore, RestoreInfo, RestoreOptions};

@@ -4,12 +4,14 @@
 //! where `sha256` is the hex digest of the canonical (serde_json) encoding of
 //! `manifest`. Every type here serializes deterministically (fixed field order,
 //! `BTreeMap`s), so a reader re-encodes what it parsed and compares digests.
+//! The envelope's `mac` authenticates those same bytes ([`ManifestKey`]): the
+//! checksum catches corruption, the MAC a store someone else wrote.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::SnapshotError;
+use crate::{ManifestKey, SnapshotError};
 
 /// The envelope's `format` value.
 pub const FORMAT: &str = "ember-snapshot";
@@ -68,10 +70,16 @@ pub struct Entry {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum EntryKind {
     Dir,
-    /// A regular file: its chunks in order; their lengths add up to `size`.
+    /// A regular file: its chunks in order. A dense file's chunks add up to
+    /// `size`. A sparse one lists its data extents in `data` (`[offset, len]`,
+    /// ascending, within `size`); its chunks fill those extents in order (no
+    /// chunk spans two) and the rest of the file is holes.
     File {
         size: u64,
         chunks: Vec<ChunkRef>,
+        /// Absent for dense files (and in manifests of older builds).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Vec<[u64; 2]>>,
     },
     Symlink {
         target: String,
@@ -112,6 +120,10 @@ pub struct Stats {
     /// when 0 so those still verify.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stored_bytes: u64,
+    /// Bytes of holes in sparse files: `logical_bytes` less this is the data
+    /// a restore writes. Omitted when 0, as above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hole_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -123,6 +135,11 @@ struct Envelope {
     format: String,
     version: u32,
     sha256: String,
+    /// `hmac-sha256:<hex>` over the canonical manifest bytes. Absent in
+    /// manifests of builds before authentication (refused unless the key
+    /// accepts unsigned ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mac: Option<String>,
     manifest: serde_json::Value,
 }
 
@@ -134,28 +151,28 @@ pub(crate) fn chunk_key(sha256: &str) -> String {
     format!("chunks/{sha256}")
 }
 
-fn digest(manifest: &Manifest) -> Result<String, serde_json::Error> {
-    Ok(hex::encode(Sha256::digest(serde_json::to_vec(manifest)?)))
-}
-
 impl Manifest {
-    /// The envelope bytes to store.
-    pub fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
+    /// The envelope bytes to store, authenticated with `mac_key`.
+    pub fn encode(&self, mac_key: &ManifestKey) -> Result<Vec<u8>, SnapshotError> {
         let corrupt = |e: serde_json::Error| SnapshotError::CorruptManifest {
             key: manifest_key(&self.id),
             reason: format!("encoding: {e}"),
         };
+        let canonical = serde_json::to_vec(self).map_err(corrupt)?;
         let env = Envelope {
             format: FORMAT.into(),
             version: VERSION,
-            sha256: digest(self).map_err(corrupt)?,
+            sha256: hex::encode(Sha256::digest(&canonical)),
+            mac: Some(mac_key.sign(&canonical)),
             manifest: serde_json::to_value(self).map_err(corrupt)?,
         };
         serde_json::to_vec_pretty(&env).map_err(corrupt)
     }
 
-    /// Parses and verifies the envelope stored under `key`.
-    pub fn decode(key: &str, bytes: &[u8]) -> Result<Manifest, SnapshotError> {
+    /// Parses and verifies the envelope stored under `key` for snapshot `id`:
+    /// its checksum, then its MAC with `mac_key`, then that it names `id` (a
+    /// genuine manifest copied under another id is refused too).
+    pub fn decode(key: &str, id: &str, bytes: &[u8], mac_key: &ManifestKey) -> Result<Manifest, SnapshotError> {
         let corrupt = |reason: String| SnapshotError::CorruptManifest { key: key.to_string(), reason };
         let env: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not an envelope: {e}")))?;
         if env.format != FORMAT {
@@ -166,11 +183,29 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_value(env.manifest).map_err(|e| corrupt(format!("bad manifest: {e}")))?;
-        let actual = digest(&manifest).map_err(|e| corrupt(e.to_string()))?;
+        let canonical = serde_json::to_vec(&manifest).map_err(|e| corrupt(e.to_string()))?;
+        let actual = hex::encode(Sha256::digest(&canonical));
         if actual != env.sha256 {
             return Err(corrupt(format!("checksum mismatch: recorded {}, computed {actual}", env.sha256)));
         }
+        let tampered = |reason: String| SnapshotError::Tampered { id: id.to_string(), reason };
+        mac_key.verify(&canonical, env.mac.as_deref()).map_err(|r| tampered(r.to_string()))?;
+        if manifest.id != id {
+            return Err(tampered(format!("it names snapshot {:?}", manifest.id)));
+        }
         Ok(manifest)
+    }
+
+    /// The file bytes a restore writes: every chunk reference's length
+    /// (holes excluded), from the entries rather than the recorded stats.
+    pub fn data_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EntryKind::File { chunks, .. } => Some(chunks.iter().map(|c| c.len).fold(0u64, u64::saturating_add)),
+                _ => None,
+            })
+            .fold(0, u64::saturating_add)
     }
 
     /// Every chunk the manifest references, without repeats.
@@ -200,7 +235,7 @@ mod tests {
             chunking: Chunking::default(),
             entries: vec![Entry {
                 path: "a".into(),
-                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }] },
+                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }], data: None },
                 mode: 0o644,
                 uid: 0,
                 gid: 0,
@@ -214,17 +249,25 @@ mod tests {
 
     #[test]
     fn round_trips_and_detects_tampering() {
-        let m = sample();
-        let bytes = m.encode().unwrap();
-        assert_eq!(Manifest::decode("k", &bytes).unwrap(), m);
-        let tampered = String::from_utf8(bytes).unwrap().replace("\"mode\": 420", "\"mode\": 493");
-        assert!(matches!(Manifest::decode("k", tampered.as_bytes()), Err(SnapshotError::CorruptManifest { .. })));
-        assert!(Manifest::decode("k", b"{").is_err());
+        let (m, key) = (sample(), ManifestKey::ephemeral());
+        let bytes = m.encode(&key).unwrap();
+        assert_eq!(Manifest::decode("k", "s1", &bytes, &key).unwrap(), m);
+        let tampered = String::from_utf8(bytes.clone()).unwrap().replace("\"mode\": 420", "\"mode\": 493");
+        let decoded = Manifest::decode("k", "s1", tampered.as_bytes(), &key);
+        assert!(matches!(decoded, Err(SnapshotError::CorruptManifest { .. })));
+        assert!(Manifest::decode("k", "s1", b"{", &key).is_err());
+        let other = Manifest::decode("k", "s1", &bytes, &ManifestKey::ephemeral());
+        assert!(matches!(other, Err(SnapshotError::Tampered { .. })), "another node's key");
+        let moved = Manifest::decode("k", "s2", &bytes, &key);
+        assert!(matches!(moved, Err(SnapshotError::Tampered { .. })), "copied under another id");
     }
 
     #[test]
     fn refuses_other_versions() {
-        let text = String::from_utf8(sample().encode().unwrap()).unwrap().replace("\"version\": 1", "\"version\": 9");
-        assert!(matches!(Manifest::decode("k", text.as_bytes()), Err(SnapshotError::UnsupportedVersion { .. })));
+        let key = ManifestKey::ephemeral();
+        let text =
+            String::from_utf8(sample().encode(&key).unwrap()).unwrap().replace("\"version\": 1", "\"version\": 9");
+        let decoded = Manifest::decode("k", "s1", text.as_bytes(), &key);
+        assert!(matches!(decoded, Err(SnapshotError::UnsupportedVersion { .. })));
     }
 }

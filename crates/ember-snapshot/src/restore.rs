@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use filetime::FileTime;
 use sha2::{Digest, Sha256};
 
-use crate::fetch::{Fetcher, FileJob};
+use crate::fetch::{Fetcher, FileJob, Placed};
 use crate::manifest::{chunk_key, manifest_key, ChunkRef, Entry, EntryKind, Manifest};
-use crate::{ObjectStore, Phase, Progress, SnapshotError};
+use crate::{sparse, ObjectStore, Phase, Progress, SnapshotError};
 
 fn no_progress(_: Progress) {}
 
@@ -26,11 +26,20 @@ pub struct RestoreOptions<'a> {
     /// Worker threads that fetch, decompress, verify and write chunks
     /// (default: the available cores, at least 2 so fetches overlap, at most 4).
     pub threads: usize,
+    /// The target's quota: a snapshot whose file data (holes excluded, counted
+    /// from the manifest's entries) exceeds it is refused before anything is
+    /// written ([`SnapshotError::TooLarge`]). `None`: no limit.
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for RestoreOptions<'_> {
     fn default() -> Self {
-        RestoreOptions { ownership: true, progress: &no_progress, threads: crate::snapshot::default_threads().max(2) }
+        RestoreOptions {
+            ownership: true,
+            progress: &no_progress,
+            threads: crate::snapshot::default_threads().max(2),
+            max_bytes: None,
+        }
     }
 }
 
@@ -54,7 +63,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Sn
     move |source| SnapshotError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Reads and verifies a snapshot's manifest.
+/// Reads and verifies (checksum, MAC, id) a snapshot's manifest.
 pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, SnapshotError> {
     crate::validate_id(id)?;
     let key = manifest_key(id);
@@ -62,7 +71,7 @@ pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, Snapsh
         e if e.is_not_found() => SnapshotError::NotFound { id: id.to_string() },
         e => e.into(),
     })?;
-    Manifest::decode(&key, &bytes)
+    Manifest::decode(&key, id, &bytes, store.manifest_key())
 }
 
 /// Restores snapshot `id` as the new directory `into` (which must not exist;
@@ -103,6 +112,10 @@ fn restore_from(
 ) -> Result<RestoreInfo, SnapshotError> {
     let start = Instant::now();
     let manifest = load(store, id)?;
+    let bytes = manifest.data_bytes();
+    if let Some(limit) = opts.max_bytes.filter(|l| bytes > *l) {
+        return Err(SnapshotError::TooLarge { id: id.to_string(), bytes, limit });
+    }
     match fs::symlink_metadata(into) {
         Ok(_) => return Err(SnapshotError::TargetExists { path: into.to_path_buf() }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -147,7 +160,7 @@ fn build(
 ) -> Result<RestoreInfo, SnapshotError> {
     let mut info =
         RestoreInfo { id: m.id.clone(), files: 0, dirs: 0, symlinks: 0, bytes: 0, chunks: 0, elapsed: Duration::ZERO };
-    let total = m.stats.logical_bytes;
+    let total = m.data_bytes();
     (opts.progress)(Progress { bytes_total: total, ..Default::default() });
     let Some((first, rest)) = m.entries.split_first() else {
         return Err(SnapshotError::UnsafeEntry {
@@ -200,17 +213,18 @@ fn build(
                     symlink(target, &dest).map_err(io("create symlink", &dest))?;
                     info.symlinks += 1;
                 }
-                EntryKind::File { size, chunks } => {
-                    let file = create_file(m, &e.path, &dest, *size, chunks)?;
+                EntryKind::File { size, chunks, data } => {
+                    let (file, placed) = create_file(m, &e.path, &dest, *size, chunks, data)?;
+                    let written = placed.iter().map(|(_, c)| c.len).sum::<u64>();
                     match from {
                         Some(from) => {
-                            copy_file(m, &from.join(&e.path), file, &dest, *size)?;
-                            copied.fetch_add(*size, Ordering::Relaxed);
+                            copy_file(m, &from.join(&e.path), file, &dest, *size, data)?;
+                            copied.fetch_add(written, Ordering::Relaxed);
                         }
-                        None => jobs.file(FileJob { file, path: dest.clone(), chunks })?,
+                        None => jobs.file(FileJob { file, path: dest.clone(), chunks: placed })?,
                     }
                     info.files += 1;
-                    info.bytes += size;
+                    info.bytes += written;
                     info.chunks += chunks.len() as u64;
                     report(Phase::Transferring);
                 }
@@ -228,39 +242,67 @@ fn build(
     Ok(info)
 }
 
-/// Creates a file to restore into, after checking its chunks add up to its size.
-fn create_file(
+/// Creates a file to restore into, its size set (holes stay holes), after
+/// checking its extents lie in order within it and its chunks fill them
+/// exactly; returns it with each chunk's offset.
+fn create_file<'m>(
     m: &Manifest,
     path: &str,
     dest: &Path,
     size: u64,
-    chunks: &[ChunkRef],
-) -> Result<fs::File, SnapshotError> {
-    if chunks.iter().map(|c| c.len).sum::<u64>() != size {
-        return Err(SnapshotError::CorruptManifest {
-            key: manifest_key(&m.id),
-            reason: format!("chunks of {path} do not add up to its size"),
-        });
+    chunks: &'m [ChunkRef],
+    data: &Option<Vec<[u64; 2]>>,
+) -> Result<(fs::File, Placed<'m>), SnapshotError> {
+    let corrupt =
+        |why: &str| SnapshotError::CorruptManifest { key: manifest_key(&m.id), reason: format!("{path}: {why}") };
+    let mut placed = Vec::with_capacity(chunks.len());
+    let mut next = chunks.iter();
+    let mut end = 0u64;
+    for [offset, len] in sparse::recorded(data, size) {
+        let stop = offset.checked_add(len).filter(|s| offset >= end && *s <= size);
+        let Some(stop) = stop else { return Err(corrupt("data extents out of order or past its size")) };
+        let mut at = offset;
+        while at < stop {
+            let c = next.next().ok_or_else(|| corrupt("chunks do not fill its data extents"))?;
+            placed.push((at, c));
+            at = at.checked_add(c.len).filter(|a| *a <= stop).ok_or_else(|| corrupt("a chunk spans two extents"))?;
+        }
+        end = stop;
     }
-    fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))
+    if next.next().is_some() {
+        return Err(corrupt("more chunks than its data extents hold"));
+    }
+    let file =
+        fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dest).map_err(io("create", dest))?;
+    file.set_len(size).map_err(io("set size of", dest))?;
+    Ok((file, placed))
 }
 
-/// Copies a file of an earlier restore of the same manifest (`copy_restored`).
-fn copy_file(m: &Manifest, src: &Path, mut dest_file: fs::File, dest: &Path, size: u64) -> Result<(), SnapshotError> {
+/// Copies a file of an earlier restore of the same manifest (`copy_restored`),
+/// its data extents only: holes stay holes.
+fn copy_file(
+    m: &Manifest,
+    src: &Path,
+    dest_file: fs::File,
+    dest: &Path,
+    size: u64,
+    data: &Option<Vec<[u64; 2]>>,
+) -> Result<(), SnapshotError> {
     let changed = |what: String| SnapshotError::CorruptManifest {
         key: manifest_key(&m.id),
         reason: format!("copying from the first restore: {} {what}", src.display()),
     };
     // Not through a symlink that replaced the restored file.
-    if !fs::symlink_metadata(src).map_err(io("stat", src))?.is_file() {
-        return Err(changed("is no longer a regular file".into()));
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(src)
+        .map_err(io("open (no symlinks)", src))?;
+    let meta = f.metadata().map_err(io("stat", src))?;
+    if !meta.is_file() || meta.len() != size {
+        return Err(changed(format!("is no longer a regular file of {size} bytes")));
     }
-    let mut f = fs::File::open(src).map_err(io("open", src))?;
-    // std copies file to file with copy_file_range: no bytes through user space.
-    let n = std::io::copy(&mut f, &mut dest_file).map_err(io("copy into", dest))?;
-    if n != size {
-        return Err(changed(format!("holds {n} bytes, the manifest says {size}")));
-    }
+    sparse::copy_extents(&f, &dest_file, &sparse::recorded(data, size)).map_err(io("copy into", dest))?;
     Ok(())
 }
 

@@ -59,6 +59,9 @@ pub struct SnapshotOptions<'a> {
     /// Worker threads that check, compress and upload chunks (default: the
     /// available cores, at most 4).
     pub threads: usize,
+    /// Set by [`snapshot_layer`](crate::snapshot_layer): the tree is an overlay
+    /// upper dir whose opaque dirs carry this xattr; its marks go in a label.
+    pub(crate) layer_xattr: Option<String>,
 }
 
 impl<'a> SnapshotOptions<'a> {
@@ -70,6 +73,7 @@ impl<'a> SnapshotOptions<'a> {
             progress: &no_progress,
             chunking: Chunking::default(),
             threads: default_threads(),
+            layer_xattr: None,
         }
     }
 
@@ -154,8 +158,7 @@ fn build_and_commit(
     key: &str,
 ) -> Result<SnapshotSummary, SnapshotError> {
     (opts.progress)(Progress::default());
-    let walked = walk::walk(dir)?;
-    let mut items = walked.items;
+    let mut walked = walk::walk(dir, opts.layer_xattr.as_deref())?;
     let total = walked.file_bytes;
     let counters = Counters::default();
     let report = |phase| {
@@ -169,18 +172,24 @@ fn build_and_commit(
     };
     let batch = Staged::new();
     report(Phase::Transferring);
-    let stats = upload::upload(&mut items, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
+    let stats = upload::upload(&mut walked, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
         report(Phase::Transferring)
     })?;
     report(Phase::Syncing);
     // Every chunk durable before the manifest can name it.
     store.commit_staged(&batch)?;
     report(Phase::Committing);
-    let entries = items.into_iter().map(|i| i.entry).collect();
+    let entries = walked.items.into_iter().map(|i| i.entry).collect();
+    let mut labels = opts.labels.clone();
+    if opts.layer_xattr.is_some() {
+        let json = serde_json::to_string(&walked.marks)
+            .map_err(|e| SnapshotError::InvalidOptions { reason: format!("encoding overlay marks: {e}") })?;
+        labels.insert(crate::LAYER_LABEL.to_string(), json);
+    }
     let mut manifest = Manifest {
         id: opts.id.clone(),
         created_unix_ms: 0,
-        labels: opts.labels.clone(),
+        labels,
         chunking: opts.chunking,
         entries,
         stats,
@@ -191,7 +200,7 @@ fn build_and_commit(
     }
     manifest.created_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
-    store.put(key, &manifest.encode()?)?;
+    store.put(key, &manifest.encode(store.manifest_key())?)?;
     report(Phase::Done);
     Ok(SnapshotSummary::from(&manifest))
 }

@@ -6,8 +6,7 @@
 //! (a HEAD per chunk on S3). Staged chunks become durable together when the
 //! caller commits the batch, before the manifest is written.
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::path::Path;
+use std::io::{Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -15,9 +14,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use fastcdc::v2020::StreamCDC;
 use sha2::{Digest, Sha256};
 
+use ember_sys::beneath::PinnedDir;
+
 use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, Stats};
-use crate::walk::Walked;
-use crate::{pack, ObjectStore, SnapshotError, Staged};
+use crate::walk::{Walk, Walked};
+use crate::{pack, sparse, ObjectStore, SnapshotError, Staged};
 
 struct Job {
     /// Index of the chunk in walk order: where its hash goes.
@@ -170,7 +171,7 @@ fn present_chunks(store: &dyn ObjectStore) -> Result<HashMap<[u8; 32], u64>, Sna
 /// `batch` with `threads` workers; `on_chunk` is called on the calling thread
 /// after every chunk read. Returns the stats.
 pub(crate) fn upload(
-    items: &mut [Walked],
+    walked: &mut Walk,
     store: &dyn ObjectStore,
     batch: &Staged,
     chunking: Chunking,
@@ -199,14 +200,14 @@ pub(crate) fn upload(
         }
         // `tx` moves in and is dropped on return: the workers then drain and exit.
         let mut out = Batcher { tx, pending: Vec::new(), bytes: 0 };
-        produce(items, &mut out, &shared, chunking, &mut counts, on_chunk)
+        produce(&walked.root, &mut walked.items, &mut out, &shared, chunking, &mut counts, on_chunk)
     });
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
     }
     produced?;
     let hashes = std::mem::take(&mut *lock(&shared.hashes));
-    fill_hashes(items, &hashes);
+    fill_hashes(&mut walked.items, &hashes);
     let s = lock(&shared.stats).clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
@@ -214,6 +215,7 @@ pub(crate) fn upload(
         dirs: counts.dirs,
         symlinks: counts.symlinks,
         chunk_refs: counts.chunk_refs,
+        hole_bytes: counts.hole_bytes,
         ..s
     })
 }
@@ -231,6 +233,7 @@ fn fill_hashes(items: &mut [Walked], hashes: &[[u8; 32]]) {
 }
 
 fn produce(
+    root: &PinnedDir,
     items: &mut [Walked],
     out: &mut Batcher,
     shared: &Shared<'_>,
@@ -239,14 +242,17 @@ fn produce(
     on_chunk: &mut dyn FnMut(),
 ) -> Result<(), SnapshotError> {
     for item in items {
-        let source = item.source.as_path();
+        let rel = item.entry.path.as_str();
         match &mut item.entry.kind {
             EntryKind::Dir => counts.dirs += 1,
             EntryKind::Symlink { .. } => counts.symlinks += 1,
-            EntryKind::File { size, chunks } => {
+            EntryKind::File { size, chunks, data } => {
                 counts.files += 1;
-                *size = chunk_file(source, c, chunks, out, shared, on_chunk)?;
-                counts.logical_bytes += *size;
+                let mut reader = Reader { root, rel, c, out, shared, on_chunk: &mut *on_chunk };
+                let read = reader.file(chunks)?;
+                (*size, *data) = (read.size, read.data);
+                counts.logical_bytes += read.size;
+                counts.hole_bytes += read.size - read.bytes;
                 counts.chunk_refs += chunks.len() as u64;
             }
         }
@@ -257,34 +263,69 @@ fn produce(
     Ok(())
 }
 
-/// Chunks one file, sending every chunk to the workers; returns the bytes read.
-/// The references get their hashes later, from the workers ([`fill_hashes`]).
-fn chunk_file(
-    path: &Path,
+/// What [`Reader::file`] found: the size, the data extents as recorded
+/// (`None`: dense), and the bytes read.
+struct ReadFile {
+    size: u64,
+    data: Option<Vec<[u64; 2]>>,
+    bytes: u64,
+}
+
+/// Reads one file for [`produce`].
+struct Reader<'r, 's> {
+    root: &'r PinnedDir,
+    rel: &'r str,
     c: Chunking,
-    out: &mut Vec<ChunkRef>,
-    batches: &mut Batcher,
-    shared: &Shared<'_>,
-    on_chunk: &mut dyn FnMut(),
-) -> Result<u64, SnapshotError> {
-    let io = |op| move |source| SnapshotError::Io { op, path: path.to_path_buf(), source };
-    let f = File::open(path).map_err(io("open"))?;
-    let mut total = 0;
-    for chunk in StreamCDC::new(f, c.min as usize, c.avg as usize, c.max as usize) {
-        let data = chunk.map_err(|e| io("read")(e.into()))?.data;
-        let len = data.len() as u64;
-        out.push(ChunkRef { sha256: String::new(), len });
-        let slot = {
-            let mut hashes = lock(&shared.hashes);
-            hashes.push([0; 32]);
-            hashes.len() - 1
-        };
-        if shared.failed() || !batches.push(Job { slot, data }) {
-            // A worker's error, if any, is what `upload` returns; this one only stops the walk.
-            return Err(SnapshotError::UploadStopped);
-        }
-        total += len;
-        on_chunk();
+    out: &'r mut Batcher,
+    shared: &'r Shared<'s>,
+    on_chunk: &'r mut dyn FnMut(),
+}
+
+impl Reader<'_, '_> {
+    fn err(&self, op: &'static str, source: std::io::Error) -> SnapshotError {
+        SnapshotError::Io { op, path: self.root.path().join(self.rel), source }
     }
-    Ok(total)
+
+    /// Opens the file beneath the root (never through a symlink: a directory
+    /// swapped for one since the walk fails here, naming the path) and chunks
+    /// its data extents, sending every chunk to the workers; holes are not read.
+    fn file(&mut self, chunks: &mut Vec<ChunkRef>) -> Result<ReadFile, SnapshotError> {
+        let mut f = self.root.open_file(self.rel).map_err(|e| SnapshotError::Io {
+            op: "open beneath the snapshot root (no symlinks)",
+            path: e.target.into(),
+            source: e.source,
+        })?;
+        let size = f.metadata().map_err(|e| self.err("stat", e))?.len();
+        let extents = sparse::data_extents(&f, size).map_err(|e| self.err("find data (SEEK_DATA)", e))?;
+        let mut total = 0;
+        for &[offset, len] in &extents {
+            f.seek(std::io::SeekFrom::Start(offset)).map_err(|e| self.err("seek", e))?;
+            total += self.extent((&mut f).take(len), chunks)?;
+        }
+        Ok(ReadFile { size, data: sparse::as_recorded(extents, size), bytes: total })
+    }
+
+    /// Chunks one extent; returns the bytes read. The references get their
+    /// hashes later, from the workers ([`fill_hashes`]).
+    fn extent(&mut self, r: impl Read, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
+        let (c, shared) = (self.c, self.shared);
+        let mut total = 0;
+        for chunk in StreamCDC::new(r, c.min as usize, c.avg as usize, c.max as usize) {
+            let data = chunk.map_err(|e| self.err("read", e.into()))?.data;
+            let len = data.len() as u64;
+            out.push(ChunkRef { sha256: String::new(), len });
+            let slot = {
+                let mut hashes = lock(&shared.hashes);
+                hashes.push([0; 32]);
+                hashes.len() - 1
+            };
+            if shared.failed() || !self.out.push(Job { slot, data }) {
+                // A worker's error, if any, is what `upload` returns; this one only stops the walk.
+                return Err(SnapshotError::UploadStopped);
+            }
+            total += len;
+            (self.on_chunk)();
+        }
+        Ok(total)
+    }
 }

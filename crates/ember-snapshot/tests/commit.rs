@@ -9,8 +9,7 @@ use std::time::Duration;
 use common::{keys, FailingStore, Rng};
 use ember_snapshot::manifest::Manifest;
 use ember_snapshot::{
-    delete, gc, list, restore, snapshot, GcOptions, LocalStore, ObjectStore, RestoreOptions, SnapshotError,
-    SnapshotOptions,
+    delete, gc, list, restore, snapshot, GcOptions, ObjectStore, RestoreOptions, SnapshotError, SnapshotOptions,
 };
 
 fn tree(root: &std::path::Path, seed: u64, files: usize) {
@@ -26,7 +25,7 @@ fn interrupted_snapshot_leaves_no_manifest_and_a_later_one_completes() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     tree(&src, 1, 10);
-    let inner = LocalStore::open(tmp.path().join("store")).unwrap();
+    let inner = common::local_store(&tmp.path().join("store"));
     // 1 marker + 4 chunks succeed, then the store "dies".
     let failing = FailingStore { inner, puts_left: AtomicI64::new(5) };
     let err = snapshot(&src, &failing, SnapshotOptions::new("snap")).unwrap_err();
@@ -48,7 +47,7 @@ fn commit_guard_false_refuses_and_writes_no_manifest() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     tree(&src, 2, 3);
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     let fenced = || false;
     let mut opts = SnapshotOptions::new("stale-writer");
     opts.commit_guard = &fenced;
@@ -62,7 +61,7 @@ fn commit_guard_false_refuses_and_writes_no_manifest() {
 
 fn chunks_of(store: &dyn ObjectStore, id: &str) -> HashSet<String> {
     let key = format!("manifests/{id}.json");
-    let m = Manifest::decode(&key, &store.get(&key).unwrap()).unwrap();
+    let m = Manifest::decode(&key, id, &store.get(&key).unwrap(), store.manifest_key()).unwrap();
     m.chunk_ids().map(|c| format!("chunks/{c}")).collect()
 }
 
@@ -71,7 +70,7 @@ fn gc_removes_exactly_the_unreferenced_chunks() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     tree(&src, 3, 6);
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     snapshot(&src, &store, SnapshotOptions::new("a")).unwrap();
     // b shares f0..f2 with a, replaces f3..f5.
     tree(&src.join("../src2"), 4, 6);
@@ -107,7 +106,7 @@ fn gc_and_snapshots_exclude_each_other() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     tree(&src, 5, 2);
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     store.put("pending/running", b"").unwrap();
     let err = gc(&store, GcOptions::default()).unwrap_err();
     assert!(matches!(&err, SnapshotError::SnapshotsInProgress { ids } if ids == &["running"]), "{err:?}");

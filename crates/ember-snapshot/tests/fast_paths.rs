@@ -7,14 +7,12 @@ use std::cell::RefCell;
 use std::fs;
 
 use common::{assert_same_tree, mixed_tree};
-use ember_snapshot::{
-    copy_restored, restore, snapshot, LocalStore, ObjectStore, Phase, RestoreOptions, SnapshotOptions, Staged,
-};
+use ember_snapshot::{copy_restored, restore, snapshot, ObjectStore, Phase, RestoreOptions, SnapshotOptions, Staged};
 
 #[test]
 fn staged_puts_appear_only_when_their_batch_commits() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     let batch = Staged::new();
     store.put_staged("chunks/aa", b"one", &batch).unwrap();
     store.put_staged("chunks/bb", b"two", &batch).unwrap();
@@ -35,7 +33,7 @@ fn copies_of_a_restore_equal_the_source_and_phases_are_ordered() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     mixed_tree(&src);
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     let phases = RefCell::new(Vec::new());
     let progress = |p: ember_snapshot::Progress| {
         let mut seen = phases.borrow_mut();

@@ -13,7 +13,7 @@ fn mixed_tree_round_trips_through_local_store() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     mixed_tree(&src);
-    let store = LocalStore::open(tmp.path().join("store")).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
     let calls = Cell::new(0u32);
     let last = Cell::new((0, 0));
     let progress = |p: ember_snapshot::Progress| {
@@ -64,7 +64,7 @@ fn second_snapshot_after_one_percent_change_uploads_a_small_fraction() {
     for i in 0..200 {
         fs::write(src.join(format!("small/f{i}")), rng.bytes(10_000)).unwrap();
     }
-    let store = LocalStore::open(tmp.path().join("store")).unwrap().without_fsync();
+    let store = common::local_store(&tmp.path().join("store")).without_fsync();
     let first = snapshot(&src, &store, SnapshotOptions::new("one")).unwrap().summary.stats;
     assert_eq!(first.bytes_uploaded, first.logical_bytes, "random data: everything is new");
 
@@ -102,7 +102,7 @@ fn one_chunk_tree(tmp: &std::path::Path) -> (LocalStore, String) {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("a"), Rng(3).bytes(3_000_000)).unwrap();
     fs::write(src.join("b"), b"small").unwrap();
-    let store = LocalStore::open(tmp.join("store")).unwrap();
+    let store = common::local_store(&tmp.join("store"));
     snapshot(&src, &store, SnapshotOptions::new("s")).unwrap();
     let chunk = keys(&store, "chunks/")[0].clone();
     (store, chunk)

@@ -71,15 +71,18 @@ fn create_bucket(port: u16, bucket: &str) {
 fn snapshot_and_restore_through_s3_on_loopback() {
     let (_server, port) = start();
     create_bucket(port, "ember-test");
-    let store = S3Store::open(S3Config {
-        endpoint: format!("http://127.0.0.1:{port}"),
-        bucket: "ember-test".into(),
-        region: "us-east-1".into(),
-        access_key_id: "test".into(),
-        secret_access_key: "test".into(),
-        prefix: "snapshots".into(),
-        allow_http: true,
-    })
+    let store = S3Store::open(
+        S3Config {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: "ember-test".into(),
+            region: "us-east-1".into(),
+            access_key_id: "test".into(),
+            secret_access_key: "test".into(),
+            prefix: "snapshots".into(),
+            allow_http: true,
+        },
+        ember_snapshot::ManifestKey::ephemeral(),
+    )
     .unwrap();
     assert!(!store.exists("chunks/none").unwrap());
     assert!(store.get("chunks/none").unwrap_err().is_not_found());

@@ -58,6 +58,20 @@ impl PinnedDir {
         Ok(PinnedDir { fd, path: self.path.join(rel) })
     }
 
+    /// Opens the regular file `rel` below this one for reading: no symlink on
+    /// the way or at the end, and anything but a regular file (a fifo swapped
+    /// in would block the reader) is refused.
+    pub fn open_file(&self, rel: &str) -> Result<std::fs::File, SysError> {
+        let fd = self.open_beneath(rel, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK, 0)?;
+        let path = self.path.join(rel);
+        let st = rustix::fs::fstat(&fd).map_err(err("stat beneath", &path))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+            return Err(SysError::new("open file beneath", path.display().to_string(), e));
+        }
+        Ok(fd.into())
+    }
+
     /// Makes the directory `name` here unless it exists, and opens it: an
     /// existing symlink or file there is an error, never followed.
     pub fn ensure_dir(&self, name: &str, mode: u32) -> Result<PinnedDir, SysError> {
@@ -144,6 +158,14 @@ impl PinnedDir {
     }
 }
 
+/// For the `*at` calls done on a plain name directly below (`statat`,
+/// `readlinkat` with `AT_SYMLINK_NOFOLLOW`, a directory listing).
+impl AsFd for PinnedDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// One plain name: `unlinkat` and `mkdirat` would follow symlinks in a longer path.
 fn check_name(name: &str, dir: &Path) -> Result<(), SysError> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') {
@@ -194,6 +216,10 @@ mod tests {
         real.replace_file("x", b"x", 0o640).unwrap();
         real.chmod("x", 0o600).unwrap();
         assert_eq!(std::fs::metadata(inner.join("real/x")).unwrap().mode() & 0o7777, 0o600);
+        assert!(d.open_file("real/x").is_ok());
+        std::fs::write(outside.join("f"), b"host").unwrap();
+        assert!(loops(d.open_file("etc/f").unwrap_err()), "not read through a symlinked dir");
+        assert!(d.open_file("real").is_err(), "a directory is not a file");
         let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -343,11 +343,7 @@ pub fn check_layer_root(upper: &Path, also: &[&str]) -> Result<(), RuntimeError>
     let dir = ember_sys::beneath::PinnedDir::open(upper)?;
     for rel in LAYER_PATHS.iter().copied().chain(also.iter().copied()) {
         if dir.has_symlink(rel)? {
-            return Err(RuntimeError::Prepare {
-                what: "writable layer (/etc, /proc, /dev, /tmp and mount points must not be symlinks)",
-                path: upper.join(rel),
-                source: std::io::ErrorKind::InvalidInput.into(),
-            });
+            return Err(RuntimeError::UnsafeLayer { path: upper.join(rel) });
         }
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{check_key, ObjectMeta, ObjectStore, Staged};
-use crate::StoreError;
+use crate::{ManifestKey, StoreError};
 
 /// A directory as an object store: key `a/b` is the file `<root>/a/b`.
 ///
@@ -15,6 +15,7 @@ use crate::StoreError;
 pub struct LocalStore {
     root: PathBuf,
     fsync: bool,
+    key: ManifestKey,
 }
 
 /// Names temp files uniquely within the process (several stores may share a root).
@@ -25,13 +26,14 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> St
 }
 
 impl LocalStore {
-    /// Opens (creating if needed) a store rooted at `root`. Puts are fsynced
-    /// before the rename, so a manifest never outlives its chunks across a power loss.
-    pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
+    /// Opens (creating if needed) a store rooted at `root`, its manifests
+    /// signed and verified with `key`. Puts are fsynced before the rename, so
+    /// a manifest never outlives its chunks across a power loss.
+    pub fn open(root: impl Into<PathBuf>, key: ManifestKey) -> Result<Self, StoreError> {
         let root = root.into();
         let tmp = root.join(".tmp");
         fs::create_dir_all(&tmp).map_err(io("create", &tmp))?;
-        Ok(LocalStore { root, fsync: true })
+        Ok(LocalStore { root, fsync: true, key })
     }
 
     /// Turns the fsync before each rename off (tests, benchmarks on throwaway data).
@@ -123,6 +125,10 @@ impl LocalStore {
 }
 
 impl ObjectStore for LocalStore {
+    fn manifest_key(&self) -> &ManifestKey {
+        &self.key
+    }
+
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         let dest = self.path(key)?;
         let tmp = self.write_tmp(data, self.fsync)?;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
-use crate::StoreError;
+use crate::{ManifestKey, StoreError};
 
 mod local;
 mod s3;
@@ -26,7 +26,14 @@ pub struct ObjectMeta {
 }
 
 /// A flat key-value object store. Synchronous: call it from a blocking thread.
+///
+/// A store is opened with the [`ManifestKey`] its manifests are signed and
+/// verified with: the key lives outside the store, so writing the store is
+/// not enough to get a manifest accepted.
 pub trait ObjectStore: Send + Sync {
+    /// The key that signs the manifests written here and verifies those read.
+    fn manifest_key(&self) -> &ManifestKey;
+
     /// Writes `data` under `key`, replacing any object there. Atomic.
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError>;
     /// Reads the whole object; [`StoreError::NotFound`] when absent.

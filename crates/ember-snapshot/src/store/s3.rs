@@ -15,7 +15,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore as _, ObjectStoreExt as _, PutPayload};
 
 use super::{check_key, ObjectMeta, ObjectStore};
-use crate::StoreError;
+use crate::{ManifestKey, StoreError};
 
 /// Where and how to reach the bucket. Input only: validated by [`S3Store::open`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +37,7 @@ pub struct S3Config {
 pub struct S3Store {
     inner: Arc<AmazonS3>,
     prefix: String,
+    key: ManifestKey,
     /// `Some` until drop, which shuts it down in the background: dropping a
     /// runtime the ordinary way panics inside another runtime's context.
     rt: Option<tokio::runtime::Runtime>,
@@ -51,7 +52,9 @@ impl Drop for S3Store {
 }
 
 impl S3Store {
-    pub fn open(config: S3Config) -> Result<Self, StoreError> {
+    /// Opens the bucket; its manifests are signed and verified with `key`
+    /// (a cluster sharing the bucket shares the key).
+    pub fn open(config: S3Config, key: ManifestKey) -> Result<Self, StoreError> {
         let bad = |reason: String| StoreError::Config { bucket: config.bucket.clone(), reason };
         if config.bucket.is_empty() {
             return Err(bad("bucket is empty".into()));
@@ -77,7 +80,7 @@ impl S3Store {
             .enable_all()
             .build()
             .map_err(|e| bad(format!("starting its runtime: {e}")))?;
-        Ok(S3Store { inner: Arc::new(inner), prefix, rt: Some(rt) })
+        Ok(S3Store { inner: Arc::new(inner), prefix, key, rt: Some(rt) })
     }
 
     fn path(&self, key: &str) -> Result<Path, StoreError> {
@@ -110,6 +113,10 @@ fn s3<'a>(op: &'static str, key: &'a str) -> impl FnOnce(object_store::Error) ->
 }
 
 impl ObjectStore for S3Store {
+    fn manifest_key(&self) -> &ManifestKey {
+        &self.key
+    }
+
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let payload = PutPayload::from(data.to_vec());

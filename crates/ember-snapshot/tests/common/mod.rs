@@ -5,7 +5,7 @@ use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use ember_snapshot::{LocalStore, ObjectMeta, ObjectStore, StoreError};
+use ember_snapshot::{LocalStore, ManifestKey, ObjectMeta, ObjectStore, StoreError};
 use filetime::FileTime;
 
 /// xorshift64*: deterministic test data.
@@ -119,6 +119,9 @@ pub struct FailingStore {
 }
 
 impl ObjectStore for FailingStore {
+    fn manifest_key(&self) -> &ManifestKey {
+        self.inner.manifest_key()
+    }
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         if self.puts_left.fetch_sub(1, Ordering::SeqCst) <= 0 {
             let source = std::io::Error::other("injected failure");
@@ -142,4 +145,14 @@ impl ObjectStore for FailingStore {
 
 pub fn keys(store: &dyn ObjectStore, prefix: &str) -> Vec<String> {
     store.list(prefix).unwrap().into_iter().map(|m| m.key).collect()
+}
+
+/// A local store at `dir` with a key of its own (each test is its own node).
+pub fn local_store(dir: &Path) -> LocalStore {
+    LocalStore::open(dir, ManifestKey::ephemeral()).unwrap()
+}
+
+/// Whether `err` refuses snapshot `id`'s manifest as tampered (its MAC).
+pub fn is_tampered(err: &ember_snapshot::SnapshotError, id: &str) -> bool {
+    matches!(err, ember_snapshot::SnapshotError::Tampered { id: i, .. } if i == id)
 }

@@ -1,0 +1,84 @@
+//! A store someone else wrote: a forged manifest (its checksum recomputed, its
+//! MAC not) is refused before anything is restored from it; one without a MAC
+//! only when the key accepts unsigned manifests.
+mod common;
+
+use std::fs;
+
+use ember_snapshot::manifest::{EntryKind, Manifest};
+use ember_snapshot::{copy_restored, gc, inspect, restore, snapshot, GcOptions, ObjectStore};
+use ember_snapshot::{RestoreOptions, SnapshotOptions};
+use sha2::{Digest, Sha256};
+
+/// Rewrites snapshot `id`'s manifest in place the way someone with write
+/// access to the store would: `edit` changes the manifest, the envelope's
+/// sha256 is recomputed, its MAC (which needs the key) is left as it was.
+fn forge(store: &dyn ObjectStore, id: &str, edit: impl FnOnce(&mut Manifest)) {
+    let key = format!("manifests/{id}.json");
+    let mut env: serde_json::Value = serde_json::from_slice(&store.get(&key).unwrap()).unwrap();
+    let mut m: Manifest = serde_json::from_value(env["manifest"].take()).unwrap();
+    edit(&mut m);
+    env["sha256"] = hex::encode(Sha256::digest(serde_json::to_vec(&m).unwrap())).into();
+    env["manifest"] = serde_json::to_value(&m).unwrap();
+    store.put(&key, &serde_json::to_vec_pretty(&env).unwrap()).unwrap();
+}
+
+fn two_files(root: &std::path::Path) {
+    fs::create_dir_all(root.join("tmp")).unwrap();
+    fs::write(root.join("a"), b"mine").unwrap();
+    fs::write(root.join("b"), b"someone else's").unwrap();
+}
+
+#[test]
+fn forged_manifest_is_refused_not_restored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    two_files(&src);
+    let store = common::local_store(&tmp.path().join("store"));
+    for id in ["link", "swap"] {
+        snapshot(&src, &store, SnapshotOptions::new(id)).unwrap();
+    }
+    // `tmp -> /`: an OCI bundle binds <rootfs>/tmp, so the host's / would be mounted.
+    forge(&store, "link", |m| {
+        let e = m.entries.iter_mut().find(|e| e.path == "tmp").unwrap();
+        e.kind = EntryKind::Symlink { target: "/".into() };
+    });
+    // `a` now names `b`'s chunk.
+    forge(&store, "swap", |m| {
+        let chunk = |m: &Manifest, p: &str| m.entries.iter().find(|e| e.path == p).unwrap().kind.clone();
+        let b = chunk(m, "b");
+        m.entries.iter_mut().find(|e| e.path == "a").unwrap().kind = b;
+    });
+    for id in ["link", "swap"] {
+        let out = tmp.path().join(format!("out-{id}"));
+        let err = restore(&store, id, &out, RestoreOptions::default()).unwrap_err();
+        assert!(common::is_tampered(&err, id), "{id}: {err:?}");
+        assert!(err.to_string().contains(id), "the error names the snapshot: {err}");
+        assert!(!out.exists(), "{id}: nothing restored");
+        let err = copy_restored(&store, id, &src, &out, RestoreOptions::default()).unwrap_err();
+        assert!(common::is_tampered(&err, id), "fork: {err:?}");
+        assert!(common::is_tampered(&inspect(&store, id).unwrap_err(), id));
+    }
+    let err = gc(&store, GcOptions::default()).unwrap_err();
+    assert!(common::is_tampered(&err, "link") || common::is_tampered(&err, "swap"), "gc: {err:?}");
+}
+
+#[test]
+fn manifest_without_a_mac_is_refused_unless_the_key_accepts_unsigned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    two_files(&src);
+    let key = ember_snapshot::ManifestKey::ephemeral();
+    let store = ember_snapshot::LocalStore::open(tmp.path().join("store"), key.clone()).unwrap();
+    snapshot(&src, &store, SnapshotOptions::new("old")).unwrap();
+    // As a build before authentication wrote it: no `mac` field.
+    let path = store.root().join("manifests/old.json");
+    let mut env: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert!(env.as_object_mut().unwrap().remove("mac").is_some());
+    fs::write(&path, serde_json::to_vec(&env).unwrap()).unwrap();
+    let err = restore(&store, "old", &tmp.path().join("out"), RestoreOptions::default()).unwrap_err();
+    assert!(common::is_tampered(&err, "old") && err.to_string().contains("no MAC"), "{err}");
+    let migrating = ember_snapshot::LocalStore::open(store.root(), key.accept_unsigned(true)).unwrap();
+    restore(&migrating, "old", &tmp.path().join("out"), RestoreOptions::default()).unwrap();
+    assert_eq!(fs::read(tmp.path().join("out/a")).unwrap(), b"mine");
+}
