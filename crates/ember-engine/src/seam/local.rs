@@ -50,14 +50,14 @@ impl ControlPlane for Arc<Engine> {
         Engine::checkpoint(self, id).await
     }
     async fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
-        Engine::renew(self, id, expires_at_ms)
+        Engine::renew(self, id, expires_at_ms).await
     }
     async fn patch_metadata(
         &self,
         id: &str,
         patch: BTreeMap<String, Option<String>>,
     ) -> Result<SandboxRecord, EngineError> {
-        Engine::patch_metadata(self, id, patch)
+        Engine::patch_metadata(self, id, patch).await
     }
     async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
         Engine::boundary(self, id).await
