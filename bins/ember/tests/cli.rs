@@ -155,3 +155,18 @@ fn an_api_key_is_enforced_when_configured() {
         .expect("ember runs");
     assert_eq!(text(&o), "authorised\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn the_readiness_timeout_is_a_serve_flag() {
+    // Release to exec alone takes far more than a nanosecond, so the create
+    // fails and names the configured timeout: the flag reached the runtime.
+    let d = Daemon::start_with(&["--ready-timeout", "1ns"]);
+    let o = ember(&d, &["sandbox", "create"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("within 1ns"), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--ready-timeout", "0s", "--data-dir", "/tmp/ember-never-created"])
+        .output()
+        .expect("ember runs");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--ready-timeout must be more than 0"));
+}
