@@ -5,12 +5,13 @@ use super::ring::{Ring, Stream, CAPACITY};
 use crate::commands::spawn::{self, Plan};
 use crate::server::App;
 use ember_sys::process::{self as sys, ExitKind};
+use parking_lot::{Mutex, MutexGuard};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -108,12 +109,12 @@ impl PtySession {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // Every section leaves the state consistent; a poisoned lock is usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        // No poisoning (parking_lot): every section leaves the state consistent.
+        self.state.lock()
     }
 
     fn holder(&self) -> MutexGuard<'_, Option<(u64, Arc<Notify>)>> {
-        self.holder.lock().unwrap_or_else(|p| p.into_inner())
+        self.holder.lock()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
