@@ -197,9 +197,11 @@ boot() {
   ((fail == 0 && pass == want)) || return 1
 }
 
+# Each step on its own line: `set -e` does not apply inside a function called
+# on the left of `&&` (a failed agent build went on to boot a guest without it).
 case ${1:-} in
-  --build) build && echo "$cache/initrd.zst" ;;
-  --boot) kernel && boot ;;  # the last build, unchanged
-  "") build && boot ;;
+  --build) build; echo "$cache/initrd.zst" ;;
+  --boot) kernel; boot ;;  # the last build, unchanged
+  "") build; boot ;;
   *) echo "usage: $0 [--build|--boot]" >&2; exit 2 ;;
 esac
