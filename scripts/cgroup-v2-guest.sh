@@ -57,6 +57,9 @@ tests=(
 # the crun one) and the other runsc tests (the same class path, minutes each).
 # The OCI runtimes (Debian's crun, runc and runsc), at the host's paths.
 runtimes=(crun runc runsc)
+# Host tools the workspace code runs, over busybox's applets of the same name
+# (busybox has no mkfs.ext4, and its df has no --output).
+host_tools=(mkfs.ext4 df mount umount)
 if [[ -n ${EMBER_GUEST_TESTS:-} ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E -- "$EMBER_GUEST_TESTS")
   ((${#tests[@]})) || { echo "cgroup-v2-guest: no test matches $EMBER_GUEST_TESTS" >&2; exit 1; }
@@ -159,12 +162,14 @@ build() {
   strip --strip-debug -o "$root$target_dir/debug/ember" "$target_dir/debug/ember"
   strip --strip-debug -o "$root/ember-agent-static" "$agent"
   copy_libs "$target_dir/debug/ember"
-  for r in "${runtimes[@]}"; do
+  for r in "${runtimes[@]}" "${host_tools[@]}"; do
     r=$(command -v "$r") || { log "$r is not installed (.ci/run installs it)"; exit 1; }
     mkdir -p "$root$(dirname "$r")"
+    rm -f "$root$r" # a busybox symlink: cp would write through it
     cp "$r" "$root$r"
     ldd "$r" >/dev/null 2>&1 && copy_libs "$r"
   done
+  cp /etc/mke2fs.conf "$root/etc/"
   : >"$root/tests/list"
   for line in "${tests[@]}"; do
     key=${line%% *}
