@@ -170,3 +170,40 @@ fn the_readiness_timeout_is_a_serve_flag() {
         .expect("ember runs");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--ready-timeout must be more than 0"));
 }
+
+#[test]
+fn cp_carries_any_bytes_under_any_name() {
+    let d = Daemon::start();
+    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = text(&o).trim().to_string();
+    // What a fixed multipart boundary would be, inside the file: the upload
+    // must not end there. And a name with a quote and a space.
+    let mut blob = b"head\r\n--ember-upload-7d1f0a2c9b--\r\n".to_vec();
+    blob.extend_from_slice(&binary_blob());
+    let local = d.data_dir.join("blob.bin");
+    std::fs::write(&local, &blob).expect("write local file");
+    let remote = format!("{id}:/tmp/we\"ird name");
+    let o = ember(&d, &["cp", local.to_str().expect("utf8"), &remote]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ember(&d, &["exec", &id, "--", "cat", "/tmp/we\"ird name"]);
+    assert_eq!(o.stdout.len(), blob.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == blob, "the uploaded file differs");
+    let back = d.data_dir.join("back.bin");
+    let o = ember(&d, &["cp", &remote, back.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&back).expect("downloaded") == blob, "the downloaded file differs");
+}
+
+#[test]
+fn list_filters_are_url_encoded() {
+    let d = Daemon::start();
+    // A space and an `&` in a filter value: one value, not a broken request
+    // or a second parameter.
+    let o = ember(&d, &["snapshot", "ls", "--workspace", "no such&state=x", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json"), serde_json::json!([]));
+    let o = ember(&d, &["sandbox", "ls", "--state", "Running&x=1", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() || err.contains("Running&x=1"), "{err}");
+}
