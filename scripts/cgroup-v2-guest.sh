@@ -65,7 +65,9 @@ if [[ -n ${EMBER_GUEST_TESTS:-} ]]; then
   ((${#tests[@]})) || { echo "cgroup-v2-guest: no test matches $EMBER_GUEST_TESTS" >&2; exit 1; }
 fi
 # Modules the guest loads (with their dependencies, from modules.dep).
-modules=(virtio_pci overlay loop ext4)
+# crc32c_generic: ext4's soft dependency (metadata checksums; without it a mount
+# fails with ENOENT), which modules.dep does not list.
+modules=(virtio_pci overlay loop crc32c_generic ext4)
 
 log() { echo "cgroup-v2-guest: $*" >&2; }
 
