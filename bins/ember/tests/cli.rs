@@ -79,12 +79,17 @@ fn binary_blob() -> Vec<u8> {
     b
 }
 
+/// `ember sandbox create --memory 128Mi`; the new sandbox's id.
+fn create_small(d: &Daemon) -> String {
+    let o = ember(d, &["sandbox", "create", "--memory", "128Mi"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    text(&o).trim().to_string()
+}
+
 #[test]
 fn exec_output_arrives_byte_for_byte() {
     let d = Daemon::start();
-    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id = text(&o).trim().to_string();
+    let id = create_small(&d);
     let blob = binary_blob();
     let local = d.data_dir.join("blob.bin");
     std::fs::write(&local, &blob).expect("write local file");
@@ -174,9 +179,7 @@ fn the_readiness_timeout_is_a_serve_flag() {
 #[test]
 fn cp_carries_any_bytes_under_any_name() {
     let d = Daemon::start();
-    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id = text(&o).trim().to_string();
+    let id = create_small(&d);
     // What a fixed multipart boundary would be, inside the file: the upload
     // must not end there. And a name with a quote and a space.
     let mut blob = b"head\r\n--ember-upload-7d1f0a2c9b--\r\n".to_vec();
