@@ -241,8 +241,10 @@ impl ImageStore {
 /// A short random suffix for temp names.
 pub(crate) fn rand_suffix() -> String {
     let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    if getrandom::fill(&mut b).is_err() {
+        // Uniqueness is all a temp name needs: the pid and the clock give it here.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        b = (t.as_nanos() as u64 ^ u64::from(std::process::id()) << 40).to_le_bytes();
     }
     digest::hex(&b)
 }
