@@ -245,15 +245,7 @@ pub fn require_root(what: &str) {
 
 /// Percent-encodes a query value.
 pub fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 /// A fresh temporary directory for one test.
