@@ -31,14 +31,18 @@ echo "CGV2 kernel $(uname -r)"
 echo "CGV2 controllers $(cat /sys/fs/cgroup/cgroup.controllers)"
 
 export HOME=/root RUST_BACKTRACE=1 EMBER_AGENT_BIN=/ember-agent-static
+# gVisor (ptrace platform) under TCG takes tens of seconds to get its agent up.
+export EMBER_READY_TIMEOUT=300s
 cd /tmp
 while read -r bin name; do
   echo "CGV2 RUN $bin $name"
-  if timeout 600 "/tests/$bin" --exact "$name" --test-threads 1 </dev/null; then
+  start=$(cut -d. -f1 /proc/uptime)
+  if timeout 900 "/tests/$bin" --exact "$name" --test-threads 1 </dev/null; then
     echo "CGV2 PASS $bin $name"
   else
     echo "CGV2 FAIL $bin $name"
   fi
+  echo "CGV2 TIME $(($(cut -d. -f1 /proc/uptime) - start)) s $bin $name"
 done </tests/list
 echo "CGV2 END"
 sync

@@ -11,8 +11,8 @@ use crate::server::App;
 use axum::extract::State;
 use axum::http::StatusCode;
 use ember_sys::process::ExitKind;
+use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -42,18 +42,18 @@ impl std::fmt::Debug for Binding {
 
 impl Binding {
     pub fn bound(&self) -> Bound {
-        self.bound.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.bound.read().clone()
     }
 
     pub fn set_entrypoint(&self, h: JoinHandle<ExitKind>) {
-        *self.entry.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+        *self.entry.lock() = Some(h);
         self.entry_set.notify_one();
     }
 
     /// Resolves when the entrypoint (whenever it was started) exits.
     pub async fn entrypoint_exit(&self) -> ExitKind {
         loop {
-            let h = self.entry.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let h = self.entry.lock().take();
             match h {
                 Some(h) => return h.await.unwrap_or(ExitKind::Exited(1)),
                 None => self.entry_set.notified().await,
@@ -82,7 +82,7 @@ pub async fn claim(State(app): State<App>, JsonBody(req): JsonBody<ClaimRequest>
         return Err(ApiError::bad_request(format!("bad environment variable name {k:?}")));
     }
     {
-        let mut b = app.config.binding.bound.write().unwrap_or_else(|p| p.into_inner());
+        let mut b = app.config.binding.bound.write();
         if b.claimed {
             return Err(ApiError::new(ErrorCode::Conflict, "this sandbox was already claimed"));
         }

@@ -13,8 +13,8 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use ember_types::execd::Metrics;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -53,7 +53,7 @@ impl Sampler {
     pub async fn sample(&self) -> ApiResult<Metrics> {
         let mut now = read_blocking().await?;
         let mut at = Instant::now();
-        let prev = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let prev = *self.last.lock();
         let (then, prev_ticks) = match prev {
             Some((t, ticks)) if at.duration_since(t) >= MIN_WINDOW => (t, ticks),
             // No usable earlier sample: take a short window now.
@@ -65,7 +65,7 @@ impl Sampler {
                 first
             }
         };
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((at, now.ticks));
+        *self.last.lock() = Some((at, now.ticks));
         let secs = at.duration_since(then).as_secs_f64().max(1e-3);
         let used = now.ticks.saturating_sub(prev_ticks) as f64 / self.ticks_per_sec;
         let pct = (used / secs / self.cpu_count.max(0.001) * 100.0).clamp(0.0, 100.0);

@@ -6,34 +6,10 @@
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use axum::body::Body;
 use axum::extract::{Path, Request};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
+use ember_types::proxy::strip_hop_by_hop;
 use hyper_util::rt::TokioIo;
-
-/// Never forwarded in either direction (RFC 9110 §7.6.1); `connection` and
-/// `upgrade` are put back for an upgrade.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-fn strip(h: &mut HeaderMap) -> Option<HeaderValue> {
-    let upgrade = h.get(header::UPGRADE).cloned();
-    for name in HOP_BY_HOP {
-        h.remove(*name);
-    }
-    if let Some(u) = &upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        h.insert(header::UPGRADE, u.clone());
-    }
-    upgrade
-}
 
 fn port_of(raw: &str) -> ApiResult<u16> {
     raw.parse::<u16>()
@@ -70,7 +46,7 @@ async fn forward(port: u16, rest: String, req: Request) -> ApiResult<Response> {
         None => format!("/{rest}"),
     };
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
-    strip(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers, &[]);
     let host = HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("ASCII host");
     parts.headers.insert(header::HOST, host);
     let mut resp =
@@ -87,6 +63,6 @@ async fn forward(port: u16, rest: String, req: Request) -> ApiResult<Response> {
         });
     }
     let (mut rparts, rbody) = resp.into_parts();
-    strip(&mut rparts.headers);
+    strip_hop_by_hop(&mut rparts.headers, &[]);
     Ok(Response::from_parts(rparts, Body::new(rbody)))
 }

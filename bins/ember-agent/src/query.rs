@@ -10,14 +10,9 @@ impl Query {
         let Some(raw) = raw else {
             return Query::default();
         };
-        let pairs = raw
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (decode(k), decode(v))
-            })
-            .collect();
+        // `application/x-www-form-urlencoded`: `+` is a space, `%XX` a byte,
+        // malformed escapes are kept literally, bad UTF-8 replaced.
+        let pairs = form_urlencoded::parse(raw.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
         Query(pairs)
     }
 
@@ -30,33 +25,6 @@ impl Query {
     pub fn all(&self, key: &str) -> Vec<String> {
         self.0.iter().filter(|(k, _)| k == key).map(|(_, v)| v.clone()).collect()
     }
-}
-
-/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a
-/// byte; malformed escapes are kept literally.
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => match (hex(b.get(i + 1)), hex(b.get(i + 2))) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(c: Option<&u8>) -> Option<u8> {
-    (*c? as char).to_digit(16).map(|d| d as u8)
 }
 
 #[cfg(test)]

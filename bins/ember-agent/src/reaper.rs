@@ -15,10 +15,10 @@
 //! internal `waitpid(pid)` std (or glibc's posix_spawn) does when exec fails
 //! never finds its child already stolen by the reaper.
 use ember_sys::process::{self as sys, ExitKind, Reaped};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::process::{Child, Command};
-use std::sync::Mutex;
 use tokio::signal::unix::Signal;
 use tokio::sync::oneshot;
 
@@ -99,9 +99,9 @@ impl Reaper {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, oneshot::Sender<ExitKind>>> {
-        // A poisoned table is still consistent (each operation is one insert
-        // or remove), so keep going rather than take the sandbox down.
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<i32, oneshot::Sender<ExitKind>>> {
+        // parking_lot does not poison: each operation is one insert or remove,
+        // so a panic elsewhere leaves the table consistent and usable.
+        self.table.lock()
     }
 }

@@ -15,13 +15,13 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_types::execd::RunCommandRequest;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 const ROOT: &str = "/run/ember-sessions";
 
@@ -93,7 +93,7 @@ pub async fn create(State(app): State<App>, body: axum::body::Bytes) -> ApiResul
         Ok(())
     })
     .await?;
-    app.sessions.map.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), dir);
+    app.sessions.map.lock().insert(id.clone(), dir);
     Ok(Json(CreateSessionResponse { session_id: id }))
 }
 
@@ -103,7 +103,7 @@ pub async fn run(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<RunInSessionRequest>,
 ) -> Response {
-    let Some(dir) = app.sessions.map.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned() else {
+    let Some(dir) = app.sessions.map.lock().get(&id).cloned() else {
         return not_found(&id).into_response();
     };
     if req.command.trim().is_empty() {
@@ -124,7 +124,7 @@ pub async fn run(
 
 /// `DELETE /session/{id}`.
 pub async fn delete(State(app): State<App>, Path(id): Path<String>) -> ApiResult<()> {
-    let dir = app.sessions.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id).ok_or_else(|| not_found(&id))?;
+    let dir = app.sessions.map.lock().remove(&id).ok_or_else(|| not_found(&id))?;
     let _ = crate::files::blocking(move || Ok(std::fs::remove_dir_all(&dir))).await;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! start failures, timeouts, background runs, status, logs and interrupts.
 mod common;
 
-use common::{events, kinds, texts, Agent};
+use common::{events, kinds, require_root, texts, Agent};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -201,10 +201,7 @@ fn bad_requests_are_json_400s() {
 
 #[test]
 fn uid_and_gid_switching() {
-    if ember_sys::process::getuid() != 0 {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("switching a command's uid and gid");
     let agent = Agent::start();
     let ev = agent.run(r#"{"command":"id -u; id -g; echo $HOME","uid":65534,"gid":65534}"#);
     let out = texts(&ev, "stdout");

@@ -2,7 +2,7 @@
 //! commands see, the entrypoint and shutdown.
 mod common;
 
-use common::{kinds, texts, Agent};
+use common::{kinds, require_root, texts, Agent};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -171,15 +171,13 @@ fn serves_an_inherited_listening_fd_and_keeps_it_from_commands() {
 }
 
 /// The agent as PID 1 of a new pid namespace (needs root and unshare).
-fn start_pid1() -> Option<Agent> {
+fn start_pid1() -> Agent {
+    require_root("the agent as PID 1 of a new pid namespace");
     let unshare = std::path::Path::new("/usr/bin/unshare");
-    if ember_sys::process::getuid() != 0 || !unshare.exists() {
-        eprintln!("skipped: needs root and /usr/bin/unshare");
-        return None;
-    }
+    assert!(unshare.exists(), "{} is missing: install util-linux", unshare.display());
     let mut cmd = std::process::Command::new(unshare);
     cmd.args(["--pid", "--fork", "--mount-proc", common::BIN, "--listen", "tcp:127.0.0.1:0"]);
-    Some(Agent::spawn(cmd))
+    Agent::spawn(cmd)
 }
 
 /// The host pid of the agent under unshare (unshare's only child).
@@ -190,7 +188,7 @@ fn pid1_host_pid(agent: &Agent) -> i32 {
 
 #[test]
 fn as_pid1_runs_as_1000_reaps_orphans_and_stops_everyone() {
-    let Some(mut agent) = start_pid1() else { return };
+    let mut agent = start_pid1();
     assert_eq!(texts(&agent.run(r#"{"command":"echo $$; id -u"}"#), "stdout")[1], "1000");
     // The subshell exits at once, orphaning its sleep to PID 1: the agent.
     agent.run(r#"{"command":"(sleep 0.2 &); true"}"#);

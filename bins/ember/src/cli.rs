@@ -86,6 +86,11 @@ pub struct ServeArgs {
     /// How long ended sandboxes stay listed.
     #[arg(long, default_value = "10m")]
     pub retention: String,
+    /// How long a new or restored sandbox's agent gets to answer before the
+    /// create fails. Raise it where sandboxes start slowly (gVisor under
+    /// software emulation, as in scripts/cgroup-v2-guest.sh).
+    #[arg(long, env = "EMBER_READY_TIMEOUT", default_value = "10s")]
+    pub ready_timeout: String,
     /// Longest TTL a sandbox may ask for; also the TTL of a sandbox created
     /// without a timeout (without this flag, such a sandbox lives until
     /// removed). Timeouts are capped at 30 days in any case.

@@ -12,6 +12,7 @@ use ember_runtime::Runtimes;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
@@ -32,10 +33,19 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     };
     let retention = parse_duration(&args.retention).context("--retention")?;
     let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
+    let ready_timeout = parse_duration(&args.ready_timeout).context("--ready-timeout")?;
+    if ready_timeout.is_zero() {
+        bail!("--ready-timeout must be more than 0");
+    }
     args.tasks.config()?;
 
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
-    let native = NativeConfig { data_dir: args.data_dir.clone(), agent_path: agent.clone(), uid_base: args.uid_base };
+    let native = NativeConfig {
+        data_dir: args.data_dir.clone(),
+        agent_path: agent.clone(),
+        uid_base: args.uid_base,
+        ready_timeout,
+    };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
     let images = ember_image::ImageStore::open(ember_image::StoreConfig {
         root: ember_engine::templates::images_dir(&args.data_dir),
@@ -45,7 +55,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         max_config_bytes: args.max_image_config_bytes,
     })
     .context("image store")?;
-    let runtimes = runtimes(Arc::new(runtime), &args, &agent);
+    let runtimes = runtimes(Arc::new(runtime), &args, &agent, ready_timeout);
     let network = crate::netsetup::open(&args.net)?;
     let cfg = EngineConfig {
         data_dir: args.data_dir.clone(),
@@ -83,7 +93,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
 
 /// The runtime classes of this daemon: native, and each OCI class whose
 /// binary runs here (the others are listed as unavailable, with the reason).
-fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Path) -> Runtimes {
+fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Path, ready: Duration) -> Runtimes {
     let mut rts = Runtimes::new(native, "ember's own namespaces, cgroups, seccomp and overlay rootfs");
     for class in OciClass::ALL {
         let boundary = class.kernel_boundary();
@@ -97,6 +107,7 @@ fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Pat
                 agent_path: agent.to_path_buf(),
                 uid_base: args.uid_base,
                 cgroup_group: group,
+                ready_timeout: ready,
             };
             let rt = OciRuntime::new(cfg, Arc::from(cgroups)).map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
             Ok((rt, binary))

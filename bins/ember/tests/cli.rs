@@ -79,12 +79,17 @@ fn binary_blob() -> Vec<u8> {
     b
 }
 
+/// `ember sandbox create --memory 128Mi`; the new sandbox's id.
+fn create_small(d: &Daemon) -> String {
+    let o = ember(d, &["sandbox", "create", "--memory", "128Mi"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    text(&o).trim().to_string()
+}
+
 #[test]
 fn exec_output_arrives_byte_for_byte() {
     let d = Daemon::start();
-    let o = ember(&d, &["sandbox", "create", "--memory", "128Mi"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id = text(&o).trim().to_string();
+    let id = create_small(&d);
     let blob = binary_blob();
     let local = d.data_dir.join("blob.bin");
     std::fs::write(&local, &blob).expect("write local file");
@@ -157,4 +162,54 @@ fn an_api_key_is_enforced_when_configured() {
         .output()
         .expect("ember runs");
     assert_eq!(text(&o), "authorised\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn the_readiness_timeout_is_a_serve_flag() {
+    // Release to exec alone takes far more than a nanosecond, so the create
+    // fails and names the configured timeout: the flag reached the runtime.
+    let d = Daemon::start_with(&["--ready-timeout", "1ns"]);
+    let o = ember(&d, &["sandbox", "create"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("within 1ns"), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--ready-timeout", "0s", "--data-dir", "/tmp/ember-never-created"])
+        .output()
+        .expect("ember runs");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--ready-timeout must be more than 0"));
+}
+
+#[test]
+fn cp_carries_any_bytes_under_any_name() {
+    let d = Daemon::start();
+    let id = create_small(&d);
+    // What a fixed multipart boundary would be, inside the file: the upload
+    // must not end there. And a name with a quote and a space.
+    let mut blob = b"head\r\n--ember-upload-7d1f0a2c9b--\r\n".to_vec();
+    blob.extend_from_slice(&binary_blob());
+    let local = d.data_dir.join("blob.bin");
+    std::fs::write(&local, &blob).expect("write local file");
+    let remote = format!("{id}:/tmp/we\"ird name");
+    let o = ember(&d, &["cp", local.to_str().expect("utf8"), &remote]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ember(&d, &["exec", &id, "--", "cat", "/tmp/we\"ird name"]);
+    assert_eq!(o.stdout.len(), blob.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == blob, "the uploaded file differs");
+    let back = d.data_dir.join("back.bin");
+    let o = ember(&d, &["cp", &remote, back.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&back).expect("downloaded") == blob, "the downloaded file differs");
+}
+
+#[test]
+fn list_filters_are_url_encoded() {
+    let d = Daemon::start();
+    // A space and an `&` in a filter value: one value, not a broken request
+    // or a second parameter.
+    let o = ember(&d, &["snapshot", "ls", "--workspace", "no such&state=x", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json"), serde_json::json!([]));
+    let o = ember(&d, &["sandbox", "ls", "--state", "Running&x=1", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() || err.contains("Running&x=1"), "{err}");
 }

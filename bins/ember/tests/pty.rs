@@ -87,3 +87,58 @@ async fn a_terminal_session_through_the_proxy() {
     assert_eq!(http(&d.url, "DELETE", &format!("{base}/pty/{sid}"), "").await.0, 200);
     assert_eq!(http(&d.url, "GET", &format!("{base}/pty/{sid}"), "").await.0, 404);
 }
+
+/// The headers a server saw, as JSON, with `Connection: X-Resp-Hop` and an
+/// `X-Resp-Hop` header of its own on the reply.
+const ECHO_SERVER: &str = r#"
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        self.send_response(200)
+        self.send_header("Connection", "X-Resp-Hop")
+        self.send_header("X-Resp-Hop", "reply-secret")
+        self.send_header("X-Resp-Keep", "yes")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
+"#;
+
+/// RFC 9110 §7.6.1: a header the `Connection` header names is hop-by-hop and
+/// stops at each proxy (daemon and agent), in both directions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_named_by_connection_stop_at_each_proxy_hop() {
+    let d = Daemon::start();
+    let sb = d.create(|r| r.entrypoint = Some(["python3", "-c", ECHO_SERVER].map(String::from).to_vec())).await;
+    let addr = d.url.strip_prefix("http://").expect("http url").to_string();
+    let get = || async {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let head = format!(
+            "GET /v1/sandboxes/{}/proxy/8080/h HTTP/1.1\r\nHost: {addr}\r\nConnection: close, X-Hop\r\n\
+             X-Hop: request-secret\r\nX-Keep: yes\r\n\r\n",
+            sb.id
+        );
+        s.write_all(head.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read");
+        String::from_utf8_lossy(&raw).into_owned()
+    };
+    // The server starts with the sandbox; until it listens the proxy answers 502.
+    let mut reply = String::new();
+    for _ in 0..300 {
+        reply = tokio::time::timeout(HANG, get()).await.expect("proxy answers");
+        if reply.split(' ').nth(1) == Some("200") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no 200 from the server: {reply}"));
+    let head = head.to_ascii_lowercase();
+    assert_eq!(head.split(' ').nth(1), Some("200"), "{reply}");
+    let seen: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(seen["x-keep"], "yes", "an end-to-end header reaches the server: {seen}");
+    assert!(seen.get("x-hop").is_none(), "a header named by Connection was forwarded: {seen}");
+    assert!(head.contains("x-resp-keep: yes"), "{head}");
+    assert!(!head.contains("reply-secret"), "a reply header named by Connection came back: {head}");
+}

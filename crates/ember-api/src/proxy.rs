@@ -10,38 +10,16 @@ use crate::error::{chain, ApiError};
 use crate::{ApiPath, ApiState};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use ember_engine::AgentRoute;
 use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
+use ember_types::proxy::strip_hop_by_hop;
 use hyper_util::rt::TokioIo;
 
-/// Never forwarded in either direction; `connection` and `upgrade` are put
-/// back for an upgrade (WebSocket), which is then spliced through.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    crate::middleware::API_KEY_HEADER,
-    "authorization",
-];
-
-fn strip(h: &mut HeaderMap) {
-    let upgrade = h.get(header::UPGRADE).cloned();
-    for name in HOP_BY_HOP {
-        h.remove(*name);
-    }
-    if let Some(u) = upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        h.insert(header::UPGRADE, u);
-    }
-}
+/// Besides the hop-by-hop headers ([`strip_hop_by_hop`]), never passed on in
+/// either direction: the daemon's own credentials and `host` (set per hop).
+const NOT_FORWARDED: &[&str] = &["host", crate::middleware::API_KEY_HEADER, "authorization"];
 
 pub async fn proxy_root(
     st: State<ApiState>,
@@ -109,7 +87,7 @@ async fn forward(
         None => format!("/{rest}"),
     };
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
-    strip(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers, NOT_FORWARDED);
     parts.headers.insert(header::HOST, HeaderValue::from_static("agent"));
     let out = hyper::Request::from_parts(parts, body);
     let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway("request", &e))?;
@@ -125,6 +103,6 @@ async fn forward(
         });
     }
     let (mut rparts, rbody) = resp.into_parts();
-    strip(&mut rparts.headers);
+    strip_hop_by_hop(&mut rparts.headers, NOT_FORWARDED);
     Ok(Response::from_parts(rparts, Body::new(rbody)))
 }

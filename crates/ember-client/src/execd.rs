@@ -1,4 +1,5 @@
 //! execd calls through the daemon's proxy route: commands and files.
+use crate::multipart::Part;
 use crate::{read_body, Client, ClientError};
 use bytes::Bytes;
 use ember_types::execd::{FrameDecoder, RunCommandRequest, StreamEvent, EXECD_PORT};
@@ -59,34 +60,22 @@ impl Client {
     /// Writes `data` to `remote` inside the sandbox (multipart upload, as execd takes it).
     pub async fn upload(&self, id: &str, remote: &str, data: Bytes, mode: u32) -> Result<(), ClientError> {
         let path = proxy(id, "/files/upload");
-        let boundary = "ember-upload-7d1f0a2c9b";
         let meta = serde_json::json!({ "path": remote, "mode": ember_types::execd::mode_to_wire(mode) }).to_string();
         let name = remote.rsplit('/').next().unwrap_or("file");
-        let mut body = Vec::with_capacity(data.len() + 512);
-        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{meta}\r\n").as_bytes());
-        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
-        body.extend_from_slice(&data);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let ct = format!("multipart/form-data; boundary={boundary}");
+        let (body, ct) = crate::multipart::encode(&[
+            Part { name: "metadata", filename: "metadata", content_type: "application/json", data: meta.as_bytes() },
+            Part { name: "file", filename: name, content_type: "application/octet-stream", data: &data },
+        ]);
         let resp = self.send(Method::POST, &path, body.into(), Some(&ct)).await?;
         Self::check(&path, resp).await.map(|_| ())
     }
 
     /// Reads the file at `remote` inside the sandbox.
     pub async fn download(&self, id: &str, remote: &str) -> Result<Bytes, ClientError> {
-        let q: String = url_encode(remote);
+        let q = percent_encoding::utf8_percent_encode(remote, crate::QUERY_PATH);
         let path = proxy(id, &format!("/files/download?path={q}"));
         let resp = self.send(Method::GET, &path, Bytes::new(), None).await?;
         let resp = Self::check(&path, resp).await?;
         read_body(&path, resp).await
     }
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

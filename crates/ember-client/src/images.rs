@@ -6,12 +6,7 @@ use hyper::Method;
 
 /// Percent-encodes a path segment (image names have `/` and `:`).
 pub fn segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, crate::COMPONENT).to_string()
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, ClientError> {

@@ -5,6 +5,7 @@
 
 mod execd;
 mod images;
+mod multipart;
 
 pub use images::segment;
 mod sandbox_snapshots;
@@ -25,6 +26,17 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+
+/// Escaped in a path segment: all but RFC 3986's unreserved characters.
+pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+/// Escaped in a query value that is a path: the same, but `/` kept readable.
+pub(crate) const QUERY_PATH: &AsciiSet = &COMPONENT.remove(b'/');
+
+/// A query string (`a=1&b=x%20y`, form-urlencoded) from pairs.
+pub fn query<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -131,7 +143,8 @@ impl Client {
         Ok(self.json(Method::GET, &format!("/v1/sandboxes/{id}"), None).await?.0)
     }
 
-    /// Every sandbox, following pagination; `query` is e.g. `state=Running`.
+    /// Every sandbox, following pagination; `query` is e.g. `state=Running`
+    /// (see [`query`]).
     pub async fn list_sandboxes(&self, query: &str) -> Result<Vec<SandboxInfo>, ClientError> {
         let mut out = Vec::new();
         for page in 1.. {
@@ -288,7 +301,7 @@ impl Client {
     }
 
     pub async fn list_snapshots(&self, workspace: Option<&str>) -> Result<Vec<WorkspaceSnapshotInfo>, ClientError> {
-        let q = workspace.map(|w| format!("?workspace={w}")).unwrap_or_default();
+        let q = workspace.map(|w| format!("?{}", query([("workspace", w)]))).unwrap_or_default();
         Ok(self.json::<WorkspaceSnapshotList>(Method::GET, &format!("/v1/workspace-snapshots{q}"), None).await?.0.items)
     }
 

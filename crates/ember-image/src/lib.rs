@@ -34,9 +34,10 @@ pub use pull::{platform, Auth};
 pub use store::{ImageRecord, LayerMeta, LayerRef, PruneReport};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Store configuration, fixed at daemon start.
 #[derive(Clone, Debug)]
@@ -156,7 +157,7 @@ impl ImageStore {
     pub async fn pull(self: &Arc<Self>, reference: &str, auth: Auth) -> Result<ImageRecord, ImageError> {
         let name = Self::normalize(reference)?;
         let fut = {
-            let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = self.inflight.lock();
             match map.get(&name) {
                 Some(f) => f.clone(),
                 None => {
@@ -164,7 +165,7 @@ impl ImageStore {
                     let task = tokio::spawn(async move {
                         let r = store.clone().pull_once(key.clone(), auth).await;
                         store.progress_end(&key);
-                        store.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        store.inflight.lock().remove(&key);
                         r.map_err(Arc::new)
                     });
                     let join = task.map(|j| {
@@ -188,7 +189,7 @@ impl ImageStore {
     }
 
     fn layer_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut m = self.layer_locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.layer_locks.lock();
         m.retain(|_, l| Arc::strong_count(l) > 1);
         m.entry(digest.to_string()).or_default().clone()
     }
@@ -240,8 +241,10 @@ impl ImageStore {
 /// A short random suffix for temp names.
 pub(crate) fn rand_suffix() -> String {
     let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    if getrandom::fill(&mut b).is_err() {
+        // Uniqueness is all a temp name needs: the pid and the clock give it here.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        b = (t.as_nanos() as u64 ^ u64::from(std::process::id()) << 40).to_le_bytes();
     }
     digest::hex(&b)
 }

@@ -69,8 +69,8 @@ impl ImageStore {
         self.lock_progress().values().cloned().collect()
     }
 
-    fn lock_progress(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, PullProgress>> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_progress(&self) -> parking_lot::MutexGuard<'_, std::collections::BTreeMap<String, PullProgress>> {
+        self.progress.lock()
     }
 }
 

@@ -2,8 +2,9 @@
 //! in flight (each holds a task, an upstream socket and up to
 //! `UPSTREAM_TIMEOUT`), and a rate of `nft` runs (each pin forks `nft`), so a
 //! sandbox flooding its resolver slows down itself, not the node.
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Queries one slot may have in flight; past it, new ones are dropped
@@ -47,8 +48,8 @@ impl SlotLimits {
         Arc::new(SlotLimits { slots: Mutex::new(HashMap::new()) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<u32, Slot>> {
+        self.slots.lock()
     }
 
     /// `f` on `slot`'s counters; a slot first seen at `now` starts with a full burst.

@@ -4,9 +4,9 @@
 //! [`KEEP`], in memory; totals per rule feed the `/metrics` counter.
 use crate::addr::AddrPlan;
 use ember_types::DeniedFlow;
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
-use std::sync::Mutex;
 use time::format_description::well_known::Rfc3339;
 
 /// Events kept per sandbox.
@@ -58,7 +58,7 @@ pub struct FlowLog {
 
 impl FlowLog {
     pub fn push(&self, sandbox: &str, ev: DeniedFlow) {
-        let mut m = self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.by_sandbox.lock();
         let q = m.entry(sandbox.to_string()).or_default();
         if q.len() == KEEP {
             q.pop_front();
@@ -67,12 +67,12 @@ impl FlowLog {
     }
 
     pub fn get(&self, sandbox: &str) -> Vec<DeniedFlow> {
-        let m = self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.by_sandbox.lock();
         m.get(sandbox).map(|q| q.iter().cloned().collect()).unwrap_or_default()
     }
 
     pub fn forget(&self, sandbox: &str) {
-        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+        self.by_sandbox.lock().remove(sandbox);
     }
 }
 

@@ -26,10 +26,11 @@ pub use addr::AddrPlan;
 pub use pool::{Attachment, NetStats};
 
 use ember_types::{DeniedFlow, EgressPolicy};
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -190,13 +191,13 @@ impl Network {
         if self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
-        if let Some(sock) = self.resolver.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(sock) = self.resolver.lock().take() {
             sock.set_nonblocking(true).map_err(|e| NetError::Command { what: "resolver", message: e.to_string() })?;
             let sock = tokio::net::UdpSocket::from_std(sock)
                 .map_err(|e| NetError::Command { what: "resolver", message: e.to_string() })?;
             tokio::spawn(dns::serve(Arc::downgrade(self), sock));
         }
-        if let Some(sock) = self.nflog.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(sock) = self.nflog.lock().take() {
             let weak = Arc::downgrade(self);
             std::thread::Builder::new()
                 .name("ember-nflog".into())
@@ -223,7 +224,7 @@ impl Network {
     /// The slot, sandbox and policy behind a sandbox address.
     pub(crate) fn lookup(&self, a: Ipv4Addr) -> Option<(u32, String, EgressPolicy)> {
         let slot = self.cfg.range.slot_of(a)?;
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.lock();
         st.used.get(&slot).map(|u| (slot, u.sandbox.clone(), u.policy.clone()))
     }
 
@@ -270,7 +271,7 @@ fn read_nflog(net: std::sync::Weak<Network>, sock: ember_sys::nflog::NflogSocket
             else {
                 continue;
             };
-            let owner = net.state.lock().unwrap_or_else(|p| p.into_inner()).used.get(&slot).map(|u| u.sandbox.clone());
+            let owner = net.state.lock().used.get(&slot).map(|u| u.sandbox.clone());
             if let Some(sandbox) = owner {
                 net.record(&sandbox, ev);
             }

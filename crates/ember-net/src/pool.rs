@@ -64,14 +64,14 @@ impl Network {
     fn apply_policy(&self, n: u32, policy: &EgressPolicy, flush_pins: bool) -> Result<(), NetError> {
         let c = &self.cfg;
         if flush_pins {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).pins.retain(|(s, _, _)| *s != n);
+            self.state.lock().pins.retain(|(s, _, _)| *s != n);
         }
         Ok(nft::apply(&nft::slot_script(&c.tag, n, &c.range, c.nflog_group, policy, flush_pins))?)
     }
 
     /// The lowest slot number not in any use, reserved as `creating`.
     fn reserve(&self) -> Option<u32> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock();
         let n = (0..self.cfg.range.capacity()).find(|n| {
             !st.ready.contains(n)
                 && !st.used.contains_key(n)
@@ -90,7 +90,7 @@ impl Network {
         let t0 = Instant::now();
         let res = slot::create(&self.cfg.tag, &self.cfg.range, n);
         {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             st.creating.remove(&n);
             if res.is_ok() {
                 match owner {
@@ -110,12 +110,12 @@ impl Network {
     /// Hands a slot to `sandbox` with `policy` applied: a ready one, or one
     /// made now when none is ready (the slow path; the refill thread is woken).
     pub fn acquire(&self, sandbox: &str, policy: &EgressPolicy) -> Result<Attachment, NetError> {
-        let ready = self.state.lock().unwrap_or_else(|p| p.into_inner()).ready.pop_front();
+        let ready = self.state.lock().ready.pop_front();
         self.refill.notify_one();
         let owner = SlotUse { sandbox: sandbox.to_string(), policy: policy.clone() };
         let n = match ready {
             Some(n) => {
-                self.state.lock().unwrap_or_else(|p| p.into_inner()).used.insert(n, owner);
+                self.state.lock().used.insert(n, owner);
                 n
             }
             None => {
@@ -137,7 +137,7 @@ impl Network {
             return Err(NetError::NoSlot(n));
         }
         let owner = SlotUse { sandbox: sandbox.to_string(), policy: policy.clone() };
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).used.insert(n, owner);
+        self.state.lock().used.insert(n, owner);
         self.apply_policy(n, policy, false)?;
         Ok(self.attachment(n))
     }
@@ -146,7 +146,7 @@ impl Network {
     /// pins go with the old policy, so names are pinned afresh as resolved.
     pub fn update(&self, n: u32, policy: &EgressPolicy) -> Result<(), NetError> {
         {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             let u = st.used.get_mut(&n).ok_or(NetError::NoSlot(n))?;
             u.policy = policy.clone();
         }
@@ -155,7 +155,7 @@ impl Network {
 
     /// Whether every one of `pins` is pinned for slot `n` already.
     pub(crate) fn all_pinned(&self, n: u32, pins: &[(Ipv4Addr, Option<u16>)]) -> bool {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.lock();
         pins.iter().all(|(a, p)| st.pins.contains(&(n, *a, *p)))
     }
 
@@ -163,7 +163,7 @@ impl Network {
     pub(crate) fn pin(&self, n: u32, pins: &[(Ipv4Addr, Option<u16>)], ttl: u32) -> Result<(), NetError> {
         let timeout = u64::from(ttl).clamp(30, 86_400) + 60;
         let marked: Vec<_> = {
-            let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let st = self.state.lock();
             pins.iter().map(|(a, p)| (*a, *p, st.pins.contains(&(n, *a, *p)))).collect()
         };
         let tag = &self.cfg.tag;
@@ -173,7 +173,7 @@ impl Network {
             nft::apply(&nft::pin_script(tag, n, &fresh, timeout))
         });
         if res.is_ok() {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             st.pins.extend(pins.iter().map(|(a, p)| (n, *a, *p)));
         }
         Ok(res?)
@@ -185,7 +185,7 @@ impl Network {
     /// slot's owner does nothing (so a second release cannot hand it out twice).
     pub fn release(&self, n: u32, sandbox: &str) {
         {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             if st.used.get(&n).is_none_or(|u| u.sandbox != sandbox) {
                 return;
             }
@@ -197,27 +197,27 @@ impl Network {
         self.log.forget(sandbox);
         let _ = nft::apply(&nft::slot_cleanup_script(&self.cfg.tag, n));
         let whole = slot::intact(&self.cfg.tag, n);
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock();
         if whole && st.ready.len() < self.cfg.ready_slots.max(1) * 2 {
             st.creating.remove(&n);
             st.ready.push_back(n);
         } else {
             drop(st);
             slot::destroy(&self.cfg.tag, n);
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).creating.remove(&n);
+            self.state.lock().creating.remove(&n);
         }
         self.refill.notify_one();
     }
 
     /// Reclaims every slot and chain no sandbox owns (after adopting).
     pub fn converge(&self) {
-        let used: Vec<u32> = self.state.lock().unwrap_or_else(|p| p.into_inner()).used.keys().copied().collect();
+        let used: Vec<u32> = self.state.lock().used.keys().copied().collect();
         let tag = &self.cfg.tag;
         for n in nft::slot_chains(tag).unwrap_or_default().into_iter().filter(|n| !used.contains(n)) {
             let _ = nft::apply(&nft::slot_cleanup_script(tag, n));
         }
         for n in slot::existing(tag).into_iter().filter(|n| !used.contains(n)) {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock();
             let fits = n < self.cfg.range.capacity() && st.ready.len() < self.cfg.ready_slots;
             if fits && slot::intact(tag, n) && !st.ready.contains(&n) {
                 st.ready.push_back(n);
@@ -230,7 +230,7 @@ impl Network {
     }
 
     pub fn stats(&self) -> NetStats {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.lock();
         let created = self.created_total.load(Ordering::Relaxed);
         NetStats {
             ready: st.ready.len(),
@@ -250,16 +250,10 @@ pub(crate) fn refill_loop(net: Weak<Network>) {
     loop {
         let Some(n) = net.upgrade() else { return };
         let want = {
-            let st = n.state.lock().unwrap_or_else(|p| p.into_inner());
-            let have = st.ready.len() + st.creating.len();
-            let st = if have >= n.cfg.ready_slots {
-                n.refill
-                    .wait_timeout(st, Duration::from_millis(500))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0)
-            } else {
-                st
-            };
+            let mut st = n.state.lock();
+            if st.ready.len() + st.creating.len() >= n.cfg.ready_slots {
+                n.refill.wait_for(&mut st, Duration::from_millis(500));
+            }
             st.ready.len() + st.creating.len() < n.cfg.ready_slots
         };
         if !want {

@@ -9,9 +9,9 @@ use crate::journal::Journal;
 use crate::pick::{first_runnable, pick};
 use crate::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
 use ember_types::task::{TaskAttempt, TaskRecord, TaskSpec, TaskState, Tier};
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// A lease that is live now.
 struct Live {
@@ -203,8 +203,8 @@ impl EmbeddedQueue {
         Ok(EmbeddedQueue { cfg, clock, state: Mutex::new(st), damaged })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 

@@ -10,7 +10,12 @@ fn main() {
     let cg: Arc<dyn ember_cgroups::Cgroups> =
         Arc::from(ember_cgroups::detect("/sys/fs/cgroup".as_ref(), "ember-smoke").unwrap());
     let rt = NativeRuntime::new(
-        NativeConfig { data_dir: "/tmp/ember-smoke".into(), agent_path: agent.into(), uid_base: 1_000_000_000 },
+        NativeConfig {
+            data_dir: "/tmp/ember-smoke".into(),
+            agent_path: agent.into(),
+            uid_base: 1_000_000_000,
+            ready_timeout: ember_runtime::READY_TIMEOUT,
+        },
         cg,
     )
     .unwrap();

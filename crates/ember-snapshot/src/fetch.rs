@@ -1,13 +1,14 @@
 //! The restore's worker pool: the calling thread creates the files and hands
 //! out their chunks; workers fetch, decompress and verify each chunk and
 //! write it at its offset, so fetch latency, zstd and sha256 use every core.
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use crate::manifest::ChunkRef;
 use crate::restore::fetch_chunk;
@@ -75,10 +76,6 @@ pub(crate) struct Fetcher<'s> {
     error: Mutex<Option<SnapshotError>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl<'s> Fetcher<'s> {
     pub(crate) fn new(store: &'s dyn ObjectStore, max_len: u64) -> Self {
         Fetcher { store, max_len, bytes: AtomicU64::new(0), chunks: AtomicU64::new(0), error: Mutex::new(None) }
@@ -90,7 +87,7 @@ impl<'s> Fetcher<'s> {
     }
 
     fn failed(&self) -> bool {
-        lock(&self.error).is_some()
+        self.error.lock().is_some()
     }
 
     /// Runs `produce` on the calling thread with `threads` workers behind it;
@@ -116,7 +113,7 @@ impl<'s> Fetcher<'s> {
             produced
             // `jobs` (the sender) drops here: the workers drain and exit.
         });
-        if let Some(e) = lock(&self.error).take() {
+        if let Some(e) = self.error.lock().take() {
             return Err(e);
         }
         produced
@@ -127,19 +124,19 @@ impl<'s> Fetcher<'s> {
             Ok(d) => d,
             Err(e) => {
                 let path = Path::new("zstd").to_path_buf();
-                lock(&self.error).get_or_insert(SnapshotError::Io { op: "create decompressor", path, source: e });
+                self.error.lock().get_or_insert(SnapshotError::Io { op: "create decompressor", path, source: e });
                 return;
             }
         };
         loop {
-            let batch = lock(rx).recv();
+            let batch = rx.lock().recv();
             let Ok(batch) = batch else { return };
             for job in &batch {
                 if self.failed() {
                     break; // drain, so the producer never blocks on a full channel
                 }
                 if let Err(e) = self.write(&mut dctx, job) {
-                    lock(&self.error).get_or_insert(e);
+                    self.error.lock().get_or_insert(e);
                 }
             }
         }

@@ -5,11 +5,11 @@
 //! store's chunks are listed once up front instead of asked about one by one
 //! (a HEAD per chunk on S3). Staged chunks become durable together when the
 //! caller commits the batch, before the manifest is written.
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use fastcdc::v2020::StreamCDC;
 use sha2::{Digest, Sha256};
@@ -83,27 +83,22 @@ struct Shared<'s> {
     error: Mutex<Option<SnapshotError>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A worker that panicked cannot leave these half-updated in a way that matters: counters and sets.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Shared<'_> {
     fn failed(&self) -> bool {
-        lock(&self.error).is_some()
+        self.error.lock().is_some()
     }
 
     fn worker(&self, rx: &Mutex<Receiver<Vec<Job>>>) {
         let mut packer = pack::Packer::new(self.level);
         loop {
-            let batch = lock(rx).recv();
+            let batch = rx.lock().recv();
             let Ok(batch) = batch else { return };
             for job in batch {
                 if self.failed() {
                     break; // drain, so the producer never blocks on a full channel
                 }
                 if let Err(e) = self.handle(job, &mut packer) {
-                    lock(&self.error).get_or_insert(e);
+                    self.error.lock().get_or_insert(e);
                 }
             }
         }
@@ -112,7 +107,7 @@ impl Shared<'_> {
     fn handle(&self, job: Job, packer: &mut pack::Packer) -> Result<(), SnapshotError> {
         let len = job.data.len() as u64;
         let sha: [u8; 32] = Sha256::digest(&job.data).into();
-        lock(&self.hashes)[job.slot] = sha;
+        self.hashes.lock()[job.slot] = sha;
         let done = || {
             self.counters.bytes.fetch_add(len, Ordering::Relaxed);
             self.counters.chunks.fetch_add(1, Ordering::Relaxed);
@@ -121,13 +116,13 @@ impl Shared<'_> {
             s.chunks_reused += 1;
             s.bytes_reused += len;
         };
-        if !lock(&self.seen).insert(sha) {
-            reused(&mut lock(&self.stats));
+        if !self.seen.lock().insert(sha) {
+            reused(&mut self.stats.lock());
             done();
             return Ok(());
         }
         if let Some(stored) = self.present.get(&sha) {
-            let mut s = lock(&self.stats);
+            let mut s = self.stats.lock();
             (s.unique_chunks, s.unique_bytes, s.stored_bytes) =
                 (s.unique_chunks + 1, s.unique_bytes + len, s.stored_bytes + stored);
             reused(&mut s);
@@ -140,7 +135,7 @@ impl Shared<'_> {
             .pack(&job.data)
             .map_err(|e| SnapshotError::CorruptChunk { chunk: sha256.clone(), reason: format!("compressing: {e}") })?;
         self.store.put_staged(&chunk_key(&sha256), &packed, self.batch)?;
-        let mut s = lock(&self.stats);
+        let mut s = self.stats.lock();
         (s.unique_chunks, s.unique_bytes) = (s.unique_chunks + 1, s.unique_bytes + len);
         s.chunks_uploaded += 1;
         s.bytes_uploaded += len;
@@ -202,13 +197,13 @@ pub(crate) fn upload(
         let mut out = Batcher { tx, pending: Vec::new(), bytes: 0 };
         produce(&walked.root, &mut walked.items, &mut out, &shared, chunking, &mut counts, on_chunk)
     });
-    if let Some(e) = lock(&shared.error).take() {
+    if let Some(e) = shared.error.lock().take() {
         return Err(e);
     }
     produced?;
-    let hashes = std::mem::take(&mut *lock(&shared.hashes));
+    let hashes = std::mem::take(&mut *shared.hashes.lock());
     fill_hashes(&mut walked.items, &hashes);
-    let s = lock(&shared.stats).clone();
+    let s = shared.stats.lock().clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
         files: counts.files,
@@ -315,7 +310,7 @@ impl Reader<'_, '_> {
             let len = data.len() as u64;
             out.push(ChunkRef { sha256: String::new(), len });
             let slot = {
-                let mut hashes = lock(&shared.hashes);
+                let mut hashes = shared.hashes.lock();
                 hashes.push([0; 32]);
                 hashes.len() - 1
             };

@@ -1,7 +1,8 @@
 //! Domain types shared by every ember crate: ids, quantities, sandbox specs and
 //! states, and the execd wire types the agent and the clients both speak.
 //!
-//! This crate does no IO and depends on nothing but serde, thiserror and base64 (the
+//! This crate does no IO and depends on nothing but serde, thiserror, http (header
+//! maps, for the proxies' shared header rules) and base64 (the
 //! exact output bytes of an execd event), so the
 //! agent, the engine and the clients can all use it.
 #![forbid(unsafe_code)]
@@ -13,6 +14,7 @@ pub mod image;
 pub mod lifecycle;
 pub mod limits;
 pub mod network;
+pub mod proxy;
 pub mod quantity;
 pub mod sandbox;
 pub mod sandbox_snapshot;

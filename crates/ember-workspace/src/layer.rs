@@ -35,8 +35,8 @@ impl WorkspaceStore {
         self.dir(name).join("attempts").join(holder)
     }
 
-    fn lock_layers(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.layers.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_layers(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.layers.lock()
     }
 
     /// Mounts a fresh layer for `holder` over the workspace and returns the

@@ -37,7 +37,7 @@ pub struct WorkspaceStore {
     pub(crate) owner: (u32, u32),
     /// Serialises the attempt layers' open, commit and discard (`layer.rs`):
     /// a std Mutex, held over renames and mounts on a blocking thread.
-    pub(crate) layers: std::sync::Mutex<()>,
+    pub(crate) layers: parking_lot::Mutex<()>,
 }
 
 /// The host-only dir at the root of every workspace filesystem.
@@ -69,7 +69,7 @@ fn now_ms() -> i64 {
 impl WorkspaceStore {
     pub fn open(root: PathBuf, owner: (u32, u32)) -> Result<WorkspaceStore, WorkspaceError> {
         std::fs::create_dir_all(&root).map_err(io("mkdir", &root))?;
-        Ok(WorkspaceStore { root, owner, layers: std::sync::Mutex::new(()) })
+        Ok(WorkspaceStore { root, owner, layers: parking_lot::Mutex::new(()) })
     }
 
     pub(crate) fn dir(&self, name: &str) -> PathBuf {

@@ -11,11 +11,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::server::App;
 use crate::stream::{error_event, event, frame};
 use bytes::Bytes;
-use ember_sys::process::{self as sys, SIGINT, SIGKILL};
+use ember_sys::process::{SIGINT, SIGKILL};
 use ember_types::execd::RunCommandRequest;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::pipe;
@@ -47,34 +44,15 @@ impl Context {
         let argv = ["python3", "-u", "-c", DRIVER].map(String::from).to_vec();
         let req = RunCommandRequest { argv: Some(argv), ..Default::default() };
         let plan = spawn::plan(&app.config, &req).map_err(ApiError::runtime)?;
-        let mut cmd = Command::new(&plan.program);
-        cmd.args(&plan.args)
-            .env_clear()
-            .envs(&plan.env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        match plan.creds {
-            Some(creds) => sys::set_credentials(&mut cmd, creds, plan.cwd),
-            None => {
-                cmd.current_dir(&plan.cwd);
-            }
-        }
-        let (mut child, _exit) = app
-            .reaper
-            .spawn(&mut cmd)
+        let started = spawn::spawn(&app.reaper, &plan, true)
             .map_err(|e| ApiError::runtime(format!("start python3 for a code context: {e}")))?;
-        let pid = child.id() as i32;
+        let pid = started.pid;
         let fail = |m: String| {
             app.reaper.signal_group(pid, SIGKILL);
             ApiError::runtime(m)
         };
-        let stdin = child.stdin.take().map(OwnedFd::from).and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
-        let out = child.stdout.take().map(OwnedFd::from).and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-        let err = child.stderr.take().map(OwnedFd::from).and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-        let (Some(stdin), Some(out), Some(err)) = (stdin, out, err) else {
-            return Err(fail("cannot watch the interpreter's pipes".into()));
+        let spawn::Spawned { stdin: Some(stdin), stdout: out, stderr: err, .. } = started else {
+            return Err(fail("the interpreter has no stdin pipe".into()));
         };
         let mut io = Io { stdin, events: BufReader::new(out).lines(), stderr: BufReader::new(err).lines() };
         let mut early = Vec::new();

@@ -16,10 +16,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use context::Context;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 pub const LANGUAGES: &[&str] = &["python"];
@@ -56,19 +57,19 @@ pub struct RunCodeRequest {
 
 impl Contexts {
     fn get(&self, id: &str) -> ApiResult<Arc<Context>> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.lock();
         map.get(id).cloned().ok_or_else(|| ApiError::new(ErrorCode::ContextNotFound, format!("context {id} not found")))
     }
 
     fn remove(&self, app: &App, id: &str) -> Option<Arc<Context>> {
-        let ctx = self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(id)?;
-        self.defaults.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, v| v != id);
+        let ctx = self.map.lock().remove(id)?;
+        self.defaults.lock().retain(|_, v| v != id);
         ctx.kill(app);
         Some(ctx)
     }
 
     fn list(&self, language: Option<&str>) -> Vec<Arc<Context>> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.lock();
         let mut v: Vec<_> = map.values().filter(|c| language.is_none_or(|l| c.language == l)).cloned().collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
@@ -92,7 +93,7 @@ async fn create(app: &App, language: &str) -> ApiResult<Arc<Context>> {
     h.write_u64(app.contexts.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let id = format!("ctx-{:016x}", h.finish());
     let ctx = Arc::new(Context::start(app, id.clone(), language.to_string()).await?);
-    app.contexts.map.lock().unwrap_or_else(|p| p.into_inner()).insert(id, ctx.clone());
+    app.contexts.map.lock().insert(id, ctx.clone());
     Ok(ctx)
 }
 
@@ -166,12 +167,12 @@ async fn resolve(app: &App, context: Option<CodeContext>) -> ApiResult<Arc<Conte
     }
     check_language(&c.language)?;
     let _one = app.contexts.creating.lock().await;
-    let known = app.contexts.defaults.lock().unwrap_or_else(|p| p.into_inner()).get(&c.language).cloned();
+    let known = app.contexts.defaults.lock().get(&c.language).cloned();
     if let Some(ctx) = known.and_then(|id| app.contexts.get(&id).ok()) {
         return Ok(ctx);
     }
     let ctx = create(app, &c.language).await?;
-    app.contexts.defaults.lock().unwrap_or_else(|p| p.into_inner()).insert(c.language, ctx.id.clone());
+    app.contexts.defaults.lock().insert(c.language, ctx.id.clone());
     Ok(ctx)
 }
 

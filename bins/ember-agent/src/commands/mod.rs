@@ -33,7 +33,7 @@ const STREAM_BUFFER: usize = 64;
 /// the id and the message of a start failure, already recorded as finished.
 pub fn start(app: &App, req: &RunCommandRequest, name: Option<&str>) -> Result<(String, Spawned), (String, String)> {
     let content = spawn::content(req);
-    let spawned = spawn::plan(&app.config, req).and_then(|plan| spawn::spawn(&app.reaper, plan));
+    let spawned = spawn::plan(&app.config, req).and_then(|plan| spawn::spawn(&app.reaper, &plan, false));
     match spawned {
         Ok(sp) => Ok((app.registry.create(name, content, Some(sp.pid)), sp)),
         Err(msg) => {

@@ -7,9 +7,9 @@
 use super::lines::LineLog;
 use crate::stream::rfc3339;
 use ember_types::execd::CommandStatus;
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex;
 use std::time::SystemTime;
 
 pub const MAX_FINISHED: usize = 1000;
@@ -130,9 +130,9 @@ impl Registry {
         self.lock().records.get(id).map(|r| r.log.since(cursor))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // Every section leaves the maps consistent, so a poisoned lock is usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        // No poisoning (parking_lot): every section leaves the maps consistent.
+        self.inner.lock()
     }
 }
 

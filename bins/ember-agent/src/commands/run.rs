@@ -160,7 +160,7 @@ impl Run {
     }
 
     async fn pump(&self, sp: Spawned, sink: &mut Sink) -> ExitKind {
-        let Spawned { pid, stdout, stderr, exit: mut exit_rx } = sp;
+        let Spawned { pid, stdout, stderr, exit: mut exit_rx, .. } = sp;
         let (mut out, mut err) = (Pipe::new(stdout), Pipe::new(stderr));
         // A foreground command is killed once when its client goes away.
         let mut abandon = sink.tx.is_some();

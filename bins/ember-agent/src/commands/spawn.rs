@@ -30,9 +30,30 @@ pub struct Plan {
     pub creds: Option<Credentials>,
 }
 
-/// A started command.
+impl Plan {
+    /// The plan as a `Command`: program, arguments, exactly the plan's
+    /// environment, then its identity and working directory. `setup` comes
+    /// first (stdio, a controlling terminal): the hooks it adds run before
+    /// the identity switch, as the agent.
+    pub fn command(&self, setup: impl FnOnce(&mut Command)) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).env_clear().envs(&self.env);
+        setup(&mut cmd);
+        match &self.creds {
+            Some(creds) => sys::set_credentials(&mut cmd, creds.clone(), self.cwd.clone()),
+            None => {
+                cmd.current_dir(&self.cwd);
+            }
+        }
+        cmd
+    }
+}
+
+/// A started command on pipes, leading its own process group.
 pub struct Spawned {
     pub pid: i32,
+    /// Only when asked for ([`spawn`]); else stdin is /dev/null.
+    pub stdin: Option<pipe::Sender>,
     pub stdout: pipe::Receiver,
     pub stderr: pipe::Receiver,
     pub exit: oneshot::Receiver<ExitKind>,
@@ -177,31 +198,36 @@ fn find_shell(path: &str) -> Option<PathBuf> {
     })
 }
 
-/// Starts the plan in a new process group with stdin on /dev/null.
-pub fn spawn(reaper: &Reaper, plan: Plan) -> Result<Spawned, String> {
-    let mut cmd = Command::new(&plan.program);
-    cmd.args(&plan.args)
-        .env_clear()
-        .envs(&plan.env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    match plan.creds {
-        Some(creds) => sys::set_credentials(&mut cmd, creds, plan.cwd),
-        None => {
-            cmd.current_dir(&plan.cwd);
-        }
-    }
+/// Starts the plan in a new process group, stdout and stderr on pipes, stdin
+/// on a pipe if `stdin` (else /dev/null). The group is killed if its pipes
+/// cannot be watched.
+pub fn spawn(reaper: &Reaper, plan: &Plan, stdin: bool) -> Result<Spawned, String> {
+    let mut cmd = plan.command(|cmd| {
+        cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+    });
     let (mut child, exit) = reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
     let pid = child.id() as i32;
-    let pipes = (child.stdout.take(), child.stderr.take());
-    let wrap = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-    match (wrap(pipes.0.map(OwnedFd::from)), wrap(pipes.1.map(OwnedFd::from))) {
-        (Some(stdout), Some(stderr)) => Ok(Spawned { pid, stdout, stderr, exit }),
-        _ => {
+    let rx = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
+    let ends = (|| {
+        let input = child.stdin.take().map(|fd| pipe::Sender::from_owned_fd(fd.into())).transpose()?;
+        let out = rx(child.stdout.take().map(OwnedFd::from))?;
+        let err = rx(child.stderr.take().map(OwnedFd::from))?;
+        Ok::<_, std::io::Error>((input, out, err))
+    })();
+    match ends {
+        Ok((input, Some(stdout), Some(stderr))) if input.is_some() == stdin => {
+            Ok(Spawned { pid, stdin: input, stdout, stderr, exit })
+        }
+        Ok(_) => {
             reaper.signal_group(pid, sys::SIGKILL);
-            Err("cannot watch the command's output pipes".to_string())
+            Err("the command's pipes are missing".to_string())
+        }
+        Err(e) => {
+            reaper.signal_group(pid, sys::SIGKILL);
+            Err(format!("cannot watch the command's pipes: {e}"))
         }
     }
 }

@@ -11,6 +11,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use std::io::{self, BufRead, Seek, SeekFrom};
 use tokio::io::AsyncReadExt;
 
@@ -126,14 +127,9 @@ fn content_disposition(name: &str) -> String {
     if name.is_ascii() && !name.contains(['"', '\\']) {
         return format!("attachment; filename=\"{name}\"");
     }
-    let mut enc = String::new();
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            enc.push(b as char);
-        } else {
-            enc.push_str(&format!("%{b:02X}"));
-        }
-    }
+    // RFC 5987 attr-chars, trimmed to the unreserved ones; the rest escaped.
+    const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+    let enc = utf8_percent_encode(name, ESCAPED);
     format!("attachment; filename=\"{enc}\"; filename*=UTF-8''{enc}")
 }
 

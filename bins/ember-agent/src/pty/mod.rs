@@ -17,13 +17,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use session::PtySession;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[derive(Default)]
 pub struct PtySessions {
@@ -34,7 +35,7 @@ pub struct PtySessions {
 
 impl PtySessions {
     fn get(&self, id: &str) -> ApiResult<Arc<PtySession>> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.lock();
         map.get(id).cloned().ok_or_else(|| not_found(id))
     }
 }
@@ -85,7 +86,7 @@ pub async fn create(State(app): State<App>, body: axum::body::Bytes) -> ApiResul
     let id = format!("pty-{:016x}", h.finish());
     let command = req.command.filter(|c| !c.trim().is_empty());
     let session = Arc::new(PtySession::new(id.clone(), cwd, command));
-    app.ptys.map.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), session);
+    app.ptys.map.lock().insert(id.clone(), session);
     Ok((StatusCode::CREATED, Json(CreatePtyResponse { session_id: id })).into_response())
 }
 
@@ -103,7 +104,7 @@ pub async fn status(State(app): State<App>, Path(id): Path<String>) -> ApiResult
 
 /// `DELETE /pty/{id}`: kills the process group and drops the session.
 pub async fn delete(State(app): State<App>, Path(id): Path<String>) -> ApiResult<()> {
-    let session = app.ptys.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id).ok_or_else(|| not_found(&id))?;
+    let session = app.ptys.map.lock().remove(&id).ok_or_else(|| not_found(&id))?;
     session.close(&app);
     Ok(())
 }

@@ -5,12 +5,12 @@ use super::ring::{Ring, Stream, CAPACITY};
 use crate::commands::spawn::{self, Plan};
 use crate::server::App;
 use ember_sys::process::{self as sys, ExitKind};
+use parking_lot::{Mutex, MutexGuard};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -108,12 +108,12 @@ impl PtySession {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // Every section leaves the state consistent; a poisoned lock is usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        // No poisoning (parking_lot): every section leaves the state consistent.
+        self.state.lock()
     }
 
     fn holder(&self) -> MutexGuard<'_, Option<(u64, Arc<Notify>)>> {
-        self.holder.lock().unwrap_or_else(|p| p.into_inner())
+        self.holder.lock()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -333,10 +333,11 @@ struct Started {
 fn spawn_pty(app: &App, plan: Plan) -> Result<Started, String> {
     let pair = ember_sys::pty::open_pty(80, 24).map_err(|e| format!("openpty: {e}"))?;
     let slave = || pair.slave.try_clone().map(Stdio::from).map_err(|e| format!("dup pty: {e}"));
-    let mut cmd = Command::new(&plan.program);
-    cmd.args(&plan.args).env_clear().envs(&plan.env).stdin(slave()?).stdout(slave()?).stderr(slave()?);
-    ember_sys::pty::set_controlling_terminal(&mut cmd);
-    apply_identity(&mut cmd, plan.creds, plan.cwd);
+    let (stdin, stdout, stderr) = (slave()?, slave()?, slave()?);
+    let mut cmd = plan.command(|cmd| {
+        cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+        ember_sys::pty::set_controlling_terminal(cmd);
+    });
     let (child, exit) = app.reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
     // Our copies of the slave must close, or reading the master never ends.
     drop(cmd);
@@ -362,41 +363,10 @@ fn spawn_pty(app: &App, plan: Plan) -> Result<Started, String> {
 
 /// Starts the plan with plain pipes, leading its own process group.
 fn spawn_pipe(app: &App, plan: Plan) -> Result<Started, String> {
-    let mut cmd = Command::new(&plan.program);
-    cmd.args(&plan.args)
-        .env_clear()
-        .envs(&plan.env)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    apply_identity(&mut cmd, plan.creds, plan.cwd);
-    let (mut child, exit) =
-        app.reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
-    let pid = child.id() as i32;
-    let fds = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    let wrapped = match fds {
-        (Some(i), Some(o), Some(e)) => (|| {
-            let rx = |fd: OwnedFd| pipe::Receiver::from_owned_fd(fd).map_err(|e| format!("watch pipe: {e}"));
-            let tx = pipe::Sender::from_owned_fd(i.into()).map_err(|e| format!("stdin pipe: {e}"))?;
-            Ok((tx, Output { stdout: rx(o.into())?, stderr: Some(rx(e.into())?) }))
-        })(),
-        _ => Err("the process's pipes are missing".to_string()),
+    let sp = spawn::spawn(&app.reaper, &plan, true)?;
+    let spawn::Spawned { pid, stdin: Some(stdin), stdout, stderr, exit } = sp else {
+        app.reaper.signal_group(sp.pid, sys::SIGKILL);
+        return Err("the process has no stdin pipe".to_string());
     };
-    match wrapped {
-        Ok((stdin, output)) => Ok(Started { pid, term: None, stdin, output, exit }),
-        Err(e) => {
-            app.reaper.signal_group(pid, sys::SIGKILL);
-            Err(e)
-        }
-    }
-}
-
-fn apply_identity(cmd: &mut Command, creds: Option<sys::Credentials>, cwd: std::path::PathBuf) {
-    match creds {
-        Some(c) => sys::set_credentials(cmd, c, cwd),
-        None => {
-            cmd.current_dir(cwd);
-        }
-    }
+    Ok(Started { pid, term: None, stdin, output: Output { stdout, stderr: Some(stderr) }, exit })
 }

@@ -236,17 +236,16 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Fails the test unless it runs as root: root-only tests fail loudly instead
+/// of passing without testing anything (the suite runs as root, as CI does).
+pub fn require_root(what: &str) {
+    let uid = ember_sys::process::getuid();
+    assert_eq!(uid, 0, "{what} needs root (running as uid {uid}): run the suite as root, as CI does");
+}
+
 /// Percent-encodes a query value.
 pub fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 /// A fresh temporary directory for one test.

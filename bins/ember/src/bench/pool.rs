@@ -3,7 +3,8 @@
 use anyhow::Context;
 use ember_client::Client;
 use ember_types::api::{CreatePoolRequest, PoolInfo, ResizePoolRequest};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
@@ -95,11 +96,11 @@ pub struct Claimed(Arc<Mutex<Vec<String>>>);
 
 impl Claimed {
     pub fn push(&self, id: String) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+        self.0.lock().push(id);
     }
 
     pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.0.lock())
     }
 
     /// Removes them all; returns the ids that could not be removed.

@@ -35,20 +35,15 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// `10m`, `30s`, `1h`, `250ms`, or plain seconds.
+/// A duration as humantime reads it (`250ms`, `30s`, `10m`, `1h 30m`, `2d`),
+/// or plain seconds. Out of range is an error, never a wrapped value.
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().with_context(|| format!("duration {s:?}: expected e.g. 30s, 10m, 1h"))?;
-    Ok(match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        "d" => Duration::from_secs(n * 86400),
-        _ => bail!("duration {s:?}: unknown unit {unit:?}"),
-    })
+    let hint = || format!("duration {s:?}: expected e.g. 30s, 10m, 1h");
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Duration::from_secs(s.parse().with_context(hint)?));
+    }
+    humantime::parse_duration(s).with_context(hint)
 }
 
 pub fn parse_kv(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -151,4 +146,29 @@ where
         }
     }
     Ok(i32::from(failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_as_humantime_or_plain_seconds() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1ns").unwrap(), Duration::from_nanos(1));
+        assert_eq!(parse_duration(" 42 ").unwrap(), Duration::from_secs(42));
+        for bad in ["", "10x", "m", "-5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_absurd_duration_is_an_error_not_an_overflow() {
+        // 18 digits of hours: more seconds than a u64 holds.
+        let e = parse_duration("999999999999999999h").unwrap_err();
+        assert!(format!("{e:#}").contains("999999999999999999h"), "{e:#}");
+    }
 }

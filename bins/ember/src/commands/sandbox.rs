@@ -61,8 +61,8 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
             }
         }
         SandboxCmd::Ls { state, json } => {
-            let q: Vec<String> = state.iter().map(|s| format!("state={s}")).collect();
-            let list = client.list_sandboxes(&q.join("&")).await?;
+            let q = ember_client::query(state.iter().map(|s| ("state", s.as_str())));
+            let list = client.list_sandboxes(&q).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
@@ -105,7 +105,7 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
 async fn snapshots(client: &Client, cmd: SandboxSnapshotCmd) -> anyhow::Result<i32> {
     match cmd {
         SandboxSnapshotCmd::Ls { sandbox, json } => {
-            let q = sandbox.map(|s| format!("sandboxId={s}")).unwrap_or_default();
+            let q = sandbox.map(|s| ember_client::query([("sandboxId", s.as_str())])).unwrap_or_default();
             let list = client.list_sandbox_snapshots(&q).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);

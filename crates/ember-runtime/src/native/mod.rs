@@ -9,7 +9,7 @@
 pub(crate) mod boundary;
 pub mod rootfs;
 
-use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer};
 use ember_cgroups::{Cgroups, Limits};
 use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
@@ -47,6 +47,9 @@ pub struct NativeConfig {
     pub agent_path: PathBuf,
     /// First host uid/gid of the range sandbox ids map to.
     pub uid_base: u32,
+    /// How long a sandbox init gets from release to exec, and the agent to
+    /// answer ([`crate::READY_TIMEOUT`] unless `ember serve --ready-timeout`).
+    pub ready_timeout: Duration,
 }
 
 pub struct NativeRuntime {
@@ -122,7 +125,7 @@ impl NativeRuntime {
             env: agent_env(spec, &hostname),
             uid_map: map.clone(),
             gid_map: map,
-            exec_timeout: READY_TIMEOUT,
+            exec_timeout: self.cfg.ready_timeout,
         }
     }
 
@@ -169,7 +172,7 @@ impl NativeRuntime {
         .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
         drop(listener);
         let t_spawn = t0.elapsed();
-        crate::ping_agent(&sock, READY_TIMEOUT)
+        crate::ping_agent(&sock, self.cfg.ready_timeout)
             .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
             .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
         let total = t0.elapsed();

@@ -27,7 +27,7 @@ pub use exit::EXIT_FILE;
 pub use prepare::{prepare_bundle, BundlePlan, PreparedBundle};
 
 use crate::native::rootfs::{ensure_host_template, ID_RANGE};
-use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer, READY_TIMEOUT};
+use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer};
 use cli::{OciCli, OciCliError};
 use ember_cgroups::{Cgroups, Limits};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
@@ -48,6 +48,9 @@ pub struct OciConfig {
     pub uid_base: u32,
     /// The cgroup group the class's sandboxes live in (`<parent>-<class>`).
     pub cgroup_group: String,
+    /// How long the agent gets to answer after a start or a restore
+    /// ([`crate::READY_TIMEOUT`] unless `ember serve --ready-timeout`).
+    pub ready_timeout: Duration,
 }
 
 pub struct OciRuntime {
@@ -127,7 +130,7 @@ impl OciRuntime {
         sock: &Path,
         early_exit: Option<(&OwnedFd, &SandboxSpec)>,
     ) -> Result<(), RuntimeError> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + self.cfg.ready_timeout;
         let mut last = String::from("socket not created");
         while Instant::now() < deadline {
             if sock.exists() {

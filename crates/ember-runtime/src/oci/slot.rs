@@ -25,7 +25,6 @@ use super::bundle::AGENT_PATH;
 use super::cli::OciCli;
 use crate::RuntimeError;
 use ember_types::SandboxId;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -86,8 +85,12 @@ pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
 /// sandbox cannot plant the directory (or a symlink) in advance.
 fn fresh_name() -> Result<String, RuntimeError> {
     let mut b = [0u8; 8];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).map_err(|source| {
-        RuntimeError::Prepare { what: "random slot name", path: PathBuf::from("/dev/urandom"), source }
+    getrandom::fill(&mut b).map_err(|e| RuntimeError::Prepare {
+        what: "random slot name",
+        path: PathBuf::from("getrandom(2)"),
+        source: e
+            .raw_os_error()
+            .map_or_else(|| std::io::Error::other(e.to_string()), std::io::Error::from_raw_os_error),
     })?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }

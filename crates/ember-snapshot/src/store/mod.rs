@@ -4,8 +4,8 @@
 //! Keys are relative, `/`-separated paths of plain names, such as
 //! `chunks/<sha256>` and `manifests/<id>.json`. A `put` is atomic: readers see
 //! the whole object or nothing.
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use crate::{ManifestKey, StoreError};
@@ -82,11 +82,11 @@ impl Staged {
     }
 
     fn push(&self, tmp: PathBuf, dest: PathBuf) {
-        self.files.lock().unwrap_or_else(PoisonError::into_inner).push((tmp, dest));
+        self.files.lock().push((tmp, dest));
     }
 
     fn take(&self) -> Vec<(PathBuf, PathBuf)> {
-        std::mem::take(&mut *self.files.lock().unwrap_or_else(PoisonError::into_inner))
+        std::mem::take(&mut *self.files.lock())
     }
 }
 
