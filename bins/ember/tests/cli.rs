@@ -155,3 +155,24 @@ fn an_api_key_is_enforced_when_configured() {
         .expect("ember runs");
     assert_eq!(text(&o), "authorised\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Debian's alternatives (`awk`, `vi`, `pager` are symlinks into
+/// `/etc/alternatives`) resolve in the `host` template, whose `/etc` is
+/// generated: only the alternatives' links come from the host, nothing else
+/// of its `/etc`.
+#[test]
+fn host_template_resolves_debian_alternatives() {
+    let d = Daemon::start();
+    let script = "echo via-awk | awk 1; vi --version | head -n1; pager --version | head -n1; \
+                  find /etc/alternatives -mindepth 1 ! -type l | wc -l; \
+                  ls /etc/shadow /etc/machine-id /etc/apt 2>&1 | grep -c 'No such file'";
+    let o = ember(&d, &["run", "--", "sh", "-c", script]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"via-awk"), "{out}");
+    assert!(lines.get(1).is_some_and(|l| l.starts_with("VIM - Vi IMproved")), "{out}");
+    assert!(lines.get(2).is_some_and(|l| l.starts_with("less ")), "{out}");
+    assert_eq!(lines.get(3), Some(&"0"), "only symlinks under /etc/alternatives: {out}");
+    assert_eq!(lines.get(4), Some(&"3"), "the host's own /etc stays out: {out}");
+}
