@@ -27,6 +27,7 @@ mod sandbox_snapshots;
 mod snapshot_gc;
 mod snapshot_ops;
 mod snapshots;
+mod stats;
 mod store;
 pub mod tasks;
 pub mod templates;

@@ -15,6 +15,7 @@ pub mod network;
 pub mod quantity;
 pub mod sandbox;
 pub mod sandbox_snapshot;
+pub mod stats;
 pub mod task;
 
 pub use api::ResourcesSpec;
@@ -27,3 +28,4 @@ pub use sandbox::{
     BoundaryReport, NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
     VolumeMount,
 };
+pub use stats::SandboxStats;
