@@ -197,11 +197,27 @@ async fn logs_follow_the_entrypoint_and_survive_a_daemon_restart() {
     for want in ["line-1", "line-2", "line-3"] {
         assert_eq!(lines.next().expect("a line").expect("utf8"), want);
     }
+    // `attach` (no --session): the entrypoint's output from now on only.
+    let mut attach = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["attach", &sb.id])
+        .env("EMBER_URL", &d.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ember attach runs");
+    let mut said = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(attach.stderr.take().expect("stderr")), &mut said)
+        .expect("attach says it is attached");
+    assert!(said.contains("attached to the entrypoint") && said.contains("no stdin"), "{said}");
     let (code, _, _) = d.sh(&sb.id, "touch /tmp/go", None).await;
     assert_eq!(code, Some(0));
     assert_eq!(lines.next().expect("the late line").expect("utf8"), "late");
-    let _ = follow.kill();
-    let _ = follow.wait();
+    let mut attached = std::io::BufRead::lines(std::io::BufReader::new(attach.stdout.take().expect("stdout")));
+    assert_eq!(attached.next().expect("a line").expect("utf8"), "late", "attach starts at the end");
+    for mut c in [follow, attach] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 
     // The agent keeps the output: a restarted daemon serves it all again.
     d.kill9();
@@ -237,4 +253,32 @@ async fn stats_show_memory_growing_after_the_sandbox_allocates() {
     assert!(table.starts_with("ID ") && table.contains("MEM USAGE / LIMIT") && table.contains("/ 512.0MiB"), "{table}");
     let o = ember(&d, &["stats", "no-such-sandbox", "--no-stream"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("SANDBOX::NOT_FOUND"), "{o:?}");
+}
+
+/// The entrypoint's exit ends the sandbox (and its agent, which held the
+/// output): `logs -f` and `attach` then end, with exit code 0, not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_follow_ends_when_the_entrypoint_exits() {
+    let d = Daemon::start();
+    let script = "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 3";
+    let sb = d.create(|r| r.entrypoint = Some(vec!["sh".into(), "-c".into(), script.into()])).await;
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["logs", "-f", &sb.id])
+        .env("EMBER_URL", &d.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ember logs -f runs");
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(follow.stdout.as_mut().expect("stdout")), &mut first)
+        .expect("the first line");
+    assert_eq!(first, "first\n");
+    let (code, _, _) = d.sh(&sb.id, "touch /tmp/go", None).await;
+    assert_eq!(code, Some(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(follow.wait_with_output()));
+    let o = rx.recv_timeout(HANG).expect("logs -f ended with the sandbox").expect("ember ran");
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.is_empty() || err.contains("ended: Failed Exited(3)"), "{err}");
 }

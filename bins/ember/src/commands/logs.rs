@@ -23,6 +23,9 @@ pub async fn logs(client: &Client, id: &str, follow: bool, tail: Option<usize>) 
 /// `ember attach ID`: the entrypoint's output from now on, until it exits.
 pub async fn follow_entrypoint(client: &Client, id: &str) -> anyhow::Result<i32> {
     let (_, cursor) = fetch(client, id, None).await?;
+    // Once the starting point is taken: everything printed from here on is
+    // new output.
+    eprintln!("ember: attached to the entrypoint of {id} (its output; it has no terminal and no stdin); ctrl-c leaves");
     follow_from(client, id, cursor).await?;
     Ok(0)
 }
