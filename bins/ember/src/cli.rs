@@ -24,10 +24,12 @@ pub enum Cmd {
     Sandbox(SandboxCmd),
     /// Run a command in a sandbox, streaming its output; exits with its code.
     /// With -i its stdin is streamed too; with -t it runs on a terminal
-    /// (raw local terminal, resized with the window; the detach sequence
-    /// leaves it running).
+    /// (with -it the local terminal is raw and ctrl-c goes to the command; it
+    /// is resized with the window; the detach sequence leaves it running).
+    /// Without a raw terminal, ctrl-c ends the command and exits 130.
     Exec(ExecArgs),
-    /// A login shell on a terminal in a sandbox (`ember exec -it ID -- <shell>`).
+    /// An interactive shell (bash, else sh) on a terminal in a sandbox, as
+    /// the sandbox's user: `ember exec -it` without a command.
     Shell {
         id: String,
         /// Keys that leave the session running (reattach: `ember attach ID --session S`).

@@ -73,6 +73,23 @@ impl Tmux {
     fn wait_line(&self, line: &str) -> String {
         self.wait_for(line, |s| s.lines().any(|l| l.trim_end() == line))
     }
+
+    /// Waits until the bottom line is `bottom` (the shell at its prompt, or
+    /// a command echoed and still running): keys typed before the shell
+    /// reads them again would meet the terminal in cooked mode.
+    fn wait_bottom(&self, bottom: &str) -> String {
+        self.wait_for(bottom, |s| s.lines().rev().find(|l| !l.trim().is_empty()).map(str::trim_end) == Some(bottom))
+    }
+
+    /// Types a command at the prompt; returns the screen once `line` is
+    /// on it and the prompt is back.
+    fn run(&self, cmd: &str, line: &str) -> String {
+        self.line(cmd);
+        self.wait_for(line, |s| {
+            s.lines().any(|l| l.trim_end() == line)
+                && s.lines().rev().find(|l| !l.trim().is_empty()).map(str::trim_end) == Some(PROMPT)
+        })
+    }
 }
 
 impl Drop for Tmux {
@@ -98,17 +115,17 @@ async fn exec_it_on_a_real_terminal_echoes_resizes_and_passes_the_exit_code() {
     // then the command's output, computed inside.
     let s = t.wait_for("the output", |s| s.lines().any(|l| l.starts_with("in-42 /dev/pts/")));
     assert!(s.contains("echo in-$((6*7)) $(tty)"), "the terminal echoed the typed line:\n{s}");
-    t.line("stty size");
-    t.wait_line("30 100");
+    t.wait_bottom(PROMPT);
+    t.run("stty size", "30 100");
     // The pane shrinks: ember gets SIGWINCH and resizes the remote terminal.
     t.tmux(&["resize-window", "-t", "t", "-x", "90", "-y", "25"]);
-    t.line("clear; stty size");
-    t.wait_line("25 90");
+    t.run("clear; stty size", "25 90");
     // Raw mode: ctrl-c reaches the sandbox's shell (the local CLI lives on).
     t.line("sleep 600");
+    t.wait_bottom(&format!("{PROMPT} sleep 600"));
     t.tmux(&["send-keys", "-t", "t", "C-c"]);
-    t.line("echo after-interrupt");
-    t.wait_line("after-interrupt");
+    t.wait_bottom(PROMPT);
+    t.run("echo after-interrupt", "after-interrupt");
     t.line("exit 7");
     t.wait_line("ember-exit=7");
 }
@@ -118,7 +135,7 @@ async fn the_detach_sequence_leaves_the_session_running_and_attach_resumes_it() 
     let d = Daemon::start();
     let sb = d.create(|_| {}).await;
     let t = shell_in_tmux(&d, &sb.id);
-    t.line("X=kept-$((40+2))");
+    t.run("X=kept-$((40+2)); echo set", "set");
     t.tmux(&["send-keys", "-t", "t", "C-p", "C-q"]);
     let s = t.wait_line("ember-exit=0");
     let sid = s
@@ -134,6 +151,44 @@ async fn the_detach_sequence_leaves_the_session_running_and_attach_resumes_it() 
     t2.wait_line("kept-42");
     t2.line("exit 4");
     t2.wait_line("ember-exit=4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_is_an_interactive_shell_on_a_terminal() {
+    let d = Daemon::start();
+    let sb = d.create(|_| {}).await;
+    let t = Tmux::start(&d, &format!("shell {}", sb.id), 100, 30);
+    t.line("echo shell-$((2+3)) $(tty)");
+    t.wait_for("the output", |s| s.lines().any(|l| l.starts_with("shell-5 /dev/pts/")));
+    t.line("exit 9");
+    t.wait_line("ember-exit=9");
+}
+
+/// Without a raw terminal, ctrl-c (SIGINT to the CLI) ends the remote
+/// command too and exits 130, as a local command would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_of_exec_i_ends_the_remote_command() {
+    let d = Daemon::start();
+    let sb = d.create(|_| {}).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["exec", "-i", &sb.id, "--", "sleep", "3607"])
+        .env("EMBER_URL", &d.url)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("ember runs");
+    let running = "ps -eo args | grep -c '^sleep 3607$'";
+    let start = Instant::now();
+    while d.sh(&sb.id, running, None).await.1 != "1\n" {
+        assert!(start.elapsed() < HANG, "the remote sleep never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill runs");
+    assert!(st.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait()));
+    let status = rx.recv_timeout(HANG).expect("ember exits on SIGINT").expect("ember ran");
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(d.sh(&sb.id, running, None).await.1, "0\n", "the remote command was ended");
 }
 
 #[test]

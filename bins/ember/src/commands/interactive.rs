@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 enum End {
     Exited(i32),
     Detached,
+    /// ctrl-c with the local terminal not raw (no -t, or -t without -i).
+    Interrupted,
 }
 
 /// `ember exec -i/-t ID -- argv`. The command runs through the sandbox's
@@ -46,6 +48,20 @@ pub async fn shell(client: &Client, id: &str, detach_keys: &str) -> anyhow::Resu
     session(client, id, None, None, &io).await
 }
 
+/// SIGINT and SIGWINCH, taken before the remote process starts: a ctrl-c
+/// in between would otherwise end the CLI and leave the command running.
+struct Signals {
+    intr: tokio::signal::unix::Signal,
+    winch: tokio::signal::unix::Signal,
+}
+
+fn signals() -> anyhow::Result<Signals> {
+    Ok(Signals {
+        intr: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        winch: signal(SignalKind::window_change()).context("SIGWINCH handler")?,
+    })
+}
+
 /// A new PTY session for `command` (the login shell if `None`), attached.
 async fn session(
     client: &Client,
@@ -58,9 +74,10 @@ async fn session(
         bail!("-t needs a terminal on stdin (drop -t to stream stdin through pipes)");
     }
     let detach = DetachKeys::parse(&io.detach_keys).map_err(anyhow::Error::msg)?;
+    let sigs = signals()?;
     let sid = client.create_pty(id, command, cwd).await?;
     let conn = client.connect_pty(id, &sid, io.tty, 0, false).await?;
-    let end = run(conn, io.interactive, io.tty, detach).await;
+    let end = run(conn, io.interactive, io.tty, detach, sigs).await;
     finish(client, id, &sid, end).await
 }
 
@@ -72,11 +89,12 @@ pub async fn attach(client: &Client, a: &AttachArgs) -> anyhow::Result<i32> {
     };
     let tty = term::stdin_is_tty();
     let detach = DetachKeys::parse(&a.detach_keys).map_err(anyhow::Error::msg)?;
+    let sigs = signals()?;
     // Only what comes from now on: the screen is redrawn by the program (or
     // by a key press), as with docker attach.
     let since = client.pty_offset(&a.id, sid).await?;
     let conn = client.connect_pty(&a.id, sid, true, since, a.takeover).await?;
-    let end = run(conn, true, tty, detach).await;
+    let end = run(conn, true, tty, detach, sigs).await;
     finish(client, &a.id, sid, end).await
 }
 
@@ -90,6 +108,11 @@ async fn finish(client: &Client, id: &str, sid: &str, end: anyhow::Result<End>) 
         End::Detached => {
             eprint!("\r\nember: detached; the session keeps running: ember attach {id} --session {sid}\r\n");
             Ok(0)
+        }
+        End::Interrupted => {
+            // The command goes with the CLI, as a local one would.
+            client.delete_pty(id, sid).await.with_context(|| format!("ending session {sid}"))?;
+            Ok(130)
         }
     }
 }
@@ -112,9 +135,17 @@ fn stdin_reader() -> mpsc::Receiver<Vec<u8>> {
 }
 
 /// Pumps one attached session until the process exits or the user detaches.
-async fn run(mut conn: PtyConnection, interactive: bool, tty: bool, mut detach: DetachKeys) -> anyhow::Result<End> {
-    let _raw = if tty { Some(RawMode::enter().context("raw mode on the terminal")?) } else { None };
-    let mut winch = signal(SignalKind::window_change()).context("SIGWINCH handler")?;
+async fn run(
+    mut conn: PtyConnection,
+    interactive: bool,
+    tty: bool,
+    mut detach: DetachKeys,
+    mut sigs: Signals,
+) -> anyhow::Result<End> {
+    // Raw only when typed keys go to the session: there ctrl-c is a byte for
+    // the remote terminal; otherwise it is our SIGINT and ends the command.
+    let raw = tty && interactive;
+    let _raw = if raw { Some(RawMode::enter().context("raw mode on the terminal")?) } else { None };
     if let Some((cols, rows)) = term::window_size().filter(|_| tty) {
         conn.resize(cols, rows).await?;
     }
@@ -130,7 +161,7 @@ async fn run(mut conn: PtyConnection, interactive: bool, tty: bool, mut detach: 
             },
             data = recv(&mut input) => match data {
                 Some(data) => {
-                    let (send, detached) = if tty { detach.feed(&data) } else { (data, false) };
+                    let (send, detached) = if raw { detach.feed(&data) } else { (data, false) };
                     if !send.is_empty() {
                         conn.stdin(&send).await?;
                     }
@@ -145,7 +176,8 @@ async fn run(mut conn: PtyConnection, interactive: bool, tty: bool, mut detach: 
                     conn.eof().await?;
                 }
             },
-            _ = winch.recv(), if tty => {
+            _ = sigs.intr.recv(), if !raw => return Ok(End::Interrupted),
+            _ = sigs.winch.recv(), if tty => {
                 if let Some((cols, rows)) = term::window_size() {
                     conn.resize(cols, rows).await?;
                 }

@@ -31,6 +31,7 @@ pub async fn follow_entrypoint(client: &Client, id: &str) -> anyhow::Result<i32>
 }
 
 async fn follow_from(client: &Client, id: &str, mut cursor: u64) -> anyhow::Result<()> {
+    let mut unreachable = 0;
     loop {
         // Whether it still runs is asked before the read, so the lines it
         // wrote before exiting are all printed.
@@ -42,23 +43,38 @@ async fn follow_from(client: &Client, id: &str, mut cursor: u64) -> anyhow::Resu
             Ok((running, (text, next))) => {
                 print(&text);
                 cursor = next;
+                unreachable = 0;
                 if !running {
                     return Ok(());
                 }
                 tokio::time::sleep(POLL).await;
             }
             // The entrypoint's exit ends the sandbox, and its agent with
-            // the output it kept: say so rather than fail.
+            // the output it kept: say so rather than fail. The agent (PID 1)
+            // can be gone a moment before the daemon records the end, so
+            // an unreachable agent of a sandbox still listed as running is
+            // asked about again, a bounded number of times.
             Err(e) => match client.get_sandbox(id).await {
                 Ok(s) if !matches!(s.status.state.as_str(), "Running" | "Paused" | "Pending") => {
                     let reason = s.status.reason.unwrap_or_default();
                     eprintln!("ember: sandbox {id} ended: {} {reason}", s.status.state);
                     return Ok(());
                 }
+                Ok(_) if unreachable < UNREACHABLE_POLLS && agent_unreachable(&e) => {
+                    unreachable += 1;
+                    tokio::time::sleep(POLL).await;
+                }
                 _ => return Err(e),
             },
         }
     }
+}
+
+/// How many polls an unreachable agent of a running sandbox gets (~10 s).
+const UNREACHABLE_POLLS: u32 = 40;
+
+fn agent_unreachable(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<ClientError>(), Some(ClientError::Api { code, .. }) if code == "SANDBOX::AGENT_UNREACHABLE")
 }
 
 async fn fetch(client: &Client, id: &str, cursor: Option<u64>) -> anyhow::Result<(String, u64)> {
