@@ -42,7 +42,7 @@ pub async fn exec(
     session(client, id, Some(&command), opts.cwd.as_deref(), io).await
 }
 
-/// `ember shell ID`: the sandbox user's login shell on a terminal (`exec -it`).
+/// `ember shell ID`: the sandbox user's interactive shell on a terminal (`exec -it`).
 pub async fn shell(client: &Client, id: &str, detach_keys: &str) -> anyhow::Result<i32> {
     let io = InteractiveOpts { interactive: true, tty: true, detach_keys: detach_keys.to_string() };
     session(client, id, None, None, &io).await
@@ -62,7 +62,7 @@ fn signals() -> anyhow::Result<Signals> {
     })
 }
 
-/// A new PTY session for `command` (the login shell if `None`), attached.
+/// A new PTY session for `command` (an interactive shell if `None`), attached.
 async fn session(
     client: &Client,
     id: &str,
@@ -76,7 +76,14 @@ async fn session(
     let detach = DetachKeys::parse(&io.detach_keys).map_err(anyhow::Error::msg)?;
     let sigs = signals()?;
     let sid = client.create_pty(id, command, cwd).await?;
-    let conn = client.connect_pty(id, &sid, io.tty, 0, false).await?;
+    let conn = match client.connect_pty(id, &sid, io.tty, 0, false).await {
+        Ok(c) => c,
+        Err(e) => {
+            // Nothing started (the process starts on connect): drop the record.
+            let _ = client.delete_pty(id, &sid).await;
+            return Err(e.into());
+        }
+    };
     let end = run(conn, io.interactive, io.tty, detach, sigs).await;
     finish(client, id, &sid, end).await
 }
