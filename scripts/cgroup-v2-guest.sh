@@ -38,6 +38,7 @@ tests=(
   "ember/isolation removing_a_sandbox_leaves_no_cgroup_mount_namespace_or_process"
   "ember/isolation ttl_expiry_and_entrypoint_exit_end_with_their_reasons"
   "ember/restart kill9_of_the_daemon_then_restart_converges"
+  "ember/interactive stats_show_memory_growing_after_the_sandbox_allocates"
   "ember/restart a_graceful_stop_leaves_sandboxes_running_for_the_next_daemon"
   "ember/pools a_restart_re_adopts_the_idle_pool"
   "ember/classes conformance_crun"
@@ -114,7 +115,7 @@ module_order() {
 # Builds the binaries and prints `<package>/<target> <executable>` per test target.
 binaries() {
   cargo build -q -p ember --bin ember >&2
-  cargo test -q -p ember-cgroups -p ember --lib --test host --test isolation --test restart --test pools --test classes \
+  cargo test -q -p ember-cgroups -p ember --lib --test host --test isolation --test restart --test pools --test classes --test interactive \
     --test workspaces --test class_workspaces \
     --no-run --message-format=json 2>/dev/null |
     python3 -c '

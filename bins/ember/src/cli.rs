@@ -23,7 +23,48 @@ pub enum Cmd {
     #[command(subcommand)]
     Sandbox(SandboxCmd),
     /// Run a command in a sandbox, streaming its output; exits with its code.
+    /// With -i its stdin is streamed too; with -t it runs on a terminal
+    /// (with -it the local terminal is raw and ctrl-c goes to the command; it
+    /// is resized with the window; the detach sequence leaves it running).
+    /// Without a raw terminal, ctrl-c ends the command and exits 130.
     Exec(ExecArgs),
+    /// An interactive shell (bash, else sh) on a terminal in a sandbox, as
+    /// the sandbox's user: `ember exec -it` without a command.
+    Shell {
+        id: String,
+        /// Keys that leave the session running (reattach: `ember attach ID --session S`).
+        #[arg(long, default_value = "ctrl-p,ctrl-q")]
+        detach_keys: String,
+    },
+    /// Follow a sandbox's entrypoint. ember's entrypoint runs without a
+    /// terminal and with stdin from /dev/null, so this streams its output
+    /// (stdout and stderr, as `ember logs -f` from now on) until it exits.
+    /// With --session: reattach to a terminal session left by the detach
+    /// sequence of `ember exec -it` / `ember shell`, stdin included.
+    Attach(AttachArgs),
+    /// Print a sandbox's entrypoint output (stdout and stderr in one stream).
+    /// The sandbox's agent keeps the last 8 MiB of it, so it survives daemon
+    /// restarts while the sandbox runs.
+    Logs {
+        id: String,
+        /// Keep printing new output until the entrypoint exits.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only the last N lines of what is kept (default: all).
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
+    /// Live cpu, memory, pids and block IO of a sandbox, from its cgroup (a
+    /// line a second; CPU % is of one core).
+    Stats {
+        id: String,
+        /// Print one line and exit.
+        #[arg(long)]
+        no_stream: bool,
+        /// One JSON object per reading (the API's figures plus cpuPercent).
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a file into or out of a sandbox (`ID:/path` names the sandbox side).
     Cp { src: String, dst: String },
     /// Create a sandbox, run one command in it, remove it.
@@ -236,11 +277,44 @@ pub struct ExecOpts {
     pub exec_env: Vec<String>,
 }
 
+/// `-i`, `-t` and the detach sequence of `ember exec`.
+#[derive(Args, Clone, Default)]
+pub struct InteractiveOpts {
+    /// Stream stdin to the command (end of input closes its stdin).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run the command on a terminal (needs a terminal on stdin); stdout and
+    /// stderr arrive merged, as on any terminal.
+    #[arg(short, long)]
+    pub tty: bool,
+    /// With -t: keys that leave the session running (`ctrl-<letter>` or a
+    /// character, comma separated; empty: none). Reattach with
+    /// `ember attach ID --session S`.
+    #[arg(long, default_value = "ctrl-p,ctrl-q")]
+    pub detach_keys: String,
+}
+
+#[derive(Args)]
+pub struct AttachArgs {
+    pub id: String,
+    /// A terminal session id, as printed when it was detached.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// With --session: take the session over from a client attached to it.
+    #[arg(long, requires = "session")]
+    pub takeover: bool,
+    /// With --session: keys that leave the session running again.
+    #[arg(long, default_value = "ctrl-p,ctrl-q")]
+    pub detach_keys: String,
+}
+
 #[derive(Args)]
 pub struct ExecArgs {
     pub id: String,
     #[command(flatten)]
     pub opts: ExecOpts,
+    #[command(flatten)]
+    pub io: InteractiveOpts,
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }

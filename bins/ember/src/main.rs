@@ -9,6 +9,7 @@ mod commands;
 mod datadir;
 mod netsetup;
 mod serve;
+mod term;
 
 use clap::Parser;
 

@@ -24,13 +24,6 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     if !addr.ip().is_loopback() && api_key.as_deref().is_none_or(str::is_empty) {
         bail!("listening on non-loopback {addr} needs an API key (--api-key or EMBER_API_KEY)");
     }
-    // Then, before anything reads or changes the data dir's state: one daemon per data dir.
-    let _lock = crate::datadir::lock(&args.data_dir)?;
-    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
-    let agent = match args.agent.clone() {
-        Some(p) => p,
-        None => default_agent()?,
-    };
     let retention = parse_duration(&args.retention).context("--retention")?;
     let max_ttl = args.max_ttl.as_deref().map(parse_duration).transpose().context("--max-ttl")?;
     let ready_timeout = parse_duration(&args.ready_timeout).context("--ready-timeout")?;
@@ -38,6 +31,13 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         bail!("--ready-timeout must be more than 0");
     }
     args.tasks.config()?;
+    // Then, before anything reads or changes the data dir's state: one daemon per data dir.
+    let _lock = crate::datadir::lock(&args.data_dir)?;
+    crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
+    let agent = match args.agent.clone() {
+        Some(p) => p,
+        None => default_agent()?,
+    };
 
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
     let native = NativeConfig {

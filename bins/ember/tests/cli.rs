@@ -172,11 +172,14 @@ fn the_readiness_timeout_is_a_serve_flag() {
     let o = ember(&d, &["sandbox", "create"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("within 1ns"), "{err}");
+    let dir = std::env::temp_dir().join(format!("ember-never-created-rt-{}", std::process::id()));
     let o = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["serve", "--ready-timeout", "0s", "--data-dir", "/tmp/ember-never-created"])
+        .args(["serve", "--ready-timeout", "0s", "--data-dir"])
+        .arg(&dir)
         .output()
         .expect("ember runs");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--ready-timeout must be more than 0"));
+    assert!(!dir.exists(), "a bad flag is refused before the data dir is touched");
 }
 
 #[test]
@@ -212,4 +215,25 @@ fn list_filters_are_url_encoded() {
     let o = ember(&d, &["sandbox", "ls", "--state", "Running&x=1", "--json"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() || err.contains("Running&x=1"), "{err}");
+}
+
+/// Debian's alternatives (`awk`, `vi`, `pager` are symlinks into
+/// `/etc/alternatives`) resolve in the `host` template, whose `/etc` is
+/// generated: only the alternatives' links come from the host, nothing else
+/// of its `/etc`.
+#[test]
+fn host_template_resolves_debian_alternatives() {
+    let d = Daemon::start();
+    let script = "echo via-awk | awk 1; vi --version | head -n1; pager --version | head -n1; \
+                  find /etc/alternatives -mindepth 1 ! -type l | wc -l; \
+                  ls /etc/shadow /etc/machine-id /etc/apt 2>&1 | grep -c 'No such file'";
+    let o = ember(&d, &["run", "--", "sh", "-c", script]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"via-awk"), "{out}");
+    assert!(lines.get(1).is_some_and(|l| l.starts_with("VIM - Vi IMproved")), "{out}");
+    assert!(lines.get(2).is_some_and(|l| l.starts_with("less ")), "{out}");
+    assert_eq!(lines.get(3), Some(&"0"), "only symlinks under /etc/alternatives: {out}");
+    assert_eq!(lines.get(4), Some(&"3"), "the host's own /etc stays out: {out}");
 }

@@ -238,3 +238,43 @@ async fn import_a_directory_and_an_oci_layout() {
     d.client.delete_sandbox(&id).await.unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `ember image import DIR` of a debootstrap-like rootfs: a real character
+/// device (made with mknod) under `/dev` is skipped with a warning, counted
+/// in the answer, and everything else is imported and runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn import_of_a_rootfs_with_device_nodes_skips_them() {
+    let d = Daemon::start();
+    let tmp = std::env::temp_dir().join(format!("ember-images-devnodes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let root = tmp.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::fs::write(root.join("motd"), "beside a device\n").unwrap();
+    let st = std::process::Command::new("mknod").arg(root.join("dev/null")).args(["c", "1", "3"]).status().unwrap();
+    assert!(st.success(), "mknod (the tests run as root)");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--url", &d.url, "image", "import"])
+        .arg(&root)
+        .args(["--name", "local/devnodes:1", "--json"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let info: ember_types::image::ImageInfo = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(info.skipped_device_nodes, 1, "{info:?}");
+    assert!(info.warnings.iter().any(|w| w.contains("1 device nodes skipped")), "{info:?}");
+    // Without --json the warning goes to stderr.
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--url", &d.url, "image", "import"])
+        .arg(&root)
+        .args(["--name", "local/devnodes:2"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&st.stderr).contains("warning: 1 device nodes skipped"), "{st:?}");
+    let id = create(&d, "local/devnodes:1").await;
+    let (code, o, _) = out(&d, &id, &["/bin/busybox", "cat", "/motd"]).await;
+    assert_eq!((code, o.as_str()), (Some(0), "beside a device\n"));
+    d.client.delete_sandbox(&id).await.unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+}

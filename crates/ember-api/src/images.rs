@@ -31,7 +31,25 @@ pub fn image_info(r: &ImageRecord) -> ImageInfo {
             cmd: r.config.cmd.clone(),
         },
         created_at: rfc3339(r.created_ms),
+        skipped_device_nodes: 0,
+        warnings: Vec::new(),
     }
+}
+
+/// [`image_info`] with what the unpacker skipped in the image's layers.
+async fn with_skipped(st: &ApiState, r: &ImageRecord) -> Result<ImageInfo, ApiError> {
+    let mut info = image_info(r);
+    let layers = st.engine.image_layers().await?;
+    let skipped: u64 = layers
+        .iter()
+        .filter(|(m, _)| r.layers.iter().any(|l| l.digest == m.digest))
+        .map(|(m, _)| m.skipped_devices)
+        .sum();
+    if skipped > 0 {
+        info.warnings.push(format!("{skipped} device nodes skipped (the sandbox gets its own /dev)"));
+    }
+    info.skipped_device_nodes = skipped;
+    Ok(info)
 }
 
 pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
@@ -129,7 +147,7 @@ pub async fn import(
     }
     .await;
     let _ = tokio::fs::remove_file(&path).await;
-    Ok((StatusCode::CREATED, Json(image_info(&res?))).into_response())
+    Ok((StatusCode::CREATED, Json(with_skipped(&st, &res?).await?)).into_response())
 }
 
 fn template_out(mut t: TemplateInfo) -> TemplateInfo {

@@ -96,6 +96,7 @@ fn lifecycle() -> Router<ApiState> {
         .route("/sandboxes/{id}/metadata", patch(sandboxes::patch_metadata))
         .route("/sandboxes/{id}/endpoints/{port}", get(sandboxes::endpoint))
         .route("/sandboxes/{id}/boundary", get(sandboxes::boundary))
+        .route("/sandboxes/{id}/stats", get(sandboxes::stats))
         .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))
         .route("/sandboxes/{id}/diagnostics/events", get(diagnostics::events))
         .route("/sandboxes/{id}/snapshots", post(sandbox_snapshots::create))

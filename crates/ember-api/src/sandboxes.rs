@@ -126,3 +126,8 @@ pub async fn endpoint(
 pub async fn boundary(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
     Ok(Json(st.engine.boundary(&id).await?).into_response())
 }
+
+/// `GET /v1/sandboxes/{id}/stats`: the cgroup's live figures (`ember stats`).
+pub async fn stats(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(st.engine.stats(&id).await?).into_response())
+}

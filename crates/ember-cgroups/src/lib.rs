@@ -100,6 +100,37 @@ pub(crate) fn read_key(path: &Path, key: &str) -> Result<u64, CgroupError> {
 pub struct Usage {
     pub memory_bytes: u64,
     pub pids: u64,
+    /// CPU time of every task ever in the group, µs (`None`: no cpu
+    /// accounting here, e.g. v1 without a cpuacct hierarchy).
+    pub cpu_usage_micros: Option<u64>,
+    /// Block IO bytes read and written (`None`: no io accounting here, e.g.
+    /// v2 without the io controller delegated). Writes to the sandbox's tmpfs
+    /// layer are memory, not block IO.
+    pub io_read_bytes: Option<u64>,
+    pub io_write_bytes: Option<u64>,
+}
+
+/// Sums the `Read`/`Write` rows of v1's `blkio.throttle.io_service_bytes`
+/// (`MAJ:MIN Read N`) or the `rbytes=`/`wbytes=` fields of v2's `io.stat`.
+pub(crate) fn parse_io(s: &str) -> (u64, u64) {
+    let (mut r, mut w) = (0u64, 0u64);
+    for line in s.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [_, "Read", n] => r = r.saturating_add(n.parse().unwrap_or(0)),
+            [_, "Write", n] => w = w.saturating_add(n.parse().unwrap_or(0)),
+            _ => {
+                for kv in &f {
+                    match kv.split_once('=') {
+                        Some(("rbytes", n)) => r = r.saturating_add(n.parse().unwrap_or(0)),
+                        Some(("wbytes", n)) => w = w.saturating_add(n.parse().unwrap_or(0)),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    (r, w)
 }
 
 /// One cgroup version's implementation. Methods are synchronous: they are a few
@@ -173,4 +204,15 @@ pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
 
 pub(crate) fn parse_procs(s: &str) -> Vec<i32> {
     s.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+#[cfg(test)]
+mod io_tests {
+    #[test]
+    fn io_figures_of_both_versions() {
+        let v1 = "8:0 Read 4096\n8:0 Write 512\n8:0 Sync 0\n8:16 Read 1\nTotal 4609\n";
+        assert_eq!(super::parse_io(v1), (4097, 512));
+        let v2 = "8:0 rbytes=100 wbytes=20 rios=1 wios=1\n259:0 rbytes=1 wbytes=2 rios=1\n";
+        assert_eq!(super::parse_io(v2), (101, 22));
+    }
 }

@@ -6,11 +6,16 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
+/// Accounting-only hierarchies, for `usage` (cpu time, block IO): joined
+/// when mounted, never required.
+const ACCOUNTING: [&str; 2] = ["cpuacct", "blkio"];
 
 #[derive(Debug)]
 pub struct V1 {
     /// Mount point of each controller in [`CONTROLLERS`], same order.
     roots: [PathBuf; 4],
+    /// Mount point of each of [`ACCOUNTING`], same order, if mounted.
+    accounting: [Option<PathBuf>; 2],
     /// Parent group of every sandbox cgroup (`ember` by default): one per daemon,
     /// so daemons sharing a host never touch each other's sandboxes.
     group: String,
@@ -36,7 +41,19 @@ impl V1 {
             roots[i] =
                 find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
         }
-        Ok(V1 { roots, group: group.to_string() })
+        let accounting = ACCOUNTING.map(find);
+        Ok(V1 { roots, accounting, group: group.to_string() })
+    }
+
+    /// Every hierarchy a sandbox's group is made in: the controllers, then the
+    /// accounting ones not co-mounted with one of them (`cpu,cpuacct`).
+    fn all_roots(&self) -> Vec<&PathBuf> {
+        let extra = self.accounting.iter().flatten().filter(|a| !self.roots.contains(a));
+        self.roots.iter().chain(extra).collect()
+    }
+
+    fn accounting_dir(&self, i: usize, name: &str) -> Option<PathBuf> {
+        self.accounting[i].as_ref().map(|r| r.join(&self.group).join(name))
     }
 
     fn dir(&self, ctrl: usize, name: &str) -> PathBuf {
@@ -55,8 +72,8 @@ impl Cgroups for V1 {
     }
 
     fn create(&self, name: &str, l: &Limits) -> Result<(), CgroupError> {
-        for i in 0..CONTROLLERS.len() {
-            let d = self.dir(i, name);
+        for root in self.all_roots() {
+            let d = root.join(&self.group).join(name);
             std::fs::create_dir_all(&d).map_err(io_err("mkdir", &d))?;
         }
         let mem = self.dir(MEM, name);
@@ -77,8 +94,8 @@ impl Cgroups for V1 {
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
-        for i in 0..CONTROLLERS.len() {
-            write(&self.dir(i, name).join("cgroup.procs"), &pid.to_string())?;
+        for root in self.all_roots() {
+            write(&root.join(&self.group).join(name).join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
@@ -117,7 +134,18 @@ impl Cgroups for V1 {
     fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
         let m = read(&self.dir(MEM, name).join("memory.usage_in_bytes"))?;
         let p = read(&self.dir(PIDS, name).join("pids.current"))?;
-        Ok(Usage { memory_bytes: m.trim().parse().unwrap_or(0), pids: p.trim().parse().unwrap_or(0) })
+        // Accounting files are optional: a group made before its hierarchy was
+        // joined (or one the hierarchy lacks) reports no figure.
+        let acct = |i: usize, file: &str| self.accounting_dir(i, name).and_then(|d| read(&d.join(file)).ok());
+        let cpu = acct(0, "cpuacct.usage").and_then(|s| s.trim().parse::<u64>().ok()).map(|ns| ns / 1000);
+        let io = acct(1, "blkio.throttle.io_service_bytes").map(|s| crate::parse_io(&s));
+        Ok(Usage {
+            memory_bytes: m.trim().parse().unwrap_or(0),
+            pids: p.trim().parse().unwrap_or(0),
+            cpu_usage_micros: cpu,
+            io_read_bytes: io.map(|i| i.0),
+            io_write_bytes: io.map(|i| i.1),
+        })
     }
 
     fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
@@ -152,15 +180,15 @@ impl Cgroups for V1 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let _ = self.freeze(name, false);
-        for i in 0..CONTROLLERS.len() {
-            rmdir_retry(&self.dir(i, name))?;
+        for root in self.all_roots() {
+            rmdir_retry(&root.join(&self.group).join(name))?;
         }
         Ok(())
     }
 
     fn list(&self) -> Result<Vec<String>, CgroupError> {
         let mut out = Vec::new();
-        for root in &self.roots {
+        for root in self.all_roots() {
             let Ok(rd) = std::fs::read_dir(root.join(&self.group)) else { continue };
             for e in rd.flatten() {
                 if e.path().is_dir() {
@@ -179,7 +207,7 @@ impl Cgroups for V1 {
     }
 
     fn remove_group(&self) -> Result<(), CgroupError> {
-        for root in &self.roots {
+        for root in self.all_roots() {
             rmdir_retry(&root.join(&self.group))?;
         }
         Ok(())

@@ -79,9 +79,14 @@ impl Cgroups for V2 {
 
     fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
         let d = self.dir(name);
+        // io.stat exists only where the io controller is enabled for the group.
+        let io = read(&d.join("io.stat")).ok().map(|s| crate::parse_io(&s));
         Ok(Usage {
             memory_bytes: read(&d.join("memory.current"))?.trim().parse().unwrap_or(0),
             pids: read(&d.join("pids.current"))?.trim().parse().unwrap_or(0),
+            cpu_usage_micros: Some(read_key(&d.join("cpu.stat"), "usage_usec")?),
+            io_read_bytes: io.map(|i| i.0),
+            io_write_bytes: io.map(|i| i.1),
         })
     }
 

@@ -27,6 +27,9 @@ fn create_attach_freeze_destroy_on_the_real_hierarchy() {
     cg.freeze("c1", false).expect("thaw");
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(cpu() > frozen_at, "a thawed process runs again");
+    // The busy loop's cpu time is accounted to the group (v1: cpuacct joined).
+    let u = cg.usage("c1").expect("usage");
+    assert!(u.cpu_usage_micros.is_some_and(|us| us > 0), "{u:?}");
     assert_eq!(cg.list().expect("list"), vec!["c1".to_string()]);
     cg.destroy("c1").expect("destroy");
     assert!(!cg.exists("c1"));

@@ -6,7 +6,7 @@ use ember_types::execd::{FrameDecoder, RunCommandRequest, StreamEvent, EXECD_POR
 use http_body_util::BodyExt;
 use hyper::Method;
 
-fn proxy(id: &str, path: &str) -> String {
+pub(crate) fn proxy(id: &str, path: &str) -> String {
     format!("/v1/sandboxes/{id}/proxy/{EXECD_PORT}{path}")
 }
 

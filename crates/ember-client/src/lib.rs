@@ -6,6 +6,9 @@
 mod execd;
 mod images;
 mod multipart;
+mod pty;
+
+pub use pty::{PtyConnection, PtyEvent};
 
 pub use images::segment;
 mod sandbox_snapshots;
@@ -58,8 +61,8 @@ pub enum ClientError {
 
 #[derive(Clone)]
 pub struct Client {
-    base: String,
-    api_key: Option<String>,
+    pub(crate) base: String,
+    pub(crate) api_key: Option<String>,
     http: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -114,7 +117,7 @@ impl Client {
         })
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn json<T: serde::de::DeserializeOwned>(
         &self,
         method: Method,
         path: &str,

@@ -29,6 +29,7 @@ mod seam;
 mod snapshot_gc;
 mod snapshot_ops;
 mod snapshots;
+mod stats;
 mod store;
 pub mod tasks;
 pub mod templates;

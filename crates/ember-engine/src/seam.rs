@@ -100,6 +100,10 @@ pub trait ControlPlane: Send + Sync {
     /// its node (only that kernel can answer).
     async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError>;
 
+    /// A live sandbox's cgroup figures (cpu, memory, pids, io) with their
+    /// limits. Cluster: read on its node (only its kernel has them).
+    async fn stats(&self, id: &str) -> Result<ember_types::SandboxStats, EngineError>;
+
     /// The tail of the agent's log, at most `max` bytes, and whether it was
     /// cut. Cluster: read on its node; the bound holds across the wire.
     async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError>;

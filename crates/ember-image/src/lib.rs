@@ -226,7 +226,13 @@ impl ImageStore {
                 message: format!("diff id {} does not match the config's {want}", unpacked.diff_id),
             });
         }
-        let meta = LayerMeta { digest: digest.into(), diff_id: unpacked.diff_id, size, unpacked_bytes: unpacked.bytes };
+        let meta = LayerMeta {
+            digest: digest.into(),
+            diff_id: unpacked.diff_id,
+            size,
+            unpacked_bytes: unpacked.bytes,
+            skipped_devices: unpacked.skipped_devices,
+        };
         self.disk.publish_layer(tmp, &meta)?;
         Ok(unpacked.tar_bytes)
     }

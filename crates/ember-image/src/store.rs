@@ -54,6 +54,13 @@ pub struct LayerMeta {
     pub size: u64,
     /// Bytes of regular files once unpacked.
     pub unpacked_bytes: u64,
+    /// Device nodes the unpacker left out of this layer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_devices: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,10 @@
 //!   final components are created fresh (`O_CREAT|O_EXCL`, which never follows, `symlink`, `linkat` without
 //!   follow). Symlinks themselves may point anywhere: they are resolved inside
 //!   the sandbox's root at run time, never by the host;
-//! - device nodes refuse the layer;
+//! - device nodes are skipped, with a warning, and counted
+//!   ([`Unpacked::skipped_devices`]): the host never makes one, and the
+//!   sandbox gets its own `/dev` (a `debootstrap` or `docker export` rootfs
+//!   has `/dev` nodes; rootless unpackers skip them the same way);
 //! - OCI whiteouts become overlayfs ones: `.wh.NAME` a 0/0 character device,
 //!   `.wh..wh..opq` the `user.overlay.opaque` xattr (ember mounts overlay with
 //!   `userxattr` inside the sandbox's user namespace);
@@ -37,6 +40,8 @@ pub struct Unpacked {
     pub bytes: u64,
     /// Size of the decompressed tar (what counts against the cap).
     pub tar_bytes: u64,
+    /// Character and block devices left out.
+    pub skipped_devices: u64,
 }
 
 /// Unpacks `src` into `dest` (created here; must not exist).
@@ -65,7 +70,7 @@ pub fn unpack_layer_capped(
     };
     fs::create_dir(dest).map_err(ImageError::io("create layer dir", dest))?;
     chown(dest, 0, 0, uid_base)?;
-    let mut u = Unpacker { digest, dest, uid_base, dirs: Vec::new(), bytes: 0 };
+    let mut u = Unpacker { digest, dest, uid_base, dirs: Vec::new(), bytes: 0, skipped_devices: 0 };
     let mut archive = tar::Archive::new(HashingReader::new(CappedReader::new(stream, max_bytes)));
     let res = u.entries(&mut archive);
     let mut rest = archive.into_inner();
@@ -84,7 +89,7 @@ pub fn unpack_layer_capped(
         }
     }
     let tar_bytes = rest.get_ref().read;
-    Ok(Unpacked { diff_id: rest.finish(), bytes: u.bytes, tar_bytes })
+    Ok(Unpacked { diff_id: rest.finish(), bytes: u.bytes, tar_bytes, skipped_devices: u.skipped_devices })
 }
 
 fn bad(digest: &str, message: String) -> ImageError {
@@ -121,6 +126,7 @@ struct Unpacker<'a> {
     uid_base: u32,
     dirs: Vec<(PathBuf, u32)>,
     bytes: u64,
+    skipped_devices: u64,
 }
 
 impl Unpacker<'_> {
@@ -213,7 +219,8 @@ impl Unpacker<'_> {
                 fs::hard_link(&src, &path).map_err(ImageError::io("hard link", &path))?;
             }
             T::Char | T::Block => {
-                return Err(unsafe_entry(self.digest, &raw, "device nodes are not allowed in a layer".into()));
+                tracing::warn!(digest = self.digest, entry = %raw.display(), "skipping a device node in a layer");
+                self.skipped_devices += 1;
             }
             T::Fifo => tracing::warn!(digest = self.digest, entry = %raw.display(), "skipping a fifo in a layer"),
             other => tracing::debug!(digest = self.digest, entry = %raw.display(), ?other, "skipping tar entry"),

@@ -215,6 +215,9 @@ pub trait Runtime: Send + Sync {
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32);
     /// Memory charged to the sandbox's cgroup, in bytes.
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
+    /// Live cpu, memory, pids and io figures of the sandbox's cgroup, with
+    /// its limits (`ember stats`).
+    fn stats(&self, id: &SandboxId) -> Result<ember_types::SandboxStats, RuntimeError>;
     /// What is enforced on the running sandbox, read back from the kernel.
     fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError>;
     /// Ids of sandboxes that have host resources (cgroups, dirs) left.
@@ -298,4 +301,25 @@ pub fn microvm_unavailable_reason() -> String {
         .iter()
         .any(|b| std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).any(|d| d.join(b).is_file()));
     format!("microVM class designed, not built (docs/microvm.md); {kvm}; VMM binary on PATH: {vmm}")
+}
+
+/// [`Runtime::stats`] of a sandbox whose cgroup is `id` under `cgroups`.
+pub(crate) fn cgroup_stats(
+    cgroups: &dyn ember_cgroups::Cgroups,
+    id: &SandboxId,
+) -> Result<ember_types::SandboxStats, ember_cgroups::CgroupError> {
+    let u = cgroups.usage(id.as_str())?;
+    let l = cgroups.read_limits(id.as_str())?;
+    Ok(ember_types::SandboxStats {
+        id: id.to_string(),
+        cgroup_version: cgroups.version().to_string(),
+        cpu_usage_micros: u.cpu_usage_micros,
+        cpu_limit_millis: l.cpu_millis,
+        memory_bytes: u.memory_bytes,
+        memory_limit_bytes: l.memory_bytes,
+        pids: u.pids,
+        pids_limit: l.pids,
+        io_read_bytes: u.io_read_bytes,
+        io_write_bytes: u.io_write_bytes,
+    })
 }

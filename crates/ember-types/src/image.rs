@@ -55,6 +55,14 @@ pub struct ImageInfo {
     pub size: u64,
     pub config: ImageConfigInfo,
     pub created_at: String,
+    /// Device nodes left out of the image's layers (a rootfs made by
+    /// `debootstrap` or `docker export` has `/dev` nodes; a sandbox gets its
+    /// own `/dev`). Absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_device_nodes: u64,
+    /// What the caller should know about the image (e.g. what was skipped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One unpacked layer on the node and how many images list it.
@@ -149,4 +157,8 @@ pub struct TemplateInfo {
     pub entrypoint: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

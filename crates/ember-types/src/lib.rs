@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod quantity;
 pub mod sandbox;
 pub mod sandbox_snapshot;
+pub mod stats;
 pub mod task;
 
 pub use api::ResourcesSpec;
@@ -30,3 +31,4 @@ pub use sandbox::{
     BoundaryReport, NetworkMode, Resources, SandboxSpec, SandboxState, TerminationReason, TransitionError, UserSpec,
     VolumeMount,
 };
+pub use stats::SandboxStats;

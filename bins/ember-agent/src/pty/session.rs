@@ -49,7 +49,8 @@ struct Run {
     pid: i32,
     /// The terminal (a dup of the master), for resizes; `None` in pipe mode.
     term: Option<Arc<OwnedFd>>,
-    stdin: Arc<tokio::sync::Mutex<pipe::Sender>>,
+    /// `None` once a pipe-mode client sent end of input.
+    stdin: Arc<tokio::sync::Mutex<Option<pipe::Sender>>>,
     /// Set once the process has exited and its output is drained.
     exit: Option<i32>,
 }
@@ -183,7 +184,7 @@ impl PtySession {
         let Started { pid, term, stdin, output, exit } = started?;
         s.runs += 1;
         let seq = s.runs;
-        let stdin = Arc::new(tokio::sync::Mutex::new(stdin));
+        let stdin = Arc::new(tokio::sync::Mutex::new(Some(stdin)));
         s.run = Some(Run { seq, pid, term: term.map(Arc::new), stdin, exit: None });
         drop(s);
         tokio::spawn(self.clone().pump(seq, output, exit));
@@ -215,7 +216,26 @@ impl PtySession {
         };
         // One writer at a time, so concurrent frames are not interleaved.
         let mut stdin = stdin.lock().await;
-        stdin.write_all(data).await
+        match stdin.as_mut() {
+            Some(w) => w.write_all(data).await,
+            None => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the session's input was closed (eof)")),
+        }
+    }
+
+    /// End of input: on pipes the process's stdin is closed; on a terminal
+    /// the line discipline's EOF character (^D) is typed, which is what a
+    /// user's end of input is there.
+    pub async fn close_stdin(&self) -> io::Result<()> {
+        let run = self.state().run.as_ref().filter(|r| r.exit.is_none()).map(|r| (r.stdin.clone(), r.term.is_some()));
+        let Some((stdin, is_term)) = run else { return Ok(()) };
+        let mut stdin = stdin.lock().await;
+        match (is_term, stdin.as_mut()) {
+            (true, Some(w)) => w.write_all(b"\x04").await,
+            (_, _) => {
+                stdin.take();
+                Ok(())
+            }
+        }
     }
 
     /// Signals the process group of the live run. Unknown names are ignored.

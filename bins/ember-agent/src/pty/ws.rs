@@ -7,7 +7,9 @@
 //! * then a JSON text frame `{"type":"connected","session_id","mode":"pty"|"pipe"}`;
 //! * client → server: binary `0x00` + stdin bytes, or JSON text frames
 //!   `{"type":"stdin","data"}`, `{"type":"signal","signal":"SIGINT"}`,
-//!   `{"type":"resize","cols","rows"}`, `{"type":"ping"}` (→ `{"type":"pong"}`);
+//!   `{"type":"resize","cols","rows"}`, `{"type":"ping"}` (→ `{"type":"pong"}`),
+//!   and ember's `{"type":"eof"}` (end of input: the pipe closed, or ^D typed
+//!   on a terminal; `ember exec -i` sends it when its stdin ends);
 //! * when the process exits: `{"type":"exit","exit_code":N}`, close 1000;
 //!   a client taken over by `?takeover=1` gets close 4001 `TAKEN_OVER`.
 use super::ring::Stream;
@@ -165,6 +167,10 @@ async fn client_message(app: &App, session: &Arc<PtySession>, m: Message) -> (Op
                     None
                 }
                 "ping" => Some(text(json!({"type": "pong"}))),
+                "eof" => match session.close_stdin().await {
+                    Ok(()) => None,
+                    Err(e) => Some(error_frame("STDIN_WRITE_FAILED", &e.to_string())),
+                },
                 other => Some(error_frame("INVALID_FRAME", &format!("unknown frame type {other:?}"))),
             }
         }

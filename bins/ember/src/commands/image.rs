@@ -107,6 +107,9 @@ fn print_image(info: &ImageInfo, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(info)?);
     } else {
         println!("{} {}", info.name, info.digest);
+        for w in &info.warnings {
+            eprintln!("ember: warning: {w}");
+        }
     }
     Ok(())
 }

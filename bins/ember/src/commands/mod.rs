@@ -1,10 +1,13 @@
 //! Client verbs. Each one is a thin wrapper over an ember-client call.
 mod files;
 pub mod image;
+mod interactive;
+mod logs;
 mod network;
 mod pool;
 mod sandbox;
 mod snapshot_progress;
+mod stats;
 pub mod task;
 mod workspace;
 
@@ -21,7 +24,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Serve(args) => crate::serve::run(args, cli.api_key.clone()).await,
         Cmd::Sandbox(c) => sandbox::run(&client()?, c).await,
+        Cmd::Exec(a) if a.io.interactive || a.io.tty => {
+            interactive::exec(&client()?, &a.id, &a.opts, &a.io, a.argv).await
+        }
         Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
+        Cmd::Shell { id, detach_keys } => interactive::shell(&client()?, &id, &detach_keys).await,
+        Cmd::Attach(a) => interactive::attach(&client()?, &a).await,
+        Cmd::Logs { id, follow, tail } => logs::logs(&client()?, &id, follow, tail).await,
+        Cmd::Stats { id, no_stream, json } => stats::stats(&client()?, &id, no_stream, json).await,
         Cmd::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Cmd::Run { create, exec: opts, argv } => sandbox::run_once(&client()?, &create, &opts, argv).await,
         Cmd::Image(c) => image::image(&client()?, c).await,

@@ -145,6 +145,10 @@ pub(super) async fn change_and_inspect(api: &Api, a: &str, b: &str) {
     let r = api.req("GET", "/v1/sandboxes/{id}/boundary", &[a]).send().await;
     assert_eq!((r.status, r.json()["runtimeClass"].as_str()), (200, Some("native")));
     assert_eq!(api.req("GET", "/v1/sandboxes/{id}/boundary", &["nope"]).send().await.status, 404);
+    let r = api.req("GET", "/v1/sandboxes/{id}/stats", &[a]).send().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["memoryBytes"].as_u64().is_some_and(|m| m > 0), "{}", r.text());
+    assert_eq!(api.req("GET", "/v1/sandboxes/{id}/stats", &["nope"]).send().await.status, 404);
 }
 
 /// Sandbox snapshots: create (202 + Location), list, get, restore via

@@ -62,6 +62,9 @@ impl ControlPlane for Arc<Engine> {
     async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
         Engine::boundary(self, id).await
     }
+    async fn stats(&self, id: &str) -> Result<ember_types::SandboxStats, EngineError> {
+        Engine::stats(self, id).await
+    }
     async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
         Engine::agent_log(self, id, max).await
     }

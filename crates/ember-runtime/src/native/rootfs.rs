@@ -40,8 +40,8 @@ const GROUP: &str = "root:x:0:\ntty:x:5:\nsandbox:x:1000:\nnogroup:x:65534:\n";
 /// Ensures the `host` template's base layer exists under `templates_dir` and
 /// returns its path: a generated minimal `/etc` and the skeleton of a root
 /// filesystem whose `/usr` comes from the host at mount time. Nothing of the
-/// host's own `/etc`, `/root` or `/home` is copied except the public CA bundle
-/// and os-release. Owned by the sandbox id range so overlay can copy files up
+/// host's own `/etc`, `/root` or `/home` is copied except the public CA bundle,
+/// os-release and the links of `/etc/alternatives` that point into `/usr`. Owned by the sandbox id range so overlay can copy files up
 /// inside the user namespace.
 ///
 /// A layer is never changed in place: running sandboxes have it as an overlay
@@ -49,10 +49,11 @@ const GROUP: &str = "root:x:0:\ntty:x:5:\nsandbox:x:1000:\nnogroup:x:65534:\n";
 /// is hashed into the directory name; a new content gets a new directory.
 pub fn ensure_host_template(templates_dir: &Path, uid_base: u32) -> Result<PathBuf, RuntimeError> {
     let files = host_template_files();
-    let links: Vec<(String, PathBuf)> = ["bin", "sbin", "lib", "lib64", "lib32", "libx32"]
+    let mut links: Vec<(String, PathBuf)> = ["bin", "sbin", "lib", "lib64", "lib32", "libx32"]
         .iter()
         .filter_map(|l| Some((l.to_string(), std::fs::read_link(Path::new("/").join(l)).ok()?)))
         .collect();
+    links.extend(host_alternatives(Path::new("/etc/alternatives")));
     let mut h = Fnv::default();
     h.feed(&uid_base.to_le_bytes());
     for (name, data) in &files {
@@ -94,6 +95,27 @@ impl Fnv {
     }
 }
 
+/// Debian's alternatives: `/usr/bin/awk` → `/etc/alternatives/awk` →
+/// `/usr/bin/mawk`. The sandbox's `/etc` is generated, so without these links
+/// `awk`, `vi`, `pager` and friends dangle. Only the links are copied, sorted
+/// (they feed the layer's hash), and only those pointing into what the
+/// sandbox has from the host (`/usr`, or the top-level links into it):
+/// nothing else of the host's `/etc` is exposed.
+fn host_alternatives(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let into_usr = |t: &Path| ["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/"].iter().any(|p| t.starts_with(p));
+    let mut out: Vec<(String, PathBuf)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            (into_usr(&target) && !name.starts_with('.')).then(|| (format!("etc/alternatives/{name}"), target))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn host_template_files() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("etc/passwd", PASSWD.into()),
@@ -112,6 +134,7 @@ fn write_skeleton(dir: &Path, files: &[(&str, Vec<u8>)], links: &[(String, PathB
         ("", 0o755),
         ("usr", 0o755),
         ("etc", 0o755),
+        ("etc/alternatives", 0o755),
         ("etc/ssl", 0o755),
         ("etc/ssl/certs", 0o755),
         ("home", 0o755),

@@ -256,6 +256,10 @@ impl Runtime for OciRuntime {
         Ok(self.cgroups.usage(id.as_str()).map_err(Self::cg_err(id))?.memory_bytes)
     }
 
+    fn stats(&self, id: &SandboxId) -> Result<ember_types::SandboxStats, RuntimeError> {
+        crate::cgroup_stats(self.cgroups.as_ref(), id).map_err(Self::cg_err(id))
+    }
+
     fn boundary(&self, id: &SandboxId, pid: i32) -> Result<BoundaryReport, RuntimeError> {
         let mut r = crate::native::boundary::report(self.class(), pid, self.cgroups.as_ref(), id)?;
         r.kernel_boundary = self.cfg.class.kernel_boundary().to_string();
