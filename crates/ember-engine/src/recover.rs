@@ -8,7 +8,7 @@ use ember_types::{SandboxState, TerminationReason};
 use std::sync::Arc;
 
 pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
-    for (name, spec) in engine.pool_store.load_all() {
+    for (name, spec) in engine.pool_store.recover_all() {
         match spec {
             Ok(spec) => {
                 let pool = Arc::new(crate::pool::Pool::new(spec));
@@ -18,7 +18,7 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
         }
     }
     let mut known = Vec::new();
-    for (stem, rec) in engine.store.load_all() {
+    for (stem, rec) in engine.store.recover_all() {
         match rec {
             Ok(rec) => {
                 known.push(rec.id.to_string());

@@ -316,7 +316,7 @@ fn new_record(src: &SandboxRecord, name: Option<String>) -> SandboxSnapshotRecor
 /// Restart convergence: a snapshot the crash interrupted (Creating) is Failed
 /// and its manifests deleted; an interrupted delete is finished.
 pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
-    for (stem, rec) in engine.snapshot_records()?.load_all() {
+    for (stem, rec) in engine.snapshot_records()?.recover_all() {
         let Ok(mut rec) = rec else {
             tracing::warn!(file = %stem, "unreadable sandbox snapshot record; leaving it");
             continue;

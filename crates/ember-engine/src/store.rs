@@ -88,7 +88,20 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     /// Every record on disk: `(file stem, record or why it could not be read)`.
+    /// Read only: a temp file may be a write in flight (a list runs beside
+    /// saves), so it is left alone.
     pub fn load_all(&self) -> Vec<(String, Result<T, String>)> {
+        self.scan(false)
+    }
+
+    /// [`load_all`](Self::load_all) at a start, when no write can be in
+    /// flight: a temp file is a write a crash cut short (the old record
+    /// stands) and is removed.
+    pub fn recover_all(&self) -> Vec<(String, Result<T, String>)> {
+        self.scan(true)
+    }
+
+    fn scan(&self, drop_temps: bool) -> Vec<(String, Result<T, String>)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return vec![] };
         let mut out = Vec::new();
         for e in rd.flatten() {
@@ -96,8 +109,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
             let Some(stem) = p.file_stem().map(|s| s.to_string_lossy().into_owned()) else { continue };
             match p.extension().and_then(|x| x.to_str()) {
                 Some("json") => out.push((stem, load(&p))),
-                // A temp file is a write that never got renamed: the old record stands.
-                Some("tmp") => {
+                Some("tmp") if drop_temps => {
                     let _ = std::fs::remove_file(&p);
                 }
                 _ => {}
@@ -154,4 +166,32 @@ fn load<T: DeserializeOwned>(p: &Path) -> Result<T, String> {
         return Err("checksum mismatch".into());
     }
     serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Store;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("ember-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// A list beside a save must not pull the save's temp file away (it did:
+    /// the save's rename then failed with ENOENT and the caller got a 500).
+    #[test]
+    fn a_list_leaves_a_write_in_flight_alone_and_a_start_drops_a_torn_one() {
+        let d = dir("inflight");
+        let store: Store<u32> = Store::open(d.clone()).expect("open");
+        store.save("a", &1).expect("save");
+        let in_flight = d.join("b.tmp");
+        std::fs::write(&in_flight, b"2").expect("temp file");
+        let listed: Vec<_> = store.load_all().into_iter().map(|(k, v)| (k, v.expect("readable"))).collect();
+        assert_eq!(listed, vec![("a".to_string(), 1)]);
+        assert!(in_flight.exists(), "a list removed a write in flight");
+        assert_eq!(store.recover_all().len(), 1);
+        assert!(!in_flight.exists(), "a start keeps a torn write");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }
