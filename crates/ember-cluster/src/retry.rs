@@ -11,7 +11,8 @@
 //! applies twice: publishes repeat their `Nats-Msg-Id` (the stream drops the
 //! duplicate inside its dedup window), key-value writes are compare-and-set
 //! on a revision, and a write whose reply was lost is recognised on the next
-//! try by reading the value back (`kv.rs`).
+//! try by reading the value back (`kv.rs`). And no try outlives the budget:
+//! one still waiting when it is spent ends the call as unavailable.
 use ember_queue::QueueError;
 use std::future::Future;
 use std::time::Duration;
@@ -54,7 +55,12 @@ where
     let start = tokio::time::Instant::now();
     let mut wait = FIRST_WAIT;
     loop {
-        match f().await {
+        // No try outlives the budget, whatever it waits on: a library
+        // future without a deadline of its own (a pull request's answer
+        // once was one) ends the call as unavailable instead of hanging it.
+        let left = budget.saturating_sub(start.elapsed());
+        let answer = tokio::time::timeout(left, f()).await;
+        match answer.unwrap_or_else(|_| Err(Step::Again(format!("no answer within {budget:?}")))) {
             Ok(v) => return Ok(v),
             Err(Step::Fail(e)) => return Err(e),
             Err(Step::Again(reason)) => {
@@ -65,5 +71,20 @@ where
                 wait = (wait * 2).min(MAX_WAIT);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A try that never answers (a library future with no deadline of its
+    /// own, as `fetch`'s pull request was) must still end the call once its
+    /// budget is spent. The outer bound only turns a hang into a failure.
+    #[tokio::test]
+    async fn a_try_that_never_answers_ends_the_call_at_its_budget() {
+        let call = retry(Duration::from_millis(100), "fetch", "t0", std::future::pending::<Result<(), Step>>);
+        let res = tokio::time::timeout(Duration::from_secs(60), call).await.expect("the call outlived its budget");
+        assert!(matches!(res, Err(QueueError::Unavailable { op: "fetch", .. })), "{res:?}");
     }
 }

@@ -21,6 +21,11 @@ const SCAN: usize = 64;
 /// Deliveries of a message whose task has no record before it is dropped.
 const ORPHAN_DELIVERIES: i64 = 5;
 
+/// How long one request to the cluster waits for its answer before it is
+/// tried again (`retry.rs`): the JetStream context's timeout, and each
+/// pull request's (see `fetch`).
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An attempt leased through this handle: its message carries the acks.
 pub(crate) struct Inflight {
     msg: Message,
@@ -110,7 +115,7 @@ impl Inner {
                 .map_err(again)
         })
         .await?;
-        let js = jetstream::ContextBuilder::new().timeout(std::time::Duration::from_secs(2)).build(client);
+        let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client);
         let upper = name.to_uppercase();
         let subjects = Tier::ALL.map(|t| format!("{name}.tasks.{}", t.as_str()));
         let dead_subject = format!("{name}.tasks.dead");
@@ -216,12 +221,23 @@ impl Inner {
     async fn fetch(&self, rank: usize) -> Result<Option<Message>, QueueError> {
         let consumer = &self.consumers[rank];
         retry(self.cfg.retry_budget, "fetch", &self.subjects[rank], || async {
-            let mut batch = consumer.fetch().max_messages(1).messages().await.map_err(again)?;
-            match batch.next().await {
-                None => Ok(None),
-                Some(Ok(m)) => Ok(Some(m)),
-                Some(Err(e)) => Err(again(e)),
-            }
+            // A pull request is a publish, not a request: async-nats waits
+            // for its answer without a deadline. One that no server answers
+            // (the consumer's leader died or froze with it in hand, or the
+            // connection it left on was lost) hung `lease` for ever: the
+            // failover test's stall. So it is a timeout, tried again. A
+            // message the server delivers after that timeout lands in a
+            // dropped inbox and comes back after AckWait, like any lost
+            // delivery.
+            let one = async {
+                let mut batch = consumer.fetch().max_messages(1).messages().await.map_err(again)?;
+                match batch.next().await {
+                    None => Ok(None),
+                    Some(Ok(m)) => Ok(Some(m)),
+                    Some(Err(e)) => Err(again(e)),
+                }
+            };
+            tokio::time::timeout(REQUEST_TIMEOUT, one).await.map_err(|_| again("no answer to the pull request"))?
         })
         .await
     }

@@ -129,10 +129,37 @@ impl NatsCluster {
 
     /// The server leading `stream`'s Raft group, from `$JS.API.STREAM.INFO`.
     pub fn stream_leader(&self, stream: &str) -> String {
+        self.leader(&format!("$JS.API.STREAM.INFO.{stream}"))
+    }
+
+    /// The server leading consumer `consumer` of `stream` (its own Raft
+    /// group), from `$JS.API.CONSUMER.INFO`.
+    pub fn consumer_leader(&self, stream: &str, consumer: &str) -> String {
+        self.leader(&format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"))
+    }
+
+    /// `cluster.leader` of the info that `subject` answers, asked of the
+    /// servers still running.
+    fn leader(&self, subject: &str) -> String {
         let urls: Vec<String> =
             self.servers.iter().filter(|s| s.child.is_some()).map(|s| s.client_url.clone()).collect();
-        let v = request(&urls, &format!("$JS.API.STREAM.INFO.{stream}")).expect("stream info");
-        v["cluster"]["leader"].as_str().unwrap_or_else(|| panic!("no leader for {stream}: {v}")).to_string()
+        let v = request(&urls, subject).unwrap_or_else(|e| panic!("{subject}: {e}"));
+        v["cluster"]["leader"].as_str().unwrap_or_else(|| panic!("no leader in {subject}: {v}")).to_string()
+    }
+
+    /// The client URL of server `name`.
+    pub fn url(&self, name: &str) -> String {
+        self.servers.iter().find(|s| s.name == name).expect("a server of this cluster").client_url.clone()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to server `name`: a stopped server
+    /// keeps its sockets open and its interest registered with the others,
+    /// so what is routed to it is neither answered nor refused.
+    pub fn signal(&self, name: &str, signal: &str) {
+        let s = self.servers.iter().find(|s| s.name == name).expect("a server of this cluster");
+        let pid = s.child.as_ref().expect("a running server").id();
+        let st = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("kill");
+        assert!(st.success(), "kill -{signal} {pid}");
     }
 
     /// SIGKILLs server `name` (no lame-duck hand-over: its groups must elect).
