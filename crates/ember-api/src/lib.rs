@@ -12,6 +12,7 @@
 //! `middleware.rs` (request id, `Host` check, API key).
 #![forbid(unsafe_code)]
 
+mod body;
 mod convert;
 mod diagnostics;
 mod egress;
@@ -64,8 +65,10 @@ pub struct ApiJson<T>(pub T);
 impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+        // axum checks the content type and parses; the decoding is ours
+        // (`body.rs`: integral floats, the failing field named).
+        match axum::Json::<serde_json::Value>::from_request(req, state).await {
+            Ok(axum::Json(v)) => body::decode_value(v).map(ApiJson),
             Err(e) => Err(ApiError::bad_request(format!("invalid request body: {}", e.body_text()))),
         }
     }

@@ -53,9 +53,7 @@ pub async fn create(
     let req: CreateSnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSnapshotRequest::default()
     } else {
-        serde_json::from_slice::<Option<CreateSnapshotRequest>>(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?
-            .unwrap_or_default()
+        crate::body::decode_slice::<Option<CreateSnapshotRequest>>(&body)?.unwrap_or_default()
     };
     if req.name.as_deref() == Some("") {
         return Err(ApiError::bad_request("name must not be empty"));

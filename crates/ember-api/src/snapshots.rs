@@ -144,5 +144,5 @@ fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Resul
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    crate::body::decode_slice(body)
 }
