@@ -256,3 +256,17 @@ async fn an_attempt_whose_agent_sends_an_endless_line_fails_with_the_cap_and_the
     }
     assert!(!dir.exists(), "the hostile attempt's sandbox was destroyed");
 }
+
+/// A task's output that is not UTF-8 text (a binary, a `\r`, a last line
+/// without newline) is kept byte for byte in its log, as `ember exec` shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_log_keeps_output_that_is_not_text_byte_for_byte() {
+    let d = Daemon::start();
+    let script = r"printf 'a\377\376b\n'; printf 'cr\rline\n'; printf '\000\001\n'; printf 'no newline'";
+    let (t, _) = d.client.submit_task(&task(&["sh", "-c", script])).await.expect("submit");
+    let done = wait_all(&d, std::slice::from_ref(&t.id), Duration::from_secs(120)).await;
+    assert_eq!(done[0].state, TaskState::Succeeded, "{:?}", done[0].attempts);
+    let mut out = Vec::new();
+    d.client.task_logs(&t.id, None, false, |b| out.extend_from_slice(b)).await.expect("logs");
+    assert_eq!(out, b"a\xff\xfeb\ncr\rline\n\x00\x01\nno newline".to_vec(), "{:?}", String::from_utf8_lossy(&out));
+}

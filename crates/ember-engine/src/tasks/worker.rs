@@ -333,10 +333,8 @@ async fn attempt(
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let exec = execd::run(&socket, &run, move |ev| {
         if ev.kind == "stdout" || ev.kind == "stderr" {
-            let t = ev.text.as_deref().unwrap_or("");
-            let mut line = if t == "\n" { Vec::new() } else { t.as_bytes().to_vec() };
-            line.push(b'\n');
-            let _ = tx.send(line);
+            // The exact bytes (the agent's `raw`), not the text's lossy UTF-8.
+            let _ = tx.send(ev.output_bytes());
         }
     });
     tokio::pin!(exec);
