@@ -28,6 +28,7 @@ pub mod tasks;
 use crate::cli::BenchCmd;
 use anyhow::Context;
 use ember_client::Client;
+use stats::Progress;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
@@ -85,13 +86,51 @@ async fn create(client: &Client, runs: usize, no_crun: bool, json: bool) -> anyh
     }
     // The client keeps its address to itself; the command line has it too.
     let url = <crate::cli::Cli as clap::Parser>::try_parse().map(|c| c.url).unwrap_or_default();
-    eprintln!("ember bench create: {runs} runs per figure");
-    let ember = ember::measure(client, runs).await.context("ember is not measurable")?;
-    let crun = if no_crun {
+    eprintln!("ember bench create: {runs} runs per figure, ember and crun alternating");
+    let mut em = ember::EmberBench::start(client).await.context("ember is not measurable")?;
+    let mut cr = if no_crun {
         None
     } else {
-        Some(tokio::task::spawn_blocking(move || crun::measure(runs)).await.context("the crun reference task")?)
+        Some(tokio::task::block_in_place(crun::CrunBench::start).map_err(|why| {
+            eprintln!("crun reference unavailable: {why}");
+            why
+        }))
     };
+    // Each ember step is followed by the same crun step, so that whatever
+    // the machine does meanwhile lands on both figures alike.
+    let p = Progress::new("create+rm", runs);
+    for i in 0..runs {
+        em.create_once().await;
+        if let Some(Ok(c)) = cr.as_mut() {
+            tokio::task::block_in_place(|| c.create_once());
+        }
+        p.tick(i + 1);
+        if em.f.create_wall.gave_up() {
+            break;
+        }
+    }
+    p.finish(&em.f.create_wall);
+    em.exec_start().await;
+    if let Some(Ok(c)) = cr.as_mut() {
+        tokio::task::block_in_place(|| c.exec_start());
+    }
+    for (bash, label) in [(false, "exec argv true"), (true, "exec bash -c true")] {
+        let p = Progress::new(label, runs);
+        for i in 0..=runs {
+            // i == 0: the discarded first call, as for create.
+            em.exec_step(bash, i > 0).await;
+            if let Some(Ok(c)) = cr.as_mut() {
+                tokio::task::block_in_place(|| c.exec_step(bash, i > 0));
+            }
+            p.tick(i);
+        }
+        p.finish(if bash { &em.f.exec_bash } else { &em.f.exec_argv });
+    }
+    let ember = em.finish().await;
+    let crun = cr.map(|c| match c {
+        Ok(c) => tokio::task::block_in_place(|| c.finish()),
+        Err(why) => crun::Crun::Unavailable(why),
+    });
     let r = report::Report { url: &url, runs, ember: &ember, crun: crun.as_ref() };
     if json {
         println!("{}", serde_json::to_string_pretty(&r.to_json())?);

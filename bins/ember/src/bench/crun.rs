@@ -5,7 +5,7 @@
 //! work of a `host` sandbox ([`super::oci`]). Blocking: call it from
 //! `spawn_blocking`.
 use super::oci::{self, Container, Reference};
-use super::stats::{Progress, Series};
+use super::stats::Series;
 use std::time::Instant;
 
 #[derive(Default)]
@@ -27,91 +27,77 @@ pub enum Crun {
     Unavailable(String),
 }
 
-pub fn measure(runs: usize) -> Crun {
-    let (version, agent) = match oci::preflight() {
-        Ok(v) => v,
-        Err(e) => return unavailable(e),
-    };
-    let r = match Reference::new(agent) {
-        Ok(r) => r,
-        Err(e) => return unavailable(e),
-    };
-    let mut f = CrunFigures { version, ..Default::default() };
-    // A discarded first container; if it fails, so would every other.
-    match r.start() {
-        Ok(c) => {
-            f.init = r.init_boundary(&c).ok();
-            if let Err(e) = r.remove(&c) {
-                return unavailable(format!("removing the first container: {e}"));
-            }
-        }
-        Err(e) => return unavailable(format!("a first container did not become ready: {e}")),
+/// The reference's side of `bench create`, step by step like
+/// [`super::ember::EmberBench`], so the two alternate.
+pub struct CrunBench {
+    r: Reference,
+    pub f: CrunFigures,
+    /// The container the exec figures run in.
+    exec: Option<Container>,
+}
+
+impl CrunBench {
+    /// The preflight and a discarded first container; if that fails, so
+    /// would every other.
+    pub fn start() -> Result<CrunBench, String> {
+        let (version, agent) = oci::preflight()?;
+        let r = Reference::new(agent)?;
+        let mut f = CrunFigures { version, ..Default::default() };
+        let c = r.start().map_err(|e| format!("a first container did not become ready: {e}"))?;
+        f.init = r.init_boundary(&c).ok();
+        r.remove(&c).map_err(|e| format!("removing the first container: {e}"))?;
+        Ok(CrunBench { r, f, exec: None })
     }
-    create_loop(&r, runs, &mut f);
-    exec_loops(&r, runs, &mut f);
-    Crun::Measured(Box::new(f))
-}
 
-fn unavailable(why: String) -> Crun {
-    eprintln!("crun reference unavailable: {why}");
-    Crun::Unavailable(why)
-}
-
-fn create_loop(r: &Reference, runs: usize, f: &mut CrunFigures) {
-    let p = Progress::new("crun create+rm", runs);
-    for i in 0..runs {
+    /// One container to a ready agent, and its removal.
+    pub fn create_once(&mut self) {
         let t0 = Instant::now();
-        match r.start() {
+        match self.r.start() {
             Ok(c) => {
-                f.create.push(t0.elapsed());
+                self.f.create.push(t0.elapsed());
                 let t1 = Instant::now();
-                match r.remove(&c) {
-                    Ok(()) => f.delete.push(t1.elapsed()),
-                    Err(e) => f.delete.fail(e),
+                match self.r.remove(&c) {
+                    Ok(()) => self.f.delete.push(t1.elapsed()),
+                    Err(e) => self.f.delete.fail(e),
                 }
             }
-            Err(e) => f.create.fail(e),
-        }
-        p.tick(i + 1);
-        if f.create.gave_up() {
-            break;
+            Err(e) => self.f.create.fail(e),
         }
     }
-    p.finish(&f.create);
-}
 
-fn exec_loops(r: &Reference, runs: usize, f: &mut CrunFigures) {
-    let c: Container = match r.start() {
-        Ok(c) => c,
-        Err(e) => {
-            let msg = format!("starting the exec container: {e}");
-            f.exec.fail(&msg);
-            f.exec_bash.fail(&msg);
-            return;
+    pub fn exec_start(&mut self) {
+        match self.r.start() {
+            Ok(c) => self.exec = Some(c),
+            Err(e) => {
+                let msg = format!("starting the exec container: {e}");
+                self.f.exec.fail(&msg);
+                self.f.exec_bash.fail(&msg);
+            }
         }
-    };
-    let id = c.id.as_str();
-    let argv: [(&str, &[&str], &mut Series); 2] = [
-        ("crun exec /bin/true", &["/bin/true"], &mut f.exec),
-        ("crun exec bash -c true", &["/bin/bash", "-c", "true"], &mut f.exec_bash),
-    ];
-    for (label, args, series) in argv {
-        let _ = r.cli.exec(id, args);
-        let p = Progress::new(label, runs);
-        for i in 0..runs {
-            let t0 = Instant::now();
-            match r.cli.exec(id, args) {
+    }
+
+    /// One `crun exec` of `/bin/true` or `bash -c true`; `measured: false` is
+    /// the discarded first call.
+    pub fn exec_step(&mut self, bash: bool, measured: bool) {
+        let Some(c) = self.exec.as_ref() else { return };
+        let args: &[&str] = if bash { &["/bin/bash", "-c", "true"] } else { &["/bin/true"] };
+        let t0 = Instant::now();
+        let res = self.r.cli.exec(c.id.as_str(), args);
+        if measured {
+            let series = if bash { &mut self.f.exec_bash } else { &mut self.f.exec };
+            match res {
                 Ok(_) => series.push(t0.elapsed()),
                 Err(e) => series.fail(e),
             }
-            p.tick(i + 1);
-            if series.gave_up() {
-                break;
+        }
+    }
+
+    pub fn finish(mut self) -> Crun {
+        if let Some(c) = self.exec.take() {
+            if let Err(e) = self.r.remove(&c) {
+                eprintln!("crun: {e}");
             }
         }
-        p.finish(series);
-    }
-    if let Err(e) = r.remove(&c) {
-        eprintln!("crun: {e}");
+        Crun::Measured(Box::new(self.f))
     }
 }

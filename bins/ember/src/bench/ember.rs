@@ -1,5 +1,5 @@
 //! The ember side, measured as any client sees it: only through [`Client`].
-use super::stats::{Progress, Series};
+use super::stats::Series;
 use anyhow::Context;
 use ember_client::Client;
 use ember_types::api::CreateSandboxRequest;
@@ -32,100 +32,107 @@ fn create_req() -> CreateSandboxRequest {
     CreateSandboxRequest { template: Some(TEMPLATE.into()), ..Default::default() }
 }
 
-/// Fails only when not even one sandbox can be created and removed: then the
-/// daemon is unreachable or broken, and there is nothing to measure.
-pub async fn measure(client: &Client, runs: usize) -> anyhow::Result<EmberFigures> {
-    let mut f = EmberFigures::default();
-    // One discarded round first: connection set-up, page cache, first-use costs.
-    let (info, _) = client.create_sandbox(&create_req()).await.context("creating the warm-up sandbox")?;
-    client.delete_sandbox(&info.id).await.with_context(|| format!("removing warm-up sandbox {}", info.id))?;
-
-    create_loop(client, runs, &mut f).await;
-    exec_loops(client, runs, &mut f).await;
-    Ok(f)
+/// ember's side of `bench create`, one measured step at a time, so that the
+/// caller can alternate each step with the crun reference's (load that drifts
+/// during the run then weighs on both alike).
+pub struct EmberBench<'a> {
+    client: &'a Client,
+    pub f: EmberFigures,
+    /// The sandbox the exec figures run in.
+    exec_id: Option<String>,
 }
 
-async fn create_loop(client: &Client, runs: usize, f: &mut EmberFigures) {
-    let p = Progress::new("ember create+rm", runs);
-    for i in 0..runs {
+impl<'a> EmberBench<'a> {
+    /// Fails only when not even one sandbox can be created and removed: then
+    /// the daemon is unreachable or broken, and there is nothing to measure.
+    pub async fn start(client: &'a Client) -> anyhow::Result<EmberBench<'a>> {
+        // One discarded round first: connection set-up, page cache, first-use costs.
+        let (info, _) = client.create_sandbox(&create_req()).await.context("creating the warm-up sandbox")?;
+        client.delete_sandbox(&info.id).await.with_context(|| format!("removing warm-up sandbox {}", info.id))?;
+        Ok(EmberBench { client, f: EmberFigures::default(), exec_id: None })
+    }
+
+    /// One cold create and its removal.
+    pub async fn create_once(&mut self) {
+        let f = &mut self.f;
         let t0 = Instant::now();
-        let res = client.create_sandbox(&create_req()).await;
+        let res = self.client.create_sandbox(&create_req()).await;
         let wall = t0.elapsed();
-        match res {
-            Ok((info, header_us)) => {
-                let launch = info.launch.clone().unwrap_or_default();
-                if launch.kind == "warm" {
-                    f.warm += 1;
-                } else {
-                    let us = if header_us > 0 { header_us } else { launch.micros };
-                    if us > 0 {
-                        f.create_server.push_ms(us as f64 / 1000.0);
-                    } else {
-                        f.create_server.fail("the reply had no X-Ember-Launch-Micros and no launch.micros");
-                    }
-                    f.create_wall.push(wall);
-                    for name in PHASES {
-                        if let Some(us) = launch.phases.get(name) {
-                            f.phases.entry(name.to_string()).or_default().push_ms(*us as f64 / 1000.0);
-                        }
-                    }
-                }
-                let t1 = Instant::now();
-                match client.delete_sandbox(&info.id).await {
-                    Ok(()) => f.delete.push(t1.elapsed()),
-                    Err(e) => {
-                        f.delete.fail(format!("{}: {e}", info.id));
-                        f.leftovers.push(info.id);
-                    }
-                }
-            }
+        let (info, header_us) = match res {
+            Ok(r) => r,
             Err(e) => {
                 f.create_server.fail(&e);
                 f.create_wall.fail(&e);
+                return;
+            }
+        };
+        let launch = info.launch.clone().unwrap_or_default();
+        if launch.kind == "warm" {
+            f.warm += 1;
+        } else {
+            let us = if header_us > 0 { header_us } else { launch.micros };
+            if us > 0 {
+                f.create_server.push_ms(us as f64 / 1000.0);
+            } else {
+                f.create_server.fail("the reply had no X-Ember-Launch-Micros and no launch.micros");
+            }
+            f.create_wall.push(wall);
+            for name in PHASES {
+                if let Some(us) = launch.phases.get(name) {
+                    f.phases.entry(name.to_string()).or_default().push_ms(*us as f64 / 1000.0);
+                }
             }
         }
-        p.tick(i + 1);
-        if f.create_wall.gave_up() {
-            break;
+        let t1 = Instant::now();
+        match self.client.delete_sandbox(&info.id).await {
+            Ok(()) => f.delete.push(t1.elapsed()),
+            Err(e) => {
+                f.delete.fail(format!("{}: {e}", info.id));
+                f.leftovers.push(info.id);
+            }
         }
     }
-    p.finish(&f.create_wall);
-}
 
-async fn exec_loops(client: &Client, runs: usize, f: &mut EmberFigures) {
-    let id = match client.create_sandbox(&create_req()).await {
-        Ok((info, _)) => info.id,
-        Err(e) => {
-            let msg = format!("creating the exec sandbox: {e}");
-            f.exec_argv.fail(&msg);
-            f.exec_bash.fail(&msg);
-            return;
+    /// The sandbox the exec steps use; a failure to make it fails both exec figures.
+    pub async fn exec_start(&mut self) {
+        match self.client.create_sandbox(&create_req()).await {
+            Ok((info, _)) => self.exec_id = Some(info.id),
+            Err(e) => {
+                let msg = format!("creating the exec sandbox: {e}");
+                self.f.exec_argv.fail(&msg);
+                self.f.exec_bash.fail(&msg);
+            }
         }
-    };
-    let argv = RunCommandRequest { argv: Some(vec!["true".into()]), ..Default::default() };
-    let bash = RunCommandRequest { command: Some("true".into()), ..Default::default() };
-    for (label, req, series) in
-        [("ember exec argv true", &argv, &mut f.exec_argv), ("ember exec bash -c true", &bash, &mut f.exec_bash)]
-    {
-        // Discarded first call, as for create.
-        let _ = exec_once(client, &id, req).await;
-        let p = Progress::new(label, runs);
-        for i in 0..runs {
-            let t0 = Instant::now();
-            match exec_once(client, &id, req).await {
+    }
+
+    /// One `true` to completion, argv or `bash -c`; `measured: false` is the
+    /// discarded first call.
+    pub async fn exec_step(&mut self, bash: bool, measured: bool) {
+        let Some(id) = self.exec_id.as_deref() else { return };
+        let req = if bash {
+            RunCommandRequest { command: Some("true".into()), ..Default::default() }
+        } else {
+            RunCommandRequest { argv: Some(vec!["true".into()]), ..Default::default() }
+        };
+        let t0 = Instant::now();
+        let res = exec_once(self.client, id, &req).await;
+        if measured {
+            let series = if bash { &mut self.f.exec_bash } else { &mut self.f.exec_argv };
+            match res {
                 Ok(()) => series.push(t0.elapsed()),
                 Err(e) => series.fail(format!("{e:#}")),
             }
-            p.tick(i + 1);
-            if series.gave_up() {
-                break;
+        }
+    }
+
+    pub async fn finish(mut self) -> EmberFigures {
+        if let Some(id) = self.exec_id.take() {
+            if let Err(e) = self.client.delete_sandbox(&id).await {
+                eprintln!("ember: removing exec sandbox {id}: {e}");
+                self.f.leftovers.push(id);
             }
         }
-        p.finish(series);
-    }
-    if let Err(e) = client.delete_sandbox(&id).await {
-        eprintln!("ember: removing exec sandbox {id}: {e}");
-        f.leftovers.push(id);
+        self.f
     }
 }
 
