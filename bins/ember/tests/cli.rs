@@ -237,3 +237,45 @@ fn host_template_resolves_debian_alternatives() {
     assert_eq!(lines.get(3), Some(&"0"), "only symlinks under /etc/alternatives: {out}");
     assert_eq!(lines.get(4), Some(&"3"), "the host's own /etc stays out: {out}");
 }
+
+/// Task flags out of range are refused with the flag named, before the data
+/// dir is touched: a log cap of nothing, or a duration too long for the
+/// millisecond clock (it used to wrap into a negative age).
+#[test]
+fn serve_refuses_task_flags_out_of_range() {
+    let dir = std::env::temp_dir().join(format!("ember-never-created-task-{}", std::process::id()));
+    for (flag, value, says) in [
+        ("--task-log-limit", "0", "--task-log-limit"),
+        ("--task-aging", "300000000y", "--task-aging"),
+        ("--task-aging", "1000y", "at most 100 years"),
+        ("--task-retention", "300000000y", "--task-retention"),
+    ] {
+        // A flag that is wrongly accepted starts a daemon: stop it and fail.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["serve", "--listen", "127.0.0.1:0", flag, value, "--data-dir"])
+            .arg(&dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("ember runs");
+        let mut ended = None;
+        for _ in 0..300 {
+            ended = child.try_wait().expect("wait");
+            if ended.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if ended.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = Command::new("umount").args(["-R", "-l"]).arg(&dir).status();
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("ember serve {flag} {value} started instead of refusing the flag");
+        }
+        let o = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked"), "{flag} {value}: {err}");
+        assert!(!dir.exists(), "{flag} {value}: a bad flag is refused before the data dir is touched");
+    }
+}

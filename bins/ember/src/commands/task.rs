@@ -151,14 +151,15 @@ impl TaskFlags {
             lease,
             heartbeat,
             queue: ember_engine::tasks::QueueConfig {
-                aging_ms: parse_duration(&self.task_aging).context("--task-aging")?.as_millis() as i64,
+                aging_ms: millis(parse_duration(&self.task_aging).context("--task-aging")?, "--task-aging")?,
                 tier_caps: caps,
                 tenant_cap,
                 tenant_caps,
                 retention: ember_engine::tasks::Retention {
-                    max_age_ms: Some(
-                        parse_duration(&self.task_retention).context("--task-retention")?.as_millis() as i64
-                    ),
+                    max_age_ms: Some(millis(
+                        parse_duration(&self.task_retention).context("--task-retention")?,
+                        "--task-retention",
+                    )?),
                     max_finished: Some(self.task_retention_count),
                 },
             },
@@ -171,7 +172,22 @@ impl TaskFlags {
 }
 
 fn ms(d: Option<String>, what: &str) -> anyhow::Result<Option<u64>> {
-    d.map(|d| parse_duration(&d).with_context(|| what.to_string()).map(|d| d.as_millis() as u64)).transpose()
+    d.map(|d| {
+        let d = parse_duration(&d).with_context(|| what.to_string())?;
+        Ok(millis(d, what)? as u64)
+    })
+    .transpose()
+}
+
+/// A duration in milliseconds for the queue's signed millisecond clock, at
+/// most a century: one longer is refused, never wrapped into a negative age
+/// (or multiplied past `i64` by the tier aging).
+fn millis(d: std::time::Duration, flag: &str) -> anyhow::Result<i64> {
+    const CENTURY_MS: u128 = 100 * 365 * 24 * 3600 * 1000;
+    match d.as_millis() {
+        ms if ms <= CENTURY_MS => Ok(ms as i64),
+        _ => anyhow::bail!("{flag}: {d:?} is too long (at most 100 years)"),
+    }
 }
 
 fn line(t: &TaskRecord) -> String {

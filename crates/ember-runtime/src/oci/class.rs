@@ -66,10 +66,9 @@ impl OciClass {
     /// cannot.
     pub fn detect(self) -> Result<PathBuf, String> {
         let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-        let bin = std::env::split_paths(&path)
-            .map(|d| d.join(self.name()))
-            .find(|p| p.is_file())
-            .ok_or_else(|| format!("{} is not installed (apt-get install {})", self.name(), self.name()))?;
+        let bin = std::env::split_paths(&path).map(|d| d.join(self.name())).find(|p| p.is_file()).ok_or_else(|| {
+            format!("{} is not on PATH (install your distribution's `{}` package)", self.name(), self.name())
+        })?;
         if self == OciClass::Crun
             && Path::new("/sys/fs/cgroup/memory").is_dir()
             && !Path::new("/sys/fs/cgroup/hugetlb/cgroup.procs").exists()
