@@ -196,7 +196,7 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let (network, egress) = self.resolve_network(req)?;
+        let (network, egress) = self.network.resolve(req)?;
         if network != ember_types::NetworkMode::None && class != self.runtime_class() {
             return Err(EngineError::invalid(
                 "network",
@@ -378,12 +378,12 @@ impl Engine {
             snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
             net_slot: None,
         };
-        let net = self.attach_network(&id, &spec).await?;
+        let net = self.network.attach(&id, &spec).await?;
         let mut rec = rec;
         rec.net_slot = net.as_ref().map(|a| a.slot);
         rec.event("Pending: create requested".to_string());
         if let Err(e) = self.store.save_volatile(rec.id.as_str(), &rec) {
-            self.release_network(&rec).await;
+            self.network.release(&rec).await;
             return Err(e);
         }
         let rt = self.rt(&spec.runtime_class);
@@ -453,7 +453,7 @@ impl Engine {
         if let Ok(Err(e)) = reaped {
             tracing::error!(sandbox = %rec.id, error = %e, "reaping a failed create");
         }
-        self.release_network(rec).await;
+        self.network.release(rec).await;
         if let Err(e) = self.store.remove(rec.id.as_str()) {
             tracing::error!(sandbox = %rec.id, error = %e, "removing a failed create's record");
         }

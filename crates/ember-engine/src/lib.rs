@@ -112,7 +112,7 @@ pub struct Engine {
     /// Set once by [`Engine::start_tasks`].
     tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
     /// Egress networking; `None` when the daemon runs without it.
-    network: Option<Arc<ember_net::Network>>,
+    network: network::Network,
 }
 
 impl Engine {
@@ -142,6 +142,7 @@ impl Engine {
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
         let snapshot_store = snapshots::open_store(&cfg)?;
+        let metrics = Metrics::new();
         let engine = Arc::new(Engine {
             cfg,
             runtimes,
@@ -155,11 +156,11 @@ impl Engine {
             snapshot_gate: tokio::sync::RwLock::new(()),
             snapshot_gc_kick: Arc::new(Notify::new()),
             lease_lock: Mutex::new(()),
-            metrics: Metrics::new(),
             images,
             templates,
             tasks: std::sync::OnceLock::new(),
-            network,
+            network: network::Network::new(network, &metrics),
+            metrics,
         });
         recover::recover(&engine).await?;
         tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));

@@ -39,6 +39,40 @@ impl Engine {
         out
     }
 
+    pub fn network_status(&self, id: &str) -> Result<crate::NetworkStatus, EngineError> {
+        let r = self.get(id)?;
+        let address = r.net_slot.filter(|_| !r.state.is_terminal()).and_then(|s| self.network.address(s));
+        Ok(crate::NetworkStatus { mode: r.spec.network, policy: r.spec.egress, address })
+    }
+
+    /// Replaces the egress policy of a running sandbox with egress networking.
+    pub async fn set_network_policy(
+        &self,
+        id: &str,
+        policy: ember_types::EgressPolicy,
+    ) -> Result<crate::NetworkStatus, EngineError> {
+        let e = self.visible(id)?;
+        let r = e.snapshot();
+        if r.state.is_terminal() {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        }
+        let Some(slot) = r.net_slot.filter(|_| r.spec.network == ember_types::NetworkMode::Egress) else {
+            return Err(EngineError::invalid(
+                "network",
+                "this sandbox was created with network \"none\"; create it with egress to give it a policy",
+            ));
+        };
+        self.network.update(id, slot, &policy).await?;
+        e.ask(Command::Edit(Edit::Egress(policy))).await?;
+        self.network_status(id)
+    }
+
+    /// Blocked connection attempts and DNS queries of a sandbox, oldest first.
+    pub fn network_events(&self, id: &str) -> Result<Vec<ember_types::DeniedFlow>, EngineError> {
+        let r = self.get(id)?;
+        Ok(self.network.events(r.id.as_str()))
+    }
+
     /// Kills the sandbox, removes every host resource and forgets it.
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.discard(self.visible(id)?).await
@@ -61,7 +95,7 @@ impl Engine {
                     .await
                     .map_err(|e| EngineError::Internal(e.to_string()))?
                     .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
-                self.release_network(&rec).await;
+                self.network.release(&rec).await;
                 self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
                 self.store.remove(rec.id.as_str())
             }

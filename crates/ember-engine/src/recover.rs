@@ -43,7 +43,7 @@ pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
         }
     }
     crate::sandbox_snapshots::recover(engine).await?;
-    engine.start_network().await?;
+    engine.network.start().await?;
     let pools: Vec<_> = engine.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
     for pool in pools {
         crate::pool::spawn_driver(engine, pool);
@@ -63,7 +63,7 @@ async fn recover_one(engine: &Arc<Engine>, mut rec: SandboxRecord) {
     if matches!(rec.lifecycle, Lifecycle::Live { .. } | Lifecycle::Pooled) {
         if let Some(launched) = adopt(engine, &rec).await {
             tracing::info!(sandbox = %rec.id, pid = launched.pid, "re-adopted sandbox");
-            engine.adopt_network(&rec).await;
+            engine.network.adopt(&rec).await;
             converge_freezer(engine, &mut rec).await;
             let pooled = rec.lifecycle == Lifecycle::Pooled;
             let (id, pool) = (rec.id.clone(), rec.pool.clone());

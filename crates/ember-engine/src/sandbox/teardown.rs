@@ -41,7 +41,7 @@ impl Monitor {
         }
         self.entry.write(rec.clone());
         self.engine.release_leases(rec.id.as_str(), &rec.workspaces);
-        self.engine.release_network(&rec).await;
+        self.engine.network.release(&rec).await;
         if was_pooled {
             // An idle pool member died: its pool must not hand it out.
             if let Some(pool) = rec.pool.as_deref().and_then(|n| self.engine.pool(n).ok()) {

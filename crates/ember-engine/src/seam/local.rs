@@ -95,10 +95,10 @@ impl ControlPlane for Arc<Engine> {
         Engine::network_events(self, id)
     }
     fn network_range(&self) -> Option<String> {
-        Engine::network_range(self)
+        self.network.range()
     }
     fn network_stats(&self) -> Option<ember_net::NetStats> {
-        Engine::network_stats(self)
+        self.network.stats()
     }
 
     async fn create_pool(&self, req: CreatePool) -> Result<PoolStatus, EngineError> {
