@@ -1,16 +1,12 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::sandbox::{Command, Edit};
-use crate::templates::{self, Template};
 use crate::{Engine, EngineError};
 use ember_types::lifecycle::{Action, Lifecycle};
-use ember_types::limits::{self, expiry_ms};
-use ember_types::{
-    parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
-};
+use ember_types::limits::expiry_ms;
+use ember_types::{parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec};
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -107,152 +103,6 @@ pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Resul
 }
 
 impl Engine {
-    /// A sandbox's timeout: the request's, within the caps and `--max-ttl`;
-    /// without one, `--max-ttl` if the daemon has one (a maximum bounds every
-    /// sandbox), else none (manual cleanup).
-    pub(crate) fn ttl(&self, asked: Option<u64>) -> Result<Option<u64>, EngineError> {
-        let max = self.cfg.max_ttl.map(|m| m.as_secs());
-        match asked {
-            Some(t) => Ok(Some(limits::timeout_secs("timeout", t, max)?)),
-            None => Ok(max.map(|m| m.min(limits::MAX_TIMEOUT_SECS))),
-        }
-    }
-
-    /// The template a request names: `template`, else `image.uri` naming a
-    /// template, else an ad-hoc one for the image `image.uri`, else `host`.
-    fn template_of(&self, req: &CreateSandbox) -> Result<Template, EngineError> {
-        let name = req.template.clone().or_else(|| req.image_uri.clone()).unwrap_or_else(|| "host".into());
-        match self.template(&name) {
-            Ok(t) => Ok(t),
-            Err(e) if req.template.is_some() => Err(e),
-            Err(_) => {
-                let image = ember_image::ImageStore::normalize(&name)?;
-                Ok(Template {
-                    name: image.clone(),
-                    builtin: false,
-                    image: Some(image),
-                    ..templates::builtin("host").expect("host")
-                })
-                .map(|mut t| {
-                    t.user = None;
-                    t
-                })
-            }
-        }
-    }
-
-    /// Pulls the image the request needs if the store lacks it.
-    pub(crate) async fn prepare_image(&self, req: &CreateSandbox) -> Result<(), EngineError> {
-        if let Some(image) = self.template_of(req)?.image {
-            self.image_or_pull(&image, req.image_auth.clone()).await?;
-        }
-        Ok(())
-    }
-
-    /// Resolves the template and validates every field into a [`SandboxSpec`].
-    /// Image settings (Env, WorkingDir, User, Entrypoint+Cmd) apply unless the
-    /// template or the request overrides them. The image must be in the store.
-    pub fn resolve(&self, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
-        let t = self.template_of(req)?;
-        let args =
-            ResourceArgs { memory: req.memory.clone(), cpu: req.cpu.clone(), pids: req.pids, disk: req.disk.clone() };
-        let res = apply_resources(t.resources.clone(), &args)?;
-        let ttl_secs = self.ttl(req.ttl_secs)?;
-        let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
-        if let Some(why) = self.runtimes.why_unavailable(&class) {
-            return Err(EngineError::invalid("runtimeClass", why));
-        }
-        check_env(req.env.keys())?;
-        if !req.workspaces.is_empty() && !self.rt(&class).can_inject_mounts() {
-            return Err(EngineError::invalid(
-                "workspaces",
-                format!("the {class} class cannot mount workspaces into a running sandbox"),
-            ));
-        }
-        let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;
-        let cfg = image.as_ref().map(|i| i.config.clone()).unwrap_or_default();
-        let mut env: BTreeMap<String, String> =
-            cfg.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        env.extend(t.env.clone());
-        env.extend(req.env.clone());
-        let user = match (req.user, &image, t.user.as_deref().or(cfg.user.as_deref())) {
-            (Some(u), _, _) => u,
-            (None, Some(img), u) => {
-                let (uid, gid) = self.images.resolve_user(img, u.unwrap_or(""))?;
-                UserSpec { uid, gid }
-            }
-            (None, None, u) => {
-                u.and_then(templates::numeric_user).map_or(UserSpec::SANDBOX, |(uid, gid)| UserSpec { uid, gid })
-            }
-        };
-        let entrypoint = if !req.entrypoint.is_empty() {
-            req.entrypoint.clone()
-        } else if let Some(ep) = &t.entrypoint {
-            ep.clone()
-        } else if !cfg.entrypoint.is_empty() {
-            // An image's ENTRYPOINT is its program; a bare CMD (a shell, a REPL)
-            // is only a default for interactive use and would exit at once here.
-            cfg.entrypoint.iter().chain(&cfg.cmd).cloned().collect()
-        } else {
-            Vec::new()
-        };
-        let (network, egress) = self.network.resolve(req)?;
-        if network != ember_types::NetworkMode::None && class != self.runtime_class() {
-            return Err(EngineError::invalid(
-                "network",
-                format!("egress networking is not available for the {class} class yet (native only)"),
-            ));
-        }
-        Ok(SandboxSpec {
-            template: t.name,
-            runtime_class: class,
-            resources: res,
-            ttl_secs,
-            env,
-            metadata: req.metadata.clone(),
-            entrypoint,
-            user,
-            network,
-            egress,
-            lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
-            workdir: t.workdir.clone().or(cfg.working_dir),
-            volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
-        })
-    }
-
-    /// A host volume is allowed when its (canonical) path is an existing
-    /// directory under one of the allowed host paths, and its mount path is an
-    /// absolute path outside what the sandbox's own root needs.
-    fn check_volume(&self, v: &HostVolumeRequest) -> Result<VolumeMount, EngineError> {
-        let bad = |m: String| EngineError::invalid("volumes", format!("{}: {m}", v.name));
-        let mut host = PathBuf::from(&v.host_path);
-        if let Some(sub) = v.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            if Path::new(sub).is_absolute() || Path::new(sub).components().any(|c| c == Component::ParentDir) {
-                return Err(bad(format!("subPath {sub:?} must be relative, without ..")));
-            }
-            host.push(sub);
-        }
-        let real = host.canonicalize().map_err(|e| bad(format!("host path {}: {e}", host.display())))?;
-        if !real.is_dir() {
-            return Err(bad(format!("host path {} is not a directory", real.display())));
-        }
-        if !self.cfg.allowed_host_paths.iter().any(|a| real.starts_with(a)) {
-            return Err(bad(format!(
-                "host path {} is not under an allowed host path (ember serve --allow-host-path)",
-                real.display()
-            )));
-        }
-        let mp = Path::new(&v.mount_path);
-        let normal = mp.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-        if !mp.is_absolute() || !normal || mp == Path::new("/") {
-            return Err(bad(format!("mountPath {:?} must be an absolute path without . or ..", v.mount_path)));
-        }
-        if ["/proc", "/dev", "/usr", "/etc", "/sys"].iter().any(|p| mp.starts_with(p)) {
-            return Err(bad(format!("mountPath {:?} would hide a system directory", v.mount_path)));
-        }
-        Ok(VolumeMount { host_path: real, mount_path: v.mount_path.clone(), read_only: v.read_only })
-    }
-
     /// Creates a sandbox and returns once its agent answers: claimed warm from
     /// a matching pool when one has an idle sandbox, else started cold (a pool
     /// miss is never an error).
@@ -264,8 +114,8 @@ impl Engine {
             self.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
             return self.record_policy(rec, policy).await;
         }
-        self.prepare_image(&req).await?;
-        let spec = self.resolve(&req)?;
+        self.catalog.prepare_image(&req).await?;
+        let spec = self.catalog.resolve(&req)?;
         self.create_missing_workspaces(&req.workspaces).await?;
         self.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {

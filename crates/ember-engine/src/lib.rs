@@ -12,10 +12,11 @@
 //! scheduled and requested mark-and-sweep, kept apart from snapshot writes).
 #![forbid(unsafe_code)]
 
+mod catalog;
+pub use catalog::templates;
 mod checkpoint;
 mod create;
 mod error;
-mod images;
 mod metrics;
 mod network;
 mod ops;
@@ -32,7 +33,6 @@ mod snapshots;
 mod stats;
 mod store;
 pub mod tasks;
-pub mod templates;
 mod workspaces;
 
 pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
@@ -107,12 +107,12 @@ pub struct Engine {
     /// Serialises lease read-modify-writes (short, never across an await).
     lease_lock: Mutex<()>,
     metrics: Metrics,
-    images: Arc<ember_image::ImageStore>,
-    templates: templates::TemplateStore,
+    /// Images, templates, and request → spec resolution.
+    catalog: Arc<catalog::Catalog>,
     /// Set once by [`Engine::start_tasks`].
     tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
     /// Egress networking; `None` when the daemon runs without it.
-    network: network::Network,
+    network: Arc<network::Network>,
 }
 
 impl Engine {
@@ -135,7 +135,6 @@ impl Engine {
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
         let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
-        let templates = templates::TemplateStore::open(cfg.data_dir.join("state/templates"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
@@ -143,6 +142,8 @@ impl Engine {
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
         let snapshot_store = snapshots::open_store(&cfg)?;
         let metrics = Metrics::new();
+        let network = Arc::new(network::Network::new(network, &metrics));
+        let catalog = Arc::new(catalog::Catalog::new(&cfg, images, runtimes.clone(), network.clone())?);
         let engine = Arc::new(Engine {
             cfg,
             runtimes,
@@ -156,10 +157,9 @@ impl Engine {
             snapshot_gate: tokio::sync::RwLock::new(()),
             snapshot_gc_kick: Arc::new(Notify::new()),
             lease_lock: Mutex::new(()),
-            images,
-            templates,
             tasks: std::sync::OnceLock::new(),
-            network: network::Network::new(network, &metrics),
+            network,
+            catalog,
             metrics,
         });
         recover::recover(&engine).await?;

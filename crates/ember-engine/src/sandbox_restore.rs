@@ -59,7 +59,7 @@ impl Engine {
         if !req.entrypoint.is_empty() {
             spec.entrypoint = req.entrypoint.clone();
         }
-        spec.ttl_secs = self.ttl(req.ttl_secs)?;
+        spec.ttl_secs = self.catalog.ttl(req.ttl_secs)?;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",

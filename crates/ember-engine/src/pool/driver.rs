@@ -59,7 +59,7 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
 async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
     let spec = pool.spec();
     let t0 = Instant::now();
-    let launched = match engine.pooled_spec(&spec) {
+    let launched = match engine.catalog.pooled_spec(&spec) {
         Ok(sandbox) => engine.launch(sandbox, None, Some(spec.name.clone()), t0).await,
         Err(e) => Err(e),
     };

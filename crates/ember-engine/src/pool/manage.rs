@@ -45,7 +45,7 @@ impl Engine {
             .map_err(|_| EngineError::invalid("name", format!("{name:?}: 1-63 of [a-z0-9-]")))?;
         let target = req.target.unwrap_or(Target::Auto);
         check_bounds(req.min, req.max, target)?;
-        let sandbox = self.resolve(&CreateSandbox {
+        let sandbox = self.catalog.resolve(&CreateSandbox {
             template: Some(req.template.clone()),
             memory: req.memory,
             cpu: req.cpu,

@@ -202,43 +202,44 @@ impl ControlPlane for Arc<Engine> {
     }
 
     async fn list_images(&self) -> Result<Vec<ImageRecord>, EngineError> {
-        Ok(Engine::images(self).list())
+        Ok(self.catalog.images().list())
     }
     async fn image_layers(&self) -> Result<Vec<(LayerMeta, usize)>, EngineError> {
-        Ok(Engine::images(self).layers())
+        Ok(self.catalog.images().layers())
     }
     async fn image(&self, reference: &str) -> Result<ImageRecord, EngineError> {
-        Ok(Engine::images(self).get(reference)?)
+        Ok(self.catalog.images().get(reference)?)
     }
     async fn remove_image(&self, reference: &str) -> Result<ImageRecord, EngineError> {
-        Engine::remove_image(self, reference)
+        self.catalog.remove_image(reference)
     }
     async fn pull_image(&self, reference: &str, auth: Option<RegistryAuth>) -> Result<ImageRecord, EngineError> {
-        Engine::pull_image(self, reference, auth).await
+        self.catalog.pull_image(reference, auth).await
     }
     async fn image_pulls(&self) -> Result<Vec<PullProgress>, EngineError> {
-        Ok(Engine::images(self).pulls())
+        Ok(self.catalog.images().pulls())
     }
     fn image_upload_path(&self) -> PathBuf {
-        Engine::images(self).temp_path("upload")
+        self.catalog.images().temp_path("upload")
     }
     async fn import_image(&self, name: &str, tar: PathBuf) -> Result<ImageRecord, EngineError> {
-        Engine::import_image(self, name, tar).await
+        self.catalog.import_image(name, tar).await
     }
     async fn prune_images(&self) -> Result<PruneReport, EngineError> {
-        Engine::prune_images(self).await
+        let held = Engine::list(self, &ListFilter::default()).into_iter().flat_map(|r| r.spec.lower_dirs).collect();
+        self.catalog.prune_images(held).await
     }
     async fn create_template(&self, req: TemplateRequest) -> Result<Template, EngineError> {
-        Engine::create_template(self, req).await
+        self.catalog.create_template(req).await
     }
     async fn templates(&self) -> Result<Vec<Template>, EngineError> {
-        Ok(Engine::templates(self))
+        Ok(self.catalog.templates())
     }
     async fn template(&self, name: &str) -> Result<Template, EngineError> {
-        Engine::template(self, name)
+        self.catalog.template(name)
     }
     async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
-        Engine::delete_template(self, name)
+        self.catalog.delete_template(name)
     }
 
     async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
