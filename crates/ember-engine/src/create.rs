@@ -116,15 +116,15 @@ impl Engine {
         }
         self.catalog.prepare_image(&req).await?;
         let spec = self.catalog.resolve(&req)?;
-        self.create_missing_workspaces(&req.workspaces).await?;
-        self.check_workspaces(&req.workspaces)?;
+        self.workspaces.create_missing_workspaces(&req.workspaces).await?;
+        self.workspaces.check_workspaces(&req.workspaces)?;
         if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
             if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
                 return self.record_policy(rec, req.network_policy).await;
             }
         }
         let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
-        let rec = match self.attach_workspaces(&rec, &req.workspaces).await {
+        let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {
                 let entry = self.entry(rec.id.as_str())?;

@@ -53,7 +53,6 @@ pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
 
 use ember_runtime::{Runtime, Runtimes};
-use ember_types::SandboxId;
 use sandbox::Entry;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -91,11 +90,11 @@ pub struct Engine {
     runtimes: Runtimes,
     store: store::Store<SandboxRecord>,
     /// A std Mutex: map lookups and inserts only, never held across an await.
-    sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
+    sandboxes: Arc<sandbox::Registry>,
     /// A std Mutex: lookups and inserts only, never held across an await.
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
-    workspaces: ember_workspace::WorkspaceStore,
+    workspaces: Arc<workspaces::Workspaces>,
     snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
     /// Progress of running (and recently finished) snapshots, restores, forks.
     snapshot_ops: snapshot_ops::SnapshotOps,
@@ -104,8 +103,6 @@ pub struct Engine {
     snapshot_gate: tokio::sync::RwLock<()>,
     /// Wakes the scheduled sweep after a delete.
     snapshot_gc_kick: Arc<Notify>,
-    /// Serialises lease read-modify-writes (short, never across an await).
-    lease_lock: Mutex<()>,
     metrics: Metrics,
     /// Images, templates, and request → spec resolution.
     catalog: Arc<catalog::Catalog>,
@@ -140,6 +137,8 @@ impl Engine {
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        let sandboxes = Arc::new(sandbox::Registry::default());
+        let workspaces = Arc::new(workspaces::Workspaces::new(workspaces, runtimes.clone(), sandboxes.clone()));
         let snapshot_store = snapshots::open_store(&cfg)?;
         let metrics = Metrics::new();
         let network = Arc::new(network::Network::new(network, &metrics));
@@ -148,15 +147,14 @@ impl Engine {
             cfg,
             runtimes,
             store,
-            sandboxes: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
             pool_store,
             workspaces,
+            sandboxes,
             snapshot_store,
             snapshot_ops: Default::default(),
             snapshot_gate: tokio::sync::RwLock::new(()),
             snapshot_gc_kick: Arc::new(Notify::new()),
-            lease_lock: Mutex::new(()),
             tasks: std::sync::OnceLock::new(),
             network,
             catalog,
@@ -190,13 +188,7 @@ impl Engine {
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
-        let id = SandboxId::try_from(id.to_string()).map_err(|_| EngineError::NotFound(id.to_string()))?;
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| EngineError::NotFound(id.to_string()))
+        self.sandboxes.entry(id)
     }
 
     /// A sandbox a caller may see: idle pool members and sandboxes on their

@@ -27,7 +27,7 @@ impl Engine {
 
     /// Matching sandboxes, oldest first.
     pub fn list(&self, f: &ListFilter) -> Vec<SandboxRecord> {
-        let entries: Vec<_> = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let entries = self.sandboxes.all();
         let mut out: Vec<SandboxRecord> = entries
             .iter()
             .map(|e| e.snapshot())
@@ -96,7 +96,7 @@ impl Engine {
                     .map_err(|e| EngineError::Internal(e.to_string()))?
                     .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
                 self.network.release(&rec).await;
-                self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
+                self.sandboxes.remove(&rec.id);
                 self.store.remove(rec.id.as_str())
             }
             Err(e) => Err(e),

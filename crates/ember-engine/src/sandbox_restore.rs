@@ -106,13 +106,13 @@ impl Engine {
             });
         }
         let res = match res {
-            Ok(()) => self.attach_workspaces(rec, &reqs).await,
+            Ok(()) => self.workspaces.attach_workspaces(rec, &reqs).await,
             Err(e) => Err(e),
         };
         if res.is_err() {
             // The new workspaces are this restore's: nobody else knows them yet.
             for n in made {
-                let _ = self.remove_workspace(&n).await;
+                let _ = self.workspaces.remove_workspace(&n).await;
             }
         }
         res

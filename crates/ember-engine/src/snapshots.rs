@@ -183,7 +183,7 @@ impl Engine {
         let op = self.snapshot_ops.begin(op, OpKind::Restore, id, 1)?;
         let res = self.make_workspaces(id, &[name.to_string()], size, &op).await;
         let res = match res {
-            Ok(_) => self.workspace(name).await,
+            Ok(_) => self.workspaces.workspace(name).await,
             Err(e) => Err(e),
         };
         self.snapshot_ops.finish(&op, &res, |w| vec![w.meta.name.clone()]);
@@ -216,7 +216,7 @@ impl Engine {
             Ok(()) => {
                 let mut out = Vec::new();
                 for n in &names {
-                    out.push(self.workspace(n).await?);
+                    out.push(self.workspaces.workspace(n).await?);
                 }
                 Ok(out)
             }
@@ -262,7 +262,7 @@ impl Engine {
             let res = fill_workspaces(e, store, &id, &names, size, &op, &mut made);
             if res.is_err() {
                 for n in &made {
-                    let _ = e.workspaces.remove(n, |_| false);
+                    let _ = e.workspaces.discard(n);
                 }
             }
             res
@@ -287,7 +287,7 @@ fn fill_workspaces(
 ) -> Result<(), EngineError> {
     let mut mounts = Vec::new();
     for n in names {
-        e.workspaces.create(n, size)?;
+        e.workspaces.create_blocking(n, size)?;
         made.push(n.clone());
         mounts.push(e.workspaces.ensure_mounted(n)?);
     }

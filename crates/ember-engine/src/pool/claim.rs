@@ -36,7 +36,7 @@ impl Engine {
             }
             // Workspaces first: the entrypoint may need them. A refused lease
             // is the caller's error; the sandbox goes back, unclaimed.
-            let mounted = match self.attach_workspaces(&r, workspaces).await {
+            let mounted = match self.workspaces.attach_workspaces(&r, workspaces).await {
                 Ok(m) => m,
                 Err(e) => {
                     if matches!(e, EngineError::Workspace(_)) {
@@ -55,7 +55,7 @@ impl Engine {
                 "entrypoint": spec.entrypoint,
             });
             if let Err(e) = bind(&entry.agent_socket, &body).await {
-                self.release_leases(id.as_str(), &mounted);
+                self.workspaces.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
                 entry.tell(Command::Stop(TerminationReason::RuntimeError(e)));
                 continue;
@@ -74,7 +74,7 @@ impl Engine {
             let rec = match saved {
                 Ok(rec) => rec,
                 Err(e) => {
-                    self.release_leases(id.as_str(), &mounted);
+                    self.workspaces.release_leases(id.as_str(), &mounted);
                     let reason = TerminationReason::RuntimeError(format!("claim not recorded: {e}"));
                     entry.tell(Command::Stop(reason));
                     return Err(e);

@@ -12,8 +12,10 @@
 //! (the end: destroy, the terminal state, the record kept or dropped).
 mod handle;
 mod monitor;
+mod registry;
 mod teardown;
 
+pub(crate) use registry::Registry;
 pub(crate) use teardown::destroy_and_reap;
 
 use crate::record::SandboxRecord;
@@ -135,7 +137,7 @@ pub(crate) fn publish(
     let (tx, rx) = mpsc::channel(8);
     let id: SandboxId = rec.id.clone();
     let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx });
-    engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, entry.clone());
+    engine.sandboxes.insert(id, entry.clone());
     monitor::spawn(engine.clone(), entry.clone(), live, rx);
     entry
 }

@@ -40,7 +40,7 @@ impl Monitor {
             tracing::error!(sandbox = %rec.id, error = %e, "sandbox end not recorded");
         }
         self.entry.write(rec.clone());
-        self.engine.release_leases(rec.id.as_str(), &rec.workspaces);
+        self.engine.workspaces.release_leases(rec.id.as_str(), &rec.workspaces);
         self.engine.network.release(&rec).await;
         if was_pooled {
             // An idle pool member died: its pool must not hand it out.
@@ -77,7 +77,7 @@ impl Monitor {
     /// Drops the record: from the engine's map and from disk.
     pub(super) fn forget(&self) {
         let id = self.entry.snapshot().id;
-        self.engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.engine.sandboxes.remove(&id);
         if let Err(e) = self.engine.store.remove(id.as_str()) {
             // Its lifecycle says Removing: a restart drops it.
             tracing::error!(sandbox = %id, error = %e, "removing a sandbox record failed");

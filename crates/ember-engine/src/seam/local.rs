@@ -131,16 +131,16 @@ impl ControlPlane for Arc<Engine> {
     }
 
     async fn create_workspace(&self, name: String, size_bytes: u64) -> Result<WorkspaceStatus, EngineError> {
-        Engine::create_workspace(self, name, size_bytes).await
+        self.workspaces.create_workspace(name, size_bytes).await
     }
     async fn list_workspaces(&self) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        Engine::list_workspaces(self).await
+        self.workspaces.list_workspaces().await
     }
     async fn workspace(&self, name: &str) -> Result<WorkspaceStatus, EngineError> {
-        Engine::workspace(self, name).await
+        self.workspaces.workspace(name).await
     }
     async fn remove_workspace(&self, name: &str) -> Result<(), EngineError> {
-        Engine::remove_workspace(self, name).await
+        self.workspaces.remove_workspace(name).await
     }
 
     async fn snapshot_workspace_op(

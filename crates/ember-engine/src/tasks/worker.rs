@@ -196,7 +196,7 @@ async fn run_attempt(
     let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).take();
     let mut keep = None;
     if let Some(sb) = sb {
-        if matches!(ended, Ended::Done { succeeded: true }) && reuse::reusable(&rec.spec) && e.is_alive(&sb) {
+        if matches!(ended, Ended::Done { succeeded: true }) && reuse::reusable(&rec.spec) && e.sandboxes.is_alive(&sb) {
             keep = Some(Kept::after(sb, &rec.spec));
         } else {
             let t = Instant::now();
@@ -218,7 +218,7 @@ async fn heartbeat(
     loop {
         tokio::time::sleep(every).await;
         let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if sb.is_some_and(|s| !e.is_alive(&s)) {
+        if sb.is_some_and(|s| !e.sandboxes.is_alive(&s)) {
             return;
         }
         if let Err(err) = svc.queue.heartbeat(&lease) {
