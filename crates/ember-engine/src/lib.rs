@@ -14,15 +14,12 @@
 
 mod catalog;
 pub use catalog::templates;
-mod checkpoint;
 mod create;
 mod error;
 mod metrics;
 mod network;
-mod ops;
 pub mod pool;
 pub mod record;
-mod recover;
 mod sandbox;
 mod sandbox_restore;
 mod sandbox_snapshots;
@@ -30,7 +27,6 @@ mod seam;
 mod snapshot_gc;
 mod snapshot_ops;
 mod snapshots;
-mod stats;
 mod store;
 pub mod tasks;
 mod workspaces;
@@ -49,11 +45,10 @@ pub use ember_runtime::RuntimeError;
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
-pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
+pub use sandbox::ListFilter;
 
-use ember_runtime::{Runtime, Runtimes};
-use sandbox::Entry;
+use ember_runtime::Runtimes;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -88,9 +83,8 @@ pub struct EngineConfig {
 pub struct Engine {
     cfg: EngineConfig,
     runtimes: Runtimes,
-    store: store::Store<SandboxRecord>,
-    /// A std Mutex: map lookups and inserts only, never held across an await.
-    sandboxes: Arc<sandbox::Registry>,
+    /// The sandboxes: registry, records, monitors.
+    sandboxes: Arc<sandbox::Sandboxes>,
     /// A std Mutex: lookups and inserts only, never held across an await.
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
@@ -103,7 +97,7 @@ pub struct Engine {
     snapshot_gate: tokio::sync::RwLock<()>,
     /// Wakes the scheduled sweep after a delete.
     snapshot_gc_kick: Arc<Notify>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     /// Images, templates, and request → spec resolution.
     catalog: Arc<catalog::Catalog>,
     /// Set once by [`Engine::start_tasks`].
@@ -131,22 +125,29 @@ impl Engine {
         images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
-        let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
         let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
-        let sandboxes = Arc::new(sandbox::Registry::default());
-        let workspaces = Arc::new(workspaces::Workspaces::new(workspaces, runtimes.clone(), sandboxes.clone()));
+        let registry = Arc::new(sandbox::Registry::default());
+        let workspaces = Arc::new(workspaces::Workspaces::new(workspaces, runtimes.clone(), registry.clone()));
         let snapshot_store = snapshots::open_store(&cfg)?;
-        let metrics = Metrics::new();
+        let metrics = Arc::new(Metrics::new());
         let network = Arc::new(network::Network::new(network, &metrics));
         let catalog = Arc::new(catalog::Catalog::new(&cfg, images, runtimes.clone(), network.clone())?);
+        let (idle_tx, idle_rx) = tokio::sync::mpsc::unbounded_channel();
+        let deps = sandbox::Deps {
+            runtimes: runtimes.clone(),
+            network: network.clone(),
+            workspaces: workspaces.clone(),
+            metrics: metrics.clone(),
+            snapshots: snapshot_store.clone(),
+        };
+        let sandboxes = Arc::new(sandbox::Sandboxes::open(&cfg, registry, deps, idle_tx)?);
         let engine = Arc::new(Engine {
             cfg,
             runtimes,
-            store,
             pools: Mutex::new(HashMap::new()),
             pool_store,
             workspaces,
@@ -160,8 +161,9 @@ impl Engine {
             catalog,
             metrics,
         });
-        recover::recover(&engine).await?;
-        tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
+        engine.recover().await?;
+        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine), idle_rx));
+        tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
         if let Some(every) = engine.cfg.snapshot_gc_interval {
             tokio::spawn(snapshot_gc::gc_loop(Arc::downgrade(&engine), every));
         }
@@ -182,30 +184,35 @@ impl Engine {
         self.runtimes.infos().to_vec()
     }
 
-    /// The runtime that serves sandboxes of `class`.
-    pub(crate) fn rt(&self, class: &str) -> Arc<dyn Runtime> {
-        self.runtimes.for_class(class)
-    }
-
-    fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
-        self.sandboxes.entry(id)
-    }
-
-    /// A sandbox a caller may see: idle pool members and sandboxes on their
-    /// way out of the store are not found.
-    fn visible(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
-        let e = self.entry(id)?;
-        if e.snapshot().lifecycle.is_hidden() {
-            return Err(EngineError::NotFound(id.to_string()));
+    /// Convergence after a restart (including `kill -9` of the daemon),
+    /// the same path on every start: pools reloaded, every sandbox record
+    /// re-adopted or reaped (idle pool members back to their pool), sandbox
+    /// snapshots interrupted mid-way settled, networking started, the pools'
+    /// reconcilers started.
+    async fn recover(self: &Arc<Self>) -> Result<(), EngineError> {
+        for (name, spec) in self.pool_store.recover_all() {
+            match spec {
+                Ok(spec) => {
+                    let pool = Arc::new(crate::pool::Pool::new(spec));
+                    self.pools.lock().unwrap_or_else(|p| p.into_inner()).insert(name, pool);
+                }
+                Err(why) => tracing::warn!(pool = %name, why = %why, "unreadable pool record; ignoring it"),
+            }
         }
-        Ok(e)
-    }
-
-    /// Persists a change nobody waits for (the monitor's, a teardown's): a
-    /// failure can only be logged.
-    fn persist(&self, r: &SandboxRecord) {
-        if let Err(err) = self.store.save(r.id.as_str(), r) {
-            tracing::error!(sandbox = %r.id, error = %err, "persisting sandbox record failed");
+        for m in self.sandboxes.recover().await? {
+            match m.pool.as_deref().and_then(|n| self.pool(n).ok()) {
+                Some(pool) => pool.push_idle(m.id),
+                None => {
+                    let _ = self.sandboxes.remove_any(m.id.as_str()).await;
+                }
+            }
         }
+        crate::sandbox_snapshots::recover(self).await?;
+        self.network.start().await?;
+        let pools: Vec<_> = self.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for pool in pools {
+            crate::pool::spawn_driver(self, pool);
+        }
+        Ok(())
     }
 }

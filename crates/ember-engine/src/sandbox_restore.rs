@@ -23,22 +23,22 @@ impl Engine {
         }
         let spec = self.restored_spec(&snap, &req)?;
         let seed = crate::create::Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
-        let rec = self.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
+        let rec = self.sandboxes.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
         match self.restore_workspaces(&rec, &snap).await {
             Ok(mounted) if mounted.is_empty() => Ok(rec),
             Ok(mounted) => {
-                let entry = self.entry(rec.id.as_str())?;
+                let entry = self.sandboxes.entry(rec.id.as_str())?;
                 let edit = crate::sandbox::Edit::Workspaces { mounted, launch_micros: None };
                 match entry.ask(crate::sandbox::Command::Edit(edit)).await {
                     Ok(rec) => Ok(rec),
                     Err(e) => {
-                        let _ = self.remove(rec.id.as_str()).await;
+                        let _ = self.sandboxes.remove(rec.id.as_str()).await;
                         Err(e)
                     }
                 }
             }
             Err(e) => {
-                let _ = self.remove(rec.id.as_str()).await;
+                let _ = self.sandboxes.remove(rec.id.as_str()).await;
                 Err(e)
             }
         }

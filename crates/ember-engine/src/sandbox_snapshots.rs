@@ -157,13 +157,13 @@ impl Engine {
         id: &str,
         name: Option<String>,
     ) -> Result<SandboxSnapshotRecord, EngineError> {
-        let entry = self.visible(id)?;
+        let entry = self.sandboxes.visible(id)?;
         let src = entry.snapshot();
         // Live (running, or paused by its user: the snapshot keeps it paused).
         if !matches!(src.lifecycle, Lifecycle::Live { .. }) {
             return Err(EngineError::SnapshotSourceState { id: src.id, state: src.state });
         }
-        let rt = self.rt(&src.spec.runtime_class);
+        let rt = self.sandboxes.rt(&src.spec.runtime_class);
         let Some(layer) = rt.writable_layer(&src.id) else {
             return Err(EngineError::SnapshotUnsupportedRuntime(src.spec.runtime_class.clone()));
         };
@@ -230,7 +230,7 @@ impl Engine {
             .label("sandbox", holder)
             .label("sandboxSnapshot", rec.id.clone());
         let info = ember_snapshot::snapshot_layer(&layer.upper, layer.opaque_xattr, store, opts)?;
-        let src = self.entry(holder)?.snapshot();
+        let src = self.sandboxes.entry(holder)?.snapshot();
         for w in &rec.workspaces {
             let Some(sid) = &w.snapshot_id else { continue };
             let epoch = src.workspaces.iter().find(|m| m.name == w.name && m.path == w.path).and_then(|m| m.epoch);

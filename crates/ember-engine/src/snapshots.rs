@@ -86,7 +86,7 @@ impl Engine {
         let gate = self.snapshot_write_gate().await;
         // Consistency: the live writer, if any, is frozen while the tree is read.
         // A writer that is not live (checkpointed, ended) writes nothing.
-        let writer = match start.as_ref().and_then(|l| self.entry(&l.holder).ok()) {
+        let writer = match start.as_ref().and_then(|l| self.sandboxes.entry(&l.holder).ok()) {
             Some(e) => e.ask(Command::SnapshotFreeze).await.ok().map(|_| e),
             None => None,
         };

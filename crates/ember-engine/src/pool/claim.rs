@@ -29,7 +29,7 @@ impl Engine {
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         while let Some(id) = pool.pop_idle() {
-            let Ok(entry) = self.entry(id.as_str()) else { continue };
+            let Ok(entry) = self.sandboxes.entry(id.as_str()) else { continue };
             let r = entry.snapshot();
             if r.lifecycle != Lifecycle::Pooled {
                 continue;
@@ -81,7 +81,7 @@ impl Engine {
                 }
             };
             pool.record_claim();
-            self.observe_launch(&rec.spec, "warm", micros);
+            self.sandboxes.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));
         }
         pool.record_miss();

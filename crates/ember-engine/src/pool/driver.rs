@@ -38,7 +38,7 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
                     // as good as any.
                     let newest = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_back();
                     if let Some(id) = newest {
-                        let _ = engine.remove_any(id.as_str()).await;
+                        let _ = engine.sandboxes.remove_any(id.as_str()).await;
                     }
                 }
             }
@@ -60,14 +60,14 @@ async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
     let spec = pool.spec();
     let t0 = Instant::now();
     let launched = match engine.catalog.pooled_spec(&spec) {
-        Ok(sandbox) => engine.launch(sandbox, None, Some(spec.name.clone()), t0).await,
+        Ok(sandbox) => engine.sandboxes.launch(sandbox, None, Some(spec.name.clone()), t0).await,
         Err(e) => Err(e),
     };
     match launched {
         Ok(rec) => {
             pool.record_refill(t0.elapsed().as_micros() as u64);
             if pool.removed.load(Ordering::Relaxed) {
-                let _ = engine.remove_any(rec.id.as_str()).await;
+                let _ = engine.sandboxes.remove_any(rec.id.as_str()).await;
             } else {
                 pool.push_idle(rec.id);
             }

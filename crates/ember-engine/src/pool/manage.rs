@@ -142,7 +142,7 @@ impl Engine {
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         self.pool_store.remove(name)?;
         while let Some(id) = pool.pop_idle() {
-            let _ = self.remove_any(id.as_str()).await;
+            let _ = self.sandboxes.remove_any(id.as_str()).await;
         }
         Ok(())
     }

@@ -211,3 +211,18 @@ impl Engine {
             .cloned())
     }
 }
+
+/// Idle pool members that ended (sent by their monitors): their pool stops
+/// counting them, and its reconciler refills.
+pub(crate) async fn idle_ended_loop(
+    engine: std::sync::Weak<Engine>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::sandbox::IdleEnded>,
+) {
+    while let Some(ev) = rx.recv().await {
+        let Some(engine) = engine.upgrade() else { return };
+        if let Ok(pool) = engine.pool(&ev.pool) {
+            pool.idle.lock().unwrap_or_else(|p| p.into_inner()).retain(|i| *i != ev.id);
+            pool.wake.notify_one();
+        }
+    }
+}

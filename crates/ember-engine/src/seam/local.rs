@@ -32,67 +32,67 @@ impl ControlPlane for Arc<Engine> {
         Engine::create(self, req).await
     }
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
-        Engine::get(self, id)
+        self.sandboxes.get(id)
     }
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
-        Ok(Engine::list(self, f))
+        Ok(self.sandboxes.list(f))
     }
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
-        Engine::remove(self, id).await
+        self.sandboxes.remove(id).await
     }
     async fn pause(&self, id: &str) -> Result<(), EngineError> {
-        Engine::pause(self, id).await
+        self.sandboxes.pause(id).await
     }
     async fn resume(&self, id: &str) -> Result<(), EngineError> {
-        Engine::resume(self, id).await
+        self.sandboxes.resume(id).await
     }
     async fn checkpoint(&self, id: &str) -> Result<(), EngineError> {
-        Engine::checkpoint(self, id).await
+        self.sandboxes.checkpoint(id).await
     }
     async fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
-        Engine::renew(self, id, expires_at_ms).await
+        self.sandboxes.renew(id, expires_at_ms).await
     }
     async fn patch_metadata(
         &self,
         id: &str,
         patch: BTreeMap<String, Option<String>>,
     ) -> Result<SandboxRecord, EngineError> {
-        Engine::patch_metadata(self, id, patch).await
+        self.sandboxes.patch_metadata(id, patch).await
     }
     async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
-        Engine::boundary(self, id).await
+        self.sandboxes.boundary(id).await
     }
     async fn stats(&self, id: &str) -> Result<ember_types::SandboxStats, EngineError> {
-        Engine::stats(self, id).await
+        self.sandboxes.stats(id).await
     }
     async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
-        Engine::agent_log(self, id, max).await
+        self.sandboxes.agent_log(id, max).await
     }
     async fn agent_route(&self, id: &str) -> Result<AgentRoute, EngineError> {
-        Ok(AgentRoute::Local { socket: Engine::agent_socket(self, id)? })
+        Ok(AgentRoute::Local { socket: self.sandboxes.agent_socket(id)? })
     }
 
     async fn egress_policy(&self, id: &str) -> Result<NetworkPolicy, EngineError> {
-        Engine::egress_policy(self, id)
+        self.sandboxes.egress_policy(id)
     }
     async fn patch_egress(&self, id: &str, rules: Vec<NetworkRule>) -> Result<NetworkPolicy, EngineError> {
-        Engine::patch_egress(self, id, rules).await
+        self.sandboxes.patch_egress(id, rules).await
     }
     async fn delete_egress(&self, id: &str, targets: Vec<String>) -> Result<NetworkPolicy, EngineError> {
-        Engine::delete_egress(self, id, targets).await
+        self.sandboxes.delete_egress(id, targets).await
     }
     async fn egress_enforced(&self, id: &str) -> Result<bool, EngineError> {
-        Engine::egress_enforced(self, id)
+        self.sandboxes.egress_enforced(id)
     }
 
     async fn network_status(&self, id: &str) -> Result<NetworkStatus, EngineError> {
-        Engine::network_status(self, id)
+        self.sandboxes.network_status(id)
     }
     async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
-        Engine::set_network_policy(self, id, policy).await
+        self.sandboxes.set_network_policy(id, policy).await
     }
     async fn network_events(&self, id: &str) -> Result<Vec<DeniedFlow>, EngineError> {
-        Engine::network_events(self, id)
+        self.sandboxes.network_events(id)
     }
     fn network_range(&self) -> Option<String> {
         self.network.range()
@@ -226,7 +226,7 @@ impl ControlPlane for Arc<Engine> {
         self.catalog.import_image(name, tar).await
     }
     async fn prune_images(&self) -> Result<PruneReport, EngineError> {
-        let held = Engine::list(self, &ListFilter::default()).into_iter().flat_map(|r| r.spec.lower_dirs).collect();
+        let held = self.sandboxes.list(&ListFilter::default()).into_iter().flat_map(|r| r.spec.lower_dirs).collect();
         self.catalog.prune_images(held).await
     }
     async fn create_template(&self, req: TemplateRequest) -> Result<Template, EngineError> {
@@ -262,7 +262,7 @@ impl ControlPlane for Arc<Engine> {
         Engine::runtime_classes(self)
     }
     fn metrics_text(&self) -> String {
-        Engine::refresh_gauges(self);
+        self.sandboxes.refresh_gauges();
         let mut body = Engine::metrics(self).encode();
         if let Some(tasks) = Engine::encode_task_metrics(self) {
             // Two expositions, one `# EOF`: the task registry's ends the reply.

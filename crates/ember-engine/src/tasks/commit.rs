@@ -30,7 +30,7 @@ pub(super) async fn settle(
     let t = Instant::now();
     // Frozen first, so nothing in the sandbox writes during the merge; it
     // stays frozen until its removal.
-    let committed = match e.pause(sb).await {
+    let committed = match e.sandboxes.pause(sb).await {
         Ok(()) => e.workspaces.commit_layer(workspace, sb, epoch, &lease.task, still_leased).await,
         Err(err) => Err(err),
     };

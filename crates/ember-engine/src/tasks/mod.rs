@@ -176,7 +176,7 @@ impl Engine {
     pub async fn cancel_task(self: &Arc<Self>, id: &str) -> Result<TaskRecord, EngineError> {
         let rec = self.task_service()?.queue.cancel(id)?;
         if let Some(sb) = rec.attempts.last().and_then(|a| a.sandbox.clone()) {
-            let _ = self.remove(&sb).await;
+            let _ = self.sandboxes.remove(&sb).await;
         }
         Ok(rec)
     }

@@ -16,12 +16,10 @@
 //! kept: no later attempt of it exists, so nothing will fence (destroy) the
 //! sandbox while the next task runs in it.
 use super::TaskService;
-use crate::record::now_ms;
 use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
 use ember_queue::{Lease, Outcome};
 use ember_types::limits;
 use ember_types::task::{TaskRecord, TaskSpec};
-use ember_types::SandboxState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,35 +65,9 @@ pub(super) async fn release(e: &Arc<Engine>, svc: &Arc<TaskService>, id: String,
 }
 
 async fn remove(e: &Arc<Engine>, id: &str) {
-    match e.remove(id).await {
+    match e.sandboxes.remove(id).await {
         Ok(()) | Err(EngineError::NotFound(_)) => {}
         Err(err) => tracing::warn!(sandbox = %id, error = %err, "removing a task sandbox failed"),
-    }
-}
-
-impl Engine {
-    /// Readies a kept sandbox for attempt `attempt` of `task`: every process
-    /// but the agent killed, then the task label and TTL moved to it.
-    pub(super) async fn take_over(&self, id: &str, task: &str, attempt: u32, ttl_secs: u64) -> Result<(), EngineError> {
-        let entry = self.entry(id)?;
-        let r = entry.snapshot();
-        if r.state != SandboxState::Running || r.lifecycle.is_hidden() {
-            return Err(EngineError::NotRunning { id: r.id, state: r.state });
-        }
-        let pid = r.pid.ok_or_else(|| EngineError::Internal(format!("sandbox {id} has no init pid")))?;
-        let rt = self.rt(&r.spec.runtime_class);
-        let rid = r.id.clone();
-        tokio::task::spawn_blocking(move || rt.reset(&rid, pid))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
-        let labels = std::collections::BTreeMap::from([
-            (super::TASK_LABEL.to_string(), task.to_string()),
-            ("ember.task.attempt".to_string(), attempt.to_string()),
-        ]);
-        let expires_at_ms = limits::expiry_ms(now_ms(), ttl_secs);
-        let edit = crate::sandbox::Edit::TakeOver { labels, expires_at_ms };
-        entry.ask(crate::sandbox::Command::Edit(edit)).await.map(drop)
     }
 }
 

@@ -168,7 +168,7 @@ async fn run_attempt(
         Some(k) if k.fits(&rec.spec) => {
             let t = Instant::now();
             let ttl = rec.spec.timeout_secs.saturating_add(ember_types::limits::TASK_GRACE_SECS);
-            let ready = e.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
+            let ready = e.sandboxes.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
             svc.metrics.phase("reset", t);
             match ready {
                 Ok(()) => Some(k.id),
@@ -234,11 +234,11 @@ async fn heartbeat(
 async fn fence_earlier_attempts(e: &Arc<Engine>, rec: &TaskRecord) {
     let mut ids: Vec<String> = rec.attempts.iter().rev().skip(1).filter_map(|a| a.sandbox.clone()).collect();
     let labelled = crate::ListFilter { states: vec![], metadata: vec![(super::TASK_LABEL.into(), rec.id.clone())] };
-    ids.extend(e.list(&labelled).into_iter().map(|r| r.id.to_string()));
+    ids.extend(e.sandboxes.list(&labelled).into_iter().map(|r| r.id.to_string()));
     ids.sort();
     ids.dedup();
     for id in ids {
-        match e.remove(&id).await {
+        match e.sandboxes.remove(&id).await {
             Ok(()) => tracing::info!(task = %rec.id, sandbox = %id, "destroyed an earlier attempt's sandbox"),
             Err(EngineError::NotFound(_)) => {}
             Err(err) => {
@@ -310,7 +310,7 @@ async fn attempt(
         return Ended::Done { succeeded: false };
     }
     let t_exec = Instant::now();
-    let Ok(socket) = e.agent_socket(&sb) else { return Ended::Lost };
+    let Ok(socket) = e.sandboxes.agent_socket(&sb) else { return Ended::Lost };
     let mut env = spec.env.clone();
     env.insert("EMBER_TASK_ID".into(), rec.id.clone());
     env.insert("EMBER_TASK_ATTEMPT".into(), lease.attempt.to_string());
