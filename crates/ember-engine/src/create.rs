@@ -107,7 +107,7 @@ impl Engine {
         let t0 = Instant::now();
         if let Some(sid) = req.snapshot_id.clone() {
             let policy = req.network_policy.clone();
-            let rec = self.create_from_snapshot(&sid, req).await?;
+            let rec = self.snapshots.create_from_snapshot(&sid, req).await?;
             self.sandboxes.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
             return self.sandboxes.record_policy(rec, policy).await;
         }

@@ -21,20 +21,16 @@ mod network;
 pub mod pool;
 pub mod record;
 mod sandbox;
-mod sandbox_restore;
-mod sandbox_snapshots;
 mod seam;
-mod snapshot_gc;
-mod snapshot_ops;
 mod snapshots;
 mod store;
 pub mod tasks;
 mod workspaces;
 
-pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use seam::{AgentRoute, ControlPlane};
-pub use snapshot_ops::{OpKind, SnapshotOp};
 pub use snapshots::SnapshotStoreConfig;
+pub use snapshots::{OpKind, SnapshotOp};
+pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
@@ -53,7 +49,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// Engine configuration, validated by the binary and fixed at start.
 #[derive(Clone, Debug)]
@@ -89,14 +84,8 @@ pub struct Engine {
     pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     pool_store: store::Store<pool::PoolSpec>,
     workspaces: Arc<workspaces::Workspaces>,
-    snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
-    /// Progress of running (and recently finished) snapshots, restores, forks.
-    snapshot_ops: snapshot_ops::SnapshotOps,
-    /// Snapshot writes (shared) against a gc sweep (exclusive): a tokio lock,
-    /// as both sides hold it across the await of their blocking work.
-    snapshot_gate: tokio::sync::RwLock<()>,
-    /// Wakes the scheduled sweep after a delete.
-    snapshot_gc_kick: Arc<Notify>,
+    /// Workspace and sandbox snapshots, the store's gc.
+    snapshots: Arc<snapshots::Snapshots>,
     metrics: Arc<Metrics>,
     /// Images, templates, and request → spec resolution.
     catalog: Arc<catalog::Catalog>,
@@ -145,6 +134,14 @@ impl Engine {
             snapshots: snapshot_store.clone(),
         };
         let sandboxes = Arc::new(sandbox::Sandboxes::open(&cfg, registry, deps, idle_tx)?);
+        let snapshots = Arc::new(snapshots::Snapshots::new(
+            &cfg,
+            snapshot_store,
+            workspaces.clone(),
+            sandboxes.clone(),
+            catalog.clone(),
+            runtimes.clone(),
+        ));
         let engine = Arc::new(Engine {
             cfg,
             runtimes,
@@ -152,10 +149,7 @@ impl Engine {
             pool_store,
             workspaces,
             sandboxes,
-            snapshot_store,
-            snapshot_ops: Default::default(),
-            snapshot_gate: tokio::sync::RwLock::new(()),
-            snapshot_gc_kick: Arc::new(Notify::new()),
+            snapshots,
             tasks: std::sync::OnceLock::new(),
             network,
             catalog,
@@ -165,7 +159,7 @@ impl Engine {
         tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine), idle_rx));
         tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
         if let Some(every) = engine.cfg.snapshot_gc_interval {
-            tokio::spawn(snapshot_gc::gc_loop(Arc::downgrade(&engine), every));
+            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
         }
         Ok(engine)
     }
@@ -207,7 +201,7 @@ impl Engine {
                 }
             }
         }
-        crate::sandbox_snapshots::recover(self).await?;
+        self.snapshots.recover().await?;
         self.network.start().await?;
         let pools: Vec<_> = self.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         for pool in pools {

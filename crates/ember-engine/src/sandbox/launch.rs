@@ -5,6 +5,7 @@ use super::{Command, Edit, Sandboxes};
 use crate::create::{random16, Seed};
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::EngineError;
+use ember_snapshot::{ObjectStore, RestoreOptions};
 use ember_types::lifecycle::{Action, Lifecycle};
 use ember_types::limits::expiry_ms;
 use ember_types::{SandboxId, SandboxSpec, SandboxState};
@@ -85,7 +86,7 @@ impl Sandboxes {
         let layer = seed.map(|s| s.layer);
         let launched = tokio::task::spawn_blocking(move || {
             if let Some(l) = &layer {
-                crate::sandbox_restore::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+                seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
             }
             match join {
                 Some(j) => rt.launch_in_network(&lid, &lspec, &j),
@@ -203,4 +204,26 @@ impl Sandboxes {
         let res = entry.ask(Command::Edit(Edit::Workspaces { mounted, launch_micros })).await;
         self.or_remove(id, res).await
     }
+}
+
+/// Fills a prepared writable layer from a layer snapshot before the sandbox's
+/// init starts (blocking). Every chunk is verified.
+pub(crate) fn seed_layer(
+    rt: &dyn ember_runtime::Runtime,
+    id: &SandboxId,
+    spec: &SandboxSpec,
+    store: &dyn ObjectStore,
+    layer_snapshot: &str,
+) -> Result<(), EngineError> {
+    let runtime = |source| EngineError::Runtime { id: id.clone(), source };
+    let layer = rt
+        .prepare_writable_layer(id, spec)
+        .map_err(runtime)?
+        .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
+    // The prepared upper dir is empty; the restore creates it anew.
+    std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
+    // No more than the sandbox's disk quota is written into its layer.
+    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
+    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
+    Ok(())
 }

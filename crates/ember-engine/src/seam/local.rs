@@ -149,16 +149,16 @@ impl ControlPlane for Arc<Engine> {
         fence: Option<(String, u64)>,
         op: Option<String>,
     ) -> Result<SnapshotSummary, EngineError> {
-        Engine::snapshot_workspace_op(self, name, fence, op).await
+        self.snapshots.snapshot_workspace_op(name, fence, op).await
     }
     async fn list_snapshots(&self, workspace: Option<String>) -> Result<Vec<SnapshotSummary>, EngineError> {
-        Engine::list_snapshots(self, workspace).await
+        self.snapshots.list_snapshots(workspace).await
     }
     async fn inspect_snapshot(&self, id: &str) -> Result<SnapshotSummary, EngineError> {
-        Engine::inspect_snapshot(self, id).await
+        self.snapshots.inspect_snapshot(id).await
     }
     async fn delete_snapshot(&self, id: &str) -> Result<(), EngineError> {
-        Engine::delete_snapshot(self, id).await
+        self.snapshots.delete_snapshot(id).await
     }
     async fn restore_workspace_op(
         &self,
@@ -167,7 +167,7 @@ impl ControlPlane for Arc<Engine> {
         size: Option<u64>,
         op: Option<String>,
     ) -> Result<WorkspaceStatus, EngineError> {
-        Engine::restore_workspace_op(self, id, name, size, op).await
+        self.snapshots.restore_workspace_op(id, name, size, op).await
     }
     async fn fork_snapshot_op(
         &self,
@@ -176,29 +176,29 @@ impl ControlPlane for Arc<Engine> {
         prefix: &str,
         op: Option<String>,
     ) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        Engine::fork_snapshot_op(self, id, count, prefix, op).await
+        self.snapshots.fork_snapshot_op(id, count, prefix, op).await
     }
     async fn snapshot_ops(&self) -> Result<Vec<SnapshotOp>, EngineError> {
-        Ok(Engine::snapshot_ops(self))
+        Ok(self.snapshots.snapshot_ops())
     }
     async fn snapshot_op(&self, id: &str) -> Result<SnapshotOp, EngineError> {
-        Engine::snapshot_op(self, id)
+        self.snapshots.snapshot_op(id)
     }
     async fn gc_snapshots(&self, min_age: Option<Duration>) -> Result<GcReport, EngineError> {
-        Engine::gc_snapshots(self, min_age).await
+        self.snapshots.gc_snapshots(min_age).await
     }
 
     async fn snapshot_sandbox(&self, id: &str, name: Option<String>) -> Result<SandboxSnapshotRecord, EngineError> {
-        Engine::snapshot_sandbox(self, id, name).await
+        self.snapshots.snapshot_sandbox(id, name).await
     }
     async fn sandbox_snapshot(&self, id: &str) -> Result<SandboxSnapshotRecord, EngineError> {
-        Engine::sandbox_snapshot(self, id)
+        self.snapshots.sandbox_snapshot(id)
     }
     async fn delete_sandbox_snapshot(&self, id: &str) -> Result<(), EngineError> {
-        Engine::delete_sandbox_snapshot(self, id).await
+        self.snapshots.delete_sandbox_snapshot(id).await
     }
     async fn list_sandbox_snapshots(&self, f: &SnapshotFilter) -> Result<Vec<SandboxSnapshotRecord>, EngineError> {
-        Engine::list_sandbox_snapshots(self, f)
+        self.snapshots.list_sandbox_snapshots(f)
     }
 
     async fn list_images(&self) -> Result<Vec<ImageRecord>, EngineError> {

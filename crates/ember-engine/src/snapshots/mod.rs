@@ -1,12 +1,27 @@
 //! Workspace snapshots: consistent (the writer is frozen), fenced (a commit is
 //! accepted only while the lease epoch it started under is current),
 //! content-addressed and incremental in the configured object store.
-use crate::sandbox::Command;
-use crate::snapshot_ops::{OpKind, SnapshotOp};
+mod gc;
+mod ops;
+mod restore;
+mod sandbox;
+
+pub use ops::{OpKind, SnapshotOp};
+pub use sandbox::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
+
+pub(crate) use gc::gc_loop;
+
+use crate::catalog::Catalog;
+use crate::sandbox::{Command, Sandboxes};
 use crate::workspaces::WorkspaceStatus;
-use crate::{Engine, EngineError};
+use crate::workspaces::Workspaces;
+use crate::EngineError;
+use ember_runtime::Runtimes;
 use ember_snapshot::{ObjectStore, Phase, Progress, RestoreOptions, SnapshotOptions, SnapshotSummary};
+use ops::SnapshotOps;
+use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// Where snapshots are written.
 #[derive(Clone, Debug)]
@@ -35,10 +50,53 @@ fn now_ms() -> i64 {
     crate::record::now_ms()
 }
 
-impl Engine {
+/// Snapshots of this node: the object store and what keeps its writes
+/// apart (the gate against a sweep, the sweep's kick), the progress of
+/// operations, the sandbox snapshots' records. Workspace snapshots freeze
+/// their writer and sandbox snapshots their sandbox through the sandbox
+/// service's commands.
+pub(crate) struct Snapshots {
+    snapshot_store: Arc<dyn ObjectStore>,
+    /// Progress of running (and recently finished) snapshots, restores, forks.
+    snapshot_ops: SnapshotOps,
+    /// Snapshot writes (shared) against a gc sweep (exclusive): a tokio lock,
+    /// as both sides hold it across the await of their blocking work.
+    snapshot_gate: tokio::sync::RwLock<()>,
+    /// Wakes the scheduled sweep after a delete.
+    snapshot_gc_kick: Arc<Notify>,
+    /// Where the sandbox snapshots' records live.
+    records_dir: PathBuf,
+    workspaces: Arc<Workspaces>,
+    sandboxes: Arc<Sandboxes>,
+    catalog: Arc<Catalog>,
+    runtimes: Runtimes,
+}
+
+impl Snapshots {
+    pub fn new(
+        cfg: &crate::EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        workspaces: Arc<Workspaces>,
+        sandboxes: Arc<Sandboxes>,
+        catalog: Arc<Catalog>,
+        runtimes: Runtimes,
+    ) -> Snapshots {
+        Snapshots {
+            snapshot_store: store,
+            snapshot_ops: SnapshotOps::default(),
+            snapshot_gate: tokio::sync::RwLock::new(()),
+            snapshot_gc_kick: Arc::new(Notify::new()),
+            records_dir: cfg.data_dir.join("state/sandbox-snapshots"),
+            workspaces,
+            sandboxes,
+            catalog,
+            runtimes,
+        }
+    }
+
     async fn snap<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Engine, &dyn ObjectStore) -> Result<T, EngineError> + Send + 'static,
+        f: impl FnOnce(&Snapshots, &dyn ObjectStore) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, EngineError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || f(&me, me.snapshot_store.as_ref()))
@@ -48,17 +106,9 @@ impl Engine {
 
     /// Snapshots a workspace. `fence`: commit only while this holder still has
     /// the lease at this epoch (a writer's own checkpoint). Without it the
-    /// snapshot is refused if the lease changes hands while it runs.
-    pub async fn snapshot_workspace(
-        self: &Arc<Self>,
-        name: &str,
-        fence: Option<(String, u64)>,
-    ) -> Result<SnapshotSummary, EngineError> {
-        self.snapshot_workspace_op(name, fence, None).await
-    }
-
-    /// [`snapshot_workspace`](Self::snapshot_workspace), its progress under
-    /// operation `op` (or a generated id) in [`snapshot_ops`](Self::snapshot_ops).
+    /// snapshot is refused if the lease changes hands while it runs. Its
+    /// progress is operation `op` (or a generated id) in
+    /// [`snapshot_ops`](Self::snapshot_ops).
     pub async fn snapshot_workspace_op(
         self: &Arc<Self>,
         name: &str,
@@ -190,17 +240,8 @@ impl Engine {
         res
     }
 
-    /// `count` new workspaces `<prefix>-<i>` from one snapshot.
-    pub async fn fork_snapshot(
-        self: &Arc<Self>,
-        id: &str,
-        count: u32,
-        prefix: &str,
-    ) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        self.fork_snapshot_op(id, count, prefix, None).await
-    }
-
-    /// [`fork_snapshot`](Self::fork_snapshot) with its progress under operation `op`.
+    /// `count` new workspaces `<prefix>-<i>` from one snapshot, with its
+    /// progress under operation `op`.
     pub async fn fork_snapshot_op(
         self: &Arc<Self>,
         id: &str,
@@ -277,7 +318,7 @@ const STAGING: &str = ".ember-restore";
 
 /// The blocking half of `make_workspaces`; `made` collects what to remove on failure.
 fn fill_workspaces(
-    e: &Engine,
+    e: &Snapshots,
     store: &dyn ObjectStore,
     id: &str,
     names: &[String],

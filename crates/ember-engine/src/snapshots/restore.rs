@@ -2,13 +2,13 @@
 //! start whose writable layer is filled from the layer snapshot (every chunk
 //! verified, overlay marks recreated) before the init starts; then each
 //! workspace snapshot is restored into a new workspace mounted at its old path.
-use crate::sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState};
-use crate::{CreateSandbox, Engine, EngineError, MountedWorkspace, SandboxRecord, WorkspaceRequest};
-use ember_snapshot::{ObjectStore, RestoreOptions};
-use ember_types::{SandboxId, SandboxSpec};
+use super::sandbox::{SandboxSnapshotRecord, SandboxSnapshotState};
+use super::Snapshots;
+use crate::{CreateSandbox, EngineError, MountedWorkspace, SandboxRecord, WorkspaceRequest};
+use ember_types::SandboxSpec;
 use std::sync::Arc;
 
-impl Engine {
+impl Snapshots {
     /// Create from a snapshot (`snapshotId`): the snapshot's spec, with the
     /// request's timeout, metadata, resources, env (merged) and entrypoint.
     pub(crate) async fn create_from_snapshot(
@@ -117,26 +117,4 @@ impl Engine {
         }
         res
     }
-}
-
-/// Fills a prepared writable layer from a layer snapshot before the sandbox's
-/// init starts (blocking). Every chunk is verified.
-pub(crate) fn seed_layer(
-    rt: &dyn ember_runtime::Runtime,
-    id: &SandboxId,
-    spec: &SandboxSpec,
-    store: &dyn ObjectStore,
-    layer_snapshot: &str,
-) -> Result<(), EngineError> {
-    let runtime = |source| EngineError::Runtime { id: id.clone(), source };
-    let layer = rt
-        .prepare_writable_layer(id, spec)
-        .map_err(runtime)?
-        .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
-    // The prepared upper dir is empty; the restore creates it anew.
-    std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
-    // No more than the sandbox's disk quota is written into its layer.
-    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
-    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
-    Ok(())
 }
