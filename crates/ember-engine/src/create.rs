@@ -115,8 +115,8 @@ impl Engine {
         let spec = self.catalog.resolve(&req)?;
         self.workspaces.create_missing_workspaces(&req.workspaces).await?;
         self.workspaces.check_workspaces(&req.workspaces)?;
-        if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
-            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
+        if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+            if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
                 return self.sandboxes.record_policy(rec, req.network_policy).await;
             }
         }

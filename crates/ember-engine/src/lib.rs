@@ -45,9 +45,8 @@ pub use record::{LaunchRecord, SandboxRecord};
 pub use sandbox::ListFilter;
 
 use ember_runtime::Runtimes;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Engine configuration, validated by the binary and fixed at start.
@@ -80,9 +79,8 @@ pub struct Engine {
     runtimes: Runtimes,
     /// The sandboxes: registry, records, monitors.
     sandboxes: Arc<sandbox::Sandboxes>,
-    /// A std Mutex: lookups and inserts only, never held across an await.
-    pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
-    pool_store: store::Store<pool::PoolSpec>,
+    /// Warm pools: specs, idle members, reconcilers.
+    pools: Arc<pool::Pools>,
     workspaces: Arc<workspaces::Workspaces>,
     /// Workspace and sandbox snapshots, the store's gc.
     snapshots: Arc<snapshots::Snapshots>,
@@ -114,7 +112,6 @@ impl Engine {
         images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
-        let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
@@ -142,11 +139,17 @@ impl Engine {
             catalog.clone(),
             runtimes.clone(),
         ));
+        let pools = Arc::new(pool::Pools::open(
+            &cfg,
+            sandboxes.clone(),
+            workspaces.clone(),
+            catalog.clone(),
+            runtimes.clone(),
+        )?);
         let engine = Arc::new(Engine {
             cfg,
             runtimes,
-            pools: Mutex::new(HashMap::new()),
-            pool_store,
+            pools,
             workspaces,
             sandboxes,
             snapshots,
@@ -156,7 +159,7 @@ impl Engine {
             metrics,
         });
         engine.recover().await?;
-        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine), idle_rx));
+        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
         tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
         if let Some(every) = engine.cfg.snapshot_gc_interval {
             tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
@@ -184,29 +187,12 @@ impl Engine {
     /// snapshots interrupted mid-way settled, networking started, the pools'
     /// reconcilers started.
     async fn recover(self: &Arc<Self>) -> Result<(), EngineError> {
-        for (name, spec) in self.pool_store.recover_all() {
-            match spec {
-                Ok(spec) => {
-                    let pool = Arc::new(crate::pool::Pool::new(spec));
-                    self.pools.lock().unwrap_or_else(|p| p.into_inner()).insert(name, pool);
-                }
-                Err(why) => tracing::warn!(pool = %name, why = %why, "unreadable pool record; ignoring it"),
-            }
-        }
-        for m in self.sandboxes.recover().await? {
-            match m.pool.as_deref().and_then(|n| self.pool(n).ok()) {
-                Some(pool) => pool.push_idle(m.id),
-                None => {
-                    let _ = self.sandboxes.remove_any(m.id.as_str()).await;
-                }
-            }
-        }
+        self.pools.load();
+        let idle = self.sandboxes.recover().await?;
+        self.pools.adopt_idle(idle).await;
         self.snapshots.recover().await?;
         self.network.start().await?;
-        let pools: Vec<_> = self.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
-        for pool in pools {
-            crate::pool::spawn_driver(self, pool);
-        }
+        self.pools.start();
         Ok(())
     }
 }

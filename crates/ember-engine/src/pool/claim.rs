@@ -5,9 +5,10 @@
 //! sandbox to the pool. A record that cannot be written ends the sandbox: it
 //! was bound to this caller, who is told the claim failed.
 use super::Pool;
+use super::Pools;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::sandbox::{ClaimPatch, Command};
-use crate::{Engine, EngineError};
+use crate::EngineError;
 use ember_agent_client::AgentClient;
 use ember_types::lifecycle::Lifecycle;
 use ember_types::{SandboxSpec, TerminationReason};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 /// How long a pooled sandbox's agent has to accept its claim.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Engine {
+impl Pools {
     /// Claims an idle sandbox of `pool` for `spec`; `Ok(None)` on a miss.
     pub(crate) async fn claim(
         self: &Arc<Self>,

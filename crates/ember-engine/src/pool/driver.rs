@@ -3,7 +3,7 @@
 //! re-reads everything each round, so a restart or a missed wake-up converges.
 use super::plan::{plan, Action};
 use super::Pool;
-use crate::Engine;
+use super::Pools;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 /// Sandboxes a pool starts at once: on 2 cores, more would slow claims.
 const PARALLEL: u32 = 2;
 
-pub(crate) fn spawn(engine: &Arc<Engine>, pool: Arc<Pool>) {
+pub(crate) fn spawn(engine: &Arc<Pools>, pool: Arc<Pool>) {
     tokio::spawn(run(Arc::downgrade(engine), pool));
 }
 
-async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
+async fn run(engine: Weak<Pools>, pool: Arc<Pool>) {
     let mut failures = 0u32;
     loop {
         if pool.removed.load(Ordering::Relaxed) {
@@ -56,7 +56,7 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
     }
 }
 
-async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
+async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
     let spec = pool.spec();
     let t0 = Instant::now();
     let launched = match engine.catalog.pooled_spec(&spec) {

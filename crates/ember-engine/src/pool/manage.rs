@@ -1,8 +1,9 @@
 //! Pool management: create, list, inspect, resize, remove; persisted under
 //! `<data>/state/pools`.
 use super::plan::Target;
+use super::Pools;
 use super::{driver, Pool, PoolSpec, PoolStatus};
-use crate::{CreateSandbox, Engine, EngineError};
+use crate::{CreateSandbox, EngineError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -38,7 +39,7 @@ fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineError> {
     Ok(())
 }
 
-impl Engine {
+impl Pools {
     pub async fn create_pool(self: &Arc<Self>, req: CreatePool) -> Result<PoolStatus, EngineError> {
         let name = req.name.clone().unwrap_or_else(|| req.template.clone());
         ember_types::SandboxId::try_from(name.clone())

@@ -31,6 +31,7 @@ mod teardown;
 pub(crate) use ops::gc_loop;
 pub use ops::ListFilter;
 
+pub(crate) use recover::IdleMember;
 pub(crate) use registry::Registry;
 pub(crate) use teardown::destroy_and_reap;
 

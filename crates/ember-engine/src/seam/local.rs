@@ -102,20 +102,20 @@ impl ControlPlane for Arc<Engine> {
     }
 
     async fn create_pool(&self, req: CreatePool) -> Result<PoolStatus, EngineError> {
-        Engine::create_pool(self, req).await
+        self.pools.create_pool(req).await
     }
     async fn list_pools(&self) -> Result<Vec<PoolStatus>, EngineError> {
         let mut out = Vec::new();
-        for name in Engine::pool_names(self) {
+        for name in self.pools.pool_names() {
             // A pool removed since the names were read is no longer listed.
-            if let Ok(s) = Engine::pool_status(self, &name).await {
+            if let Ok(s) = self.pools.pool_status(&name).await {
                 out.push(s);
             }
         }
         Ok(out)
     }
     async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
-        Engine::pool_status(self, name).await
+        self.pools.pool_status(name).await
     }
     async fn resize_pool(
         &self,
@@ -124,10 +124,10 @@ impl ControlPlane for Arc<Engine> {
         max: Option<u32>,
         target: Option<Target>,
     ) -> Result<PoolStatus, EngineError> {
-        Engine::resize_pool(self, name, min, max, target).await
+        self.pools.resize_pool(name, min, max, target).await
     }
     async fn remove_pool(&self, name: &str) -> Result<(), EngineError> {
-        Engine::remove_pool(self, name).await
+        self.pools.remove_pool(name).await
     }
 
     async fn create_workspace(&self, name: String, size_bytes: u64) -> Result<WorkspaceStatus, EngineError> {
