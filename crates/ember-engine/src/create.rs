@@ -1,6 +1,11 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
+use crate::catalog::Catalog;
+use crate::pool::Pools;
 use crate::record::{now_ms, SandboxRecord};
-use crate::{Engine, EngineError};
+use crate::sandbox::Sandboxes;
+use crate::snapshots::Snapshots;
+use crate::workspaces::Workspaces;
+use crate::EngineError;
 use ember_types::{parse_cpu_millis, parse_memory_bytes, Resources, UserSpec};
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -99,11 +104,22 @@ pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Resul
     Ok(())
 }
 
-impl Engine {
+/// The create path: it spans the catalog (spec), workspaces (made and
+/// checked first), pools (a warm claim), sandboxes (a cold start) and
+/// snapshots (a restore), so it is a service of its own over them.
+pub(crate) struct Provisioner {
+    pub catalog: Arc<Catalog>,
+    pub workspaces: Arc<Workspaces>,
+    pub pools: Arc<Pools>,
+    pub sandboxes: Arc<Sandboxes>,
+    pub snapshots: Arc<Snapshots>,
+}
+
+impl Provisioner {
     /// Creates a sandbox and returns once its agent answers: claimed warm from
     /// a matching pool when one has an idle sandbox, else started cold (a pool
     /// miss is never an error).
-    pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+    pub async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
         if let Some(sid) = req.snapshot_id.clone() {
             let policy = req.network_policy.clone();

@@ -88,7 +88,9 @@ pub struct Engine {
     /// Images, templates, and request → spec resolution.
     catalog: Arc<catalog::Catalog>,
     /// Set once by [`Engine::start_tasks`].
-    tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
+    tasks: std::sync::OnceLock<Arc<tasks::Tasks>>,
+    /// The create path (catalog, workspaces, pools, sandboxes, snapshots).
+    provision: Arc<create::Provisioner>,
     /// Egress networking; `None` when the daemon runs without it.
     network: Arc<network::Network>,
 }
@@ -146,7 +148,15 @@ impl Engine {
             catalog.clone(),
             runtimes.clone(),
         )?);
+        let provision = Arc::new(create::Provisioner {
+            catalog: catalog.clone(),
+            workspaces: workspaces.clone(),
+            pools: pools.clone(),
+            sandboxes: sandboxes.clone(),
+            snapshots: snapshots.clone(),
+        });
         let engine = Arc::new(Engine {
+            provision,
             cfg,
             runtimes,
             pools,
@@ -165,6 +175,21 @@ impl Engine {
             tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
         }
         Ok(engine)
+    }
+
+    /// Opens the task queue in the data dir and starts this node's workers
+    /// and the lease-expiry loop.
+    pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
+        if self.tasks.get().is_some() {
+            return Err(EngineError::Internal("tasks already started".into()));
+        }
+        let (s, w, p) = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
+        let started = tasks::Tasks::start(&self.cfg, cfg, s, w, p)?;
+        self.tasks.set(started).map_err(|_| EngineError::Internal("tasks already started".into()))
+    }
+
+    fn tasks(&self) -> Result<&Arc<tasks::Tasks>, EngineError> {
+        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -29,7 +29,7 @@ use std::time::Duration;
 #[async_trait::async_trait]
 impl ControlPlane for Arc<Engine> {
     async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
-        Engine::create(self, req).await
+        self.provision.create(req).await
     }
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
         self.sandboxes.get(id)
@@ -243,19 +243,19 @@ impl ControlPlane for Arc<Engine> {
     }
 
     async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
-        Engine::submit_task(self, req)
+        self.tasks()?.submit_task(req)
     }
     async fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
-        Engine::list_tasks(self, f)
+        self.tasks()?.list_tasks(f)
     }
     async fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Engine::task(self, id)
+        self.tasks()?.task(id)
     }
     async fn cancel_task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Engine::cancel_task(self, id).await
+        self.tasks()?.cancel_task(id).await
     }
     async fn task_log(&self, id: &str, attempt: Option<u32>, offset: u64) -> Result<(Vec<u8>, bool, u32), EngineError> {
-        Engine::task_log(self, id, attempt, offset).await
+        self.tasks()?.task_log(id, attempt, offset).await
     }
 
     fn runtime_classes(&self) -> Vec<RuntimeClassInfo> {
@@ -264,7 +264,7 @@ impl ControlPlane for Arc<Engine> {
     fn metrics_text(&self) -> String {
         self.sandboxes.refresh_gauges();
         let mut body = Engine::metrics(self).encode();
-        if let Some(tasks) = Engine::encode_task_metrics(self) {
+        if let Some(tasks) = self.tasks.get().and_then(|t| t.encode_task_metrics()) {
             // Two expositions, one `# EOF`: the task registry's ends the reply.
             if let Some(cut) = body.rfind("# EOF") {
                 body.truncate(cut);

@@ -10,14 +10,14 @@
 //! expired during it) reports success without running again: exactly once
 //! in effect.
 use super::TaskService;
-use crate::Engine;
+use super::Tasks;
 use ember_queue::{Lease, Outcome};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// The outcome of an attempt whose command exited 0 in sandbox `sb`.
 pub(super) async fn settle(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     workspace: &str,
@@ -46,7 +46,7 @@ pub(super) async fn settle(
 }
 
 /// Whether an earlier attempt of `task` committed into `workspace`.
-pub(super) async fn committed_before(e: &Arc<Engine>, workspace: &str, task: &str) -> bool {
+pub(super) async fn committed_before(e: &Arc<Tasks>, workspace: &str, task: &str) -> bool {
     match e.workspaces.layer_committed(workspace, task).await {
         Ok(done) => done,
         Err(err) => {
@@ -57,7 +57,7 @@ pub(super) async fn committed_before(e: &Arc<Engine>, workspace: &str, task: &st
 }
 
 /// Drops the commit record once the queue accepted the success.
-pub(super) async fn recorded(e: &Arc<Engine>, workspace: &str, task: &str, accepted: bool) {
+pub(super) async fn recorded(e: &Arc<Tasks>, workspace: &str, task: &str, accepted: bool) {
     if accepted {
         e.workspaces.forget_layer_commit(workspace, task).await;
     }

@@ -16,7 +16,8 @@
 //! kept: no later attempt of it exists, so nothing will fence (destroy) the
 //! sandbox while the next task runs in it.
 use super::TaskService;
-use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
+use super::Tasks;
+use crate::{CreateSandbox, EngineError, WorkspaceRequest};
 use ember_queue::{Lease, Outcome};
 use ember_types::limits;
 use ember_types::task::{TaskRecord, TaskSpec};
@@ -51,7 +52,7 @@ pub(super) fn reusable(spec: &TaskSpec) -> bool {
 }
 
 /// Removes sandbox `id`: `inline` waits for it, else the reaper does it.
-pub(super) async fn release(e: &Arc<Engine>, svc: &Arc<TaskService>, id: String, inline: bool) {
+pub(super) async fn release(e: &Arc<Tasks>, svc: &Arc<TaskService>, id: String, inline: bool) {
     if inline {
         return remove(e, &id).await;
     }
@@ -64,7 +65,7 @@ pub(super) async fn release(e: &Arc<Engine>, svc: &Arc<TaskService>, id: String,
     });
 }
 
-async fn remove(e: &Arc<Engine>, id: &str) {
+async fn remove(e: &Arc<Tasks>, id: &str) {
     match e.sandboxes.remove(id).await {
         Ok(()) | Err(EngineError::NotFound(_)) => {}
         Err(err) => tracing::warn!(sandbox = %id, error = %err, "removing a task sandbox failed"),
@@ -74,7 +75,7 @@ async fn remove(e: &Arc<Engine>, id: &str) {
 /// Creates (or claims warm) the attempt's own sandbox, workspace mounted with
 /// a fresh epoch; on failure, the outcome to report.
 pub(super) async fn own_sandbox(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     rec: &TaskRecord,
@@ -105,7 +106,7 @@ pub(super) async fn own_sandbox(
     // Not raced against a refused heartbeat: a create dropped half-way would
     // leave a sandbox nobody removes. A fenced attempt learns it just below.
     let t = Instant::now();
-    let created = e.create(req).await;
+    let created = e.provision.create(req).await;
     svc.metrics.phase("sandbox", t);
     let sb = match created {
         Ok(sb) => sb,

@@ -27,7 +27,8 @@ use super::commit;
 use super::execd::{self, ExecEnd};
 use super::reuse::{self, Kept};
 use super::TaskService;
-use crate::{Engine, EngineError};
+use super::Tasks;
+use crate::EngineError;
 use ember_queue::{Lease, Outcome, QueueError};
 use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The pull loop of worker `slot`.
-pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slot: u32) {
+pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot: u32) {
     let mut generation = 1u32;
     // The sandbox this worker kept for its next task (opt-in reuse), and
     // since when it has found nothing to pull.
@@ -80,7 +81,7 @@ pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slo
 
 /// Returns expired leases to the queue, counting them and their MTTD, and
 /// applies the retention of finished tasks.
-pub(super) async fn expiry_loop(engine: Weak<Engine>, svc: Arc<TaskService>) {
+pub(super) async fn expiry_loop(engine: Weak<Tasks>, svc: Arc<TaskService>) {
     // Pruning rewrites the journal when it drops anything, so it runs at
     // half the retention age, at most once a minute and at least every 100 ms.
     let age = svc.cfg.queue.retention.max_age_ms.map_or(120_000, |a| a.max(0) as u64);
@@ -147,7 +148,7 @@ enum Ended {
 /// share it, else in a sandbox of its own. Returns `false` when the worker
 /// lost its sandbox and must be treated as dead, and the sandbox to keep.
 async fn run_attempt(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: Lease,
     rec: TaskRecord,
@@ -208,7 +209,7 @@ async fn run_attempt(
 }
 
 async fn heartbeat(
-    e: Arc<Engine>,
+    e: Arc<Tasks>,
     svc: Arc<TaskService>,
     lease: Lease,
     sandbox: Arc<Mutex<Option<String>>>,
@@ -231,7 +232,7 @@ async fn heartbeat(
 /// Destroys every live sandbox of an earlier attempt of this task: the ones
 /// the queue recorded, and any labelled with the task (an attempt that died
 /// between its create and its report).
-async fn fence_earlier_attempts(e: &Arc<Engine>, rec: &TaskRecord) {
+async fn fence_earlier_attempts(e: &Arc<Tasks>, rec: &TaskRecord) {
     let mut ids: Vec<String> = rec.attempts.iter().rev().skip(1).filter_map(|a| a.sandbox.clone()).collect();
     let labelled = crate::ListFilter { states: vec![], metadata: vec![(super::TASK_LABEL.into(), rec.id.clone())] };
     ids.extend(e.sandboxes.list(&labelled).into_iter().map(|r| r.id.to_string()));
@@ -249,7 +250,7 @@ async fn fence_earlier_attempts(e: &Arc<Engine>, rec: &TaskRecord) {
 }
 
 async fn attempt(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     rec: &TaskRecord,
