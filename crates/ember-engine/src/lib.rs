@@ -1,15 +1,22 @@
-//! ember's service core. It owns the sandboxes: creates them through a
-//! [`Runtime`], supervises each with a monitor task (exit, OOM, expiry), persists
-//! their records, re-adopts or reaps them after a restart, and counts what it
-//! does. It knows no HTTP: the API layer parses requests into the calls below and
-//! maps [`EngineError`] to status codes.
+//! ember's service core: services that own their state, each behind a
+//! narrow interface, wired by the [`Engine`], which also implements the seam
+//! the API calls ([`ControlPlane`]). It creates sandboxes through a
+//! `Runtime`, supervises each with a monitor task (exit, OOM, expiry),
+//! persists their records, re-adopts or reaps them after a restart, and
+//! counts what it does. It knows no HTTP: the API layer parses requests into
+//! the calls of the seam and maps [`EngineError`] to status codes.
 //!
-//! Layout: `create.rs` (request → spec → launch), `sandbox/` (one owner per
-//! sandbox: its monitor task, the only writer of its record, and the commands
-//! it takes), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
-//! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
-//! pause, renew, metadata), `store.rs` (records on disk), `snapshot_gc.rs` (snapshot storage reclaimed:
-//! scheduled and requested mark-and-sweep, kept apart from snapshot writes).
+//! The services, each handed the ones it needs at construction (never the
+//! engine): `Network` (`network.rs`), `Catalog` (`catalog/`: images,
+//! templates, request → spec), `Workspaces` (`workspaces.rs`), `Sandboxes`
+//! (`sandbox/`: one owner per sandbox, its monitor the only writer of its
+//! record; launch, ops, checkpoint, stats, restart convergence), `Snapshots`
+//! (`snapshots/`: workspace and sandbox snapshots, their progress, gc),
+//! `Pools` (`pool/`), `Provisioner` (`create.rs`: the create path), `Tasks`
+//! (`tasks/`). Where two would need each other a narrow trait or an event
+//! stands between them: a lease holder's liveness is the registry's
+//! `Holders`, an idle pool member's end is an `IdleEnded` the pools hear.
+//! Records on disk: `store.rs`, `record.rs`.
 #![forbid(unsafe_code)]
 
 mod catalog;
@@ -74,6 +81,9 @@ pub struct EngineConfig {
     pub allowed_host_paths: Vec<PathBuf>,
 }
 
+/// The composition root: it builds the services, wires them, runs restart
+/// convergence in order, and implements [`ControlPlane`] by handing each
+/// call to one service.
 pub struct Engine {
     cfg: EngineConfig,
     runtimes: Runtimes,
@@ -114,6 +124,42 @@ impl Engine {
         images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
+        let (engine, idle_rx) = Self::wire(cfg, runtimes, images, network)?;
+        let engine = Arc::new(engine);
+        engine.recover().await?;
+        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
+        tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
+        if let Some(every) = engine.cfg.snapshot_gc_interval {
+            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
+        }
+        Ok(engine)
+    }
+
+    /// Opens the task queue in the data dir and starts this node's workers
+    /// and the lease-expiry loop.
+    pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
+        if self.tasks.get().is_some() {
+            return Err(EngineError::Internal("tasks already started".into()));
+        }
+        let (s, w, p) = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
+        let started = tasks::Tasks::start(&self.cfg, cfg, s, w, p)?;
+        self.tasks.set(started).map_err(|_| EngineError::Internal("tasks already started".into()))
+    }
+
+    fn tasks(&self) -> Result<&Arc<tasks::Tasks>, EngineError> {
+        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
+    }
+
+    /// Builds the services, each handed the ones it needs: network and
+    /// catalog, the sandbox registry and workspaces, sandboxes, snapshots,
+    /// pools, then the create path over them. Also returns the receiver of
+    /// idle pool members' ends, for the pools once recovery is done.
+    fn wire(
+        cfg: EngineConfig,
+        runtimes: Runtimes,
+        images: Arc<ember_image::ImageStore>,
+        network: Option<Arc<ember_net::Network>>,
+    ) -> Result<(Engine, tokio::sync::mpsc::UnboundedReceiver<sandbox::IdleEnded>), EngineError> {
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
@@ -155,7 +201,7 @@ impl Engine {
             sandboxes: sandboxes.clone(),
             snapshots: snapshots.clone(),
         });
-        let engine = Arc::new(Engine {
+        let engine = Engine {
             provision,
             cfg,
             runtimes,
@@ -167,29 +213,8 @@ impl Engine {
             network,
             catalog,
             metrics,
-        });
-        engine.recover().await?;
-        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
-        tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
-        if let Some(every) = engine.cfg.snapshot_gc_interval {
-            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
-        }
-        Ok(engine)
-    }
-
-    /// Opens the task queue in the data dir and starts this node's workers
-    /// and the lease-expiry loop.
-    pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
-        if self.tasks.get().is_some() {
-            return Err(EngineError::Internal("tasks already started".into()));
-        }
-        let (s, w, p) = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
-        let started = tasks::Tasks::start(&self.cfg, cfg, s, w, p)?;
-        self.tasks.set(started).map_err(|_| EngineError::Internal("tasks already started".into()))
-    }
-
-    fn tasks(&self) -> Result<&Arc<tasks::Tasks>, EngineError> {
-        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
+        };
+        Ok((engine, idle_rx))
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -1,11 +1,12 @@
-//! [`ControlPlane`] for this node's engine: each call delegates to the
-//! engine's own method of the same name (or the few lines the API used to
-//! hold, for lists and metrics). On `Arc<Engine>` because the engine's
-//! spawning calls take `self: &Arc<Self>`.
+//! [`ControlPlane`] for this node's engine: each call is handed to the one
+//! service that owns what it touches (`self.sandboxes.get(..)`,
+//! `self.pools.create_pool(..)`, ...), or is the few lines the API used to
+//! hold, for lists and metrics. On `Arc<Engine>`, the type the binary holds.
 //!
-//! Every call is written `Engine::method(self, ..)`: with the trait in scope a
-//! bare `self.get(..)` on `&Arc<Engine>` would pick the trait's own `get`
-//! (found one auto-deref step before `Engine`'s) and recurse.
+//! A call on the engine itself is written `Engine::method(self, ..)`: with
+//! the trait in scope a bare `self.runtime_classes()` on `&Arc<Engine>`
+//! would pick the trait's own method (found one auto-deref step before
+//! `Engine`'s) and recurse.
 use super::{AgentRoute, ControlPlane};
 use crate::pool::plan::Target;
 use crate::pool::{CreatePool, PoolStatus};
