@@ -108,14 +108,24 @@ pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Resul
 /// checked first), pools (a warm claim), sandboxes (a cold start) and
 /// snapshots (a restore), so it is a service of its own over them.
 pub(crate) struct Provisioner {
-    pub catalog: Arc<Catalog>,
-    pub workspaces: Arc<Workspaces>,
-    pub pools: Arc<Pools>,
-    pub sandboxes: Arc<Sandboxes>,
-    pub snapshots: Arc<Snapshots>,
+    catalog: Arc<Catalog>,
+    workspaces: Arc<Workspaces>,
+    pools: Arc<Pools>,
+    sandboxes: Arc<Sandboxes>,
+    snapshots: Arc<Snapshots>,
 }
 
 impl Provisioner {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        workspaces: Arc<Workspaces>,
+        pools: Arc<Pools>,
+        sandboxes: Arc<Sandboxes>,
+        snapshots: Arc<Snapshots>,
+    ) -> Provisioner {
+        Provisioner { catalog, workspaces, pools, sandboxes, snapshots }
+    }
+
     /// Creates a sandbox and returns once its agent answers: claimed warm from
     /// a matching pool when one has an idle sandbox, else started cold (a pool
     /// miss is never an error).

@@ -194,13 +194,9 @@ impl Engine {
             catalog.clone(),
             runtimes.clone(),
         )?);
-        let provision = Arc::new(create::Provisioner {
-            catalog: catalog.clone(),
-            workspaces: workspaces.clone(),
-            pools: pools.clone(),
-            sandboxes: sandboxes.clone(),
-            snapshots: snapshots.clone(),
-        });
+        let (c, w, p, s, n) =
+            (catalog.clone(), workspaces.clone(), pools.clone(), sandboxes.clone(), snapshots.clone());
+        let provision = Arc::new(create::Provisioner::new(c, w, p, s, n));
         let engine = Engine {
             provision,
             cfg,
