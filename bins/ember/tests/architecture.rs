@@ -147,6 +147,45 @@ fn api_reaches_the_engine_only_through_the_seam() {
     assert!(offenders.is_empty(), "ember-api names the concrete Engine:\n{}", offenders.join("\n"));
 }
 
+/// Inside ember-engine the `Engine` is only the composition root: it wires
+/// the services (sandboxes, pools, workspaces, snapshots, tasks, network,
+/// catalog) and implements the seam. A service depends on the services it
+/// is handed, never on the engine, so no file but `lib.rs` and the seam
+/// (`seam.rs`, `seam/`) may name it: an `impl Engine` block elsewhere, or a
+/// function taking the engine, would be the one type sliced over the crate
+/// again.
+#[test]
+fn only_the_composition_root_and_the_seam_name_the_engine() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/ember-engine/src");
+    assert!(src.join("lib.rs").is_file(), "{} holds no lib.rs", src.display());
+    let allowed = |p: &std::path::Path| {
+        let rel = p.strip_prefix(&src).unwrap_or(p);
+        rel == std::path::Path::new("lib.rs") || rel == std::path::Path::new("seam.rs") || rel.starts_with("seam")
+    };
+    let (mut offenders, mut files) = (Vec::new(), 0);
+    walk(&src, &mut |p| {
+        if p.extension().is_some_and(|e| e == "rs") {
+            files += 1;
+            if allowed(p) {
+                return;
+            }
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                if names_engine(line) {
+                    offenders.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    });
+    // A moved tree would make the check pass on nothing.
+    assert!(files > 20, "only {files} source files under {}", src.display());
+    assert!(
+        offenders.is_empty(),
+        "ember-engine files other than lib.rs and seam/ name the Engine:\n{}",
+        offenders.join("\n")
+    );
+}
+
 /// Whether `line` holds the identifier `Engine` (not a longer one such as `EngineError`).
 fn names_engine(line: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';

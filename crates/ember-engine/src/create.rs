@@ -1,16 +1,14 @@
 //! Create: request → validated spec → record (write-ahead) → launch → monitor.
-use crate::record::{now_ms, LaunchRecord, SandboxRecord};
-use crate::sandbox::{Command, Edit};
-use crate::templates::{self, Template};
-use crate::{Engine, EngineError};
-use ember_types::lifecycle::{Action, Lifecycle};
-use ember_types::limits::{self, expiry_ms};
-use ember_types::{
-    parse_cpu_millis, parse_memory_bytes, Resources, SandboxId, SandboxSpec, SandboxState, UserSpec, VolumeMount,
-};
+use crate::catalog::Catalog;
+use crate::pool::Pools;
+use crate::record::{now_ms, SandboxRecord};
+use crate::sandbox::Sandboxes;
+use crate::snapshots::Snapshots;
+use crate::workspaces::Workspaces;
+use crate::EngineError;
+use ember_types::{parse_cpu_millis, parse_memory_bytes, Resources, UserSpec};
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -49,7 +47,7 @@ pub struct CreateSandbox {
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
-/// [`Engine::resolve`].
+/// the catalog's `resolve`.
 #[derive(Clone, Debug, Default)]
 pub struct HostVolumeRequest {
     pub name: String,
@@ -106,367 +104,62 @@ pub(crate) fn check_env<'a>(keys: impl IntoIterator<Item = &'a String>) -> Resul
     Ok(())
 }
 
-impl Engine {
-    /// A sandbox's timeout: the request's, within the caps and `--max-ttl`;
-    /// without one, `--max-ttl` if the daemon has one (a maximum bounds every
-    /// sandbox), else none (manual cleanup).
-    pub(crate) fn ttl(&self, asked: Option<u64>) -> Result<Option<u64>, EngineError> {
-        let max = self.cfg.max_ttl.map(|m| m.as_secs());
-        match asked {
-            Some(t) => Ok(Some(limits::timeout_secs("timeout", t, max)?)),
-            None => Ok(max.map(|m| m.min(limits::MAX_TIMEOUT_SECS))),
-        }
-    }
+/// The create path: it spans the catalog (spec), workspaces (made and
+/// checked first), pools (a warm claim), sandboxes (a cold start) and
+/// snapshots (a restore), so it is a service of its own over them.
+pub(crate) struct Provisioner {
+    catalog: Arc<Catalog>,
+    workspaces: Arc<Workspaces>,
+    pools: Arc<Pools>,
+    sandboxes: Arc<Sandboxes>,
+    snapshots: Arc<Snapshots>,
+}
 
-    /// The template a request names: `template`, else `image.uri` naming a
-    /// template, else an ad-hoc one for the image `image.uri`, else `host`.
-    fn template_of(&self, req: &CreateSandbox) -> Result<Template, EngineError> {
-        let name = req.template.clone().or_else(|| req.image_uri.clone()).unwrap_or_else(|| "host".into());
-        match self.template(&name) {
-            Ok(t) => Ok(t),
-            Err(e) if req.template.is_some() => Err(e),
-            Err(_) => {
-                let image = ember_image::ImageStore::normalize(&name)?;
-                Ok(Template {
-                    name: image.clone(),
-                    builtin: false,
-                    image: Some(image),
-                    ..templates::builtin("host").expect("host")
-                })
-                .map(|mut t| {
-                    t.user = None;
-                    t
-                })
-            }
-        }
-    }
-
-    /// Pulls the image the request needs if the store lacks it.
-    pub(crate) async fn prepare_image(&self, req: &CreateSandbox) -> Result<(), EngineError> {
-        if let Some(image) = self.template_of(req)?.image {
-            self.image_or_pull(&image, req.image_auth.clone()).await?;
-        }
-        Ok(())
-    }
-
-    /// Resolves the template and validates every field into a [`SandboxSpec`].
-    /// Image settings (Env, WorkingDir, User, Entrypoint+Cmd) apply unless the
-    /// template or the request overrides them. The image must be in the store.
-    pub fn resolve(&self, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
-        let t = self.template_of(req)?;
-        let args =
-            ResourceArgs { memory: req.memory.clone(), cpu: req.cpu.clone(), pids: req.pids, disk: req.disk.clone() };
-        let res = apply_resources(t.resources.clone(), &args)?;
-        let ttl_secs = self.ttl(req.ttl_secs)?;
-        let class = req.runtime_class.clone().unwrap_or(t.runtime_class.clone());
-        if let Some(why) = self.runtimes.why_unavailable(&class) {
-            return Err(EngineError::invalid("runtimeClass", why));
-        }
-        check_env(req.env.keys())?;
-        if !req.workspaces.is_empty() && !self.rt(&class).can_inject_mounts() {
-            return Err(EngineError::invalid(
-                "workspaces",
-                format!("the {class} class cannot mount workspaces into a running sandbox"),
-            ));
-        }
-        let image = t.image.as_deref().map(|i| self.images.get(i)).transpose()?;
-        let cfg = image.as_ref().map(|i| i.config.clone()).unwrap_or_default();
-        let mut env: BTreeMap<String, String> =
-            cfg.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        env.extend(t.env.clone());
-        env.extend(req.env.clone());
-        let user = match (req.user, &image, t.user.as_deref().or(cfg.user.as_deref())) {
-            (Some(u), _, _) => u,
-            (None, Some(img), u) => {
-                let (uid, gid) = self.images.resolve_user(img, u.unwrap_or(""))?;
-                UserSpec { uid, gid }
-            }
-            (None, None, u) => {
-                u.and_then(templates::numeric_user).map_or(UserSpec::SANDBOX, |(uid, gid)| UserSpec { uid, gid })
-            }
-        };
-        let entrypoint = if !req.entrypoint.is_empty() {
-            req.entrypoint.clone()
-        } else if let Some(ep) = &t.entrypoint {
-            ep.clone()
-        } else if !cfg.entrypoint.is_empty() {
-            // An image's ENTRYPOINT is its program; a bare CMD (a shell, a REPL)
-            // is only a default for interactive use and would exit at once here.
-            cfg.entrypoint.iter().chain(&cfg.cmd).cloned().collect()
-        } else {
-            Vec::new()
-        };
-        let (network, egress) = self.resolve_network(req)?;
-        if network != ember_types::NetworkMode::None && class != self.runtime_class() {
-            return Err(EngineError::invalid(
-                "network",
-                format!("egress networking is not available for the {class} class yet (native only)"),
-            ));
-        }
-        Ok(SandboxSpec {
-            template: t.name,
-            runtime_class: class,
-            resources: res,
-            ttl_secs,
-            env,
-            metadata: req.metadata.clone(),
-            entrypoint,
-            user,
-            network,
-            egress,
-            lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
-            workdir: t.workdir.clone().or(cfg.working_dir),
-            volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
-        })
-    }
-
-    /// A host volume is allowed when its (canonical) path is an existing
-    /// directory under one of the allowed host paths, and its mount path is an
-    /// absolute path outside what the sandbox's own root needs.
-    fn check_volume(&self, v: &HostVolumeRequest) -> Result<VolumeMount, EngineError> {
-        let bad = |m: String| EngineError::invalid("volumes", format!("{}: {m}", v.name));
-        let mut host = PathBuf::from(&v.host_path);
-        if let Some(sub) = v.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            if Path::new(sub).is_absolute() || Path::new(sub).components().any(|c| c == Component::ParentDir) {
-                return Err(bad(format!("subPath {sub:?} must be relative, without ..")));
-            }
-            host.push(sub);
-        }
-        let real = host.canonicalize().map_err(|e| bad(format!("host path {}: {e}", host.display())))?;
-        if !real.is_dir() {
-            return Err(bad(format!("host path {} is not a directory", real.display())));
-        }
-        if !self.cfg.allowed_host_paths.iter().any(|a| real.starts_with(a)) {
-            return Err(bad(format!(
-                "host path {} is not under an allowed host path (ember serve --allow-host-path)",
-                real.display()
-            )));
-        }
-        let mp = Path::new(&v.mount_path);
-        let normal = mp.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-        if !mp.is_absolute() || !normal || mp == Path::new("/") {
-            return Err(bad(format!("mountPath {:?} must be an absolute path without . or ..", v.mount_path)));
-        }
-        if ["/proc", "/dev", "/usr", "/etc", "/sys"].iter().any(|p| mp.starts_with(p)) {
-            return Err(bad(format!("mountPath {:?} would hide a system directory", v.mount_path)));
-        }
-        Ok(VolumeMount { host_path: real, mount_path: v.mount_path.clone(), read_only: v.read_only })
+impl Provisioner {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        workspaces: Arc<Workspaces>,
+        pools: Arc<Pools>,
+        sandboxes: Arc<Sandboxes>,
+        snapshots: Arc<Snapshots>,
+    ) -> Provisioner {
+        Provisioner { catalog, workspaces, pools, sandboxes, snapshots }
     }
 
     /// Creates a sandbox and returns once its agent answers: claimed warm from
     /// a matching pool when one has an idle sandbox, else started cold (a pool
     /// miss is never an error).
-    pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+    pub async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
         if let Some(sid) = req.snapshot_id.clone() {
             let policy = req.network_policy.clone();
-            let rec = self.create_from_snapshot(&sid, req).await?;
-            self.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-            return self.record_policy(rec, policy).await;
+            let rec = self.snapshots.create_from_snapshot(&sid, req).await?;
+            self.sandboxes.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
+            return self.sandboxes.record_policy(rec, policy).await;
         }
-        self.prepare_image(&req).await?;
-        let spec = self.resolve(&req)?;
-        self.create_missing_workspaces(&req.workspaces).await?;
-        self.check_workspaces(&req.workspaces)?;
-        if let Some(pool) = self.matching_pool(&spec, req.pool.as_deref())? {
-            if let Some(rec) = self.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return self.record_policy(rec, req.network_policy).await;
+        self.catalog.prepare_image(&req).await?;
+        let spec = self.catalog.resolve(&req)?;
+        self.workspaces.create_missing_workspaces(&req.workspaces).await?;
+        self.workspaces.check_workspaces(&req.workspaces)?;
+        if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+            if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
+                return self.sandboxes.record_policy(rec, req.network_policy).await;
             }
         }
-        let rec = self.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
-        let rec = match self.attach_workspaces(&rec, &req.workspaces).await {
+        let rec = self.sandboxes.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
+        let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {
-                let entry = self.entry(rec.id.as_str())?;
                 let launch_micros = Some(t0.elapsed().as_micros() as u64);
-                let res = entry.ask(Command::Edit(Edit::Workspaces { mounted, launch_micros })).await;
-                self.or_remove(&rec.id, res).await?
+                self.sandboxes.mount_workspaces(&rec.id, mounted, launch_micros).await?
             }
             Err(e) => {
-                let _ = self.remove(rec.id.as_str()).await;
+                let _ = self.sandboxes.remove(rec.id.as_str()).await;
                 return Err(e);
             }
         };
-        self.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
-        self.record_policy(rec, req.network_policy).await
-    }
-
-    /// Records the create request's egress policy on the new sandbox. A
-    /// sandbox whose record cannot say so is removed: the caller is told the
-    /// create failed, so nothing may be left running.
-    async fn record_policy(
-        self: &Arc<Self>,
-        rec: SandboxRecord,
-        policy: Option<ember_types::api::NetworkPolicy>,
-    ) -> Result<SandboxRecord, EngineError> {
-        let Some(policy) = policy else { return Ok(rec) };
-        let e = self.entry(rec.id.as_str())?;
-        let res = e.ask(Command::Edit(Edit::NetworkPolicy(policy))).await;
-        self.or_remove(&rec.id, res).await
-    }
-
-    /// Passes a create's last step through; on an error the new sandbox is
-    /// removed first (the record names it).
-    async fn or_remove(
-        self: &Arc<Self>,
-        id: &SandboxId,
-        res: Result<SandboxRecord, EngineError>,
-    ) -> Result<SandboxRecord, EngineError> {
-        if res.is_err() {
-            self.metrics.create_failures.inc();
-            if let Err(e) = self.remove(id.as_str()).await {
-                tracing::error!(sandbox = %id, error = %e, "removing a sandbox whose create failed");
-            }
-        }
-        res
-    }
-
-    /// Starts a sandbox cold. The record is persisted as Pending before anything
-    /// is started, so a crash mid-create is found and reaped on restart.
-    /// `pool`: started by that pool's refill, idle until claimed.
-    pub(crate) async fn launch(
-        self: &Arc<Self>,
-        spec: SandboxSpec,
-        image_uri: Option<String>,
-        pool: Option<String>,
-        t0: Instant,
-    ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(spec, image_uri, pool, t0, None).await
-    }
-
-    /// A cold start whose writable layer is first filled from a sandbox
-    /// snapshot's layer snapshot (a restore).
-    pub(crate) async fn launch_seeded(
-        self: &Arc<Self>,
-        spec: SandboxSpec,
-        image_uri: Option<String>,
-        t0: Instant,
-        seed: Seed,
-    ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(spec, image_uri, None, t0, Some(seed)).await
-    }
-
-    async fn launch_from(
-        self: &Arc<Self>,
-        spec: SandboxSpec,
-        image_uri: Option<String>,
-        pool: Option<String>,
-        t0: Instant,
-        seed: Option<Seed>,
-    ) -> Result<SandboxRecord, EngineError> {
-        let id = SandboxId::from_random(random16());
-        let now = now_ms();
-        let rec = SandboxRecord {
-            id: id.clone(),
-            spec: spec.clone(),
-            state: SandboxState::Pending,
-            reason: None,
-            message: None,
-            image_uri,
-            created_at_ms: now,
-            expires_at_ms: spec.ttl_secs.map(|t| expiry_ms(now, t)),
-            last_transition_ms: now,
-            pid: None,
-            start_time: None,
-            launch: None,
-            lifecycle: Lifecycle::Pending,
-            legacy: Default::default(),
-            network_policy: None,
-            events: Vec::new(),
-            pool,
-            workspaces: Vec::new(),
-            snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
-            net_slot: None,
-        };
-        let net = self.attach_network(&id, &spec).await?;
-        let mut rec = rec;
-        rec.net_slot = net.as_ref().map(|a| a.slot);
-        rec.event("Pending: create requested".to_string());
-        if let Err(e) = self.store.save_volatile(rec.id.as_str(), &rec) {
-            self.release_network(&rec).await;
-            return Err(e);
-        }
-        let rt = self.rt(&spec.runtime_class);
-        let (lid, lspec) = (id.clone(), spec.clone());
-        let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
-        let store = self.snapshot_store.clone();
-        let layer = seed.map(|s| s.layer);
-        let launched = tokio::task::spawn_blocking(move || {
-            if let Some(l) = &layer {
-                crate::sandbox_restore::seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
-            }
-            match join {
-                Some(j) => rt.launch_in_network(&lid, &lspec, &j),
-                None => rt.launch(&lid, &lspec),
-            }
-            .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
-        })
-        .await
-        .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let launched = match launched {
-            Ok(l) => l,
-            Err(e) => {
-                self.discard_launch(&rec, None).await;
-                return Err(e);
-            }
-        };
-        let micros = t0.elapsed().as_micros() as u64;
-        let t = launched.timing;
-        let phases = BTreeMap::from([
-            ("cgroup".to_string(), t.cgroup_us),
-            ("spawn".to_string(), t.spawn_us),
-            ("agentReady".to_string(), t.ready_us),
-        ]);
-        rec.pid = Some(launched.pid);
-        rec.start_time = Some(launched.start_time);
-        rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });
-        // Not published yet: this create still owns the record.
-        if let Err(e) = rec.apply(Action::Launched { idle: rec.pool.is_some() }, None) {
-            self.discard_launch(&rec, Some(launched.pidfd)).await;
-            return Err(EngineError::Internal(e.to_string()));
-        }
-        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
-            // Running but not recorded: the caller is told the create failed,
-            // so the sandbox must not outlive this call.
-            self.discard_launch(&rec, Some(launched.pidfd)).await;
-            return Err(e);
-        }
-        let socket = launched.agent_socket.clone();
-        crate::sandbox::publish(self, rec.clone(), socket, Some(launched));
-        Ok(rec)
-    }
-
-    /// Undoes a cold start that will not be handed out: the sandbox
-    /// destroyed if it runs (`init`), whatever the launch left on the host
-    /// reaped, its network slot released and its record removed.
-    async fn discard_launch(&self, rec: &SandboxRecord, init: Option<std::os::fd::OwnedFd>) {
-        self.metrics.create_failures.inc();
-        let rt = self.rt(&rec.spec.runtime_class);
-        let id = rec.id.clone();
-        let reaped = tokio::task::spawn_blocking(move || {
-            if init.is_some() {
-                let _ = crate::sandbox::destroy_and_reap(rt.as_ref(), &id, init);
-            }
-            rt.reap_leftover(id.as_str())
-        })
-        .await;
-        if let Ok(Err(e)) = reaped {
-            tracing::error!(sandbox = %rec.id, error = %e, "reaping a failed create");
-        }
-        self.release_network(rec).await;
-        if let Err(e) = self.store.remove(rec.id.as_str()) {
-            tracing::error!(sandbox = %rec.id, error = %e, "removing a failed create's record");
-        }
-    }
-
-    pub(crate) fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
-        let labels = crate::metrics::LaunchLabels {
-            template: spec.template.clone(),
-            launch: kind.into(),
-            runtime_class: spec.runtime_class.clone(),
-        };
-        self.metrics.launch_seconds.get_or_create(&labels).observe(micros as f64 / 1e6);
-        self.metrics.created.get_or_create(&labels).inc();
+        self.sandboxes.observe_launch(&spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
+        self.sandboxes.record_policy(rec, req.network_policy).await
     }
 }
 

@@ -1,44 +1,43 @@
-//! ember's service core. It owns the sandboxes: creates them through a
-//! [`Runtime`], supervises each with a monitor task (exit, OOM, expiry), persists
-//! their records, re-adopts or reaps them after a restart, and counts what it
-//! does. It knows no HTTP: the API layer parses requests into the calls below and
-//! maps [`EngineError`] to status codes.
+//! ember's service core: services that own their state, each behind a
+//! narrow interface, wired by the [`Engine`], which also implements the seam
+//! the API calls ([`ControlPlane`]). It creates sandboxes through a
+//! `Runtime`, supervises each with a monitor task (exit, OOM, expiry),
+//! persists their records, re-adopts or reaps them after a restart, and
+//! counts what it does. It knows no HTTP: the API layer parses requests into
+//! the calls of the seam and maps [`EngineError`] to status codes.
 //!
-//! Layout: `create.rs` (request → spec → launch), `sandbox/` (one owner per
-//! sandbox: its monitor task, the only writer of its record, and the commands
-//! it takes), `checkpoint.rs` (gVisor checkpoint to disk / restore), `recover.rs` (restart convergence), `sandbox_snapshots.rs` (a
-//! sandbox's writable layer + workspaces), `sandbox_restore.rs` (restored as a new sandbox), `ops.rs` (get, list, delete,
-//! pause, renew, metadata), `store.rs` (records on disk), `snapshot_gc.rs` (snapshot storage reclaimed:
-//! scheduled and requested mark-and-sweep, kept apart from snapshot writes).
+//! The services, each handed the ones it needs at construction (never the
+//! engine): `Network` (`network.rs`), `Catalog` (`catalog/`: images,
+//! templates, request → spec), `Workspaces` (`workspaces.rs`), `Sandboxes`
+//! (`sandbox/`: one owner per sandbox, its monitor the only writer of its
+//! record; launch, ops, checkpoint, stats, restart convergence), `Snapshots`
+//! (`snapshots/`: workspace and sandbox snapshots, their progress, gc),
+//! `Pools` (`pool/`), `Provisioner` (`create.rs`: the create path), `Tasks`
+//! (`tasks/`). Where two would need each other a narrow trait or an event
+//! stands between them: a lease holder's liveness is the registry's
+//! `Holders`, an idle pool member's end is an `IdleEnded` the pools hear.
+//! Records on disk: `store.rs`, `record.rs`.
 #![forbid(unsafe_code)]
 
-mod checkpoint;
+mod catalog;
+pub use catalog::templates;
 mod create;
 mod error;
-mod images;
 mod metrics;
 mod network;
-mod ops;
 pub mod pool;
 pub mod record;
-mod recover;
 mod sandbox;
-mod sandbox_restore;
-mod sandbox_snapshots;
 mod seam;
-mod snapshot_gc;
-mod snapshot_ops;
 mod snapshots;
-mod stats;
 mod store;
 pub mod tasks;
-pub mod templates;
 mod workspaces;
 
-pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use seam::{AgentRoute, ControlPlane};
-pub use snapshot_ops::{OpKind, SnapshotOp};
 pub use snapshots::SnapshotStoreConfig;
+pub use snapshots::{OpKind, SnapshotOp};
+pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
@@ -49,17 +48,13 @@ pub use ember_runtime::RuntimeError;
 pub use error::EngineError;
 pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
-pub use ops::ListFilter;
 pub use record::{LaunchRecord, SandboxRecord};
+pub use sandbox::ListFilter;
 
-use ember_runtime::{Runtime, Runtimes};
-use ember_types::SandboxId;
-use sandbox::Entry;
-use std::collections::HashMap;
+use ember_runtime::Runtimes;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// Engine configuration, validated by the binary and fixed at start.
 #[derive(Clone, Debug)]
@@ -86,33 +81,28 @@ pub struct EngineConfig {
     pub allowed_host_paths: Vec<PathBuf>,
 }
 
+/// The composition root: it builds the services, wires them, runs restart
+/// convergence in order, and implements [`ControlPlane`] by handing each
+/// call to one service.
 pub struct Engine {
     cfg: EngineConfig,
     runtimes: Runtimes,
-    store: store::Store<SandboxRecord>,
-    /// A std Mutex: map lookups and inserts only, never held across an await.
-    sandboxes: Mutex<HashMap<SandboxId, Arc<Entry>>>,
-    /// A std Mutex: lookups and inserts only, never held across an await.
-    pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
-    pool_store: store::Store<pool::PoolSpec>,
-    workspaces: ember_workspace::WorkspaceStore,
-    snapshot_store: Arc<dyn ember_snapshot::ObjectStore>,
-    /// Progress of running (and recently finished) snapshots, restores, forks.
-    snapshot_ops: snapshot_ops::SnapshotOps,
-    /// Snapshot writes (shared) against a gc sweep (exclusive): a tokio lock,
-    /// as both sides hold it across the await of their blocking work.
-    snapshot_gate: tokio::sync::RwLock<()>,
-    /// Wakes the scheduled sweep after a delete.
-    snapshot_gc_kick: Arc<Notify>,
-    /// Serialises lease read-modify-writes (short, never across an await).
-    lease_lock: Mutex<()>,
-    metrics: Metrics,
-    images: Arc<ember_image::ImageStore>,
-    templates: templates::TemplateStore,
+    /// The sandboxes: registry, records, monitors.
+    sandboxes: Arc<sandbox::Sandboxes>,
+    /// Warm pools: specs, idle members, reconcilers.
+    pools: Arc<pool::Pools>,
+    workspaces: Arc<workspaces::Workspaces>,
+    /// Workspace and sandbox snapshots, the store's gc.
+    snapshots: Arc<snapshots::Snapshots>,
+    metrics: Arc<Metrics>,
+    /// Images, templates, and request → spec resolution.
+    catalog: Arc<catalog::Catalog>,
     /// Set once by [`Engine::start_tasks`].
-    tasks: std::sync::OnceLock<Arc<tasks::TaskService>>,
+    tasks: std::sync::OnceLock<Arc<tasks::Tasks>>,
+    /// The create path (catalog, workspaces, pools, sandboxes, snapshots).
+    provision: Arc<create::Provisioner>,
     /// Egress networking; `None` when the daemon runs without it.
-    network: Option<Arc<ember_net::Network>>,
+    network: Arc<network::Network>,
 }
 
 impl Engine {
@@ -134,39 +124,93 @@ impl Engine {
         images: Arc<ember_image::ImageStore>,
         network: Option<Arc<ember_net::Network>>,
     ) -> Result<Arc<Engine>, EngineError> {
-        let store = store::Store::open(cfg.data_dir.join("state/sandboxes"))?;
-        let templates = templates::TemplateStore::open(cfg.data_dir.join("state/templates"))?;
-        let pool_store = store::Store::open(cfg.data_dir.join("state/pools"))?;
+        let (engine, idle_rx) = Self::wire(cfg, runtimes, images, network)?;
+        let engine = Arc::new(engine);
+        engine.recover().await?;
+        tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
+        tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
+        if let Some(every) = engine.cfg.snapshot_gc_interval {
+            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
+        }
+        Ok(engine)
+    }
+
+    /// Opens the task queue in the data dir and starts this node's workers
+    /// and the lease-expiry loop.
+    pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
+        if self.tasks.get().is_some() {
+            return Err(EngineError::Internal("tasks already started".into()));
+        }
+        let (s, w, p) = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
+        let started = tasks::Tasks::start(&self.cfg, cfg, s, w, p)?;
+        self.tasks.set(started).map_err(|_| EngineError::Internal("tasks already started".into()))
+    }
+
+    fn tasks(&self) -> Result<&Arc<tasks::Tasks>, EngineError> {
+        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
+    }
+
+    /// Builds the services, each handed the ones it needs: network and
+    /// catalog, the sandbox registry and workspaces, sandboxes, snapshots,
+    /// pools, then the create path over them. Also returns the receiver of
+    /// idle pool members' ends, for the pools once recovery is done.
+    fn wire(
+        cfg: EngineConfig,
+        runtimes: Runtimes,
+        images: Arc<ember_image::ImageStore>,
+        network: Option<Arc<ember_net::Network>>,
+    ) -> Result<(Engine, tokio::sync::mpsc::UnboundedReceiver<sandbox::IdleEnded>), EngineError> {
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        let registry = Arc::new(sandbox::Registry::default());
+        let workspaces = Arc::new(workspaces::Workspaces::new(workspaces, runtimes.clone(), registry.clone()));
         let snapshot_store = snapshots::open_store(&cfg)?;
-        let engine = Arc::new(Engine {
+        let metrics = Arc::new(Metrics::new());
+        let network = Arc::new(network::Network::new(network, &metrics));
+        let catalog = Arc::new(catalog::Catalog::new(&cfg, images, runtimes.clone(), network.clone())?);
+        let (idle_tx, idle_rx) = tokio::sync::mpsc::unbounded_channel();
+        let deps = sandbox::Deps {
+            runtimes: runtimes.clone(),
+            network: network.clone(),
+            workspaces: workspaces.clone(),
+            metrics: metrics.clone(),
+            snapshots: snapshot_store.clone(),
+        };
+        let sandboxes = Arc::new(sandbox::Sandboxes::open(&cfg, registry, deps, idle_tx)?);
+        let snapshots = Arc::new(snapshots::Snapshots::new(
+            &cfg,
+            snapshot_store,
+            workspaces.clone(),
+            sandboxes.clone(),
+            catalog.clone(),
+            runtimes.clone(),
+        ));
+        let pools = Arc::new(pool::Pools::open(
+            &cfg,
+            sandboxes.clone(),
+            workspaces.clone(),
+            catalog.clone(),
+            runtimes.clone(),
+        )?);
+        let (c, w, p, s, n) =
+            (catalog.clone(), workspaces.clone(), pools.clone(), sandboxes.clone(), snapshots.clone());
+        let provision = Arc::new(create::Provisioner::new(c, w, p, s, n));
+        let engine = Engine {
+            provision,
             cfg,
             runtimes,
-            store,
-            sandboxes: Mutex::new(HashMap::new()),
-            pools: Mutex::new(HashMap::new()),
-            pool_store,
+            pools,
             workspaces,
-            snapshot_store,
-            snapshot_ops: Default::default(),
-            snapshot_gate: tokio::sync::RwLock::new(()),
-            snapshot_gc_kick: Arc::new(Notify::new()),
-            lease_lock: Mutex::new(()),
-            metrics: Metrics::new(),
-            images,
-            templates,
+            sandboxes,
+            snapshots,
             tasks: std::sync::OnceLock::new(),
             network,
-        });
-        recover::recover(&engine).await?;
-        tokio::spawn(ops::gc_loop(Arc::downgrade(&engine)));
-        if let Some(every) = engine.cfg.snapshot_gc_interval {
-            tokio::spawn(snapshot_gc::gc_loop(Arc::downgrade(&engine), every));
-        }
-        Ok(engine)
+            catalog,
+            metrics,
+        };
+        Ok((engine, idle_rx))
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -183,36 +227,18 @@ impl Engine {
         self.runtimes.infos().to_vec()
     }
 
-    /// The runtime that serves sandboxes of `class`.
-    pub(crate) fn rt(&self, class: &str) -> Arc<dyn Runtime> {
-        self.runtimes.for_class(class)
-    }
-
-    fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
-        let id = SandboxId::try_from(id.to_string()).map_err(|_| EngineError::NotFound(id.to_string()))?;
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| EngineError::NotFound(id.to_string()))
-    }
-
-    /// A sandbox a caller may see: idle pool members and sandboxes on their
-    /// way out of the store are not found.
-    fn visible(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
-        let e = self.entry(id)?;
-        if e.snapshot().lifecycle.is_hidden() {
-            return Err(EngineError::NotFound(id.to_string()));
-        }
-        Ok(e)
-    }
-
-    /// Persists a change nobody waits for (the monitor's, a teardown's): a
-    /// failure can only be logged.
-    fn persist(&self, r: &SandboxRecord) {
-        if let Err(err) = self.store.save(r.id.as_str(), r) {
-            tracing::error!(sandbox = %r.id, error = %err, "persisting sandbox record failed");
-        }
+    /// Convergence after a restart (including `kill -9` of the daemon),
+    /// the same path on every start: pools reloaded, every sandbox record
+    /// re-adopted or reaped (idle pool members back to their pool), sandbox
+    /// snapshots interrupted mid-way settled, networking started, the pools'
+    /// reconcilers started.
+    async fn recover(self: &Arc<Self>) -> Result<(), EngineError> {
+        self.pools.load();
+        let idle = self.sandboxes.recover().await?;
+        self.pools.adopt_idle(idle).await;
+        self.snapshots.recover().await?;
+        self.network.start().await?;
+        self.pools.start();
+        Ok(())
     }
 }

@@ -1,10 +1,11 @@
-//! Egress networking in the engine: a sandbox whose spec says `egress` gets a
+//! Egress networking in the engine (`Network`, the service that owns the
+//! `ember-net` handle): a sandbox whose spec says `egress` gets a
 //! network slot before it is launched (recorded write-ahead with the slot
 //! number), joins it, and gives it back when it ends. Its policy can be
 //! replaced while it runs; its denied flows are read from `ember-net`.
 use crate::record::SandboxRecord;
-use crate::{CreateSandbox, Engine, EngineError};
-use ember_net::{Attachment, NetStats, Network};
+use crate::{CreateSandbox, EngineError};
+use ember_net::{Attachment, NetStats};
 use ember_types::{DeniedFlow, EgressAction, EgressPolicy, NetworkMode, SandboxId, SandboxSpec};
 use std::sync::Arc;
 
@@ -17,19 +18,40 @@ pub struct NetworkStatus {
     pub address: Option<std::net::Ipv4Addr>,
 }
 
-impl Engine {
-    pub(crate) fn net(&self) -> Option<&Arc<Network>> {
-        self.network.as_ref()
+/// Egress networking of this node: the optional `ember-net` handle. Knows
+/// slots and policies, not sandboxes: the sandbox service records what it
+/// attaches.
+pub(crate) struct Network {
+    net: Option<Arc<ember_net::Network>>,
+    /// Denied flows by rule, fed by the flow log once started.
+    denied: prometheus_client::metrics::family::Family<
+        crate::metrics::RuleLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+}
+
+impl Network {
+    pub fn new(net: Option<Arc<ember_net::Network>>, metrics: &crate::Metrics) -> Network {
+        Network { net, denied: metrics.network_denied.clone() }
+    }
+
+    /// Whether this daemon has egress networking.
+    pub fn enabled(&self) -> bool {
+        self.net.is_some()
+    }
+
+    fn handle(&self) -> Result<Arc<ember_net::Network>, EngineError> {
+        self.net.clone().ok_or_else(|| EngineError::invalid("network", "egress networking is off"))
     }
 
     /// The mode and policy a create asks for, validated. OpenSandbox's
     /// `networkPolicy` implies egress when this daemon has egress networking
     /// (and is then enforced); without it, it is only recorded (port 18080
     /// reports `enforcementMode: none`), as the sandbox has loopback only.
-    pub(crate) fn resolve_network(&self, req: &CreateSandbox) -> Result<(NetworkMode, EgressPolicy), EngineError> {
+    pub fn resolve(&self, req: &CreateSandbox) -> Result<(NetworkMode, EgressPolicy), EngineError> {
         let mut egress = req.egress.clone();
         if let (None, Some(wire)) = (&egress, &req.network_policy) {
-            let enforce = req.network == Some(NetworkMode::Egress) || (req.network.is_none() && self.network.is_some());
+            let enforce = req.network == Some(NetworkMode::Egress) || (req.network.is_none() && self.enabled());
             if enforce {
                 egress = Some(egress_from_wire(wire)?);
             }
@@ -50,8 +72,8 @@ impl Engine {
         Ok((mode, policy))
     }
 
-    fn check_policy(&self, p: &EgressPolicy) -> Result<(), EngineError> {
-        if self.network.is_none() {
+    pub fn check_policy(&self, p: &EgressPolicy) -> Result<(), EngineError> {
+        if !self.enabled() {
             return Err(EngineError::invalid(
                 "network",
                 "egress networking is off on this daemon (start it without --network-range none)",
@@ -64,15 +86,11 @@ impl Engine {
     }
 
     /// Takes a slot for a sandbox about to launch (none for `network: none`).
-    pub(crate) async fn attach_network(
-        &self,
-        id: &SandboxId,
-        spec: &SandboxSpec,
-    ) -> Result<Option<Attachment>, EngineError> {
+    pub async fn attach(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Option<Attachment>, EngineError> {
         if spec.network != NetworkMode::Egress {
             return Ok(None);
         }
-        let net = self.net().cloned().ok_or_else(|| EngineError::invalid("network", "egress networking is off"))?;
+        let net = self.handle()?;
         let (sid, policy) = (id.to_string(), spec.egress.clone());
         let a = tokio::task::spawn_blocking(move || net.acquire(&sid, &policy))
             .await
@@ -82,16 +100,16 @@ impl Engine {
     }
 
     /// Gives a sandbox's slot back (idempotent: only its owner's release counts).
-    pub(crate) async fn release_network(&self, rec: &SandboxRecord) {
-        if let (Some(net), Some(slot)) = (self.net().cloned(), rec.net_slot) {
+    pub async fn release(&self, rec: &SandboxRecord) {
+        if let (Some(net), Some(slot)) = (self.net.clone(), rec.net_slot) {
             let sid = rec.id.to_string();
             let _ = tokio::task::spawn_blocking(move || net.release(slot, &sid)).await;
         }
     }
 
     /// After a restart: the slot of a re-adopted sandbox is its own again.
-    pub(crate) async fn adopt_network(&self, rec: &SandboxRecord) {
-        if let (Some(net), Some(slot)) = (self.net().cloned(), rec.net_slot) {
+    pub async fn adopt(&self, rec: &SandboxRecord) {
+        if let (Some(net), Some(slot)) = (self.net.clone(), rec.net_slot) {
             let (sid, policy) = (rec.id.to_string(), rec.spec.egress.clone());
             match tokio::task::spawn_blocking(move || net.adopt(slot, &sid, &policy)).await {
                 Ok(Ok(_)) => {}
@@ -103,9 +121,9 @@ impl Engine {
     }
 
     /// Reclaims unowned slots and starts the resolver, flow log and refill.
-    pub(crate) async fn start_network(self: &Arc<Self>) -> Result<(), EngineError> {
-        let Some(net) = self.net().cloned() else { return Ok(()) };
-        let counter = self.metrics.network_denied.clone();
+    pub async fn start(&self) -> Result<(), EngineError> {
+        let Some(net) = self.net.clone() else { return Ok(()) };
+        let counter = self.denied.clone();
         net.set_observer(move |rule| {
             counter.get_or_create(&crate::metrics::RuleLabels { rule: rule.to_string() }).inc();
         });
@@ -114,53 +132,34 @@ impl Engine {
         net.start().map_err(|source| EngineError::Network { id: String::new(), source })
     }
 
-    pub fn network_status(&self, id: &str) -> Result<NetworkStatus, EngineError> {
-        let r = self.get(id)?;
-        let address = match (self.net(), r.net_slot) {
-            (Some(n), Some(s)) if !r.state.is_terminal() => Some(n.config().range.guest(s)),
-            _ => None,
-        };
-        Ok(NetworkStatus { mode: r.spec.network, policy: r.spec.egress, address })
-    }
-
-    /// Replaces the egress policy of a running sandbox with egress networking.
-    pub async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
-        let e = self.visible(id)?;
-        let r = e.snapshot();
-        if r.state.is_terminal() {
-            return Err(EngineError::NotRunning { id: r.id, state: r.state });
-        }
-        let Some(slot) = r.net_slot.filter(|_| r.spec.network == NetworkMode::Egress) else {
-            return Err(EngineError::invalid(
-                "network",
-                "this sandbox was created with network \"none\"; create it with egress to give it a policy",
-            ));
-        };
-        self.check_policy(&policy)?;
-        let net = self.net().cloned().ok_or_else(|| EngineError::invalid("network", "egress networking is off"))?;
-        let p = policy.clone();
+    /// Replaces the enforced policy of slot `slot` (sandbox `id`'s).
+    pub async fn update(&self, id: &str, slot: u32, policy: &EgressPolicy) -> Result<(), EngineError> {
+        self.check_policy(policy)?;
+        let (net, p) = (self.handle()?, policy.clone());
         tokio::task::spawn_blocking(move || net.update(slot, &p))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|source| EngineError::Network { id: id.to_string(), source })?;
-        e.ask(crate::sandbox::Command::Edit(crate::sandbox::Edit::Egress(policy))).await?;
-        self.network_status(id)
+            .map_err(|source| EngineError::Network { id: id.to_string(), source })
     }
 
-    /// Blocked connection attempts and DNS queries of a sandbox, oldest first.
-    pub fn network_events(&self, id: &str) -> Result<Vec<DeniedFlow>, EngineError> {
-        let r = self.get(id)?;
-        Ok(self.net().map(|n| n.events(r.id.as_str())).unwrap_or_default())
+    /// The address of a sandbox in slot `slot`.
+    pub fn address(&self, slot: u32) -> Option<std::net::Ipv4Addr> {
+        self.net.as_ref().map(|n| n.config().range.guest(slot))
+    }
+
+    /// Blocked connection attempts and DNS queries of sandbox `id`, oldest first.
+    pub fn events(&self, id: &str) -> Vec<DeniedFlow> {
+        self.net.as_ref().map(|n| n.events(id)).unwrap_or_default()
     }
 
     /// The sandbox address range, when egress networking is on.
-    pub fn network_range(&self) -> Option<String> {
-        self.net().map(|n| n.config().range.cidr())
+    pub fn range(&self) -> Option<String> {
+        self.net.as_ref().map(|n| n.config().range.cidr())
     }
 
     /// The slot pool's figures; `None` when egress networking is off.
-    pub fn network_stats(&self) -> Option<NetStats> {
-        self.net().map(|n| n.stats())
+    pub fn stats(&self) -> Option<NetStats> {
+        self.net.as_ref().map(|n| n.stats())
     }
 }
 

@@ -11,11 +11,12 @@
 //! of its own over the workspace (`ember_workspace` `layer.rs`), committed by
 //! `commit_layer` after a success and dropped when the sandbox ends otherwise.
 use crate::record::SandboxRecord;
-use crate::{Engine, EngineError};
+use crate::EngineError;
+use ember_runtime::Runtimes;
 use ember_types::SandboxState;
-use ember_workspace::{WorkspaceError, WorkspaceMeta};
+use ember_workspace::{WorkspaceError, WorkspaceMeta, WorkspaceStore};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A workspace a create or claim asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,7 +31,7 @@ pub struct WorkspaceRequest {
     /// (OpenSandbox `pvc` volumes with `createIfNotExists`).
     pub create_size: Option<u64>,
     /// Writes go to a layer of this sandbox's own, applied to the workspace
-    /// only by [`Engine::commit_layer`] (task attempts; read-write only).
+    /// only by [`Workspaces::commit_layer`] (task attempts; read-write only).
     pub layered: bool,
 }
 
@@ -55,15 +56,55 @@ pub struct WorkspaceStatus {
     pub mounted: bool,
 }
 
-impl Engine {
-    /// Whether a sandbox id is alive (holds resources).
-    pub(crate) fn is_alive(&self, id: &str) -> bool {
-        self.entry(id).is_ok_and(|e| !e.snapshot().state.is_terminal())
+/// Who may hold a workspace lease: a sandbox that still holds resources.
+/// The sandbox registry answers; a narrow trait, so this service does not
+/// depend on the sandboxes (which release their leases through it).
+pub(crate) trait Holders: Send + Sync {
+    fn is_alive(&self, id: &str) -> bool;
+}
+
+/// Workspaces of this node: the volume store and its leases. Owns the lease
+/// lock; sandboxes hold leases, recorded in their records.
+pub(crate) struct Workspaces {
+    store: WorkspaceStore,
+    /// Serialises lease read-modify-writes (short, never across an await).
+    lease_lock: Mutex<()>,
+    runtimes: Runtimes,
+    holders: Arc<dyn Holders>,
+}
+
+impl Workspaces {
+    pub fn new(store: WorkspaceStore, runtimes: Runtimes, holders: Arc<dyn Holders>) -> Workspaces {
+        Workspaces { store, lease_lock: Mutex::new(()), runtimes, holders }
+    }
+
+    fn is_alive(&self, id: &str) -> bool {
+        self.holders.is_alive(id)
+    }
+
+    /// A workspace's record (its size, its lease). Blocking.
+    pub fn meta(&self, name: &str) -> Result<WorkspaceMeta, WorkspaceError> {
+        self.store.meta(name)
+    }
+
+    /// The host path of a workspace, mounted if it was not. Blocking.
+    pub fn ensure_mounted(&self, name: &str) -> Result<std::path::PathBuf, WorkspaceError> {
+        self.store.ensure_mounted(name)
+    }
+
+    /// A new workspace (a restore's target). Blocking.
+    pub fn create_blocking(&self, name: &str, size_bytes: u64) -> Result<(), WorkspaceError> {
+        self.store.create(name, size_bytes).map(drop)
+    }
+
+    /// Removes a workspace this node just made and nobody holds. Blocking.
+    pub fn discard(&self, name: &str) -> Result<(), WorkspaceError> {
+        self.store.remove(name, |_| false)
     }
 
     async fn ws<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Engine) -> Result<T, WorkspaceError> + Send + 'static,
+        f: impl FnOnce(&Workspaces) -> Result<T, WorkspaceError> + Send + 'static,
     ) -> Result<T, EngineError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || f(&me))
@@ -78,22 +119,22 @@ impl Engine {
         size_bytes: u64,
     ) -> Result<WorkspaceStatus, EngineError> {
         let n = name.clone();
-        self.ws(move |e| e.workspaces.create(&n, size_bytes)).await?;
+        self.ws(move |e| e.store.create(&n, size_bytes)).await?;
         self.workspace(&name).await
     }
 
     pub async fn workspace(self: &Arc<Self>, name: &str) -> Result<WorkspaceStatus, EngineError> {
         let n = name.to_string();
         self.ws(move |e| {
-            let meta = e.workspaces.meta(&n)?;
-            let (used_bytes, _) = e.workspaces.usage(&n)?;
-            Ok(WorkspaceStatus { meta, used_bytes, mounted: e.workspaces.is_mounted(&n) })
+            let meta = e.store.meta(&n)?;
+            let (used_bytes, _) = e.store.usage(&n)?;
+            Ok(WorkspaceStatus { meta, used_bytes, mounted: e.store.is_mounted(&n) })
         })
         .await
     }
 
     pub async fn list_workspaces(self: &Arc<Self>) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        let names: Vec<String> = self.workspaces.list().into_iter().map(|m| m.name).collect();
+        let names: Vec<String> = self.store.list().into_iter().map(|m| m.name).collect();
         let mut out = Vec::new();
         for n in names {
             out.push(self.workspace(&n).await?);
@@ -105,7 +146,7 @@ impl Engine {
         let n = name.to_string();
         self.ws(move |e| {
             let _g = e.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
-            e.workspaces.remove(&n, |h| e.is_alive(h))
+            e.store.remove(&n, |h| e.is_alive(h))
         })
         .await
     }
@@ -119,8 +160,8 @@ impl Engine {
         for r in reqs {
             let Some(size) = r.create_size else { continue };
             let n = r.name.clone();
-            self.ws(move |e| match e.workspaces.meta(&n) {
-                Err(WorkspaceError::NotFound(_)) => match e.workspaces.create(&n, size) {
+            self.ws(move |e| match e.store.meta(&n) {
+                Err(WorkspaceError::NotFound(_)) => match e.store.create(&n, size) {
                     Ok(_) | Err(WorkspaceError::Exists(_)) => Ok(()),
                     Err(err) => Err(err),
                 },
@@ -134,7 +175,7 @@ impl Engine {
     /// Fails fast, before a cold start, when a read-write mount would be refused.
     pub(crate) fn check_workspaces(&self, reqs: &[WorkspaceRequest]) -> Result<(), EngineError> {
         for r in reqs.iter().filter(|r| !r.read_only && !r.steal) {
-            let meta = self.workspaces.meta(&r.name)?;
+            let meta = self.store.meta(&r.name)?;
             if let Some(l) = meta.leases.lease.filter(|l| self.is_alive(&l.holder)) {
                 return Err(ember_workspace::LeaseError::Held {
                     name: r.name.clone(),
@@ -161,12 +202,12 @@ impl Engine {
             .pid
             .filter(|_| rec.state == SandboxState::Running)
             .ok_or_else(|| EngineError::NotRunning { id: rec.id.clone(), state: rec.state })?;
-        let (id, reqs) = (rec.id.clone(), reqs.to_vec());
+        let (id, reqs, class) = (rec.id.clone(), reqs.to_vec(), rec.spec.runtime_class.clone());
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
             let mut done: Vec<MountedWorkspace> = Vec::new();
             for r in &reqs {
-                match me.attach_one(&id, pid, r) {
+                match me.attach_one(&id, pid, &class, r) {
                     Ok(m) => done.push(m),
                     Err(e) => {
                         me.release_leases(id.as_str(), &done);
@@ -184,23 +225,24 @@ impl Engine {
         &self,
         id: &ember_types::SandboxId,
         pid: i32,
+        class: &str,
         r: &WorkspaceRequest,
     ) -> Result<MountedWorkspace, EngineError> {
         let epoch = if r.read_only {
             None
         } else {
             let _g = self.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
-            let mut meta = self.workspaces.meta(&r.name)?;
+            let mut meta = self.store.meta(&r.name)?;
             let epoch = meta.leases.acquire(&r.name, id.as_str(), r.steal, |h| self.is_alive(h))?;
-            self.workspaces.save(&meta)?;
+            self.store.save(&meta)?;
             Some(epoch)
         };
         let layered = r.layered && !r.read_only;
         let mounted =
             MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch, layered };
         let res = self.workspace_source(&r.name, id.as_str(), layered).and_then(|src| {
-            let class = self.entry(id.as_str()).map(|e| e.snapshot().spec.runtime_class).unwrap_or_default();
-            self.rt(&class)
+            self.runtimes
+                .for_class(class)
                 .inject_mount(id, pid, &src, &r.path, r.read_only)
                 .map_err(|source| EngineError::Runtime { id: id.clone(), source })
         });
@@ -217,10 +259,10 @@ impl Engine {
     /// `holder` (after dropping the layers of holders that are gone).
     fn workspace_source(&self, name: &str, holder: &str, layered: bool) -> Result<std::path::PathBuf, EngineError> {
         if !layered {
-            return Ok(self.workspaces.ensure_mounted(name)?);
+            return Ok(self.store.ensure_mounted(name)?);
         }
-        self.workspaces.sweep_layers(name, |h| self.is_alive(h))?;
-        Ok(self.workspaces.open_layer(name, holder)?)
+        self.store.sweep_layers(name, |h| self.is_alive(h))?;
+        Ok(self.store.open_layer(name, holder)?)
     }
 
     /// Releases the leases `holder` still holds (a fenced holder's release is
@@ -228,27 +270,27 @@ impl Engine {
     pub(crate) fn release_leases(&self, holder: &str, mounts: &[MountedWorkspace]) {
         let _g = self.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
         for m in mounts.iter().filter(|m| m.layered) {
-            if let Err(e) = self.workspaces.discard_layer(&m.name, holder) {
+            if let Err(e) = self.store.discard_layer(&m.name, holder) {
                 tracing::warn!(workspace = %m.name, sandbox = %holder, error = %e, "dropping an attempt layer failed");
             }
         }
         for m in mounts {
             let Some(epoch) = m.epoch else { continue };
-            if let Ok(mut meta) = self.workspaces.meta(&m.name) {
+            if let Ok(mut meta) = self.store.meta(&m.name) {
                 if meta.leases.release(holder, epoch) {
-                    let _ = self.workspaces.save(&meta);
+                    let _ = self.store.save(&meta);
                 }
             }
         }
     }
 }
 
-impl Engine {
+impl Workspaces {
     /// Commits `holder`'s layer of `workspace` if `holder` still holds its
     /// lease at `epoch` and `still_leased()` (the task's lease) agrees, else
-    /// drops it; `key` names the commit (the task). The sandbox is frozen
-    /// first, so nothing in it writes during the merge, and stays frozen
-    /// until its removal. Returns whether the layer was committed.
+    /// drops it; `key` names the commit (the task). The caller freezes the
+    /// sandbox first, so nothing in it writes during the merge, and keeps it
+    /// frozen until its removal. Returns whether the layer was committed.
     pub(crate) async fn commit_layer(
         self: &Arc<Self>,
         workspace: &str,
@@ -257,7 +299,6 @@ impl Engine {
         key: &str,
         still_leased: impl FnOnce() -> bool + Send + 'static,
     ) -> Result<bool, EngineError> {
-        self.pause(holder).await?;
         let (w, h, k) = (workspace.to_string(), holder.to_string(), key.to_string());
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
@@ -266,9 +307,9 @@ impl Engine {
             let _g = me.lease_lock.lock().unwrap_or_else(|p| p.into_inner());
             let current = || {
                 let Some(epoch) = epoch else { return false };
-                me.workspaces.meta(&w).is_ok_and(|m| m.leases.check(&w, &h, epoch).is_ok())
+                me.store.meta(&w).is_ok_and(|m| m.leases.check(&w, &h, epoch).is_ok())
             };
-            me.workspaces.commit_layer(&w, &h, &k, || current() && still_leased())
+            me.store.commit_layer(&w, &h, &k, || current() && still_leased())
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?
@@ -278,13 +319,13 @@ impl Engine {
     /// Whether an attempt of task `key` already committed into `workspace`.
     pub(crate) async fn layer_committed(self: &Arc<Self>, workspace: &str, key: &str) -> Result<bool, EngineError> {
         let (w, k) = (workspace.to_string(), key.to_string());
-        self.ws(move |e| e.workspaces.committed(&w, &k)).await
+        self.ws(move |e| e.store.committed(&w, &k)).await
     }
 
     /// Forgets task `key`'s commit record once its success is recorded.
     pub(crate) async fn forget_layer_commit(self: &Arc<Self>, workspace: &str, key: &str) {
         let (w, k) = (workspace.to_string(), key.to_string());
-        if let Err(e) = self.ws(move |e| e.workspaces.forget_committed(&w, &k)).await {
+        if let Err(e) = self.ws(move |e| e.store.forget_committed(&w, &k)).await {
             tracing::warn!(workspace = %workspace, task = %key, error = %e, "forgetting a commit record failed");
         }
     }

@@ -5,9 +5,10 @@
 //! sandbox to the pool. A record that cannot be written ends the sandbox: it
 //! was bound to this caller, who is told the claim failed.
 use super::Pool;
+use super::Pools;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::sandbox::{ClaimPatch, Command};
-use crate::{Engine, EngineError};
+use crate::EngineError;
 use ember_agent_client::AgentClient;
 use ember_types::lifecycle::Lifecycle;
 use ember_types::{SandboxSpec, TerminationReason};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 /// How long a pooled sandbox's agent has to accept its claim.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Engine {
+impl Pools {
     /// Claims an idle sandbox of `pool` for `spec`; `Ok(None)` on a miss.
     pub(crate) async fn claim(
         self: &Arc<Self>,
@@ -29,14 +30,14 @@ impl Engine {
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         while let Some(id) = pool.pop_idle() {
-            let Ok(entry) = self.entry(id.as_str()) else { continue };
+            let Ok(entry) = self.sandboxes.entry(id.as_str()) else { continue };
             let r = entry.snapshot();
             if r.lifecycle != Lifecycle::Pooled {
                 continue;
             }
             // Workspaces first: the entrypoint may need them. A refused lease
             // is the caller's error; the sandbox goes back, unclaimed.
-            let mounted = match self.attach_workspaces(&r, workspaces).await {
+            let mounted = match self.workspaces.attach_workspaces(&r, workspaces).await {
                 Ok(m) => m,
                 Err(e) => {
                     if matches!(e, EngineError::Workspace(_)) {
@@ -55,7 +56,7 @@ impl Engine {
                 "entrypoint": spec.entrypoint,
             });
             if let Err(e) = bind(&entry.agent_socket, &body).await {
-                self.release_leases(id.as_str(), &mounted);
+                self.workspaces.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
                 entry.tell(Command::Stop(TerminationReason::RuntimeError(e)));
                 continue;
@@ -74,14 +75,14 @@ impl Engine {
             let rec = match saved {
                 Ok(rec) => rec,
                 Err(e) => {
-                    self.release_leases(id.as_str(), &mounted);
+                    self.workspaces.release_leases(id.as_str(), &mounted);
                     let reason = TerminationReason::RuntimeError(format!("claim not recorded: {e}"));
                     entry.tell(Command::Stop(reason));
                     return Err(e);
                 }
             };
             pool.record_claim();
-            self.observe_launch(&rec.spec, "warm", micros);
+            self.sandboxes.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));
         }
         pool.record_miss();

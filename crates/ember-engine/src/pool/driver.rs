@@ -3,7 +3,7 @@
 //! re-reads everything each round, so a restart or a missed wake-up converges.
 use super::plan::{plan, Action};
 use super::Pool;
-use crate::Engine;
+use super::Pools;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 /// Sandboxes a pool starts at once: on 2 cores, more would slow claims.
 const PARALLEL: u32 = 2;
 
-pub(crate) fn spawn(engine: &Arc<Engine>, pool: Arc<Pool>) {
+pub(crate) fn spawn(engine: &Arc<Pools>, pool: Arc<Pool>) {
     tokio::spawn(run(Arc::downgrade(engine), pool));
 }
 
-async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
+async fn run(engine: Weak<Pools>, pool: Arc<Pool>) {
     let mut failures = 0u32;
     loop {
         if pool.removed.load(Ordering::Relaxed) {
@@ -38,7 +38,7 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
                     // as good as any.
                     let newest = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_back();
                     if let Some(id) = newest {
-                        let _ = engine.remove_any(id.as_str()).await;
+                        let _ = engine.sandboxes.remove_any(id.as_str()).await;
                     }
                 }
             }
@@ -56,18 +56,18 @@ async fn run(engine: Weak<Engine>, pool: Arc<Pool>) {
     }
 }
 
-async fn refill_one(engine: Arc<Engine>, pool: Arc<Pool>) {
+async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
     let spec = pool.spec();
     let t0 = Instant::now();
-    let launched = match engine.pooled_spec(&spec) {
-        Ok(sandbox) => engine.launch(sandbox, None, Some(spec.name.clone()), t0).await,
+    let launched = match engine.catalog.pooled_spec(&spec) {
+        Ok(sandbox) => engine.sandboxes.launch(sandbox, None, Some(spec.name.clone()), t0).await,
         Err(e) => Err(e),
     };
     match launched {
         Ok(rec) => {
             pool.record_refill(t0.elapsed().as_micros() as u64);
             if pool.removed.load(Ordering::Relaxed) {
-                let _ = engine.remove_any(rec.id.as_str()).await;
+                let _ = engine.sandboxes.remove_any(rec.id.as_str()).await;
             } else {
                 pool.push_idle(rec.id);
             }

@@ -1,8 +1,9 @@
 //! Pool management: create, list, inspect, resize, remove; persisted under
 //! `<data>/state/pools`.
 use super::plan::Target;
+use super::Pools;
 use super::{driver, Pool, PoolSpec, PoolStatus};
-use crate::{CreateSandbox, Engine, EngineError};
+use crate::{CreateSandbox, EngineError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -38,14 +39,14 @@ fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineError> {
     Ok(())
 }
 
-impl Engine {
+impl Pools {
     pub async fn create_pool(self: &Arc<Self>, req: CreatePool) -> Result<PoolStatus, EngineError> {
         let name = req.name.clone().unwrap_or_else(|| req.template.clone());
         ember_types::SandboxId::try_from(name.clone())
             .map_err(|_| EngineError::invalid("name", format!("{name:?}: 1-63 of [a-z0-9-]")))?;
         let target = req.target.unwrap_or(Target::Auto);
         check_bounds(req.min, req.max, target)?;
-        let sandbox = self.resolve(&CreateSandbox {
+        let sandbox = self.catalog.resolve(&CreateSandbox {
             template: Some(req.template.clone()),
             memory: req.memory,
             cpu: req.cpu,
@@ -142,7 +143,7 @@ impl Engine {
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         self.pool_store.remove(name)?;
         while let Some(id) = pool.pop_idle() {
-            let _ = self.remove_any(id.as_str()).await;
+            let _ = self.sandboxes.remove_any(id.as_str()).await;
         }
         Ok(())
     }

@@ -10,15 +10,20 @@ mod driver;
 mod manage;
 pub mod plan;
 
-pub(crate) use driver::spawn as spawn_driver;
 pub use manage::{CreatePool, MAX_POOL};
 pub use plan::Target;
 
+use crate::catalog::Catalog;
 use crate::record::now_ms;
-use crate::{Engine, EngineError};
+use crate::sandbox::{IdleEnded, IdleMember, Sandboxes};
+use crate::store::Store;
+use crate::workspaces::Workspaces;
+use crate::EngineError;
+use ember_runtime::Runtimes;
 use ember_types::{Resources, SandboxId};
 use plan::Sizing;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -156,7 +161,66 @@ impl Pool {
     }
 }
 
-impl Engine {
+/// The warm pools of this node: their specs (in memory and on disk), their
+/// idle members and counters, one reconciler each. Sandboxes are launched,
+/// claimed and removed through the sandbox service.
+pub(crate) struct Pools {
+    /// A std Mutex: lookups and inserts only, never held across an await.
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    pool_store: Store<PoolSpec>,
+    sandboxes: Arc<Sandboxes>,
+    workspaces: Arc<Workspaces>,
+    catalog: Arc<Catalog>,
+    runtimes: Runtimes,
+}
+
+impl Pools {
+    pub fn open(
+        cfg: &crate::EngineConfig,
+        sandboxes: Arc<Sandboxes>,
+        workspaces: Arc<Workspaces>,
+        catalog: Arc<Catalog>,
+        runtimes: Runtimes,
+    ) -> Result<Pools, EngineError> {
+        let pool_store = Store::open(cfg.data_dir.join("state/pools"))?;
+        let pools = Mutex::new(HashMap::new());
+        Ok(Pools { pools, pool_store, sandboxes, workspaces, catalog, runtimes })
+    }
+
+    /// After a restart: the pools on disk, each with no idle member yet.
+    pub fn load(&self) {
+        for (name, spec) in self.pool_store.recover_all() {
+            match spec {
+                Ok(spec) => {
+                    let pool = Arc::new(Pool::new(spec));
+                    self.pools.lock().unwrap_or_else(|p| p.into_inner()).insert(name, pool);
+                }
+                Err(why) => tracing::warn!(pool = %name, why = %why, "unreadable pool record; ignoring it"),
+            }
+        }
+    }
+
+    /// Idle members re-adopted after a restart go back to their pool; those
+    /// of a pool that is gone are removed.
+    pub async fn adopt_idle(&self, members: Vec<IdleMember>) {
+        for m in members {
+            match m.pool.as_deref().and_then(|n| self.pool(n).ok()) {
+                Some(pool) => pool.push_idle(m.id),
+                None => {
+                    let _ = self.sandboxes.remove_any(m.id.as_str()).await;
+                }
+            }
+        }
+    }
+
+    /// Starts every pool's reconciler.
+    pub fn start(self: &Arc<Self>) {
+        let pools: Vec<_> = self.pools.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for pool in pools {
+            driver::spawn(self, pool);
+        }
+    }
+
     pub(crate) fn pool(&self, name: &str) -> Result<Arc<Pool>, EngineError> {
         self.pools
             .lock()
@@ -209,5 +273,20 @@ impl Engine {
                     && (ps.network == ember_types::NetworkMode::None || ps.egress == spec.egress)
             })
             .cloned())
+    }
+}
+
+/// Idle pool members that ended (sent by their monitors): their pool stops
+/// counting them, and its reconciler refills.
+pub(crate) async fn idle_ended_loop(
+    engine: std::sync::Weak<Pools>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<IdleEnded>,
+) {
+    while let Some(ev) = rx.recv().await {
+        let Some(engine) = engine.upgrade() else { return };
+        if let Ok(pool) = engine.pool(&ev.pool) {
+            pool.idle.lock().unwrap_or_else(|p| p.into_inner()).retain(|i| *i != ev.id);
+            pool.wake.notify_one();
+        }
     }
 }

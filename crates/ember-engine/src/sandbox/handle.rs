@@ -86,7 +86,7 @@ impl Monitor {
         if self.live.is_none() {
             return Err(EngineError::NotRunning { id: cur.id, state: cur.state });
         }
-        crate::checkpoint::checkpoint(&self.engine, &cur).await?;
+        super::checkpoint::checkpoint(&self.engine, &cur).await?;
         // The Sentry has exited: its end is not the sandbox's.
         self.live = None;
         next.pid = None;
@@ -104,14 +104,14 @@ impl Monitor {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Restored, None).map_err(|e| refusal(&cur, e))?;
-        let launched = crate::checkpoint::restore(&self.engine, &cur).await?;
+        let launched = super::checkpoint::restore(&self.engine, &cur).await?;
         next.pid = Some(launched.pid);
         next.start_time = Some(launched.start_time);
         next.event(format!("restored from checkpoint in {} ms", launched.timing.total_us / 1000));
         self.live = Some(Live::new(launched).map_err(|e| EngineError::Internal(e.to_string()))?);
         self.engine.persist(&next);
         self.entry.write(next.clone());
-        crate::checkpoint::drop_image(&self.engine, &next).await;
+        super::checkpoint::drop_image(&self.engine, &next).await;
         Ok(next)
     }
 

@@ -7,23 +7,47 @@
 //! `ember_types::lifecycle`; the monitor does their effects (freeze, thaw,
 //! checkpoint, teardown) and persists the result.
 //!
-//! Layout: `monitor.rs` (the task: exit, OOM, TTL and commands), `handle.rs`
-//! (one command: its checks, its effect, the record written), `teardown.rs`
-//! (the end: destroy, the terminal state, the record kept or dropped).
+//! [`Sandboxes`] is the service: it owns the registry, the records on disk
+//! and the monitors; the rest of the engine reaches a sandbox through it (a
+//! lookup, then a command to the entry).
+//!
+//! Layout: `launch.rs` (a cold start, write-ahead), `monitor.rs` (the task:
+//! exit, OOM, TTL and commands), `handle.rs` (one command: its checks, its
+//! effect, the record written), `teardown.rs` (the end: destroy, the
+//! terminal state, the record kept or dropped), `ops.rs` (get, list, remove,
+//! pause, renew, metadata, egress policy, the retention sweep), `stats.rs`,
+//! `checkpoint.rs` (gVisor checkpoint/restore I/O), `recover.rs` (restart
+//! convergence), `registry.rs` (id → entry).
+mod checkpoint;
 mod handle;
+mod launch;
 mod monitor;
+mod ops;
+mod recover;
+mod registry;
+mod stats;
 mod teardown;
 
+pub(crate) use ops::gc_loop;
+pub use ops::ListFilter;
+
+pub(crate) use recover::IdleMember;
+pub(crate) use registry::Registry;
 pub(crate) use teardown::destroy_and_reap;
 
+use crate::metrics::Metrics;
+use crate::network::Network;
 use crate::record::SandboxRecord;
-use crate::{Engine, EngineError, MountedWorkspace};
-use ember_runtime::Launched;
+use crate::store::Store;
+use crate::workspaces::Workspaces;
+use crate::{EngineError, MountedWorkspace};
+use ember_runtime::{Launched, Runtime, Runtimes};
 use ember_types::api::NetworkPolicy;
 use ember_types::{EgressPolicy, SandboxId, TerminationReason};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Every change a sandbox's record can take. Sent to its monitor; answered
@@ -123,19 +147,107 @@ impl Entry {
     }
 }
 
-/// Publishes a sandbox: its entry is visible from now on and its monitor
-/// owns it. `live`: the init's descriptors (none for a checkpointed or an
-/// ended sandbox).
-pub(crate) fn publish(
-    engine: &Arc<Engine>,
-    rec: SandboxRecord,
-    agent_socket: PathBuf,
-    live: Option<Launched>,
-) -> Arc<Entry> {
-    let (tx, rx) = mpsc::channel(8);
-    let id: SandboxId = rec.id.clone();
-    let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx });
-    engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, entry.clone());
-    monitor::spawn(engine.clone(), entry.clone(), live, rx);
-    entry
+/// An idle pool member ended (it died, or was discarded): its pool must
+/// stop counting it. Sent by its monitor; the pools listen, so this service
+/// needs no handle on them.
+pub(crate) struct IdleEnded {
+    pub pool: String,
+    pub id: SandboxId,
+}
+
+/// What the sandbox service works with, built by the engine.
+pub(crate) struct Deps {
+    pub runtimes: Runtimes,
+    pub network: Arc<Network>,
+    pub workspaces: Arc<Workspaces>,
+    pub metrics: Arc<Metrics>,
+    /// Where a restored sandbox's writable layer is read from.
+    pub snapshots: Arc<dyn ember_snapshot::ObjectStore>,
+}
+
+/// The sandboxes of this node: the registry, their records on disk, one
+/// monitor each.
+pub(crate) struct Sandboxes {
+    registry: Arc<Registry>,
+    /// Written by a create until it publishes, then by the monitor only.
+    store: Store<SandboxRecord>,
+    runtimes: Runtimes,
+    network: Arc<Network>,
+    workspaces: Arc<Workspaces>,
+    metrics: Arc<Metrics>,
+    snapshots: Arc<dyn ember_snapshot::ObjectStore>,
+    /// How long ended sandboxes stay visible before their record is dropped.
+    retention: Duration,
+    /// Upper bound on a sandbox's TTL (a renewal's too), if any.
+    max_ttl: Option<Duration>,
+    idle_ended: mpsc::UnboundedSender<IdleEnded>,
+}
+
+impl Sandboxes {
+    pub fn open(
+        cfg: &crate::EngineConfig,
+        registry: Arc<Registry>,
+        deps: Deps,
+        idle_ended: mpsc::UnboundedSender<IdleEnded>,
+    ) -> Result<Sandboxes, EngineError> {
+        let store = Store::open(cfg.data_dir.join("state/sandboxes"))?;
+        let Deps { runtimes, network, workspaces, metrics, snapshots } = deps;
+        Ok(Sandboxes {
+            registry,
+            store,
+            runtimes,
+            network,
+            workspaces,
+            metrics,
+            snapshots,
+            retention: cfg.retention,
+            max_ttl: cfg.max_ttl,
+            idle_ended,
+        })
+    }
+
+    /// The runtime that serves sandboxes of `class`.
+    pub fn rt(&self, class: &str) -> Arc<dyn Runtime> {
+        self.runtimes.for_class(class)
+    }
+
+    /// Any sandbox, idle pool members and removals under way included.
+    pub fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        self.registry.entry(id)
+    }
+
+    /// A sandbox a caller may see: idle pool members and sandboxes on their
+    /// way out of the store are not found.
+    pub fn visible(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        let e = self.entry(id)?;
+        if e.snapshot().lifecycle.is_hidden() {
+            return Err(EngineError::NotFound(id.to_string()));
+        }
+        Ok(e)
+    }
+
+    /// Whether sandbox `id` is known and holds resources.
+    pub fn is_alive(&self, id: &str) -> bool {
+        self.registry.is_alive(id)
+    }
+
+    /// Persists a change nobody waits for (the monitor's, a teardown's): a
+    /// failure can only be logged.
+    fn persist(&self, r: &SandboxRecord) {
+        if let Err(err) = self.store.save(r.id.as_str(), r) {
+            tracing::error!(sandbox = %r.id, error = %err, "persisting sandbox record failed");
+        }
+    }
+
+    /// Publishes a sandbox: its entry is visible from now on and its monitor
+    /// owns it. `live`: the init's descriptors (none for a checkpointed or an
+    /// ended sandbox).
+    fn publish(self: &Arc<Self>, rec: SandboxRecord, agent_socket: PathBuf, live: Option<Launched>) -> Arc<Entry> {
+        let (tx, rx) = mpsc::channel(8);
+        let id: SandboxId = rec.id.clone();
+        let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx });
+        self.registry.insert(id, entry.clone());
+        monitor::spawn(self.clone(), entry.clone(), live, rx);
+        entry
+    }
 }

@@ -4,9 +4,9 @@
 //! until the record is dropped. Checkpoint and restore go through it too, so
 //! the Sentry's exit after a checkpoint is not taken for the sandbox's end and
 //! the restored init's pidfd replaces the old one.
+use super::Sandboxes;
 use super::{Command, Entry, Msg};
 use crate::record::now_ms;
-use crate::Engine;
 use ember_runtime::{ExitKind, Launched};
 use ember_types::TerminationReason;
 use std::os::fd::OwnedFd;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
-pub(super) fn spawn(engine: Arc<Engine>, entry: Arc<Entry>, launched: Option<Launched>, rx: mpsc::Receiver<Msg>) {
+pub(super) fn spawn(engine: Arc<Sandboxes>, entry: Arc<Entry>, launched: Option<Launched>, rx: mpsc::Receiver<Msg>) {
     tokio::spawn(async move {
         let id = entry.snapshot().id;
         let live = match launched.map(Live::new).transpose() {
@@ -43,7 +43,8 @@ impl Live {
 }
 
 pub(super) struct Monitor {
-    pub engine: Arc<Engine>,
+    /// The service (its runtimes, store, workspaces, network).
+    pub engine: Arc<Sandboxes>,
     pub entry: Arc<Entry>,
     pub live: Option<Live>,
 }
@@ -178,8 +179,8 @@ async fn sleep_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-impl Engine {
-    pub(crate) async fn oom_kills(&self, entry: &Entry) -> u64 {
+impl Sandboxes {
+    async fn oom_kills(&self, entry: &Entry) -> u64 {
         let rec = entry.snapshot();
         let (rt, id) = (self.rt(&rec.spec.runtime_class), rec.id);
         tokio::task::spawn_blocking(move || rt.oom_kills(&id).unwrap_or(0)).await.unwrap_or(0)

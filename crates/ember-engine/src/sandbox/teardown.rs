@@ -40,13 +40,13 @@ impl Monitor {
             tracing::error!(sandbox = %rec.id, error = %e, "sandbox end not recorded");
         }
         self.entry.write(rec.clone());
-        self.engine.release_leases(rec.id.as_str(), &rec.workspaces);
-        self.engine.release_network(&rec).await;
+        self.engine.workspaces.release_leases(rec.id.as_str(), &rec.workspaces);
+        self.engine.network.release(&rec).await;
         if was_pooled {
             // An idle pool member died: its pool must not hand it out.
-            if let Some(pool) = rec.pool.as_deref().and_then(|n| self.engine.pool(n).ok()) {
-                pool.idle.lock().unwrap_or_else(|p| p.into_inner()).retain(|i| *i != rec.id);
-                pool.wake.notify_one();
+            if let Some(pool) = rec.pool.clone() {
+                // The pools may be gone (the daemon is stopping): nothing to tell.
+                let _ = self.engine.idle_ended.send(super::IdleEnded { pool, id: rec.id.clone() });
             }
         }
         if rec.lifecycle != Lifecycle::Removing {
@@ -77,7 +77,7 @@ impl Monitor {
     /// Drops the record: from the engine's map and from disk.
     pub(super) fn forget(&self) {
         let id = self.entry.snapshot().id;
-        self.engine.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.engine.registry.remove(&id);
         if let Err(e) = self.engine.store.remove(id.as_str()) {
             // Its lifecycle says Removing: a restart drops it.
             tracing::error!(sandbox = %id, error = %e, "removing a sandbox record failed");

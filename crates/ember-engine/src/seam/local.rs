@@ -1,11 +1,12 @@
-//! [`ControlPlane`] for this node's engine: each call delegates to the
-//! engine's own method of the same name (or the few lines the API used to
-//! hold, for lists and metrics). On `Arc<Engine>` because the engine's
-//! spawning calls take `self: &Arc<Self>`.
+//! [`ControlPlane`] for this node's engine: each call is handed to the one
+//! service that owns what it touches (`self.sandboxes.get(..)`,
+//! `self.pools.create_pool(..)`, ...), or is the few lines the API used to
+//! hold, for lists and metrics. On `Arc<Engine>`, the type the binary holds.
 //!
-//! Every call is written `Engine::method(self, ..)`: with the trait in scope a
-//! bare `self.get(..)` on `&Arc<Engine>` would pick the trait's own `get`
-//! (found one auto-deref step before `Engine`'s) and recurse.
+//! A call on the engine itself is written `Engine::method(self, ..)`: with
+//! the trait in scope a bare `self.runtime_classes()` on `&Arc<Engine>`
+//! would pick the trait's own method (found one auto-deref step before
+//! `Engine`'s) and recurse.
 use super::{AgentRoute, ControlPlane};
 use crate::pool::plan::Target;
 use crate::pool::{CreatePool, PoolStatus};
@@ -29,93 +30,93 @@ use std::time::Duration;
 #[async_trait::async_trait]
 impl ControlPlane for Arc<Engine> {
     async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
-        Engine::create(self, req).await
+        self.provision.create(req).await
     }
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
-        Engine::get(self, id)
+        self.sandboxes.get(id)
     }
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
-        Ok(Engine::list(self, f))
+        Ok(self.sandboxes.list(f))
     }
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
-        Engine::remove(self, id).await
+        self.sandboxes.remove(id).await
     }
     async fn pause(&self, id: &str) -> Result<(), EngineError> {
-        Engine::pause(self, id).await
+        self.sandboxes.pause(id).await
     }
     async fn resume(&self, id: &str) -> Result<(), EngineError> {
-        Engine::resume(self, id).await
+        self.sandboxes.resume(id).await
     }
     async fn checkpoint(&self, id: &str) -> Result<(), EngineError> {
-        Engine::checkpoint(self, id).await
+        self.sandboxes.checkpoint(id).await
     }
     async fn renew(&self, id: &str, expires_at_ms: i64) -> Result<SandboxRecord, EngineError> {
-        Engine::renew(self, id, expires_at_ms).await
+        self.sandboxes.renew(id, expires_at_ms).await
     }
     async fn patch_metadata(
         &self,
         id: &str,
         patch: BTreeMap<String, Option<String>>,
     ) -> Result<SandboxRecord, EngineError> {
-        Engine::patch_metadata(self, id, patch).await
+        self.sandboxes.patch_metadata(id, patch).await
     }
     async fn boundary(&self, id: &str) -> Result<BoundaryReport, EngineError> {
-        Engine::boundary(self, id).await
+        self.sandboxes.boundary(id).await
     }
     async fn stats(&self, id: &str) -> Result<ember_types::SandboxStats, EngineError> {
-        Engine::stats(self, id).await
+        self.sandboxes.stats(id).await
     }
     async fn agent_log(&self, id: &str, max: u64) -> Result<(String, bool), EngineError> {
-        Engine::agent_log(self, id, max).await
+        self.sandboxes.agent_log(id, max).await
     }
     async fn agent_route(&self, id: &str) -> Result<AgentRoute, EngineError> {
-        Ok(AgentRoute::Local { socket: Engine::agent_socket(self, id)? })
+        Ok(AgentRoute::Local { socket: self.sandboxes.agent_socket(id)? })
     }
 
     async fn egress_policy(&self, id: &str) -> Result<NetworkPolicy, EngineError> {
-        Engine::egress_policy(self, id)
+        self.sandboxes.egress_policy(id)
     }
     async fn patch_egress(&self, id: &str, rules: Vec<NetworkRule>) -> Result<NetworkPolicy, EngineError> {
-        Engine::patch_egress(self, id, rules).await
+        self.sandboxes.patch_egress(id, rules).await
     }
     async fn delete_egress(&self, id: &str, targets: Vec<String>) -> Result<NetworkPolicy, EngineError> {
-        Engine::delete_egress(self, id, targets).await
+        self.sandboxes.delete_egress(id, targets).await
     }
     async fn egress_enforced(&self, id: &str) -> Result<bool, EngineError> {
-        Engine::egress_enforced(self, id)
+        self.sandboxes.egress_enforced(id)
     }
 
     async fn network_status(&self, id: &str) -> Result<NetworkStatus, EngineError> {
-        Engine::network_status(self, id)
+        self.sandboxes.network_status(id)
     }
     async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
-        Engine::set_network_policy(self, id, policy).await
+        self.sandboxes.set_network_policy(id, policy).await
     }
     async fn network_events(&self, id: &str) -> Result<Vec<DeniedFlow>, EngineError> {
-        Engine::network_events(self, id)
+        self.sandboxes.network_events(id)
     }
     fn network_range(&self) -> Option<String> {
-        Engine::network_range(self)
+        self.network.range()
     }
     fn network_stats(&self) -> Option<ember_net::NetStats> {
-        Engine::network_stats(self)
+        self.network.stats()
     }
 
     async fn create_pool(&self, req: CreatePool) -> Result<PoolStatus, EngineError> {
-        Engine::create_pool(self, req).await
+        self.pools.create_pool(req).await
     }
     async fn list_pools(&self) -> Result<Vec<PoolStatus>, EngineError> {
         let mut out = Vec::new();
-        for name in Engine::pool_names(self) {
+        for name in self.pools.pool_names() {
             // A pool removed since the names were read is no longer listed.
-            if let Ok(s) = Engine::pool_status(self, &name).await {
+            if let Ok(s) = self.pools.pool_status(&name).await {
                 out.push(s);
             }
         }
         Ok(out)
     }
     async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
-        Engine::pool_status(self, name).await
+        self.pools.pool_status(name).await
     }
     async fn resize_pool(
         &self,
@@ -124,23 +125,23 @@ impl ControlPlane for Arc<Engine> {
         max: Option<u32>,
         target: Option<Target>,
     ) -> Result<PoolStatus, EngineError> {
-        Engine::resize_pool(self, name, min, max, target).await
+        self.pools.resize_pool(name, min, max, target).await
     }
     async fn remove_pool(&self, name: &str) -> Result<(), EngineError> {
-        Engine::remove_pool(self, name).await
+        self.pools.remove_pool(name).await
     }
 
     async fn create_workspace(&self, name: String, size_bytes: u64) -> Result<WorkspaceStatus, EngineError> {
-        Engine::create_workspace(self, name, size_bytes).await
+        self.workspaces.create_workspace(name, size_bytes).await
     }
     async fn list_workspaces(&self) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        Engine::list_workspaces(self).await
+        self.workspaces.list_workspaces().await
     }
     async fn workspace(&self, name: &str) -> Result<WorkspaceStatus, EngineError> {
-        Engine::workspace(self, name).await
+        self.workspaces.workspace(name).await
     }
     async fn remove_workspace(&self, name: &str) -> Result<(), EngineError> {
-        Engine::remove_workspace(self, name).await
+        self.workspaces.remove_workspace(name).await
     }
 
     async fn snapshot_workspace_op(
@@ -149,16 +150,16 @@ impl ControlPlane for Arc<Engine> {
         fence: Option<(String, u64)>,
         op: Option<String>,
     ) -> Result<SnapshotSummary, EngineError> {
-        Engine::snapshot_workspace_op(self, name, fence, op).await
+        self.snapshots.snapshot_workspace_op(name, fence, op).await
     }
     async fn list_snapshots(&self, workspace: Option<String>) -> Result<Vec<SnapshotSummary>, EngineError> {
-        Engine::list_snapshots(self, workspace).await
+        self.snapshots.list_snapshots(workspace).await
     }
     async fn inspect_snapshot(&self, id: &str) -> Result<SnapshotSummary, EngineError> {
-        Engine::inspect_snapshot(self, id).await
+        self.snapshots.inspect_snapshot(id).await
     }
     async fn delete_snapshot(&self, id: &str) -> Result<(), EngineError> {
-        Engine::delete_snapshot(self, id).await
+        self.snapshots.delete_snapshot(id).await
     }
     async fn restore_workspace_op(
         &self,
@@ -167,7 +168,7 @@ impl ControlPlane for Arc<Engine> {
         size: Option<u64>,
         op: Option<String>,
     ) -> Result<WorkspaceStatus, EngineError> {
-        Engine::restore_workspace_op(self, id, name, size, op).await
+        self.snapshots.restore_workspace_op(id, name, size, op).await
     }
     async fn fork_snapshot_op(
         &self,
@@ -176,94 +177,95 @@ impl ControlPlane for Arc<Engine> {
         prefix: &str,
         op: Option<String>,
     ) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        Engine::fork_snapshot_op(self, id, count, prefix, op).await
+        self.snapshots.fork_snapshot_op(id, count, prefix, op).await
     }
     async fn snapshot_ops(&self) -> Result<Vec<SnapshotOp>, EngineError> {
-        Ok(Engine::snapshot_ops(self))
+        Ok(self.snapshots.snapshot_ops())
     }
     async fn snapshot_op(&self, id: &str) -> Result<SnapshotOp, EngineError> {
-        Engine::snapshot_op(self, id)
+        self.snapshots.snapshot_op(id)
     }
     async fn gc_snapshots(&self, min_age: Option<Duration>) -> Result<GcReport, EngineError> {
-        Engine::gc_snapshots(self, min_age).await
+        self.snapshots.gc_snapshots(min_age).await
     }
 
     async fn snapshot_sandbox(&self, id: &str, name: Option<String>) -> Result<SandboxSnapshotRecord, EngineError> {
-        Engine::snapshot_sandbox(self, id, name).await
+        self.snapshots.snapshot_sandbox(id, name).await
     }
     async fn sandbox_snapshot(&self, id: &str) -> Result<SandboxSnapshotRecord, EngineError> {
-        Engine::sandbox_snapshot(self, id)
+        self.snapshots.sandbox_snapshot(id)
     }
     async fn delete_sandbox_snapshot(&self, id: &str) -> Result<(), EngineError> {
-        Engine::delete_sandbox_snapshot(self, id).await
+        self.snapshots.delete_sandbox_snapshot(id).await
     }
     async fn list_sandbox_snapshots(&self, f: &SnapshotFilter) -> Result<Vec<SandboxSnapshotRecord>, EngineError> {
-        Engine::list_sandbox_snapshots(self, f)
+        self.snapshots.list_sandbox_snapshots(f)
     }
 
     async fn list_images(&self) -> Result<Vec<ImageRecord>, EngineError> {
-        Ok(Engine::images(self).list())
+        Ok(self.catalog.images().list())
     }
     async fn image_layers(&self) -> Result<Vec<(LayerMeta, usize)>, EngineError> {
-        Ok(Engine::images(self).layers())
+        Ok(self.catalog.images().layers())
     }
     async fn image(&self, reference: &str) -> Result<ImageRecord, EngineError> {
-        Ok(Engine::images(self).get(reference)?)
+        Ok(self.catalog.images().get(reference)?)
     }
     async fn remove_image(&self, reference: &str) -> Result<ImageRecord, EngineError> {
-        Engine::remove_image(self, reference)
+        self.catalog.remove_image(reference)
     }
     async fn pull_image(&self, reference: &str, auth: Option<RegistryAuth>) -> Result<ImageRecord, EngineError> {
-        Engine::pull_image(self, reference, auth).await
+        self.catalog.pull_image(reference, auth).await
     }
     async fn image_pulls(&self) -> Result<Vec<PullProgress>, EngineError> {
-        Ok(Engine::images(self).pulls())
+        Ok(self.catalog.images().pulls())
     }
     fn image_upload_path(&self) -> PathBuf {
-        Engine::images(self).temp_path("upload")
+        self.catalog.images().temp_path("upload")
     }
     async fn import_image(&self, name: &str, tar: PathBuf) -> Result<ImageRecord, EngineError> {
-        Engine::import_image(self, name, tar).await
+        self.catalog.import_image(name, tar).await
     }
     async fn prune_images(&self) -> Result<PruneReport, EngineError> {
-        Engine::prune_images(self).await
+        let held = self.sandboxes.list(&ListFilter::default()).into_iter().flat_map(|r| r.spec.lower_dirs).collect();
+        self.catalog.prune_images(held).await
     }
     async fn create_template(&self, req: TemplateRequest) -> Result<Template, EngineError> {
-        Engine::create_template(self, req).await
+        self.catalog.create_template(req).await
     }
     async fn templates(&self) -> Result<Vec<Template>, EngineError> {
-        Ok(Engine::templates(self))
+        Ok(self.catalog.templates())
     }
     async fn template(&self, name: &str) -> Result<Template, EngineError> {
-        Engine::template(self, name)
+        self.catalog.template(name)
     }
     async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
-        Engine::delete_template(self, name)
+        self.catalog.delete_template(name)
     }
 
     async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
-        Engine::submit_task(self, req)
+        self.tasks()?.submit_task(req)
     }
     async fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
-        Engine::list_tasks(self, f)
+        self.tasks()?.list_tasks(f)
     }
     async fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Engine::task(self, id)
+        self.tasks()?.task(id)
     }
     async fn cancel_task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Engine::cancel_task(self, id).await
+        self.tasks()?.cancel_task(id).await
     }
     async fn task_log(&self, id: &str, attempt: Option<u32>, offset: u64) -> Result<(Vec<u8>, bool, u32), EngineError> {
-        Engine::task_log(self, id, attempt, offset).await
+        self.tasks()?.task_log(id, attempt, offset).await
     }
 
     fn runtime_classes(&self) -> Vec<RuntimeClassInfo> {
         Engine::runtime_classes(self)
     }
     fn metrics_text(&self) -> String {
-        Engine::refresh_gauges(self);
+        self.sandboxes.refresh_gauges();
         let mut body = Engine::metrics(self).encode();
-        if let Some(tasks) = Engine::encode_task_metrics(self) {
+        if let Some(tasks) = self.tasks.get().and_then(|t| t.encode_task_metrics()) {
             // Two expositions, one `# EOF`: the task registry's ends the reply.
             if let Some(cut) = body.rfind("# EOF") {
                 body.truncate(cut);

@@ -10,14 +10,14 @@
 //! expired during it) reports success without running again: exactly once
 //! in effect.
 use super::TaskService;
-use crate::Engine;
+use super::Tasks;
 use ember_queue::{Lease, Outcome};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// The outcome of an attempt whose command exited 0 in sandbox `sb`.
 pub(super) async fn settle(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     workspace: &str,
@@ -28,7 +28,12 @@ pub(super) async fn settle(
     // A heartbeat both checks the task lease and renews it for the commit.
     let still_leased = move || queue.heartbeat(&l).is_ok();
     let t = Instant::now();
-    let committed = e.commit_layer(workspace, sb, epoch, &lease.task, still_leased).await;
+    // Frozen first, so nothing in the sandbox writes during the merge; it
+    // stays frozen until its removal.
+    let committed = match e.sandboxes.pause(sb).await {
+        Ok(()) => e.workspaces.commit_layer(workspace, sb, epoch, &lease.task, still_leased).await,
+        Err(err) => Err(err),
+    };
     svc.metrics.phase("commit", t);
     match committed {
         Ok(true) => Outcome::Succeeded,
@@ -41,8 +46,8 @@ pub(super) async fn settle(
 }
 
 /// Whether an earlier attempt of `task` committed into `workspace`.
-pub(super) async fn committed_before(e: &Arc<Engine>, workspace: &str, task: &str) -> bool {
-    match e.layer_committed(workspace, task).await {
+pub(super) async fn committed_before(e: &Arc<Tasks>, workspace: &str, task: &str) -> bool {
+    match e.workspaces.layer_committed(workspace, task).await {
         Ok(done) => done,
         Err(err) => {
             tracing::warn!(task = %task, workspace = %workspace, error = %err, "reading commit records failed");
@@ -52,8 +57,8 @@ pub(super) async fn committed_before(e: &Arc<Engine>, workspace: &str, task: &st
 }
 
 /// Drops the commit record once the queue accepted the success.
-pub(super) async fn recorded(e: &Arc<Engine>, workspace: &str, task: &str, accepted: bool) {
+pub(super) async fn recorded(e: &Arc<Tasks>, workspace: &str, task: &str, accepted: bool) {
     if accepted {
-        e.forget_layer_commit(workspace, task).await;
+        e.workspaces.forget_layer_commit(workspace, task).await;
     }
 }

@@ -13,7 +13,10 @@ mod metrics;
 mod reuse;
 mod worker;
 
-use crate::{Engine, EngineError};
+use crate::create::Provisioner;
+use crate::sandbox::Sandboxes;
+use crate::workspaces::Workspaces;
+use crate::EngineError;
 use ember_queue::{EmbeddedQueue, TaskQueue};
 use ember_types::limits;
 use ember_types::task::{SubmitTaskRequest, TaskRecord, TaskSpec, Tier};
@@ -73,16 +76,34 @@ pub struct TaskService {
 /// The metadata key marking a sandbox as a task attempt's.
 pub const TASK_LABEL: &str = "ember.task";
 
-impl Engine {
+/// The node's tasks: the task machinery and what an attempt uses of the
+/// node (its sandboxes, workspaces, the create path). Its loops hold it
+/// weakly, so they end with the engine that owns it.
+pub(crate) struct Tasks {
+    svc: Arc<TaskService>,
+    sandboxes: Arc<Sandboxes>,
+    workspaces: Arc<Workspaces>,
+    provision: Arc<Provisioner>,
+    /// Upper bound on a sandbox's TTL, which bounds a task's timeout.
+    max_ttl: Option<Duration>,
+}
+
+impl Tasks {
     /// Opens the task queue in the data dir and starts this node's workers
     /// and the lease-expiry loop.
-    pub fn start_tasks(self: &Arc<Self>, cfg: TaskConfig) -> Result<(), EngineError> {
-        let dir = self.cfg.data_dir.join("state/tasks");
+    pub fn start(
+        engine: &crate::EngineConfig,
+        cfg: TaskConfig,
+        sandboxes: Arc<Sandboxes>,
+        workspaces: Arc<Workspaces>,
+        provision: Arc<Provisioner>,
+    ) -> Result<Arc<Tasks>, EngineError> {
+        let dir = engine.data_dir.join("state/tasks");
         let q = EmbeddedQueue::open(&dir, cfg.queue.clone(), ember_queue::system_clock())?;
         if q.damaged > 0 {
             tracing::warn!(lines = q.damaged, "task journal: damaged lines skipped");
         }
-        let logs = self.cfg.data_dir.join("tasks/logs");
+        let logs = engine.data_dir.join("tasks/logs");
         std::fs::create_dir_all(&logs).map_err(|source| EngineError::Store { path: logs.clone(), source })?;
         let svc = Arc::new(TaskService {
             cfg: cfg.clone(),
@@ -92,23 +113,17 @@ impl Engine {
             metrics: metrics::TaskMetrics::new(),
             reapers: Arc::new(tokio::sync::Semaphore::new(cfg.workers.max(1) as usize)),
         });
-        if self.tasks.set(svc.clone()).is_err() {
-            return Err(EngineError::Internal("tasks already started".into()));
-        }
+        let tasks = Arc::new(Tasks { svc: svc.clone(), sandboxes, workspaces, provision, max_ttl: engine.max_ttl });
         for slot in 0..cfg.workers {
-            tokio::spawn(worker::worker_loop(Arc::downgrade(self), svc.clone(), slot));
+            tokio::spawn(worker::worker_loop(Arc::downgrade(&tasks), svc.clone(), slot));
         }
-        tokio::spawn(worker::expiry_loop(Arc::downgrade(self), svc));
-        Ok(())
-    }
-
-    fn task_service(&self) -> Result<&Arc<TaskService>, EngineError> {
-        self.tasks.get().ok_or_else(|| EngineError::Internal("tasks are not started on this node".into()))
+        tokio::spawn(worker::expiry_loop(Arc::downgrade(&tasks), svc));
+        Ok(tasks)
     }
 
     /// Validates and enqueues a task; `false` when its key named an existing one.
     pub fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
-        let svc = self.task_service()?;
+        let svc = &self.svc;
         let c = &svc.cfg;
         if req.command.is_empty() || req.command[0].is_empty() {
             return Err(EngineError::invalid("command", "an argv with at least the program is required"));
@@ -128,7 +143,7 @@ impl Engine {
         limits::check("attempts", max_attempts.into(), 1, limits::MAX_TASK_ATTEMPTS.into(), "")?;
         // The attempt's sandbox lives TASK_GRACE_SECS longer than the task
         // may run, within the same caps.
-        let max_sandbox = self.cfg.max_ttl.map_or(limits::MAX_TIMEOUT_SECS, |m| m.as_secs());
+        let max_sandbox = self.max_ttl.map_or(limits::MAX_TIMEOUT_SECS, |m| m.as_secs());
         let max = max_sandbox.saturating_sub(limits::TASK_GRACE_SECS);
         let timeout_secs =
             limits::timeout_secs("timeout", req.timeout.unwrap_or(c.default_timeout.as_secs().min(max)), Some(max))?;
@@ -165,18 +180,18 @@ impl Engine {
     }
 
     pub fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Ok(self.task_service()?.queue.get(id)?)
+        Ok(self.svc.queue.get(id)?)
     }
 
     pub fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
-        Ok(self.task_service()?.queue.list(filter))
+        Ok(self.svc.queue.list(filter))
     }
 
     /// Cancels a task; a running attempt's sandbox is destroyed.
-    pub async fn cancel_task(self: &Arc<Self>, id: &str) -> Result<TaskRecord, EngineError> {
-        let rec = self.task_service()?.queue.cancel(id)?;
+    pub async fn cancel_task(&self, id: &str) -> Result<TaskRecord, EngineError> {
+        let rec = self.svc.queue.cancel(id)?;
         if let Some(sb) = rec.attempts.last().and_then(|a| a.sandbox.clone()) {
-            let _ = self.remove(&sb).await;
+            let _ = self.sandboxes.remove(&sb).await;
         }
         Ok(rec)
     }
@@ -190,7 +205,7 @@ impl Engine {
         attempt: Option<u32>,
         offset: u64,
     ) -> Result<(Vec<u8>, bool, u32), EngineError> {
-        let svc = self.task_service()?;
+        let svc = &self.svc;
         let rec = svc.queue.get(id)?;
         let n = attempt.unwrap_or(rec.attempt());
         if n > rec.attempt() {
@@ -205,8 +220,7 @@ impl Engine {
 
     /// The task metrics' text exposition, or `None` when tasks are off.
     pub fn encode_task_metrics(&self) -> Option<String> {
-        let svc = self.tasks.get()?;
-        Some(svc.metrics.encode(&svc.queue.stats()))
+        Some(self.svc.metrics.encode(&self.svc.queue.stats()))
     }
 }
 

@@ -16,12 +16,11 @@
 //! kept: no later attempt of it exists, so nothing will fence (destroy) the
 //! sandbox while the next task runs in it.
 use super::TaskService;
-use crate::record::now_ms;
-use crate::{CreateSandbox, Engine, EngineError, WorkspaceRequest};
+use super::Tasks;
+use crate::{CreateSandbox, EngineError, WorkspaceRequest};
 use ember_queue::{Lease, Outcome};
 use ember_types::limits;
 use ember_types::task::{TaskRecord, TaskSpec};
-use ember_types::SandboxState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +52,7 @@ pub(super) fn reusable(spec: &TaskSpec) -> bool {
 }
 
 /// Removes sandbox `id`: `inline` waits for it, else the reaper does it.
-pub(super) async fn release(e: &Arc<Engine>, svc: &Arc<TaskService>, id: String, inline: bool) {
+pub(super) async fn release(e: &Arc<Tasks>, svc: &Arc<TaskService>, id: String, inline: bool) {
     if inline {
         return remove(e, &id).await;
     }
@@ -66,43 +65,17 @@ pub(super) async fn release(e: &Arc<Engine>, svc: &Arc<TaskService>, id: String,
     });
 }
 
-async fn remove(e: &Arc<Engine>, id: &str) {
-    match e.remove(id).await {
+async fn remove(e: &Arc<Tasks>, id: &str) {
+    match e.sandboxes.remove(id).await {
         Ok(()) | Err(EngineError::NotFound(_)) => {}
         Err(err) => tracing::warn!(sandbox = %id, error = %err, "removing a task sandbox failed"),
-    }
-}
-
-impl Engine {
-    /// Readies a kept sandbox for attempt `attempt` of `task`: every process
-    /// but the agent killed, then the task label and TTL moved to it.
-    pub(super) async fn take_over(&self, id: &str, task: &str, attempt: u32, ttl_secs: u64) -> Result<(), EngineError> {
-        let entry = self.entry(id)?;
-        let r = entry.snapshot();
-        if r.state != SandboxState::Running || r.lifecycle.is_hidden() {
-            return Err(EngineError::NotRunning { id: r.id, state: r.state });
-        }
-        let pid = r.pid.ok_or_else(|| EngineError::Internal(format!("sandbox {id} has no init pid")))?;
-        let rt = self.rt(&r.spec.runtime_class);
-        let rid = r.id.clone();
-        tokio::task::spawn_blocking(move || rt.reset(&rid, pid))
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
-        let labels = std::collections::BTreeMap::from([
-            (super::TASK_LABEL.to_string(), task.to_string()),
-            ("ember.task.attempt".to_string(), attempt.to_string()),
-        ]);
-        let expires_at_ms = limits::expiry_ms(now_ms(), ttl_secs);
-        let edit = crate::sandbox::Edit::TakeOver { labels, expires_at_ms };
-        entry.ask(crate::sandbox::Command::Edit(edit)).await.map(drop)
     }
 }
 
 /// Creates (or claims warm) the attempt's own sandbox, workspace mounted with
 /// a fresh epoch; on failure, the outcome to report.
 pub(super) async fn own_sandbox(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     rec: &TaskRecord,
@@ -133,7 +106,7 @@ pub(super) async fn own_sandbox(
     // Not raced against a refused heartbeat: a create dropped half-way would
     // leave a sandbox nobody removes. A fenced attempt learns it just below.
     let t = Instant::now();
-    let created = e.create(req).await;
+    let created = e.provision.create(req).await;
     svc.metrics.phase("sandbox", t);
     let sb = match created {
         Ok(sb) => sb,

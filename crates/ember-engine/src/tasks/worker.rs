@@ -27,7 +27,8 @@ use super::commit;
 use super::execd::{self, ExecEnd};
 use super::reuse::{self, Kept};
 use super::TaskService;
-use crate::{Engine, EngineError};
+use super::Tasks;
+use crate::EngineError;
 use ember_queue::{Lease, Outcome, QueueError};
 use ember_types::execd::RunCommandRequest;
 use ember_types::task::{TaskRecord, TaskState};
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The pull loop of worker `slot`.
-pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slot: u32) {
+pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot: u32) {
     let mut generation = 1u32;
     // The sandbox this worker kept for its next task (opt-in reuse), and
     // since when it has found nothing to pull.
@@ -80,7 +81,7 @@ pub(super) async fn worker_loop(engine: Weak<Engine>, svc: Arc<TaskService>, slo
 
 /// Returns expired leases to the queue, counting them and their MTTD, and
 /// applies the retention of finished tasks.
-pub(super) async fn expiry_loop(engine: Weak<Engine>, svc: Arc<TaskService>) {
+pub(super) async fn expiry_loop(engine: Weak<Tasks>, svc: Arc<TaskService>) {
     // Pruning rewrites the journal when it drops anything, so it runs at
     // half the retention age, at most once a minute and at least every 100 ms.
     let age = svc.cfg.queue.retention.max_age_ms.map_or(120_000, |a| a.max(0) as u64);
@@ -147,7 +148,7 @@ enum Ended {
 /// share it, else in a sandbox of its own. Returns `false` when the worker
 /// lost its sandbox and must be treated as dead, and the sandbox to keep.
 async fn run_attempt(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: Lease,
     rec: TaskRecord,
@@ -168,7 +169,7 @@ async fn run_attempt(
         Some(k) if k.fits(&rec.spec) => {
             let t = Instant::now();
             let ttl = rec.spec.timeout_secs.saturating_add(ember_types::limits::TASK_GRACE_SECS);
-            let ready = e.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
+            let ready = e.sandboxes.take_over(&k.id, &rec.id, lease.attempt, ttl).await;
             svc.metrics.phase("reset", t);
             match ready {
                 Ok(()) => Some(k.id),
@@ -196,7 +197,7 @@ async fn run_attempt(
     let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).take();
     let mut keep = None;
     if let Some(sb) = sb {
-        if matches!(ended, Ended::Done { succeeded: true }) && reuse::reusable(&rec.spec) && e.is_alive(&sb) {
+        if matches!(ended, Ended::Done { succeeded: true }) && reuse::reusable(&rec.spec) && e.sandboxes.is_alive(&sb) {
             keep = Some(Kept::after(sb, &rec.spec));
         } else {
             let t = Instant::now();
@@ -208,7 +209,7 @@ async fn run_attempt(
 }
 
 async fn heartbeat(
-    e: Arc<Engine>,
+    e: Arc<Tasks>,
     svc: Arc<TaskService>,
     lease: Lease,
     sandbox: Arc<Mutex<Option<String>>>,
@@ -218,7 +219,7 @@ async fn heartbeat(
     loop {
         tokio::time::sleep(every).await;
         let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if sb.is_some_and(|s| !e.is_alive(&s)) {
+        if sb.is_some_and(|s| !e.sandboxes.is_alive(&s)) {
             return;
         }
         if let Err(err) = svc.queue.heartbeat(&lease) {
@@ -231,14 +232,14 @@ async fn heartbeat(
 /// Destroys every live sandbox of an earlier attempt of this task: the ones
 /// the queue recorded, and any labelled with the task (an attempt that died
 /// between its create and its report).
-async fn fence_earlier_attempts(e: &Arc<Engine>, rec: &TaskRecord) {
+async fn fence_earlier_attempts(e: &Arc<Tasks>, rec: &TaskRecord) {
     let mut ids: Vec<String> = rec.attempts.iter().rev().skip(1).filter_map(|a| a.sandbox.clone()).collect();
     let labelled = crate::ListFilter { states: vec![], metadata: vec![(super::TASK_LABEL.into(), rec.id.clone())] };
-    ids.extend(e.list(&labelled).into_iter().map(|r| r.id.to_string()));
+    ids.extend(e.sandboxes.list(&labelled).into_iter().map(|r| r.id.to_string()));
     ids.sort();
     ids.dedup();
     for id in ids {
-        match e.remove(&id).await {
+        match e.sandboxes.remove(&id).await {
             Ok(()) => tracing::info!(task = %rec.id, sandbox = %id, "destroyed an earlier attempt's sandbox"),
             Err(EngineError::NotFound(_)) => {}
             Err(err) => {
@@ -249,7 +250,7 @@ async fn fence_earlier_attempts(e: &Arc<Engine>, rec: &TaskRecord) {
 }
 
 async fn attempt(
-    e: &Arc<Engine>,
+    e: &Arc<Tasks>,
     svc: &Arc<TaskService>,
     lease: &Lease,
     rec: &TaskRecord,
@@ -310,7 +311,7 @@ async fn attempt(
         return Ended::Done { succeeded: false };
     }
     let t_exec = Instant::now();
-    let Ok(socket) = e.agent_socket(&sb) else { return Ended::Lost };
+    let Ok(socket) = e.sandboxes.agent_socket(&sb) else { return Ended::Lost };
     let mut env = spec.env.clone();
     env.insert("EMBER_TASK_ID".into(), rec.id.clone());
     env.insert("EMBER_TASK_ATTEMPT".into(), lease.attempt.to_string());

@@ -22,10 +22,11 @@
 //! Restoring (`sandbox_restore.rs`): a new sandbox whose upper dir is filled
 //! from the layer snapshot (every chunk verified) before its init starts, then
 //! each workspace snapshot restored into a new workspace at the same path.
+use super::Snapshots;
 use crate::record::now_ms;
 use crate::sandbox::Command;
 use crate::store::Store;
-use crate::{Engine, EngineError, SandboxRecord};
+use crate::{EngineError, SandboxRecord};
 use ember_snapshot::SnapshotOptions;
 use ember_types::lifecycle::Lifecycle;
 use ember_types::{SandboxId, SandboxSpec};
@@ -109,7 +110,7 @@ impl SandboxSnapshotRecord {
     }
 }
 
-/// Filters of [`Engine::list_sandbox_snapshots`]; empty fields match everything.
+/// Filters of `list_sandbox_snapshots`; empty fields match everything.
 #[derive(Clone, Debug, Default)]
 pub struct SnapshotFilter {
     pub sandbox_id: Option<String>,
@@ -118,9 +119,9 @@ pub struct SnapshotFilter {
     pub states: Vec<SandboxSnapshotState>,
 }
 
-impl Engine {
+impl Snapshots {
     pub(crate) fn snapshot_records(&self) -> Result<Store<SandboxSnapshotRecord>, EngineError> {
-        Store::open(self.cfg.data_dir.join("state/sandbox-snapshots"))
+        Store::open(self.records_dir.clone())
     }
 
     pub fn sandbox_snapshot(&self, id: &str) -> Result<SandboxSnapshotRecord, EngineError> {
@@ -157,13 +158,13 @@ impl Engine {
         id: &str,
         name: Option<String>,
     ) -> Result<SandboxSnapshotRecord, EngineError> {
-        let entry = self.visible(id)?;
+        let entry = self.sandboxes.visible(id)?;
         let src = entry.snapshot();
         // Live (running, or paused by its user: the snapshot keeps it paused).
         if !matches!(src.lifecycle, Lifecycle::Live { .. }) {
             return Err(EngineError::SnapshotSourceState { id: src.id, state: src.state });
         }
-        let rt = self.rt(&src.spec.runtime_class);
+        let rt = self.sandboxes.rt(&src.spec.runtime_class);
         let Some(layer) = rt.writable_layer(&src.id) else {
             return Err(EngineError::SnapshotUnsupportedRuntime(src.spec.runtime_class.clone()));
         };
@@ -230,7 +231,7 @@ impl Engine {
             .label("sandbox", holder)
             .label("sandboxSnapshot", rec.id.clone());
         let info = ember_snapshot::snapshot_layer(&layer.upper, layer.opaque_xattr, store, opts)?;
-        let src = self.entry(holder)?.snapshot();
+        let src = self.sandboxes.entry(holder)?.snapshot();
         for w in &rec.workspaces {
             let Some(sid) = &w.snapshot_id else { continue };
             let epoch = src.workspaces.iter().find(|m| m.name == w.name && m.path == w.path).and_then(|m| m.epoch);
@@ -315,25 +316,30 @@ fn new_record(src: &SandboxRecord, name: Option<String>) -> SandboxSnapshotRecor
 
 /// Restart convergence: a snapshot the crash interrupted (Creating) is Failed
 /// and its manifests deleted; an interrupted delete is finished.
-pub(crate) async fn recover(engine: &Arc<Engine>) -> Result<(), EngineError> {
-    for (stem, rec) in engine.snapshot_records()?.recover_all() {
-        let Ok(mut rec) = rec else {
-            tracing::warn!(file = %stem, "unreadable sandbox snapshot record; leaving it");
-            continue;
-        };
-        match rec.state {
-            SandboxSnapshotState::Creating => {
-                tracing::warn!(snapshot = %rec.id, "sandbox snapshot interrupted by a restart; marking it Failed");
-                let msg = "the daemon restarted while the snapshot was being taken".to_string();
-                let me = engine.clone();
-                let records = me.snapshot_records()?;
-                let _ = tokio::task::spawn_blocking(move || me.fail(&records, &mut rec, msg)).await;
+impl Snapshots {
+    /// After a restart: a snapshot cut off mid-way is Failed, one cut off
+    /// while being deleted is deleted.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), EngineError> {
+        let engine = self;
+        for (stem, rec) in engine.snapshot_records()?.recover_all() {
+            let Ok(mut rec) = rec else {
+                tracing::warn!(file = %stem, "unreadable sandbox snapshot record; leaving it");
+                continue;
+            };
+            match rec.state {
+                SandboxSnapshotState::Creating => {
+                    tracing::warn!(snapshot = %rec.id, "sandbox snapshot interrupted by a restart; marking it Failed");
+                    let msg = "the daemon restarted while the snapshot was being taken".to_string();
+                    let me = engine.clone();
+                    let records = me.snapshot_records()?;
+                    let _ = tokio::task::spawn_blocking(move || me.fail(&records, &mut rec, msg)).await;
+                }
+                SandboxSnapshotState::Deleting => {
+                    let _ = engine.delete_sandbox_snapshot(&rec.id).await;
+                }
+                _ => {}
             }
-            SandboxSnapshotState::Deleting => {
-                let _ = engine.delete_sandbox_snapshot(&rec.id).await;
-            }
-            _ => {}
         }
+        Ok(())
     }
-    Ok(())
 }

@@ -1,9 +1,10 @@
 //! Live resource figures of one sandbox (`GET /v1/sandboxes/{id}/stats`,
 //! `ember stats`): read from its cgroup at each call, nothing kept.
-use crate::{Engine, EngineError};
+use super::Sandboxes;
+use crate::EngineError;
 use ember_types::SandboxStats;
 
-impl Engine {
+impl Sandboxes {
     /// The sandbox's cpu time, memory, pids and io with its limits. Only while
     /// it has a cgroup: running or paused, not before launch or after its end.
     pub async fn stats(&self, id: &str) -> Result<SandboxStats, EngineError> {

@@ -1,12 +1,27 @@
 //! Workspace snapshots: consistent (the writer is frozen), fenced (a commit is
 //! accepted only while the lease epoch it started under is current),
 //! content-addressed and incremental in the configured object store.
-use crate::sandbox::Command;
-use crate::snapshot_ops::{OpKind, SnapshotOp};
+mod gc;
+mod ops;
+mod restore;
+mod sandbox;
+
+pub use ops::{OpKind, SnapshotOp};
+pub use sandbox::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
+
+pub(crate) use gc::gc_loop;
+
+use crate::catalog::Catalog;
+use crate::sandbox::{Command, Sandboxes};
 use crate::workspaces::WorkspaceStatus;
-use crate::{Engine, EngineError};
+use crate::workspaces::Workspaces;
+use crate::EngineError;
+use ember_runtime::Runtimes;
 use ember_snapshot::{ObjectStore, Phase, Progress, RestoreOptions, SnapshotOptions, SnapshotSummary};
+use ops::SnapshotOps;
+use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// Where snapshots are written.
 #[derive(Clone, Debug)]
@@ -35,10 +50,53 @@ fn now_ms() -> i64 {
     crate::record::now_ms()
 }
 
-impl Engine {
+/// Snapshots of this node: the object store and what keeps its writes
+/// apart (the gate against a sweep, the sweep's kick), the progress of
+/// operations, the sandbox snapshots' records. Workspace snapshots freeze
+/// their writer and sandbox snapshots their sandbox through the sandbox
+/// service's commands.
+pub(crate) struct Snapshots {
+    snapshot_store: Arc<dyn ObjectStore>,
+    /// Progress of running (and recently finished) snapshots, restores, forks.
+    snapshot_ops: SnapshotOps,
+    /// Snapshot writes (shared) against a gc sweep (exclusive): a tokio lock,
+    /// as both sides hold it across the await of their blocking work.
+    snapshot_gate: tokio::sync::RwLock<()>,
+    /// Wakes the scheduled sweep after a delete.
+    snapshot_gc_kick: Arc<Notify>,
+    /// Where the sandbox snapshots' records live.
+    records_dir: PathBuf,
+    workspaces: Arc<Workspaces>,
+    sandboxes: Arc<Sandboxes>,
+    catalog: Arc<Catalog>,
+    runtimes: Runtimes,
+}
+
+impl Snapshots {
+    pub fn new(
+        cfg: &crate::EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        workspaces: Arc<Workspaces>,
+        sandboxes: Arc<Sandboxes>,
+        catalog: Arc<Catalog>,
+        runtimes: Runtimes,
+    ) -> Snapshots {
+        Snapshots {
+            snapshot_store: store,
+            snapshot_ops: SnapshotOps::default(),
+            snapshot_gate: tokio::sync::RwLock::new(()),
+            snapshot_gc_kick: Arc::new(Notify::new()),
+            records_dir: cfg.data_dir.join("state/sandbox-snapshots"),
+            workspaces,
+            sandboxes,
+            catalog,
+            runtimes,
+        }
+    }
+
     async fn snap<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Engine, &dyn ObjectStore) -> Result<T, EngineError> + Send + 'static,
+        f: impl FnOnce(&Snapshots, &dyn ObjectStore) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, EngineError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || f(&me, me.snapshot_store.as_ref()))
@@ -48,17 +106,9 @@ impl Engine {
 
     /// Snapshots a workspace. `fence`: commit only while this holder still has
     /// the lease at this epoch (a writer's own checkpoint). Without it the
-    /// snapshot is refused if the lease changes hands while it runs.
-    pub async fn snapshot_workspace(
-        self: &Arc<Self>,
-        name: &str,
-        fence: Option<(String, u64)>,
-    ) -> Result<SnapshotSummary, EngineError> {
-        self.snapshot_workspace_op(name, fence, None).await
-    }
-
-    /// [`snapshot_workspace`](Self::snapshot_workspace), its progress under
-    /// operation `op` (or a generated id) in [`snapshot_ops`](Self::snapshot_ops).
+    /// snapshot is refused if the lease changes hands while it runs. Its
+    /// progress is operation `op` (or a generated id) in
+    /// [`snapshot_ops`](Self::snapshot_ops).
     pub async fn snapshot_workspace_op(
         self: &Arc<Self>,
         name: &str,
@@ -86,7 +136,7 @@ impl Engine {
         let gate = self.snapshot_write_gate().await;
         // Consistency: the live writer, if any, is frozen while the tree is read.
         // A writer that is not live (checkpointed, ended) writes nothing.
-        let writer = match start.as_ref().and_then(|l| self.entry(&l.holder).ok()) {
+        let writer = match start.as_ref().and_then(|l| self.sandboxes.entry(&l.holder).ok()) {
             Some(e) => e.ask(Command::SnapshotFreeze).await.ok().map(|_| e),
             None => None,
         };
@@ -183,24 +233,15 @@ impl Engine {
         let op = self.snapshot_ops.begin(op, OpKind::Restore, id, 1)?;
         let res = self.make_workspaces(id, &[name.to_string()], size, &op).await;
         let res = match res {
-            Ok(_) => self.workspace(name).await,
+            Ok(_) => self.workspaces.workspace(name).await,
             Err(e) => Err(e),
         };
         self.snapshot_ops.finish(&op, &res, |w| vec![w.meta.name.clone()]);
         res
     }
 
-    /// `count` new workspaces `<prefix>-<i>` from one snapshot.
-    pub async fn fork_snapshot(
-        self: &Arc<Self>,
-        id: &str,
-        count: u32,
-        prefix: &str,
-    ) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        self.fork_snapshot_op(id, count, prefix, None).await
-    }
-
-    /// [`fork_snapshot`](Self::fork_snapshot) with its progress under operation `op`.
+    /// `count` new workspaces `<prefix>-<i>` from one snapshot, with its
+    /// progress under operation `op`.
     pub async fn fork_snapshot_op(
         self: &Arc<Self>,
         id: &str,
@@ -216,7 +257,7 @@ impl Engine {
             Ok(()) => {
                 let mut out = Vec::new();
                 for n in &names {
-                    out.push(self.workspace(n).await?);
+                    out.push(self.workspaces.workspace(n).await?);
                 }
                 Ok(out)
             }
@@ -262,7 +303,7 @@ impl Engine {
             let res = fill_workspaces(e, store, &id, &names, size, &op, &mut made);
             if res.is_err() {
                 for n in &made {
-                    let _ = e.workspaces.remove(n, |_| false);
+                    let _ = e.workspaces.discard(n);
                 }
             }
             res
@@ -277,7 +318,7 @@ const STAGING: &str = ".ember-restore";
 
 /// The blocking half of `make_workspaces`; `made` collects what to remove on failure.
 fn fill_workspaces(
-    e: &Engine,
+    e: &Snapshots,
     store: &dyn ObjectStore,
     id: &str,
     names: &[String],
@@ -287,7 +328,7 @@ fn fill_workspaces(
 ) -> Result<(), EngineError> {
     let mut mounts = Vec::new();
     for n in names {
-        e.workspaces.create(n, size)?;
+        e.workspaces.create_blocking(n, size)?;
         made.push(n.clone());
         mounts.push(e.workspaces.ensure_mounted(n)?);
     }

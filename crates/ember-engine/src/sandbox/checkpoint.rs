@@ -11,11 +11,11 @@
 //! cgroups and rootfs until it expires or is removed. A sandbox with
 //! workspaces is refused (400): what its leases do across a checkpoint is
 //! not decided yet.
-use crate::sandbox::Command;
-use crate::{Engine, EngineError, SandboxRecord};
+use super::{Command, Sandboxes};
+use crate::{EngineError, SandboxRecord};
 use ember_runtime::{Launched, RuntimeError};
 
-impl Engine {
+impl Sandboxes {
     /// Checkpoints a Running sandbox to disk (runsc only).
     pub async fn checkpoint(&self, id: &str) -> Result<(), EngineError> {
         let e = self.visible(id)?;
@@ -40,7 +40,7 @@ fn runtime_err(rec: &SandboxRecord) -> impl FnOnce(RuntimeError) -> EngineError 
 }
 
 /// In the monitor, after the lifecycle allowed it: the checkpoint itself.
-pub(crate) async fn checkpoint(engine: &Engine, rec: &SandboxRecord) -> Result<(), EngineError> {
+pub(crate) async fn checkpoint(engine: &Sandboxes, rec: &SandboxRecord) -> Result<(), EngineError> {
     let (rt, id) = (engine.rt(&rec.spec.runtime_class), rec.id.clone());
     tokio::task::spawn_blocking(move || rt.checkpoint(&id))
         .await
@@ -49,7 +49,7 @@ pub(crate) async fn checkpoint(engine: &Engine, rec: &SandboxRecord) -> Result<(
 }
 
 /// In the monitor: the restore; the caller records the new init.
-pub(crate) async fn restore(engine: &Engine, rec: &SandboxRecord) -> Result<Launched, EngineError> {
+pub(crate) async fn restore(engine: &Sandboxes, rec: &SandboxRecord) -> Result<Launched, EngineError> {
     let (rt, id, spec) = (engine.rt(&rec.spec.runtime_class), rec.id.clone(), rec.spec.clone());
     tokio::task::spawn_blocking(move || rt.restore(&id, &spec))
         .await
@@ -58,7 +58,7 @@ pub(crate) async fn restore(engine: &Engine, rec: &SandboxRecord) -> Result<Laun
 }
 
 /// The image of a restored sandbox, dropped once its new init is recorded.
-pub(crate) async fn drop_image(engine: &Engine, rec: &SandboxRecord) {
+pub(crate) async fn drop_image(engine: &Sandboxes, rec: &SandboxRecord) {
     let (rt, id) = (engine.rt(&rec.spec.runtime_class), rec.id.clone());
     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || rt.drop_checkpoint(&id)).await {
         tracing::warn!(sandbox = %rec.id, error = %e, "removing a used checkpoint image failed");

@@ -4,13 +4,13 @@
 //! under `<data>/state/templates/` (temp file + rename). Creating a template
 //! pulls its image first, so the first sandbox from it starts from cached
 //! layers.
+use super::Catalog;
 use crate::create::{apply_resources, ResourceArgs};
-use crate::{Engine, EngineError};
+use crate::EngineError;
 use ember_image::ImageRecord;
 use ember_types::image::{TemplateInfo, TemplateRequest};
 use ember_types::{NetworkMode, Resources};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// A template as the engine keeps it: the wire shape, validated.
 pub type Template = TemplateInfo;
@@ -95,7 +95,7 @@ pub(crate) fn numeric_user(user: &str) -> Option<(u32, u32)> {
     (uid < 65536 && gid < 65536).then_some((uid, gid))
 }
 
-impl Engine {
+impl Catalog {
     /// The built-in or stored template `name`.
     pub fn template(&self, name: &str) -> Result<Template, EngineError> {
         builtin(name).or_else(|| self.templates.get(name)).ok_or_else(|| EngineError::UnknownTemplate(name.into()))
@@ -109,7 +109,7 @@ impl Engine {
 
     /// Validates, pulls the image (pre-warming), resolves the user in it, and
     /// persists the template.
-    pub async fn create_template(self: &Arc<Self>, req: TemplateRequest) -> Result<Template, EngineError> {
+    pub async fn create_template(&self, req: TemplateRequest) -> Result<Template, EngineError> {
         if !valid_name(&req.name) {
             return Err(EngineError::invalid("name", "lowercase letters, digits, '.', '_' and '-', at most 63"));
         }
@@ -188,7 +188,7 @@ impl Engine {
         match self.images.get(reference) {
             Ok(rec) => Ok(rec),
             Err(ember_image::ImageError::NotFound(_)) => {
-                Ok(self.images.pull(reference, crate::images::auth(auth)).await?)
+                Ok(self.images.pull(reference, super::images::auth(auth)).await?)
             }
             Err(e) => Err(e.into()),
         }
@@ -200,7 +200,7 @@ pub fn images_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("images")
 }
 
-impl Engine {
+impl Catalog {
     /// The spec a pool starts its idle sandboxes with: the template's defaults
     /// (image layers, env, workdir, user) and the pool's resources; everything
     /// per-caller is bound at claim, so no entrypoint runs.

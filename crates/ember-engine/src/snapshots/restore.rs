@@ -2,13 +2,13 @@
 //! start whose writable layer is filled from the layer snapshot (every chunk
 //! verified, overlay marks recreated) before the init starts; then each
 //! workspace snapshot is restored into a new workspace mounted at its old path.
-use crate::sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState};
-use crate::{CreateSandbox, Engine, EngineError, MountedWorkspace, SandboxRecord, WorkspaceRequest};
-use ember_snapshot::{ObjectStore, RestoreOptions};
-use ember_types::{SandboxId, SandboxSpec};
+use super::sandbox::{SandboxSnapshotRecord, SandboxSnapshotState};
+use super::Snapshots;
+use crate::{CreateSandbox, EngineError, MountedWorkspace, SandboxRecord, WorkspaceRequest};
+use ember_types::SandboxSpec;
 use std::sync::Arc;
 
-impl Engine {
+impl Snapshots {
     /// Create from a snapshot (`snapshotId`): the snapshot's spec, with the
     /// request's timeout, metadata, resources, env (merged) and entrypoint.
     pub(crate) async fn create_from_snapshot(
@@ -23,22 +23,22 @@ impl Engine {
         }
         let spec = self.restored_spec(&snap, &req)?;
         let seed = crate::create::Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
-        let rec = self.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
+        let rec = self.sandboxes.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
         match self.restore_workspaces(&rec, &snap).await {
             Ok(mounted) if mounted.is_empty() => Ok(rec),
             Ok(mounted) => {
-                let entry = self.entry(rec.id.as_str())?;
+                let entry = self.sandboxes.entry(rec.id.as_str())?;
                 let edit = crate::sandbox::Edit::Workspaces { mounted, launch_micros: None };
                 match entry.ask(crate::sandbox::Command::Edit(edit)).await {
                     Ok(rec) => Ok(rec),
                     Err(e) => {
-                        let _ = self.remove(rec.id.as_str()).await;
+                        let _ = self.sandboxes.remove(rec.id.as_str()).await;
                         Err(e)
                     }
                 }
             }
             Err(e) => {
-                let _ = self.remove(rec.id.as_str()).await;
+                let _ = self.sandboxes.remove(rec.id.as_str()).await;
                 Err(e)
             }
         }
@@ -59,7 +59,7 @@ impl Engine {
         if !req.entrypoint.is_empty() {
             spec.entrypoint = req.entrypoint.clone();
         }
-        spec.ttl_secs = self.ttl(req.ttl_secs)?;
+        spec.ttl_secs = self.catalog.ttl(req.ttl_secs)?;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",
@@ -106,37 +106,15 @@ impl Engine {
             });
         }
         let res = match res {
-            Ok(()) => self.attach_workspaces(rec, &reqs).await,
+            Ok(()) => self.workspaces.attach_workspaces(rec, &reqs).await,
             Err(e) => Err(e),
         };
         if res.is_err() {
             // The new workspaces are this restore's: nobody else knows them yet.
             for n in made {
-                let _ = self.remove_workspace(&n).await;
+                let _ = self.workspaces.remove_workspace(&n).await;
             }
         }
         res
     }
-}
-
-/// Fills a prepared writable layer from a layer snapshot before the sandbox's
-/// init starts (blocking). Every chunk is verified.
-pub(crate) fn seed_layer(
-    rt: &dyn ember_runtime::Runtime,
-    id: &SandboxId,
-    spec: &SandboxSpec,
-    store: &dyn ObjectStore,
-    layer_snapshot: &str,
-) -> Result<(), EngineError> {
-    let runtime = |source| EngineError::Runtime { id: id.clone(), source };
-    let layer = rt
-        .prepare_writable_layer(id, spec)
-        .map_err(runtime)?
-        .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
-    // The prepared upper dir is empty; the restore creates it anew.
-    std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
-    // No more than the sandbox's disk quota is written into its layer.
-    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
-    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
-    Ok(())
 }

@@ -10,11 +10,12 @@
 //! - across daemons sharing a store, `ember_snapshot`'s marker objects
 //!   (`coord.rs`) make the sweep refuse while another writer's marker is
 //!   fresh, and that writer refuse while the sweep's lock is.
-use crate::{Engine, EngineError};
+use super::Snapshots;
+use crate::EngineError;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-impl Engine {
+impl Snapshots {
     /// One mark-and-sweep of the snapshot store. `min_age`: unreferenced
     /// chunks younger than this are kept (default: `GcOptions::default`).
     pub async fn gc_snapshots(
@@ -48,7 +49,7 @@ impl Engine {
 /// Sweeps every `interval`, and after a delete (at most once a minute, so a
 /// burst of deletes costs one sweep). A sweep that finds another writer's
 /// snapshot in progress is simply tried again at the next turn.
-pub(crate) async fn gc_loop(engine: Weak<Engine>, interval: Duration) {
+pub(crate) async fn gc_loop(engine: Weak<Snapshots>, interval: Duration) {
     let mut last = tokio::time::Instant::now();
     loop {
         let Some(kick) = engine.upgrade().map(|e| e.snapshot_gc_kick.clone()) else { return };

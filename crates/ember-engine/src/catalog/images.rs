@@ -1,7 +1,8 @@
 //! Image commands: pull, import, list, remove, prune. The store itself lives in
 //! ember-image; the engine adds what only it knows: which templates and live
 //! sandboxes use which images and layers.
-use crate::{Engine, EngineError};
+use super::Catalog;
+use crate::EngineError;
 use ember_image::{Auth, ImageRecord, PruneReport};
 use ember_types::image::RegistryAuth;
 use std::collections::HashSet;
@@ -17,7 +18,7 @@ pub(crate) fn auth(a: Option<RegistryAuth>) -> Auth {
     }
 }
 
-impl Engine {
+impl Catalog {
     pub fn images(&self) -> &ember_image::ImageStore {
         &self.images
     }
@@ -47,13 +48,10 @@ impl Engine {
     }
 
     /// Removes layers no image lists and no live sandbox has mounted.
-    pub async fn prune_images(&self) -> Result<PruneReport, EngineError> {
-        let in_use: HashSet<String> = self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .flat_map(|e| e.snapshot().spec.lower_dirs)
+    /// `held`: the lower dirs of every sandbox this node knows.
+    pub async fn prune_images(&self, held: Vec<PathBuf>) -> Result<PruneReport, EngineError> {
+        let in_use: HashSet<String> = held
+            .into_iter()
             .filter_map(|p| Some(p.parent()?.file_name()?.to_string_lossy().replacen('-', ":", 1)))
             .collect();
         let store = self.images.clone();

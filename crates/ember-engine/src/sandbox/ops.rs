@@ -1,9 +1,8 @@
 //! Operations on existing sandboxes: get, list, remove, pause/resume, renew,
 //! metadata, agent access, and the retention sweep.
+use super::{Command, Edit, Entry, Sandboxes};
 use crate::record::{now_ms, SandboxRecord};
-use crate::sandbox::Entry;
-use crate::sandbox::{Command, Edit};
-use crate::{Engine, EngineError};
+use crate::EngineError;
 use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::limits;
 use ember_types::{BoundaryReport, SandboxState};
@@ -19,7 +18,7 @@ pub struct ListFilter {
     pub metadata: Vec<(String, String)>,
 }
 
-impl Engine {
+impl Sandboxes {
     pub fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
         // Idle pool members are the pool's, not any caller's.
         Ok(self.visible(id)?.snapshot())
@@ -27,7 +26,7 @@ impl Engine {
 
     /// Matching sandboxes, oldest first.
     pub fn list(&self, f: &ListFilter) -> Vec<SandboxRecord> {
-        let entries: Vec<_> = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let entries = self.registry.all();
         let mut out: Vec<SandboxRecord> = entries
             .iter()
             .map(|e| e.snapshot())
@@ -39,12 +38,46 @@ impl Engine {
         out
     }
 
+    pub fn network_status(&self, id: &str) -> Result<crate::NetworkStatus, EngineError> {
+        let r = self.get(id)?;
+        let address = r.net_slot.filter(|_| !r.state.is_terminal()).and_then(|s| self.network.address(s));
+        Ok(crate::NetworkStatus { mode: r.spec.network, policy: r.spec.egress, address })
+    }
+
+    /// Replaces the egress policy of a running sandbox with egress networking.
+    pub async fn set_network_policy(
+        &self,
+        id: &str,
+        policy: ember_types::EgressPolicy,
+    ) -> Result<crate::NetworkStatus, EngineError> {
+        let e = self.visible(id)?;
+        let r = e.snapshot();
+        if r.state.is_terminal() {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        }
+        let Some(slot) = r.net_slot.filter(|_| r.spec.network == ember_types::NetworkMode::Egress) else {
+            return Err(EngineError::invalid(
+                "network",
+                "this sandbox was created with network \"none\"; create it with egress to give it a policy",
+            ));
+        };
+        self.network.update(id, slot, &policy).await?;
+        e.ask(Command::Edit(Edit::Egress(policy))).await?;
+        self.network_status(id)
+    }
+
+    /// Blocked connection attempts and DNS queries of a sandbox, oldest first.
+    pub fn network_events(&self, id: &str) -> Result<Vec<ember_types::DeniedFlow>, EngineError> {
+        let r = self.get(id)?;
+        Ok(self.network.events(r.id.as_str()))
+    }
+
     /// Kills the sandbox, removes every host resource and forgets it.
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.discard(self.visible(id)?).await
     }
 
-    /// [`Engine::remove`] of any sandbox, idle pool members included.
+    /// [`Sandboxes::remove`] of any sandbox, idle pool members included.
     pub(crate) async fn remove_any(&self, id: &str) -> Result<(), EngineError> {
         self.discard(self.entry(id)?).await
     }
@@ -61,8 +94,8 @@ impl Engine {
                     .await
                     .map_err(|e| EngineError::Internal(e.to_string()))?
                     .map_err(|source| EngineError::Runtime { id: rec.id.clone(), source })?;
-                self.release_network(&rec).await;
-                self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
+                self.network.release(&rec).await;
+                self.registry.remove(&rec.id);
                 self.store.remove(rec.id.as_str())
             }
             Err(e) => Err(e),
@@ -80,7 +113,7 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Sandboxes {
     /// Freezes the sandbox for the user (a hold of its own: a snapshot's
     /// thaw does not undo it).
     pub async fn pause(&self, id: &str) -> Result<(), EngineError> {
@@ -107,7 +140,7 @@ impl Engine {
             return Err(EngineError::invalid("expiresAt", "must be in the future"));
         }
         // An RFC 3339 time ends in year 9999: no overflow without a maximum.
-        if let Some(max) = self.cfg.max_ttl.map(|m| m.as_secs()) {
+        if let Some(max) = self.max_ttl.map(|m| m.as_secs()) {
             if expires_at_ms > limits::expiry_ms(now_ms(), max) {
                 return Err(EngineError::invalid("expiresAt", format!("at most {max} seconds from now")));
             }
@@ -237,7 +270,7 @@ impl Engine {
     }
 
     fn sweep(&self) {
-        let cutoff = now_ms() - self.cfg.retention.as_millis() as i64;
+        let cutoff = now_ms() - self.retention.as_millis() as i64;
         let old: Vec<_> = self
             .list(&ListFilter::default())
             .into_iter()
@@ -252,12 +285,38 @@ impl Engine {
 }
 
 /// Drops records of sandboxes that ended longer ago than the retention.
-pub(crate) async fn gc_loop(engine: Weak<Engine>) {
+pub(crate) async fn gc_loop(engine: Weak<Sandboxes>) {
     loop {
         tokio::time::sleep(Duration::from_secs(10)).await;
         match engine.upgrade() {
             Some(e) => e.sweep(),
             None => return,
         }
+    }
+}
+
+impl Sandboxes {
+    /// Readies a kept sandbox for attempt `attempt` of `task`: every process
+    /// but the agent killed, then the task label and TTL moved to it.
+    pub(crate) async fn take_over(&self, id: &str, task: &str, attempt: u32, ttl_secs: u64) -> Result<(), EngineError> {
+        let entry = self.entry(id)?;
+        let r = entry.snapshot();
+        if r.state != SandboxState::Running || r.lifecycle.is_hidden() {
+            return Err(EngineError::NotRunning { id: r.id, state: r.state });
+        }
+        let pid = r.pid.ok_or_else(|| EngineError::Internal(format!("sandbox {id} has no init pid")))?;
+        let rt = self.rt(&r.spec.runtime_class);
+        let rid = r.id.clone();
+        tokio::task::spawn_blocking(move || rt.reset(&rid, pid))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|source| EngineError::Runtime { id: r.id.clone(), source })?;
+        let labels = std::collections::BTreeMap::from([
+            (crate::tasks::TASK_LABEL.to_string(), task.to_string()),
+            ("ember.task.attempt".to_string(), attempt.to_string()),
+        ]);
+        let expires_at_ms = limits::expiry_ms(now_ms(), ttl_secs);
+        let edit = Edit::TakeOver { labels, expires_at_ms };
+        entry.ask(Command::Edit(edit)).await.map(drop)
     }
 }

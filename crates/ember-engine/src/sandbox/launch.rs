@@ -1,0 +1,229 @@
+//! A cold start: the record written ahead (Pending), a network slot, the
+//! launch (its writable layer first filled from a snapshot for a restore),
+//! the record written Running, and the sandbox published to its monitor.
+use super::{Command, Edit, Sandboxes};
+use crate::create::{random16, Seed};
+use crate::record::{now_ms, LaunchRecord, SandboxRecord};
+use crate::EngineError;
+use ember_snapshot::{ObjectStore, RestoreOptions};
+use ember_types::lifecycle::{Action, Lifecycle};
+use ember_types::limits::expiry_ms;
+use ember_types::{SandboxId, SandboxSpec, SandboxState};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Sandboxes {
+    /// Starts a sandbox cold. The record is persisted as Pending before anything
+    /// is started, so a crash mid-create is found and reaped on restart.
+    /// `pool`: started by that pool's refill, idle until claimed.
+    pub(crate) async fn launch(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        pool: Option<String>,
+        t0: Instant,
+    ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(spec, image_uri, pool, t0, None).await
+    }
+
+    /// A cold start whose writable layer is first filled from a sandbox
+    /// snapshot's layer snapshot (a restore).
+    pub(crate) async fn launch_seeded(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        t0: Instant,
+        seed: Seed,
+    ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(spec, image_uri, None, t0, Some(seed)).await
+    }
+
+    async fn launch_from(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        pool: Option<String>,
+        t0: Instant,
+        seed: Option<Seed>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let id = SandboxId::from_random(random16());
+        let now = now_ms();
+        let rec = SandboxRecord {
+            id: id.clone(),
+            spec: spec.clone(),
+            state: SandboxState::Pending,
+            reason: None,
+            message: None,
+            image_uri,
+            created_at_ms: now,
+            expires_at_ms: spec.ttl_secs.map(|t| expiry_ms(now, t)),
+            last_transition_ms: now,
+            pid: None,
+            start_time: None,
+            launch: None,
+            lifecycle: Lifecycle::Pending,
+            legacy: Default::default(),
+            network_policy: None,
+            events: Vec::new(),
+            pool,
+            workspaces: Vec::new(),
+            snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
+            net_slot: None,
+        };
+        let net = self.network.attach(&id, &spec).await?;
+        let mut rec = rec;
+        rec.net_slot = net.as_ref().map(|a| a.slot);
+        rec.event("Pending: create requested".to_string());
+        if let Err(e) = self.store.save_volatile(rec.id.as_str(), &rec) {
+            self.network.release(&rec).await;
+            return Err(e);
+        }
+        let rt = self.rt(&spec.runtime_class);
+        let (lid, lspec) = (id.clone(), spec.clone());
+        let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
+        let store = self.snapshots.clone();
+        let layer = seed.map(|s| s.layer);
+        let launched = tokio::task::spawn_blocking(move || {
+            if let Some(l) = &layer {
+                seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+            }
+            match join {
+                Some(j) => rt.launch_in_network(&lid, &lspec, &j),
+                None => rt.launch(&lid, &lspec),
+            }
+            .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let launched = match launched {
+            Ok(l) => l,
+            Err(e) => {
+                self.discard_launch(&rec, None).await;
+                return Err(e);
+            }
+        };
+        let micros = t0.elapsed().as_micros() as u64;
+        let t = launched.timing;
+        let phases = BTreeMap::from([
+            ("cgroup".to_string(), t.cgroup_us),
+            ("spawn".to_string(), t.spawn_us),
+            ("agentReady".to_string(), t.ready_us),
+        ]);
+        rec.pid = Some(launched.pid);
+        rec.start_time = Some(launched.start_time);
+        rec.launch = Some(LaunchRecord { kind: "cold".into(), micros, phases });
+        // Not published yet: this create still owns the record.
+        if let Err(e) = rec.apply(Action::Launched { idle: rec.pool.is_some() }, None) {
+            self.discard_launch(&rec, Some(launched.pidfd)).await;
+            return Err(EngineError::Internal(e.to_string()));
+        }
+        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+            // Running but not recorded: the caller is told the create failed,
+            // so the sandbox must not outlive this call.
+            self.discard_launch(&rec, Some(launched.pidfd)).await;
+            return Err(e);
+        }
+        let socket = launched.agent_socket.clone();
+        self.publish(rec.clone(), socket, Some(launched));
+        Ok(rec)
+    }
+
+    /// Undoes a cold start that will not be handed out: the sandbox
+    /// destroyed if it runs (`init`), whatever the launch left on the host
+    /// reaped, its network slot released and its record removed.
+    async fn discard_launch(&self, rec: &SandboxRecord, init: Option<std::os::fd::OwnedFd>) {
+        self.metrics.create_failures.inc();
+        let rt = self.rt(&rec.spec.runtime_class);
+        let id = rec.id.clone();
+        let reaped = tokio::task::spawn_blocking(move || {
+            if init.is_some() {
+                let _ = super::destroy_and_reap(rt.as_ref(), &id, init);
+            }
+            rt.reap_leftover(id.as_str())
+        })
+        .await;
+        if let Ok(Err(e)) = reaped {
+            tracing::error!(sandbox = %rec.id, error = %e, "reaping a failed create");
+        }
+        self.network.release(rec).await;
+        if let Err(e) = self.store.remove(rec.id.as_str()) {
+            tracing::error!(sandbox = %rec.id, error = %e, "removing a failed create's record");
+        }
+    }
+
+    pub(crate) fn observe_launch(&self, spec: &SandboxSpec, kind: &str, micros: u64) {
+        let labels = crate::metrics::LaunchLabels {
+            template: spec.template.clone(),
+            launch: kind.into(),
+            runtime_class: spec.runtime_class.clone(),
+        };
+        self.metrics.launch_seconds.get_or_create(&labels).observe(micros as f64 / 1e6);
+        self.metrics.created.get_or_create(&labels).inc();
+    }
+
+    /// Records the create request's egress policy on the new sandbox. A
+    /// sandbox whose record cannot say so is removed: the caller is told the
+    /// create failed, so nothing may be left running.
+    pub async fn record_policy(
+        self: &Arc<Self>,
+        rec: SandboxRecord,
+        policy: Option<ember_types::api::NetworkPolicy>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let Some(policy) = policy else { return Ok(rec) };
+        let e = self.entry(rec.id.as_str())?;
+        let res = e.ask(Command::Edit(Edit::NetworkPolicy(policy))).await;
+        self.or_remove(&rec.id, res).await
+    }
+
+    /// Passes a create's last step through; on an error the new sandbox is
+    /// removed first (the record names it).
+    async fn or_remove(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        res: Result<SandboxRecord, EngineError>,
+    ) -> Result<SandboxRecord, EngineError> {
+        if res.is_err() {
+            self.metrics.create_failures.inc();
+            if let Err(e) = self.remove(id.as_str()).await {
+                tracing::error!(sandbox = %id, error = %e, "removing a sandbox whose create failed");
+            }
+        }
+        res
+    }
+
+    /// Records the workspaces mounted after a launch (and the launch time
+    /// that includes them); a sandbox whose record cannot say so is removed.
+    pub async fn mount_workspaces(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        mounted: Vec<crate::MountedWorkspace>,
+        launch_micros: Option<u64>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let entry = self.entry(id.as_str())?;
+        let res = entry.ask(Command::Edit(Edit::Workspaces { mounted, launch_micros })).await;
+        self.or_remove(id, res).await
+    }
+}
+
+/// Fills a prepared writable layer from a layer snapshot before the sandbox's
+/// init starts (blocking). Every chunk is verified.
+pub(crate) fn seed_layer(
+    rt: &dyn ember_runtime::Runtime,
+    id: &SandboxId,
+    spec: &SandboxSpec,
+    store: &dyn ObjectStore,
+    layer_snapshot: &str,
+) -> Result<(), EngineError> {
+    let runtime = |source| EngineError::Runtime { id: id.clone(), source };
+    let layer = rt
+        .prepare_writable_layer(id, spec)
+        .map_err(runtime)?
+        .ok_or_else(|| EngineError::SnapshotUnsupportedRuntime(spec.runtime_class.clone()))?;
+    // The prepared upper dir is empty; the restore creates it anew.
+    std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
+    // No more than the sandbox's disk quota is written into its layer.
+    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
+    ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
+    Ok(())
+}
