@@ -17,11 +17,11 @@ mod ember;
 mod image;
 mod network;
 mod oci;
-mod pool;
+pub(crate) mod pool;
 mod procfs;
 pub mod registry;
 mod report;
-mod stats;
+pub(crate) mod stats;
 mod task_floor;
 pub mod tasks;
 

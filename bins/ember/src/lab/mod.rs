@@ -1,0 +1,118 @@
+//! `ember lab`: the labs of issue 17, runnable. Each lab breaks something
+//! first (the baseline), then runs the same workload through the ember
+//! component that answers it, and measures both in the same run.
+//!
+//! Layout: `report.rs` (the report every lab writes: tables, invariants,
+//! charts → `report.md`, `report.json`; `ember lab report` over a folder of
+//! runs), `svg.rs` (hand-written bar and line charts), one file per lab
+//! (`shared.rs` + `worker.rs`: lab 1; `pool.rs` + `poolsim.rs`: lab 3).
+//!
+//! The labs talk to the daemon at `--url` through ember-client only, like
+//! `ember bench`: a lab measures the user's own node as it is configured
+//! (its runtime, its templates), and starting a daemon of its own would mean
+//! duplicating `ember serve`'s root setup (agent, data dir, cgroup parent).
+//! The only host-side work is lab 1's baseline: a real worker process in a
+//! memory-limited cgroup the lab makes and removes.
+pub mod report;
+mod shared;
+mod shared_baseline;
+mod shared_ember;
+mod svg;
+mod worker;
+
+use anyhow::Context;
+use clap::{Subcommand, ValueEnum};
+use ember_client::Client;
+use report::LabReport;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum LabCmd {
+    /// List the labs.
+    Ls,
+    /// Run lab N: its baseline, then ember, side by side; prints the tables and
+    /// writes report.md, report.json and SVG charts into the output folder.
+    Run {
+        n: u32,
+        #[arg(long, value_enum, default_value_t = Scale::Small)]
+        scale: Scale,
+        /// Output folder (default: lab-runs/0N-<name>-<unix seconds>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Render every run under DIR (each a folder with report.json) as one
+    /// Markdown page, DIR/index.md.
+    Report { dir: PathBuf },
+    /// Lab 1's shared worker process (started by `ember lab run 1`).
+    #[command(hide = true)]
+    SharedWorker(worker::WorkerArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scale {
+    /// Seconds; what CI runs.
+    Small,
+    /// Minutes; more samples, rates and sizes.
+    Full,
+}
+
+/// A lab: its number, folder name, and the wall it shows.
+pub struct Lab {
+    pub n: u32,
+    pub name: &'static str,
+    pub title: &'static str,
+    pub wall: &'static str,
+}
+
+/// The labs this binary can run (the others need a cluster or Kubernetes).
+pub const LABS: &[Lab] = &[Lab {
+    n: 1,
+    name: "single-shared-process",
+    title: "Single shared process",
+    wall: "one task's OOM takes the others with it; a payload reads the worker's secrets",
+}];
+
+pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -> anyhow::Result<i32> {
+    match cmd {
+        LabCmd::Ls => {
+            for l in LABS {
+                println!("{}  {:<24} {}", l.n, l.name, l.wall);
+            }
+            Ok(0)
+        }
+        LabCmd::Run { n, scale, out } => {
+            let lab = LABS.iter().find(|l| l.n == n).with_context(|| {
+                format!("no lab {n} here (`ember lab ls`; labs 2 and 4-7 need the cluster or Kubernetes)")
+            })?;
+            let dir = out.unwrap_or_else(|| default_out(lab));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let client = client()?;
+            let report = match n {
+                1 => shared::run(&client, scale, &dir).await?,
+                _ => anyhow::bail!("lab {n} has no runner"),
+            };
+            finish(&report, &dir)
+        }
+        LabCmd::Report { dir } => {
+            let page = report::render_dir(&dir)?;
+            println!("{}", page.display());
+            Ok(0)
+        }
+        LabCmd::SharedWorker(a) => worker::main(a),
+    }
+}
+
+fn default_out(lab: &Lab) -> PathBuf {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    PathBuf::from("lab-runs").join(format!("{:02}-{}-{secs}", lab.n, lab.name))
+}
+
+/// Prints the tables, writes the files; exit code 1 when an invariant the
+/// lab's argument rests on did not hold on this machine.
+fn finish(report: &LabReport, dir: &Path) -> anyhow::Result<i32> {
+    print!("{}", report.to_text());
+    report.write(dir)?;
+    println!("\nreport: {}", dir.join("report.md").display());
+    Ok(if report.invariants.iter().all(|i| i.holds) { 0 } else { 1 })
+}

@@ -1,0 +1,102 @@
+//! `ember lab run N --scale small` against a real daemon, as a newcomer runs
+//! it: each lab's invariants read back from its report.json (never its
+//! timings), and its files checked to exist and parse.
+mod common;
+
+use common::Daemon;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn out_dir(d: &Daemon, lab: u32) -> PathBuf {
+    let dir = d.data_dir.with_extension(format!("lab{lab}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs the lab; returns its report.json. The lab exits non-zero when an
+/// invariant failed, so the report is read either way and checked below.
+fn run_lab(d: &Daemon, lab: u32, dir: &Path) -> Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["lab", "run", &lab.to_string(), "--scale", "small", "--out"])
+        .arg(dir)
+        .env("EMBER_URL", &d.url)
+        .output()
+        .expect("ember runs");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let raw = std::fs::read(dir.join("report.json")).unwrap_or_else(|e| panic!("no report.json ({e}): {text}\n{err}"));
+    let v: Value = serde_json::from_slice(&raw).expect("report.json parses");
+    assert!(o.status.success(), "lab {lab} failed: {text}\n{err}");
+    assert!(text.contains("invariants"), "the tables and invariants are printed: {text}");
+    v
+}
+
+/// report.md exists, every chart listed is well-formed SVG, and `ember lab
+/// report` renders the run into the folder's page.
+fn check_files(v: &Value, dir: &Path) {
+    let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
+    assert!(md.starts_with("## Lab "), "{md}");
+    let charts = v["charts"].as_array().expect("charts");
+    assert!(!charts.is_empty(), "every lab draws at least one chart");
+    for c in charts {
+        let svg = std::fs::read_to_string(dir.join(c.as_str().expect("file name"))).expect("chart file");
+        let mut r = quick_xml::Reader::from_str(&svg);
+        let mut root = None;
+        loop {
+            match r.read_event().unwrap_or_else(|e| panic!("{c}: not well-formed XML: {e}")) {
+                quick_xml::events::Event::Eof => break,
+                quick_xml::events::Event::Start(e) if root.is_none() => {
+                    root = Some(String::from_utf8_lossy(e.name().as_ref()).into_owned())
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(root.as_deref(), Some("svg"), "{c}");
+    }
+    let parent = dir.parent().expect("parent");
+    let o = Command::new(env!("CARGO_BIN_EXE_ember")).args(["lab", "report"]).arg(dir).output().expect("ember runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = std::fs::read_to_string(dir.join("index.md")).expect("index.md");
+    assert!(page.contains(v["title"].as_str().expect("title")), "{page}");
+    assert!(parent.exists());
+}
+
+fn invariant<'a>(v: &'a Value, name: &str) -> &'a Value {
+    let all = v["invariants"].as_array().expect("invariants");
+    all.iter().find(|i| i["name"] == name).unwrap_or_else(|| panic!("no invariant {name:?}: {all:?}"))
+}
+
+#[test]
+fn lab_1_the_oom_takes_the_shared_process_and_only_its_own_sandbox_and_the_secret_stays_out() {
+    let d = Daemon::start();
+    let dir = out_dir(&d, 1);
+    let v = run_lab(&d, 1, &dir);
+    let shared = &v["data"]["shared"];
+    let ember = &v["data"]["ember"];
+    // Before: the kernel's OOM killer ended the worker; both neighbours were
+    // mid-task; the payload read both planted secrets.
+    assert_eq!(shared["signal"], 9, "{shared}");
+    assert_eq!(shared["hogCapped"], false, "the cgroup's limit, not the hog's cap, ended it: {shared}");
+    for t in shared["tasks"].as_array().expect("tasks") {
+        assert_eq!(t["finished"], false, "a neighbour outlived the shared process's OOM: {t}");
+    }
+    assert_eq!((shared["leakedEnv"].as_bool(), shared["leakedFile"].as_bool()), (Some(true), Some(true)), "{shared}");
+    // After: only the hog's sandbox ended, with the reason; the others finished.
+    assert_eq!(ember["hogReason"], "OOMKilled", "{ember}");
+    assert_eq!(ember["neighboursRunning"], true, "{ember}");
+    for t in ember["tasks"].as_array().expect("tasks") {
+        assert_eq!(t["finished"], true, "a sandboxed neighbour died with the hog: {t}");
+        assert_eq!(t["stepsDone"], t["steps"], "{t}");
+    }
+    assert_eq!((ember["leakedEnv"].as_bool(), ember["leakedFile"].as_bool()), (Some(false), Some(false)), "{ember}");
+    for name in ["the OOM took the shared process", "the payload read no secret in the sandbox"] {
+        assert_eq!(invariant(&v, name)["holds"], true, "{name}");
+    }
+    check_files(&v, &dir);
+    // The lab's own cgroup is gone.
+    let group = std::fs::read_dir("/sys/fs/cgroup/memory").into_iter().flatten().flatten();
+    let left: Vec<_> = group.filter(|e| e.file_name().to_string_lossy().starts_with("ember-lab-")).collect();
+    assert!(left.is_empty(), "lab cgroups left: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
