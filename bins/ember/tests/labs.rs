@@ -17,10 +17,14 @@ fn out_dir(d: &Daemon, lab: u32) -> PathBuf {
 /// Runs the lab; returns its report.json. The lab exits non-zero when an
 /// invariant failed, so the report is read either way and checked below.
 fn run_lab(d: &Daemon, lab: u32, dir: &Path) -> Value {
+    run_lab_at(&d.url, lab, dir)
+}
+
+fn run_lab_at(url: &str, lab: u32, dir: &Path) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["lab", "run", &lab.to_string(), "--scale", "small", "--out"])
         .arg(dir)
-        .env("EMBER_URL", &d.url)
+        .env("EMBER_URL", url)
         .output()
         .expect("ember runs");
     let text = String::from_utf8_lossy(&o.stdout);
@@ -98,5 +102,43 @@ fn lab_1_the_oom_takes_the_shared_process_and_only_its_own_sandbox_and_the_secre
     let group = std::fs::read_dir("/sys/fs/cgroup/memory").into_iter().flatten().flatten();
     let left: Vec<_> = group.filter(|e| e.file_name().to_string_lossy().starts_with("ember-lab-")).collect();
     assert!(left.is_empty(), "lab cgroups left: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_3_claims_warm_from_each_pool_and_checks_the_sizing_against_the_simulation() {
+    let d = Daemon::start();
+    let dir = out_dir(&d, 3);
+    let v = tokio::task::spawn_blocking({
+        let (url, dir) = (d.url.clone(), dir.clone());
+        move || run_lab_at(&url, 3, &dir)
+    })
+    .await
+    .expect("lab thread");
+    let data = &v["data"];
+    // Real claims: without a pool every create was cold; each pool, full at
+    // the start, answered warm.
+    assert_eq!(data["coldWarm"], 0, "{data}");
+    assert_eq!(data["cold"]["samples"], 3, "{data}");
+    let phases = data["phases"].as_array().expect("phases");
+    assert_eq!(phases.iter().map(|p| p["pool"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(2)]);
+    for p in phases {
+        assert!(p["hits"].as_u64() > Some(0), "a full pool answered no warm claim: {p}");
+        assert_eq!(p["claims"], 6, "{p}");
+    }
+    assert_eq!(data["leftovers"], serde_json::json!([]), "{data}");
+    // The sweep: one series per rate, pool size 0 never warm, and one sizing
+    // row per rate from ember's own plan::size.
+    let sim = data["simulation"].as_array().expect("simulation");
+    assert_eq!(sim.len(), 3);
+    for rate in sim {
+        assert_eq!(rate[0]["hits"], 0, "{}", rate[0]);
+    }
+    assert_eq!(data["sizing"].as_array().map(Vec::len), Some(3));
+    check_files(&v, &dir);
+    // The lab removed its pool and every sandbox it claimed.
+    assert!(d.client.list_pools().await.expect("pools").is_empty());
+    let live = d.client.list_sandboxes("").await.expect("sandboxes");
+    assert!(live.iter().all(|s| s.status.state != "Running"), "{live:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared.rs` + `worker.rs`: lab 1; `pool.rs` + `poolsim.rs`: lab 3).
+//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -13,6 +13,9 @@
 //! duplicating `ember serve`'s root setup (agent, data dir, cgroup parent).
 //! The only host-side work is lab 1's baseline: a real worker process in a
 //! memory-limited cgroup the lab makes and removes.
+mod pool;
+mod pool_report;
+mod poolsim;
 pub mod report;
 mod shared;
 mod shared_baseline;
@@ -66,12 +69,20 @@ pub struct Lab {
 }
 
 /// The labs this binary can run (the others need a cluster or Kubernetes).
-pub const LABS: &[Lab] = &[Lab {
-    n: 1,
-    name: "single-shared-process",
-    title: "Single shared process",
-    wall: "one task's OOM takes the others with it; a payload reads the worker's secrets",
-}];
+pub const LABS: &[Lab] = &[
+    Lab {
+        n: 1,
+        name: "single-shared-process",
+        title: "Single shared process",
+        wall: "one task's OOM takes the others with it; a payload reads the worker's secrets",
+    },
+    Lab {
+        n: 3,
+        name: "warm-pool",
+        title: "Warm pool",
+        wall: "a cold start per request; a pool buys latency with idle memory: how many to keep?",
+    },
+];
 
 pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -> anyhow::Result<i32> {
     match cmd {
@@ -90,6 +101,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             let client = client()?;
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
+                3 => pool::run(&client, scale, &dir).await?,
                 _ => anyhow::bail!("lab {n} has no runner"),
             };
             finish(&report, &dir)

@@ -200,7 +200,6 @@ pub fn render_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Milliseconds with one decimal, or "-" when nothing was measured.
-#[allow(dead_code, reason = "lab 3 prints milliseconds")]
 pub fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }

@@ -97,7 +97,6 @@ pub fn bars(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
 }
 
 /// One polyline per named series of (x, y) points, with a legend on the right.
-#[allow(dead_code, reason = "lab 3 draws lines")]
 pub fn lines(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     let pts = series.iter().flat_map(|s| s.1.iter());
     let (xmax, ymax) = pts.fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
