@@ -142,3 +142,23 @@ async fn lab_3_claims_warm_from_each_pool_and_checks_the_sizing_against_the_simu
     assert!(live.iter().all(|s| s.status.state != "Running"), "{live:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn lab_5_the_push_allocator_runs_stalled_tasks_twice_and_the_pull_queue_runs_each_once() {
+    let dir = std::env::temp_dir().join(format!("ember-test-lab5-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Lab 5 needs no daemon: both sides run in the lab's process, the pull
+    // side on ember's embedded queue.
+    let v = run_lab_at("http://127.0.0.1:1", 5, &dir);
+    let (push, pull) = (&v["data"]["push"], &v["data"]["pull"]);
+    assert!(push["pauses"].as_u64() > Some(0) && push["crashes"].as_u64() > Some(0), "the fault plan ran: {push}");
+    assert_eq!(push["pauses"], pull["pauses"], "the same faults on both sides");
+    assert!(push["duplicated"].as_u64() > Some(0), "the push allocator ran no stalled task twice: {push}");
+    assert_eq!(pull["exactlyOnce"], pull["tasks"], "{pull}");
+    assert_eq!((pull["duplicated"].as_u64(), pull["lost"].as_u64()), (Some(0), Some(0)), "{pull}");
+    assert!(pull["fenced"].as_u64() > Some(0), "stalled pullers were refused at report: {pull}");
+    assert!(pull["overtakesMean"].as_f64() < push["overtakesMean"].as_f64(), "tiers: {pull} vs {push}");
+    check_files(&v, &dir);
+    assert!(!dir.join("queue").exists(), "the lab's queue journal is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3).
+//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -16,6 +16,9 @@
 mod pool;
 mod pool_report;
 mod poolsim;
+mod pull;
+mod push;
+mod pushpull;
 pub mod report;
 mod shared;
 mod shared_baseline;
@@ -82,6 +85,12 @@ pub const LABS: &[Lab] = &[
         title: "Warm pool",
         wall: "a cold start per request; a pool buys latency with idle memory: how many to keep?",
     },
+    Lab {
+        n: 5,
+        name: "push-to-pull",
+        title: "Push to pull",
+        wall: "a push allocator under worker failures runs tasks twice; ember's pull queue with leases does not",
+    },
 ];
 
 pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -> anyhow::Result<i32> {
@@ -94,7 +103,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
         }
         LabCmd::Run { n, scale, out } => {
             let lab = LABS.iter().find(|l| l.n == n).with_context(|| {
-                format!("no lab {n} here (`ember lab ls`; labs 2 and 4-7 need the cluster or Kubernetes)")
+                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster; 4 and 6 are not written yet)")
             })?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -102,6 +111,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
                 3 => pool::run(&client, scale, &dir).await?,
+                5 => pushpull::run(scale, &dir).await?,
                 _ => anyhow::bail!("lab {n} has no runner"),
             };
             finish(&report, &dir)
