@@ -51,13 +51,8 @@ pub fn simulate(m: &Measured, rate: f64, pool: u32, claims: u32, seed: u64) -> S
         let next = t - (1.0 - arrivals.f64()).ln() / rate;
         // Starts that finish before the arrival, in order, each possibly
         // letting the driver start another.
-        loop {
-            let Some((i, done)) = starting.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)) else {
-                break;
-            };
-            if done > next {
-                break;
-            }
+        let first = |s: &[f64]| s.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1));
+        while let Some((i, done)) = first(&starting).filter(|(_, done)| *done <= next) {
             idle_area += f64::from(idle) * (done - t);
             t = done;
             starting.swap_remove(i);

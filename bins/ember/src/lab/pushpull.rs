@@ -273,6 +273,9 @@ pub async fn run(scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
     build(&pushed, &pulled, scale, dir)
 }
 
+/// A table row: its label and how to read it off one side.
+type Row = (&'static str, fn(&Side) -> String);
+
 fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
     let mut r = LabReport::new(&LABS[2], scale);
     let w = Workload::of(scale);
@@ -288,7 +291,7 @@ fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<L
         ),
         &["", "push allocator", "ember pull queue"],
     );
-    let rows: [(&str, fn(&Side) -> String); 10] = [
+    let rows: [Row; 10] = [
         ("ran exactly once", |s| s.exactly_once.to_string()),
         ("double scheduled (tasks)", |s| s.duplicated.to_string()),
         ("extra effects", |s| s.extra_effects.to_string()),
