@@ -279,18 +279,41 @@ type Row = (&'static str, fn(&Side) -> String);
 fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
     let mut r = LabReport::new(&LABS[2], scale);
     let w = Workload::of(scale);
-    let mut t = Table::new(
-        &format!(
-            "{} tasks, {} workers; first runs: {} crash, {} stall {} ms (timeout {} ms)",
-            w.tasks.len(),
-            w.workers,
-            push.crashes,
-            push.pauses,
-            w.pause.as_millis(),
-            w.timeout.as_millis()
-        ),
-        &["", "push allocator", "ember pull queue"],
+    r.tables.push(table(push, pull, &w));
+    checks(&mut r, push, pull);
+    let bars = vec![
+        ("push: doubled".to_string(), push.duplicated as f64),
+        ("push: lost".to_string(), push.lost as f64),
+        ("pull: doubled".to_string(), pull.duplicated as f64),
+        ("pull: lost".to_string(), pull.lost as f64),
+    ];
+    r.chart(dir, "wrong-runs.svg", svg::bars("Tasks run twice or lost", "tasks", &bars))?;
+    let waits = vec![
+        ("push interactive".to_string(), push.interactive_wait_p50_ms),
+        ("pull interactive".to_string(), pull.interactive_wait_p50_ms),
+        ("push batch".to_string(), push.batch_wait_p50_ms),
+        ("pull batch".to_string(), pull.batch_wait_p50_ms),
+    ];
+    r.chart(dir, "waits.svg", svg::bars("Wait to start, p50", "ms", &waits))?;
+    let mut faults = BTreeMap::new();
+    for t in &w.tasks {
+        *faults.entry(format!("{:?}", t.fault).to_lowercase()).or_insert(0usize) += 1;
+    }
+    r.data = serde_json::json!({ "push": push, "pull": pull, "faultPlan": faults, "workers": w.workers });
+    Ok(r)
+}
+
+fn table(push: &Side, pull: &Side, w: &Workload) -> Table {
+    let title = format!(
+        "{} tasks, {} workers; first runs: {} crash, {} stall {} ms (timeout {} ms)",
+        w.tasks.len(),
+        w.workers,
+        push.crashes,
+        push.pauses,
+        w.pause.as_millis(),
+        w.timeout.as_millis()
     );
+    let mut t = Table::new(&title, &["", "push allocator", "ember pull queue"]);
     let rows: [Row; 10] = [
         ("ran exactly once", |s| s.exactly_once.to_string()),
         ("double scheduled (tasks)", |s| s.duplicated.to_string()),
@@ -308,7 +331,10 @@ fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<L
     for (name, f) in rows {
         t.row(vec![name.into(), f(push), f(pull)]);
     }
-    r.tables.push(t);
+    t
+}
+
+fn checks(r: &mut LabReport, push: &Side, pull: &Side) {
     r.check(
         "the push allocator double-scheduled",
         push.duplicated > 0,
@@ -332,29 +358,4 @@ fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<L
         pull.coordination_wait_ms, pull.coordination_calls
     ));
     r.notes.push("A push allocator that refused a stale worker's report would have to answer its heartbeats and fence its results: it would grant leases, which is what the pull queue does.".into());
-    let bars = vec![
-        ("push: doubled".to_string(), push.duplicated as f64),
-        ("push: lost".to_string(), push.lost as f64),
-        ("pull: doubled".to_string(), pull.duplicated as f64),
-        ("pull: lost".to_string(), pull.lost as f64),
-    ];
-    r.chart(dir, "wrong-runs.svg", svg::bars("Tasks run twice or lost", "tasks", &bars))?;
-    let waits = vec![
-        ("push interactive".to_string(), push.interactive_wait_p50_ms),
-        ("pull interactive".to_string(), pull.interactive_wait_p50_ms),
-        ("push batch".to_string(), push.batch_wait_p50_ms),
-        ("pull batch".to_string(), pull.batch_wait_p50_ms),
-    ];
-    r.chart(dir, "waits.svg", svg::bars("Wait to start, p50", "ms", &waits))?;
-    let faults: BTreeMap<&str, usize> = w.tasks.iter().fold(BTreeMap::new(), |mut m, t| {
-        *m.entry(match t.fault {
-            Fault::None => "none",
-            Fault::Crash => "crash",
-            Fault::Pause => "pause",
-        })
-        .or_default() += 1;
-        m
-    });
-    r.data = serde_json::json!({ "push": push, "pull": pull, "faultPlan": faults, "workers": w.workers });
-    Ok(r)
 }

@@ -105,22 +105,9 @@ fn build(
     limit_mib: u64,
 ) -> anyhow::Result<LabReport> {
     let mut r = LabReport::new(&LABS[0], scale);
-    let mut t = Table::new("Who survives the hog's OOM", &["task", "shared process", "ember sandboxes"]);
-    for (b, a) in base.tasks.iter().zip(&after.tasks) {
-        let cell = |o: &TaskOutcome| {
-            format!("{}/{} steps{}", o.steps_done, o.steps, if o.finished { ", finished" } else { ", killed" })
-        };
-        t.row(vec![b.name.clone(), cell(b), cell(a)]);
-    }
-    t.row(vec!["hog".into(), format!("{} ({} MiB allocated)", base.ended, base.hog_mib), after.hog_state.clone()]);
-    r.tables.push(t);
+    tables(&mut r, base, after, secrets);
     let (benv, bfile) = secrets.leaked(&base.payload);
     let (aenv, afile) = secrets.leaked(&after.payload);
-    let mut t = Table::new("What the coder's payload read", &["secret", "shared process", "ember sandbox"]);
-    t.row(vec![format!("${ENV_NAME} (the worker's environment)"), yes(benv), yes(aenv)]);
-    t.row(vec![format!("{} (a key file)", secrets.file.display()), yes(bfile), yes(afile)]);
-    r.tables.push(t);
-
     let shared_survivors = base.tasks.iter().filter(|t| t.finished).count();
     let ember_survivors = after.tasks.iter().filter(|t| t.finished).count();
     r.check(
@@ -158,4 +145,23 @@ fn build(
                    "tasks": after.tasks, "leakedEnv": aenv, "leakedFile": afile },
     });
     Ok(r)
+}
+
+/// The before/after tables: who survived the OOM, what the payload read.
+fn tables(r: &mut LabReport, base: &shared_baseline::Baseline, after: &shared_ember::Sandboxed, secrets: &Secrets) {
+    let mut t = Table::new("Who survives the hog's OOM", &["task", "shared process", "ember sandboxes"]);
+    for (b, a) in base.tasks.iter().zip(&after.tasks) {
+        let cell = |o: &TaskOutcome| {
+            format!("{}/{} steps{}", o.steps_done, o.steps, if o.finished { ", finished" } else { ", killed" })
+        };
+        t.row(vec![b.name.clone(), cell(b), cell(a)]);
+    }
+    t.row(vec!["hog".into(), format!("{} ({} MiB allocated)", base.ended, base.hog_mib), after.hog_state.clone()]);
+    r.tables.push(t);
+    let (benv, bfile) = secrets.leaked(&base.payload);
+    let (aenv, afile) = secrets.leaked(&after.payload);
+    let mut t = Table::new("What the coder's payload read", &["secret", "shared process", "ember sandbox"]);
+    t.row(vec![format!("${ENV_NAME} (the worker's environment)"), yes(benv), yes(aenv)]);
+    t.row(vec![format!("{} (a key file)", secrets.file.display()), yes(bfile), yes(afile)]);
+    r.tables.push(t);
 }

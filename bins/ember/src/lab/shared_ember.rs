@@ -37,7 +37,8 @@ pub async fn run(
         .spawn()
         .context("starting the credential holder (sleep)")?;
     let mut ids = Vec::new();
-    let r = sandboxes(client, secrets, steps, limit_mib, &mut ids).await;
+    // Ctrl-C ends the phase with an error, so the clean-up below still runs.
+    let r = crate::bench::pool::interruptible(sandboxes(client, secrets, steps, limit_mib, &mut ids)).await;
     let _ = holder.kill();
     let _ = holder.wait();
     for id in &ids {

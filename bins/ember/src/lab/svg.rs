@@ -69,7 +69,7 @@ fn num(v: f64) -> String {
     if v >= 100.0 || v == v.trunc() {
         format!("{v:.0}")
     } else {
-        format!("{v:.2}")
+        format!("{v:.2}").trim_end_matches('0').to_string()
     }
 }
 
@@ -136,6 +136,7 @@ mod tests {
         assert_eq!(nice_max(3.2), 5.0);
         assert_eq!(nice_max(870.0), 1000.0);
         assert_eq!(nice_max(0.18), 0.2);
+        assert_eq!((num(12.5), num(0.25), num(40.0)), ("12.5".to_string(), "0.25".to_string(), "40".to_string()));
     }
 
     #[test]
