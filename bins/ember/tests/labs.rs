@@ -162,3 +162,32 @@ fn lab_5_the_push_allocator_runs_stalled_tasks_twice_and_the_pull_queue_runs_eac
     assert!(!dir.join("queue").exists(), "the lab's queue journal is removed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn lab_4_a_fresh_sandbox_carries_on_from_the_workspace_after_every_kill() {
+    let d = Daemon::start();
+    let dir = out_dir(&d, 4);
+    let v = run_lab(&d, 4, &dir);
+    let data = &v["data"];
+    // Before: the records written in the killed sandbox's own layer are gone.
+    assert!(data["baseline"]["written"].as_u64() > Some(0), "{data}");
+    assert_eq!(data["baseline"]["survived"], 0, "{data}");
+    // After: both kill modes ran, each fresh sandbox resumed from a record,
+    // and the records are all there, once, in order, checksums intact.
+    let after = &data["after"];
+    let kills: Vec<&str> = after["kills"].as_array().expect("kills").iter().filter_map(|k| k[0].as_str()).collect();
+    assert_eq!(kills, ["apiRemove", "sigkill", "apiRemove", "sigkill"], "{after}");
+    let resumed: Vec<u64> = after["resumedAt"].as_array().expect("resumed").iter().filter_map(Value::as_u64).collect();
+    assert_eq!(resumed.len(), 4, "{after}");
+    assert!(resumed.windows(2).all(|w| w[0] < w[1]) && resumed[0] > 0, "each resumed past the last: {resumed:?}");
+    assert_eq!(after["records"], data["total"], "{after}");
+    assert_eq!(after["inOrder"], true, "{after}");
+    for k in ["missing", "duplicated", "badChecksums"] {
+        assert_eq!(after[k], 0, "{k}: {after}");
+    }
+    check_files(&v, &dir);
+    // The lab removed its workspace and sandboxes.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    assert!(rt.block_on(d.client.list_workspaces()).expect("workspaces").is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5).
+//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -25,6 +25,7 @@ mod shared_baseline;
 mod shared_ember;
 mod svg;
 mod worker;
+mod workspace;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
@@ -86,6 +87,12 @@ pub const LABS: &[Lab] = &[
         wall: "a cold start per request; a pool buys latency with idle memory: how many to keep?",
     },
     Lab {
+        n: 4,
+        name: "workspaces",
+        title: "Workspaces",
+        wall: "a killed sandbox takes its half-finished work with it; a workspace outlives it",
+    },
+    Lab {
         n: 5,
         name: "push-to-pull",
         title: "Push to pull",
@@ -103,7 +110,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
         }
         LabCmd::Run { n, scale, out } => {
             let lab = LABS.iter().find(|l| l.n == n).with_context(|| {
-                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster; 4 and 6 are not written yet)")
+                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster; 6 is not written yet)")
             })?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -111,6 +118,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
                 3 => pool::run(&client, scale, &dir).await?,
+                4 => workspace::run(&client, scale, &dir).await?,
                 5 => pushpull::run(scale, &dir).await?,
                 _ => anyhow::bail!("lab {n} has no runner"),
             };
@@ -123,6 +131,11 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
         }
         LabCmd::SharedWorker(a) => worker::main(a),
     }
+}
+
+/// Lab `n` of [`LABS`].
+pub fn lab(n: u32) -> &'static Lab {
+    LABS.iter().find(|l| l.n == n).unwrap_or(&LABS[0])
 }
 
 fn default_out(lab: &Lab) -> PathBuf {

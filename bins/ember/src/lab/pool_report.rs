@@ -3,7 +3,7 @@
 use super::pool::{Params, Real};
 use super::poolsim::{cost_per_saving, erlang_b, simulate, Measured, SimResult, REFILL_PARALLEL};
 use super::report::{ms, LabReport, Table};
-use super::{svg, Scale, LABS};
+use super::{svg, Scale};
 use ember_engine::pool::plan::{size, Target};
 use std::path::Path;
 
@@ -24,7 +24,7 @@ struct Sweep {
 }
 
 pub fn build(p: &Params, real: &Real, scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
-    let mut r = LabReport::new(&LABS[1], scale);
+    let mut r = LabReport::new(super::lab(3), scale);
     let sweep = sweep(p, real);
     real_table(&mut r, p, real);
     sim_tables(&mut r, &sweep);

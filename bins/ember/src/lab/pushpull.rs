@@ -13,7 +13,7 @@
 //! scheduling. The lab also counts, per interactive task, the batch tasks
 //! that started after it arrived and before it started (overtakes).
 use super::report::{LabReport, Table};
-use super::{pull, push, svg, Scale, LABS};
+use super::{pull, push, svg, Scale};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -277,7 +277,7 @@ pub async fn run(scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
 type Row = (&'static str, fn(&Side) -> String);
 
 fn build(push: &Side, pull: &Side, scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
-    let mut r = LabReport::new(&LABS[2], scale);
+    let mut r = LabReport::new(super::lab(5), scale);
     let w = Workload::of(scale);
     r.tables.push(table(push, pull, &w));
     checks(&mut r, push, pull);

@@ -5,7 +5,7 @@
 //! same three in ember sandboxes (`shared_ember.rs`); the OOM ends the hog's
 //! sandbox only, with the reason, and the payload finds neither secret.
 use super::report::{LabReport, Table};
-use super::{shared_baseline, shared_ember, svg, Scale, LABS};
+use super::{shared_baseline, shared_ember, svg, Scale};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -104,7 +104,7 @@ fn build(
     dir: &Path,
     limit_mib: u64,
 ) -> anyhow::Result<LabReport> {
-    let mut r = LabReport::new(&LABS[0], scale);
+    let mut r = LabReport::new(super::lab(1), scale);
     tables(&mut r, base, after, secrets);
     let (benv, bfile) = secrets.leaked(&base.payload);
     let (aenv, afile) = secrets.leaked(&after.payload);
