@@ -119,7 +119,7 @@ async fn rounds(
             after.recovery_ms.push(at.elapsed().as_secs_f64() * 1000.0);
             after.resumed_at.push(last.lines().next().and_then(|l| l.parse().ok()).unwrap_or(0));
         }
-        let kill = (round < kills).then(|| if round % 2 == 0 { Kill::ApiRemove } else { Kill::Sigkill });
+        let kill = (round < kills).then_some(if round % 2 == 0 { Kill::ApiRemove } else { Kill::Sigkill });
         let pause = Duration::from_millis(rng.u64(150..450));
         let (at, written) = run_then_kill_after(client, &s.id, &task("/workspace", total), kill, pause).await;
         if let Some(k) = kill {
