@@ -191,3 +191,28 @@ fn lab_4_a_fresh_sandbox_carries_on_from_the_workspace_after_every_kill() {
     assert!(rt.block_on(d.client.list_workspaces()).expect("workspaces").is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn lab_6_a_native_sandbox_sees_the_host_kernel_and_a_gvisor_one_does_not() {
+    let d = Daemon::start();
+    let dir = out_dir(&d, 6);
+    let v = run_lab(&d, 6, &dir);
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("host release");
+    let classes = v["data"]["classes"].as_array().expect("classes");
+    let probe = |class: &str| {
+        let c = classes.iter().find(|c| c["class"] == class).unwrap_or_else(|| panic!("no {class}: {classes:?}"));
+        c["probe"].clone()
+    };
+    let (native, runsc) = (probe("native"), probe("runsc"));
+    assert_eq!(native["release"], host.trim(), "{native}");
+    assert_ne!(runsc["release"], host.trim(), "{runsc}");
+    assert!(!runsc["procVersion"].as_str().unwrap_or(host.trim()).contains(host.trim()), "{runsc}");
+    // ember's seccomp refuses the probe's dangerous calls in both classes.
+    for p in [&native, &runsc] {
+        for call in ["bpf", "keyctl", "init_module", "kexec_load", "perf_event_open", "userfaultfd"] {
+            assert_eq!(p["syscalls"][call], "EPERM", "{call}: {p}");
+        }
+    }
+    check_files(&v, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}

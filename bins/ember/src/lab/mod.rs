@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5).
+//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -13,6 +13,7 @@
 //! duplicating `ember serve`'s root setup (agent, data dir, cgroup parent).
 //! The only host-side work is lab 1's baseline: a real worker process in a
 //! memory-limited cgroup the lab makes and removes.
+mod isolation;
 mod pool;
 mod pool_report;
 mod poolsim;
@@ -98,6 +99,12 @@ pub const LABS: &[Lab] = &[
         title: "Push to pull",
         wall: "a push allocator under worker failures runs tasks twice; ember's pull queue with leases does not",
     },
+    Lab {
+        n: 6,
+        name: "hard-isolation",
+        title: "Hard isolation",
+        wall: "a shared kernel is reachable from a sandbox; gVisor moves the boundary, at a price",
+    },
 ];
 
 pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -> anyhow::Result<i32> {
@@ -110,7 +117,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
         }
         LabCmd::Run { n, scale, out } => {
             let lab = LABS.iter().find(|l| l.n == n).with_context(|| {
-                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster; 6 is not written yet)")
+                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster)")
             })?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -120,6 +127,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
                 3 => pool::run(&client, scale, &dir).await?,
                 4 => workspace::run(&client, scale, &dir).await?,
                 5 => pushpull::run(scale, &dir).await?,
+                6 => isolation::run(&client, scale, &dir).await?,
                 _ => anyhow::bail!("lab {n} has no runner"),
             };
             finish(&report, &dir)
