@@ -21,9 +21,14 @@ fn run_lab(d: &Daemon, lab: u32, dir: &Path) -> Value {
 }
 
 fn run_lab_at(url: &str, lab: u32, dir: &Path) -> Value {
+    run_lab_with(url, lab, dir, &[])
+}
+
+fn run_lab_with(url: &str, lab: u32, dir: &Path, extra: &[&str]) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["lab", "run", &lab.to_string(), "--scale", "small", "--out"])
         .arg(dir)
+        .args(extra)
         .env("EMBER_URL", url)
         .output()
         .expect("ember runs");
@@ -214,5 +219,25 @@ fn lab_6_a_native_sandbox_sees_the_host_kernel_and_a_gvisor_one_does_not() {
         }
     }
     check_files(&v, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lab_2_a_cold_node_pulls_each_new_image_and_every_request_reaches_its_first_instruction() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let d = Daemon::start_with(&["--insecure-registry", &format!("127.0.0.1:{port}")]);
+    let dir = out_dir(&d, 2);
+    let v = run_lab_with(&d.url, 2, &dir, &["--registry-port", &port.to_string()]);
+    let data = &v["data"];
+    assert_eq!(data["absentBefore"], data["runs"], "each cold request named an image new to the node: {data}");
+    assert_eq!(data["cold"]["pull"]["samples"], data["runs"], "{data}");
+    for side in ["cold", "cached"] {
+        assert_eq!(data[side]["total"]["samples"], data["runs"], "{side}: {data}");
+    }
+    check_files(&v, &dir);
+    // The lab removed its templates and images.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let templates = rt.block_on(d.client.list_templates()).expect("templates");
+    assert!(templates.iter().all(|t| !t.name.starts_with("lab2-")), "{templates:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

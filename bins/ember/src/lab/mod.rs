@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
+//! (`shared*.rs` + `worker.rs`: lab 1; `ondemand.rs`: lab 2's node leg; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -14,6 +14,7 @@
 //! The only host-side work is lab 1's baseline: a real worker process in a
 //! memory-limited cgroup the lab makes and removes.
 mod isolation;
+mod ondemand;
 mod pool;
 mod pool_report;
 mod poolsim;
@@ -47,6 +48,10 @@ pub enum LabCmd {
         /// Output folder (default: lab-runs/0N-<name>-<unix seconds>).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Lab 2's local registry port (the daemon must list
+        /// 127.0.0.1:PORT in --insecure-registry, as for `ember bench image`).
+        #[arg(long, default_value_t = 5099)]
+        registry_port: u16,
     },
     /// Render every run under DIR (each a folder with report.json) as one
     /// Markdown page, DIR/index.md.
@@ -82,6 +87,12 @@ pub const LABS: &[Lab] = &[
         wall: "one task's OOM takes the others with it; a payload reads the worker's secrets",
     },
     Lab {
+        n: 2,
+        name: "on-demand",
+        title: "On demand",
+        wall: "a cold create per request: pull, unpack, launch, agent ready (the Kubernetes leg needs issue 12)",
+    },
+    Lab {
         n: 3,
         name: "warm-pool",
         title: "Warm pool",
@@ -115,15 +126,17 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             }
             Ok(0)
         }
-        LabCmd::Run { n, scale, out } => {
-            let lab = LABS.iter().find(|l| l.n == n).with_context(|| {
-                format!("no lab {n} here (`ember lab ls`; labs 2 and 7 need Kubernetes or the cluster)")
-            })?;
+        LabCmd::Run { n, scale, out, registry_port } => {
+            let lab = LABS
+                .iter()
+                .find(|l| l.n == n)
+                .with_context(|| format!("no lab {n} here (`ember lab ls`; lab 7 needs the cluster)"))?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let client = client()?;
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
+                2 => ondemand::run(&client, scale, &dir, registry_port).await?,
                 3 => pool::run(&client, scale, &dir).await?,
                 4 => workspace::run(&client, scale, &dir).await?,
                 5 => pushpull::run(scale, &dir).await?,
