@@ -100,6 +100,9 @@ pub enum Cmd {
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// The labs: each breaks something, then measures what answers it.
+    #[command(subcommand)]
+    Lab(crate::lab::LabCmd),
 }
 
 #[derive(Subcommand)]

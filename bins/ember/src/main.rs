@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod commands;
 mod datadir;
+mod lab;
 mod netsetup;
 mod serve;
 mod term;

@@ -44,6 +44,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-image",
                 "ember-snapshot",
                 "ember-net",
+                "ember-queue",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),

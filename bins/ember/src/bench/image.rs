@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 /// Pseudo-random, so gzip cannot shrink it and every run has new digests.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
         .map(|_| {

@@ -42,6 +42,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Runtime(crate::cli::RuntimeCmd::Ls { json }) => runtime_ls(&client()?, json).await,
         Cmd::Task(c) => task::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
+        Cmd::Lab(c) => crate::lab::run(c, client).await,
     }
 }
 
