@@ -249,3 +249,30 @@ async fn a_warm_claim_mounts_a_pvc_volume() {
     let (code, out, _) = d.sh(&a.id, "echo hi > /mnt/w/f && cat /mnt/w/f", None).await;
     assert_eq!((code, out.as_str()), (Some(0), "hi\n"));
 }
+
+/// A list taken while workspaces come and go answers with what exists: a
+/// workspace removed between the directory read and its status is left out,
+/// not turned into a 404 for the whole list (the API fuzzer's stateful phase
+/// found it: `GET /v1/workspaces` → `WORKSPACE::NOT_FOUND`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_amid_creates_and_removals_never_fails() {
+    let d = Daemon::start();
+    let churn = {
+        let c = d.client.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                let name = format!("churn-{}", i % 4);
+                let _ = c.create_workspace(&name, "16Mi").await;
+                let _ = c.delete_workspace(&name).await;
+            }
+        })
+    };
+    let mut lists = 0;
+    while !churn.is_finished() {
+        let all = d.client.list_workspaces().await.expect("a list amid churn");
+        assert!(all.iter().all(|w| w.name.starts_with("churn-")), "{all:?}");
+        lists += 1;
+    }
+    churn.await.expect("churn");
+    assert!(lists > 0);
+}

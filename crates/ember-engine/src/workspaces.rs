@@ -137,7 +137,12 @@ impl Workspaces {
         let names: Vec<String> = self.store.list().into_iter().map(|m| m.name).collect();
         let mut out = Vec::new();
         for n in names {
-            out.push(self.workspace(&n).await?);
+            match self.workspace(&n).await {
+                Ok(w) => out.push(w),
+                // Removed since the directory was read: not in the list.
+                Err(EngineError::Workspace(WorkspaceError::NotFound(_))) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }

@@ -38,6 +38,11 @@ pub struct WorkspaceStore {
     /// Serialises the attempt layers' open, commit and discard (`layer.rs`):
     /// a std Mutex, held over renames and mounts on a blocking thread.
     pub(crate) layers: parking_lot::Mutex<()>,
+    /// Serialises mounting, unmounting and removal: a status read that mounts
+    /// a workspace on demand must never remount one a removal has just
+    /// unmounted (the remount would leak, and the removal fail). Taken before
+    /// `layers` wherever both are held.
+    mounts: parking_lot::Mutex<()>,
 }
 
 /// The host-only dir at the root of every workspace filesystem.
@@ -69,7 +74,7 @@ fn now_ms() -> i64 {
 impl WorkspaceStore {
     pub fn open(root: PathBuf, owner: (u32, u32)) -> Result<WorkspaceStore, WorkspaceError> {
         std::fs::create_dir_all(&root).map_err(io("mkdir", &root))?;
-        Ok(WorkspaceStore { root, owner, layers: parking_lot::Mutex::new(()) })
+        Ok(WorkspaceStore { root, owner, layers: parking_lot::Mutex::new(()), mounts: parking_lot::Mutex::new(()) })
     }
 
     pub(crate) fn dir(&self, name: &str) -> PathBuf {
@@ -165,6 +170,11 @@ impl WorkspaceStore {
     /// the filesystem at `fs/`, its tree bound at `mnt/`. Commits decided
     /// before a crash are finished first (`layer.rs`). Returns `mnt/`.
     pub fn ensure_mounted(&self, name: &str) -> Result<PathBuf, WorkspaceError> {
+        let _g = self.mounts.lock();
+        self.ensure_mounted_locked(name)
+    }
+
+    fn ensure_mounted_locked(&self, name: &str) -> Result<PathBuf, WorkspaceError> {
         let (fs, mnt) = (self.fs_path(name), self.mount_path(name));
         if !mounted(&fs) {
             let img = self.dir(name).join("disk.img");
@@ -190,6 +200,11 @@ impl WorkspaceStore {
     }
 
     pub fn unmount(&self, name: &str) -> Result<(), WorkspaceError> {
+        let _g = self.mounts.lock();
+        self.unmount_locked(name)
+    }
+
+    fn unmount_locked(&self, name: &str) -> Result<(), WorkspaceError> {
         self.unmount_layers(name)?;
         for p in [self.mount_path(name), self.fs_path(name)] {
             if mounted(&p) {
@@ -212,11 +227,12 @@ impl WorkspaceStore {
     /// Unmounts and deletes the workspace and its data. Refused while a live
     /// sandbox holds its lease (`alive` tells).
     pub fn remove(&self, name: &str, alive: impl Fn(&str) -> bool) -> Result<(), WorkspaceError> {
+        let _g = self.mounts.lock();
         let meta = self.meta(name)?;
         if let Some(l) = meta.leases.lease.filter(|l| alive(&l.holder)) {
             return Err(WorkspaceError::InUse { name: name.into(), holder: l.holder });
         }
-        self.unmount(name)?;
+        self.unmount_locked(name)?;
         let dir = self.dir(name);
         std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))
     }
