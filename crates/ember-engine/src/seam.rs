@@ -32,6 +32,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod local;
+mod wire;
+
+pub use wire::{CreateWire, NodeCall};
 
 /// Where the agent proxy sends a sandbox's traffic. One enum so the proxy has
 /// one `match` to extend: the cluster adds a variant for a sandbox on another
@@ -42,6 +45,10 @@ pub enum AgentRoute {
     /// (root inside may swap it for a symlink): connect only through
     /// [`connect_agent`](crate::connect_agent), which pins it `O_PATH | O_NOFOLLOW`.
     Local { socket: PathBuf },
+    /// The sandbox runs on another node of the cluster: forward the request
+    /// to that node's own proxy route (`{base_url}/v1/sandboxes/{id}/proxy/...`)
+    /// with the cluster's API key, which every node of a cluster shares.
+    Remote { node: String, base_url: String, api_key: Option<String> },
 }
 
 /// Everything the API asks of the control plane. Object safe (`Arc<dyn
@@ -70,6 +77,13 @@ pub trait ControlPlane: Send + Sync {
     /// (creation time, then id). Cluster: the whole cluster, merged in that
     /// order (the API pages the result).
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError>;
+
+    /// This node's own sandboxes matching `f`, as [`list`](Self::list) orders
+    /// them: what a cluster's other nodes merge into their list. On one node
+    /// the same as `list`.
+    async fn list_node(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
+        self.list(f).await
+    }
 
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.
     async fn remove(&self, id: &str) -> Result<(), EngineError>;

@@ -1,0 +1,41 @@
+//! `POST /v1/cluster/call`: the one route a cluster's nodes call on each
+//! other. The body is a [`NodeCall`] (one seam call as data), run on this
+//! node's control plane; the answer is the call's result as JSON, or the
+//! `{code, message}` of its error, rendered as every other error is
+//! (`error.rs`), so the calling node can give its client the same error. It
+//! sits behind the API key like every route: the nodes of a cluster share it.
+use crate::error::ApiError;
+use crate::{ApiJson, ApiState};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ember_engine::{ListFilter, NodeCall};
+use serde::Serialize;
+
+fn json<T: Serialize>(v: T) -> Response {
+    Json(v).into_response()
+}
+
+pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Result<Response, ApiError> {
+    let e = &st.engine;
+    Ok(match call {
+        NodeCall::Create { req } => json(e.create(req.into()).await?),
+        NodeCall::Get { id } => json(e.get(&id).await?),
+        NodeCall::List { states, metadata } => json(e.list_node(&ListFilter { states, metadata }).await?),
+        NodeCall::Remove { id } => json(e.remove(&id).await?),
+        NodeCall::Pause { id } => json(e.pause(&id).await?),
+        NodeCall::Resume { id } => json(e.resume(&id).await?),
+        NodeCall::Checkpoint { id } => json(e.checkpoint(&id).await?),
+        NodeCall::Renew { id, expires_at_ms } => json(e.renew(&id, expires_at_ms).await?),
+        NodeCall::PatchMetadata { id, patch } => json(e.patch_metadata(&id, patch).await?),
+        NodeCall::Boundary { id } => json(e.boundary(&id).await?),
+        NodeCall::Stats { id } => json(e.stats(&id).await?),
+        NodeCall::AgentLog { id, max } => json(e.agent_log(&id, max).await?),
+        NodeCall::EgressPolicy { id } => json(e.egress_policy(&id).await?),
+        NodeCall::PatchEgress { id, rules } => json(e.patch_egress(&id, rules).await?),
+        NodeCall::DeleteEgress { id, targets } => json(e.delete_egress(&id, targets).await?),
+        NodeCall::EgressEnforced { id } => json(e.egress_enforced(&id).await?),
+        NodeCall::NetworkEvents { id } => json(e.network_events(&id).await?),
+        NodeCall::SnapshotSandbox { id, name } => json(e.snapshot_sandbox(&id, name).await?),
+    })
+}
