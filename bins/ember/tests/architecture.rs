@@ -14,7 +14,10 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-image", &["ember-sys"]),
         ("ember-workspace", &[]),
         ("ember-queue", &["ember-types"]),
-        ("ember-cluster", &["ember-types", "ember-queue"]),
+        (
+            "ember-cluster",
+            &["ember-types", "ember-queue", "ember-engine", "ember-image", "ember-snapshot", "ember-net"],
+        ),
         ("ember-net", &["ember-types", "ember-sys"]),
         (
             "ember-engine",
@@ -44,6 +47,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-image",
                 "ember-snapshot",
                 "ember-net",
+                "ember-cluster",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),
