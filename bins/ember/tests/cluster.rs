@@ -49,8 +49,13 @@ async fn ids(d: &Daemon) -> Option<Vec<String>> {
 #[test]
 fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
     let nats = nats::NatsCluster::start("routing", 3);
-    let a = node(&nats, "a", &[]);
-    let mut b = node(&nats, "b", &[]);
+    // One API key for the cluster: forwarded calls and proxied requests carry it.
+    let keyed = ["--api-key", "cluster-k3y"];
+    let mut a = node(&nats, "a", &keyed);
+    let mut b = node(&nats, "b", &keyed);
+    for d in [&mut a, &mut b] {
+        d.client = ember_client::Client::new(&d.url, Some("cluster-k3y".into())).expect("client");
+    }
     runtime().block_on(async {
         let on_a = a.create(|_| {}).await.id;
         let on_b = b.create(|_| {}).await.id;
@@ -61,6 +66,10 @@ fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
             })
             .await;
         }
+
+        let anonymous = ember_client::Client::new(&b.url, None).expect("client");
+        let refused = anonymous.get_sandbox(&on_a).await.expect_err("no key");
+        assert!(matches!(refused, ClientError::Api { status: 401, .. }), "{refused:?}");
 
         // Lifecycle through B, forwarded to A.
         let got = b.client.get_sandbox(&on_a).await.expect("get through b");
