@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NodeCall};
+use ember_engine::{ListFilter, NetworkWire, NodeCall};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -17,11 +17,14 @@ fn json<T: Serialize>(v: T) -> Response {
 }
 
 pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Result<Response, ApiError> {
-    let e = &st.engine;
+    // A create goes through the cluster's plane, which records where the
+    // sandbox is before answering; every other call runs on this node alone,
+    // so a forwarded call is never forwarded again.
+    let e = &st.engine.node_local().unwrap_or_else(|| st.engine.clone());
     Ok(match call {
-        NodeCall::Create { req } => json(e.create(req.into()).await?),
+        NodeCall::Create { req } => json(st.engine.create(req.into()).await?),
         NodeCall::Get { id } => json(e.get(&id).await?),
-        NodeCall::List { states, metadata } => json(e.list_node(&ListFilter { states, metadata }).await?),
+        NodeCall::List { states, metadata } => json(e.list(&ListFilter { states, metadata }).await?),
         NodeCall::Remove { id } => json(e.remove(&id).await?),
         NodeCall::Pause { id } => json(e.pause(&id).await?),
         NodeCall::Resume { id } => json(e.resume(&id).await?),
@@ -36,6 +39,8 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::DeleteEgress { id, targets } => json(e.delete_egress(&id, targets).await?),
         NodeCall::EgressEnforced { id } => json(e.egress_enforced(&id).await?),
         NodeCall::NetworkEvents { id } => json(e.network_events(&id).await?),
+        NodeCall::NetworkStatus { id } => json(NetworkWire::from(e.network_status(&id).await?)),
+        NodeCall::SetNetworkPolicy { id, policy } => json(NetworkWire::from(e.set_network_policy(&id, policy).await?)),
         NodeCall::SnapshotSandbox { id, name } => json(e.snapshot_sandbox(&id, name).await?),
     })
 }

@@ -34,7 +34,7 @@ use std::time::Duration;
 mod local;
 mod wire;
 
-pub use wire::{CreateWire, NodeCall};
+pub use wire::{CreateWire, NetworkWire, NodeCall};
 
 /// Where the agent proxy sends a sandbox's traffic. One enum so the proxy has
 /// one `match` to extend: the cluster adds a variant for a sandbox on another
@@ -78,11 +78,11 @@ pub trait ControlPlane: Send + Sync {
     /// order (the API pages the result).
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError>;
 
-    /// This node's own sandboxes matching `f`, as [`list`](Self::list) orders
-    /// them: what a cluster's other nodes merge into their list. On one node
-    /// the same as `list`.
-    async fn list_node(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
-        self.list(f).await
+    /// This node's own plane, when `self` routes between nodes (a cluster's):
+    /// a call forwarded from another node runs there, so it is never
+    /// forwarded again. `None` (the default) when `self` is already that.
+    fn node_local(&self) -> Option<std::sync::Arc<dyn ControlPlane>> {
+        None
     }
 
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.

@@ -134,40 +134,70 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::DeleteEgress { id, .. }
         | C::EgressEnforced { id }
         | C::NetworkEvents { id }
+        | C::NetworkStatus { id }
+        | C::SetNetworkPolicy { id, .. }
         | C::SnapshotSandbox { id, .. } => Some(id),
     }
 }
 
 /// The error the owning node rendered as `{code, message}` (ember-api's
-/// `error.rs`), rebuilt where its variant can be rebuilt exactly, so the
-/// client sees the same code and message. Other codes become `Internal`
-/// with the owner's code in the message (docs/cluster.md).
+/// `error.rs`), rebuilt where its variant can be rebuilt exactly — checked:
+/// the rebuilt error must render the very message —, so the client sees the
+/// same code and message. Other errors become `Internal` with the owner's
+/// code at the head of the message (docs/cluster.md).
 pub(crate) fn engine_error(code: &str, message: String, call: &NodeCall) -> EngineError {
-    let id = call_id(call).and_then(|i| SandboxId::try_from(i.to_string()).ok());
-    // "sandbox {id} is {state}, not Running|Paused"
-    let state = message
-        .split_once(" is ")
-        .and_then(|(_, rest)| rest.split_once(", not "))
-        .and_then(|(s, _)| serde_json::from_value::<SandboxState>(serde_json::Value::String(s.to_string())).ok());
-    match (code, id, state) {
-        ("SANDBOX::NOT_FOUND", Some(id), _) => EngineError::NotFound(id.to_string()),
-        ("SANDBOX::NOT_RUNNING", Some(id), Some(state)) => EngineError::NotRunning { id, state },
-        ("SANDBOX::NOT_PAUSED", Some(id), Some(state)) => EngineError::NotPaused { id, state },
-        ("SANDBOX::NO_EXPIRATION", Some(id), _) => EngineError::NoExpiration(id),
-        ("SANDBOX::BUSY", Some(id), _) => {
-            let prefix = format!("sandbox {id} is busy: ");
-            let message = message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message);
-            EngineError::Busy { id, message }
-        }
-        ("SANDBOX::INVALID_PARAMETER", ..) => {
-            let parsed = message.strip_prefix("invalid ").and_then(|m| m.split_once(": "));
-            match parsed.and_then(|(f, m)| FIELDS.iter().find(|k| **k == f).map(|k| (*k, m.to_string()))) {
-                Some((field, m)) => EngineError::InvalidRequest { field, message: m },
-                None => EngineError::InvalidRequest { field: "request", message },
-            }
-        }
+    match rebuild(code, &message, call) {
+        Some(e) if e.to_string() == message => e,
+        // Still the caller's mistake (400), in other words.
+        _ if code == "SANDBOX::INVALID_PARAMETER" => EngineError::InvalidRequest { field: "request", message },
         _ => EngineError::Internal(format!("{code}: {message}")),
     }
+}
+
+/// The text between `prefix` and `suffix` of `message`.
+fn between<'a>(message: &'a str, prefix: &str, suffix: &str) -> Option<&'a str> {
+    message.strip_prefix(prefix)?.strip_suffix(suffix)
+}
+
+fn rebuild(code: &str, message: &str, call: &NodeCall) -> Option<EngineError> {
+    let id = || call_id(call).and_then(|i| SandboxId::try_from(i.to_string()).ok());
+    // "sandbox {id} is {state}, not Running|Paused"
+    let state = || {
+        let (_, rest) = message.split_once(" is ")?;
+        let (s, _) = rest.split_once(", not ")?;
+        serde_json::from_value::<SandboxState>(serde_json::Value::String(s.to_string())).ok()
+    };
+    let quoted = |prefix: &str| {
+        let rest = message.strip_prefix(prefix)?.strip_prefix('"')?;
+        rest.split_once('"').map(|(name, _)| name.to_string())
+    };
+    Some(match code {
+        "SANDBOX::NOT_FOUND" => EngineError::NotFound(between(message, "sandbox ", " not found")?.to_string()),
+        "SANDBOX::NOT_RUNNING" => EngineError::NotRunning { id: id()?, state: state()? },
+        "SANDBOX::NOT_PAUSED" => EngineError::NotPaused { id: id()?, state: state()? },
+        "SANDBOX::NO_EXPIRATION" => EngineError::NoExpiration(id()?),
+        "SANDBOX::BUSY" => {
+            let id = id()?;
+            let rest = message.strip_prefix(&format!("sandbox {id} is busy: "))?.to_string();
+            EngineError::Busy { id, message: rest }
+        }
+        "SANDBOX::INVALID_PARAMETER" => {
+            let (field, rest) = message.strip_prefix("invalid ")?.split_once(": ")?;
+            let field = FIELDS.iter().find(|k| **k == field)?;
+            EngineError::InvalidRequest { field, message: rest.to_string() }
+        }
+        "SANDBOX::UNKNOWN_TEMPLATE" => EngineError::UnknownTemplate(quoted("unknown template ")?),
+        "TEMPLATE::EXISTS" => EngineError::TemplateExists(quoted("template ")?),
+        "POOL::NOT_FOUND" => EngineError::PoolNotFound(between(message, "pool ", " not found")?.to_string()),
+        "POOL::ALREADY_EXISTS" => EngineError::PoolExists(between(message, "pool ", " already exists")?.to_string()),
+        "SNAPSHOT::NOT_FOUND" => {
+            EngineError::SandboxSnapshotNotFound(between(message, "sandbox snapshot ", " not found")?.to_string())
+        }
+        "SNAPSHOT::OPERATION_NOT_FOUND" => EngineError::OperationNotFound(
+            between(message, "snapshot operation ", " not found (finished ones are kept for 10 minutes)")?.to_string(),
+        ),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -185,11 +215,22 @@ mod tests {
             ("SANDBOX::NOT_PAUSED", format!("sandbox {id} is Running, not Paused")),
             ("SANDBOX::BUSY", format!("sandbox {id} is busy: an exec stream is open")),
             ("SANDBOX::INVALID_PARAMETER", "invalid memory: at least 16Mi".to_string()),
+            ("SANDBOX::UNKNOWN_TEMPLATE", EngineError::UnknownTemplate("py".into()).to_string()),
+            ("TEMPLATE::EXISTS", EngineError::TemplateExists("py".into()).to_string()),
+            ("POOL::NOT_FOUND", "pool no-such-pool not found".to_string()),
+            ("POOL::ALREADY_EXISTS", "pool py already exists".to_string()),
+            ("SNAPSHOT::NOT_FOUND", format!("sandbox snapshot {id} not found")),
+            ("SNAPSHOT::OPERATION_NOT_FOUND", EngineError::OperationNotFound("op-1".into()).to_string()),
         ];
         for (code, message) in cases {
             let e = engine_error(code, message.clone(), &get);
             assert!(!matches!(e, EngineError::Internal(_)), "{code} rebuilt as Internal");
             assert_eq!(e.to_string(), message, "{code}");
         }
+        // A message that does not parse keeps the owner's text.
+        let e = engine_error("SANDBOX::INVALID_PARAMETER", "invalid request body: x".into(), &get);
+        assert!(matches!(&e, EngineError::InvalidRequest { .. }), "{e:?}");
+        let e = engine_error("WORKSPACE::IN_USE", "workspace w is in use".into(), &get);
+        assert_eq!(e.to_string(), "internal error: WORKSPACE::IN_USE: workspace w is in use");
     }
 }

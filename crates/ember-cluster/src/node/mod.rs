@@ -62,6 +62,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
     let sandboxes = registry::open_sandboxes(&js, &cfg.prefix, replicas).await?;
     let plane = Arc::new(ClusterPlane::new(cfg, local, nodes.clone(), sandboxes));
+    registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
     tokio::spawn(plane.clone().beat());
     Ok(plane)

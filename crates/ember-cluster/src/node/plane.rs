@@ -19,8 +19,8 @@ use ember_engine::pool::{CreatePool, PoolStatus};
 use ember_engine::tasks::TaskFilter;
 use ember_engine::templates::Template;
 use ember_engine::{
-    AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NodeCall, SandboxRecord,
-    SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus,
+    AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NetworkWire, NodeCall,
+    SandboxRecord, SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus,
 };
 use ember_image::{ImageRecord, LayerMeta, PruneReport, PullProgress};
 use ember_snapshot::{GcReport, SnapshotSummary};
@@ -136,7 +136,7 @@ impl ClusterPlane {
     /// every change the engine makes on its own (exit, TTL, OOM) and those
     /// made through another node's forwarded call. Returns the count.
     async fn reconcile(&self) -> u64 {
-        let Ok(list) = self.local.list_node(&ListFilter::default()).await else { return 0 };
+        let Ok(list) = self.local.list(&ListFilter::default()).await else { return 0 };
         let now: HashMap<String, String> = list.iter().map(|r| (r.id.to_string(), r.state.to_string())).collect();
         let last = self.published.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (id, state) in &now {
@@ -196,7 +196,13 @@ impl ClusterPlane {
             let call = &call;
             async move { self.fwd.call::<Vec<SandboxRecord>>(&n.name, &n.advertise, call).await }
         });
-        let (mine, theirs) = tokio::join!(self.list_node(f), futures_util::future::try_join_all(remote));
+        let mine = async {
+            match self.cfg.api_only {
+                true => Ok(Vec::new()),
+                false => self.local.list(f).await,
+            }
+        };
+        let (mine, theirs) = tokio::join!(mine, futures_util::future::try_join_all(remote));
         let mut all = mine?;
         all.extend(theirs?.into_iter().flatten());
         all.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
@@ -225,11 +231,8 @@ impl ControlPlane for ClusterPlane {
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
         self.merged(f).await
     }
-    async fn list_node(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
-        if self.cfg.api_only {
-            return Ok(Vec::new());
-        }
-        self.local.list(f).await
+    fn node_local(&self) -> Option<Arc<dyn ControlPlane>> {
+        Some(self.local.clone())
     }
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         match self.owner(id).await? {
@@ -294,16 +297,15 @@ impl ControlPlane for ClusterPlane {
     }
 
     async fn network_status(&self, id: &str) -> Result<NetworkStatus, EngineError> {
-        match self.owner(id).await? {
-            Owner::Here => self.local.network_status(id).await,
-            Owner::Node(n) => Err(not_routed("network status", id, &n)),
-        }
+        let call = NodeCall::NetworkStatus { id: id.into() };
+        let wire: NetworkWire = routed!(self, id, async { self.local.network_status(id).await.map(Into::into) }, call)?;
+        Ok(wire.into())
     }
     async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
-        match self.owner(id).await? {
-            Owner::Here => self.local.set_network_policy(id, policy).await,
-            Owner::Node(n) => Err(not_routed("network policy", id, &n)),
-        }
+        let call = NodeCall::SetNetworkPolicy { id: id.into(), policy: policy.clone() };
+        let local = async { self.local.set_network_policy(id, policy).await.map(Into::into) };
+        let wire: NetworkWire = routed!(self, id, local, call)?;
+        Ok(wire.into())
     }
     async fn network_events(&self, id: &str) -> Result<Vec<DeniedFlow>, EngineError> {
         routed!(self, id, self.local.network_events(id), NodeCall::NetworkEvents { id: id.into() })
@@ -466,11 +468,4 @@ impl ControlPlane for ClusterPlane {
     fn metrics_text(&self) -> String {
         self.local.metrics_text()
     }
-}
-
-fn not_routed(what: &str, id: &str, n: &NodeInfo) -> EngineError {
-    EngineError::Internal(format!(
-        "sandbox {id} is on node {} ({}): its {what} is not routed between nodes yet; ask that node",
-        n.name, n.advertise
-    ))
 }

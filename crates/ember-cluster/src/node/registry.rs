@@ -129,6 +129,23 @@ pub(crate) async fn open_sandboxes(
     bucket(js, format!("{prefix}_sandboxes"), replicas, Duration::ZERO).await
 }
 
+/// Reads every node's last heartbeat into `nodes` (as just seen), so a node
+/// knows the cluster before it serves: an API-only node started after the
+/// others can place its first create.
+pub(crate) async fn load_nodes(store: &kv::Store, nodes: &Nodes) -> Result<(), ClusterError> {
+    let fail = |e: &dyn std::fmt::Display| ClusterError::Bucket { name: "nodes".into(), reason: e.to_string() };
+    let mut keys = store.keys().await.map_err(|e| fail(&e))?;
+    while let Some(key) = keys.next().await {
+        let key = key.map_err(|e| fail(&e))?;
+        if let Some(v) = store.get(&key).await.map_err(|e| fail(&e))? {
+            if let Ok(info) = serde_json::from_slice::<NodeInfo>(&v) {
+                nodes.saw(info);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Follows the node bucket into `nodes` until the watch ends, then opens it
 /// again (a lost connection ends it).
 pub(crate) async fn watch_nodes(store: kv::Store, nodes: Arc<Nodes>) {

@@ -5,15 +5,17 @@
 //! error. Only the calls a cluster forwards are here; the request types the
 //! engine keeps transport-free ([`CreateSandbox`], [`ListFilter`]) cross as
 //! the mirrors below.
-use crate::{CreateSandbox, HostVolumeRequest, ListFilter, WorkspaceRequest};
+use crate::{CreateSandbox, HostVolumeRequest, ListFilter, NetworkStatus, WorkspaceRequest};
 use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::image::RegistryAuth;
 use ember_types::{EgressPolicy, NetworkMode, SandboxState, UserSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// One forwarded call. Sandbox calls name the sandbox; `List` asks for the
-/// node's own sandboxes only (`list_node`), so a merge never recurses.
+/// One forwarded call. The receiving node runs it on its own plane
+/// (`ControlPlane::node_local`; a create through the cluster's, which records
+/// the sandbox), so a call is forwarded once at most and `List` is that
+/// node's own sandboxes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum NodeCall {
@@ -34,6 +36,8 @@ pub enum NodeCall {
     DeleteEgress { id: String, targets: Vec<String> },
     EgressEnforced { id: String },
     NetworkEvents { id: String },
+    NetworkStatus { id: String },
+    SetNetworkPolicy { id: String, policy: EgressPolicy },
     SnapshotSandbox { id: String, name: Option<String> },
 }
 
@@ -66,6 +70,28 @@ pub struct CreateWire {
     pub network: Option<NetworkMode>,
     pub egress: Option<EgressPolicy>,
     pub snapshot_id: Option<String>,
+}
+
+/// [`NetworkStatus`] on the wire.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NetworkWire {
+    pub mode: NetworkMode,
+    pub policy: EgressPolicy,
+    pub address: Option<std::net::Ipv4Addr>,
+}
+
+impl From<NetworkStatus> for NetworkWire {
+    fn from(n: NetworkStatus) -> Self {
+        let NetworkStatus { mode, policy, address } = n;
+        NetworkWire { mode, policy, address }
+    }
+}
+
+impl From<NetworkWire> for NetworkStatus {
+    fn from(n: NetworkWire) -> Self {
+        let NetworkWire { mode, policy, address } = n;
+        NetworkStatus { mode, policy, address }
+    }
 }
 
 /// [`HostVolumeRequest`] on the wire.
