@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NetworkWire, NodeCall};
+use ember_engine::{ListFilter, NetworkWire, NodeCall, SnapshotFilter};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -42,5 +42,10 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::NetworkStatus { id } => json(NetworkWire::from(e.network_status(&id).await?)),
         NodeCall::SetNetworkPolicy { id, policy } => json(NetworkWire::from(e.set_network_policy(&id, policy).await?)),
         NodeCall::SnapshotSandbox { id, name } => json(e.snapshot_sandbox(&id, name).await?),
+        NodeCall::SandboxSnapshot { id } => json(e.sandbox_snapshot(&id).await?),
+        NodeCall::DeleteSandboxSnapshot { id } => json(e.delete_sandbox_snapshot(&id).await?),
+        NodeCall::ListSandboxSnapshots { sandbox_id, name, states } => {
+            json(e.list_sandbox_snapshots(&SnapshotFilter { sandbox_id, name, states }).await?)
+        }
     })
 }

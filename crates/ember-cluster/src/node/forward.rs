@@ -114,11 +114,11 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The sandbox id a call names, if any.
+/// The id a call names (a sandbox's, or a sandbox snapshot's), if any.
 fn call_id(call: &NodeCall) -> Option<&str> {
     use NodeCall as C;
     match call {
-        C::Create { .. } | C::List { .. } => None,
+        C::Create { .. } | C::List { .. } | C::ListSandboxSnapshots { .. } => None,
         C::Get { id }
         | C::Remove { id }
         | C::Pause { id }
@@ -136,7 +136,9 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::NetworkEvents { id }
         | C::NetworkStatus { id }
         | C::SetNetworkPolicy { id, .. }
-        | C::SnapshotSandbox { id, .. } => Some(id),
+        | C::SnapshotSandbox { id, .. }
+        | C::SandboxSnapshot { id }
+        | C::DeleteSandboxSnapshot { id } => Some(id),
     }
 }
 

@@ -3,7 +3,8 @@
 //! to the node holding the sandbox (docs/cluster.md, "Nodes and routing").
 //!
 //! `registry.rs` the two buckets and liveness, `plane.rs` the routing,
-//! `forward.rs` the calls to another node's API.
+//! `snapshots.rs` sandbox snapshot records across nodes, `forward.rs` the
+//! calls to another node's API.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 mod forward;
 mod plane;
 mod registry;
+mod snapshots;
 
 pub use plane::ClusterPlane;
 pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};

@@ -7,11 +7,13 @@
 //! and two nodes never forward one call to each other: the registry names one
 //! node, which either holds the sandbox or answers `NotFound`. `list` merges
 //! every live node's own list; `create` places on this node, or (API-only)
-//! on a live node picked by best-of-two on free memory. Everything else
-//! (pools, workspaces, snapshots, images, templates, tasks) is this node's
+//! on a live node picked by best-of-two on free memory (a restore on the node
+//! holding its snapshot's record, `snapshots.rs`). Everything else (pools,
+//! workspaces, workspace snapshots, images, templates, tasks) is this node's
 //! own for now (docs/cluster.md says what is not routed yet).
 use super::forward::Forwarder;
 use super::registry::{self, NodeInfo, Nodes, SandboxEntry, HEARTBEAT};
+use super::snapshots::Holder;
 use super::NodeConfig;
 use async_nats::jetstream::kv;
 use ember_engine::pool::plan::Target;
@@ -82,6 +84,28 @@ impl ClusterPlane {
 
     pub fn name(&self) -> &str {
         &self.cfg.name
+    }
+
+    pub(super) fn api_only(&self) -> bool {
+        self.cfg.api_only
+    }
+
+    pub(super) fn local(&self) -> &Arc<dyn ControlPlane> {
+        &self.local
+    }
+
+    /// The live nodes that run sandboxes, this one left out.
+    pub(super) fn other_nodes(&self) -> Vec<NodeInfo> {
+        self.nodes.live().into_iter().filter(|n| !n.api_only && n.name != self.cfg.name).collect()
+    }
+
+    /// Runs `call` on node `n`.
+    pub(super) async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        n: &NodeInfo,
+        call: &NodeCall,
+    ) -> Result<T, EngineError> {
+        self.fwd.call(&n.name, &n.advertise, call).await
     }
 
     /// Which node holds sandbox `id` (see the module docs).
@@ -191,10 +215,9 @@ impl ClusterPlane {
     /// partial list is never passed off as the whole.
     async fn merged(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
         let call = NodeCall::list(f);
-        let others = self.nodes.live().into_iter().filter(|n| !n.api_only && n.name != self.cfg.name);
-        let remote = others.map(|n| {
+        let remote = self.other_nodes().into_iter().map(|n| {
             let call = &call;
-            async move { self.fwd.call::<Vec<SandboxRecord>>(&n.name, &n.advertise, call).await }
+            async move { self.forward::<Vec<SandboxRecord>>(&n, call).await }
         });
         let mine = async {
             match self.cfg.api_only {
@@ -217,6 +240,12 @@ fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError 
 #[async_trait::async_trait]
 impl ControlPlane for ClusterPlane {
     async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+        // A restore runs where the snapshot's record is.
+        if let Some(snapshot) = &req.snapshot_id {
+            if let Holder::Node(n) = self.find_snapshot(snapshot).await?.0 {
+                return self.forward(&n, &NodeCall::Create { req: req.into() }).await;
+            }
+        }
         if self.cfg.api_only {
             let n = self.place()?;
             return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: req.into() }).await;
@@ -400,13 +429,13 @@ impl ControlPlane for ClusterPlane {
         routed!(self, id, self.local.snapshot_sandbox(id, name), call)
     }
     async fn sandbox_snapshot(&self, id: &str) -> Result<SandboxSnapshotRecord, EngineError> {
-        self.local.sandbox_snapshot(id).await
+        Ok(self.find_snapshot(id).await?.1)
     }
     async fn delete_sandbox_snapshot(&self, id: &str) -> Result<(), EngineError> {
-        self.local.delete_sandbox_snapshot(id).await
+        self.delete_snapshot_anywhere(id).await
     }
     async fn list_sandbox_snapshots(&self, f: &SnapshotFilter) -> Result<Vec<SandboxSnapshotRecord>, EngineError> {
-        self.local.list_sandbox_snapshots(f).await
+        self.all_snapshots(f).await
     }
     async fn list_images(&self) -> Result<Vec<ImageRecord>, EngineError> {
         self.local.list_images().await

@@ -5,7 +5,9 @@
 //! error. Only the calls a cluster forwards are here; the request types the
 //! engine keeps transport-free ([`CreateSandbox`], [`ListFilter`]) cross as
 //! the mirrors below.
-use crate::{CreateSandbox, HostVolumeRequest, ListFilter, NetworkStatus, WorkspaceRequest};
+use crate::{
+    CreateSandbox, HostVolumeRequest, ListFilter, NetworkStatus, SandboxSnapshotState, SnapshotFilter, WorkspaceRequest,
+};
 use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::image::RegistryAuth;
 use ember_types::{EgressPolicy, NetworkMode, SandboxState, UserSpec};
@@ -39,11 +41,19 @@ pub enum NodeCall {
     NetworkStatus { id: String },
     SetNetworkPolicy { id: String, policy: EgressPolicy },
     SnapshotSandbox { id: String, name: Option<String> },
+    SandboxSnapshot { id: String },
+    DeleteSandboxSnapshot { id: String },
+    ListSandboxSnapshots { sandbox_id: Option<String>, name: Option<String>, states: Vec<SandboxSnapshotState> },
 }
 
 impl NodeCall {
     pub fn list(f: &ListFilter) -> NodeCall {
         NodeCall::List { states: f.states.clone(), metadata: f.metadata.clone() }
+    }
+
+    pub fn list_snapshots(f: &SnapshotFilter) -> NodeCall {
+        let SnapshotFilter { sandbox_id, name, states } = f.clone();
+        NodeCall::ListSandboxSnapshots { sandbox_id, name, states }
     }
 }
 
