@@ -83,8 +83,13 @@ impl Nodes {
     }
 }
 
-/// Opens (creates if absent) a bucket read from its leader (see `queue/setup.rs`
-/// for why reads must not be direct).
+/// Opens (creates if absent) a bucket read from its leader: a direct get is
+/// answered by any replica, and a lagging one misses a sandbox just put (see
+/// `queue/setup.rs`). async-nats creates buckets with direct gets on, so the
+/// stream is updated and the bucket opened again, on every start: a node
+/// that found the bucket another node had just created must not keep the
+/// direct reads it was opened with (seen as a sandbox "not found" through
+/// the non-owner right after its create, one run in a few).
 pub(crate) async fn bucket(
     js: &jetstream::Context,
     name: String,
@@ -92,18 +97,21 @@ pub(crate) async fn bucket(
     max_age: Duration,
 ) -> Result<kv::Store, ClusterError> {
     let fail = |e: &dyn std::fmt::Display| ClusterError::Bucket { name: name.clone(), reason: e.to_string() };
-    if let Ok(kv) = js.get_key_value(name.as_str()).await {
-        return Ok(kv);
+    if js.get_key_value(name.as_str()).await.is_err() {
+        let config = kv::Config {
+            bucket: name.clone(),
+            history: 1,
+            max_age,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        // Another node may create it at the same moment: its error is ours
+        // only if the stream is then still missing (below).
+        if let Err(e) = js.create_key_value(config).await {
+            tracing::debug!(bucket = %name, error = %e, "create bucket");
+        }
     }
-    let config = kv::Config {
-        bucket: name.clone(),
-        history: 1,
-        max_age,
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: replicas,
-        ..Default::default()
-    };
-    js.create_key_value(config).await.map_err(|e| fail(&e))?;
     let mut stream = js.get_stream(format!("KV_{name}")).await.map_err(|e| fail(&e))?;
     let mut config = stream.info().await.map_err(|e| fail(&e))?.config.clone();
     if config.allow_direct {
