@@ -16,7 +16,15 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-queue", &["ember-types"]),
         (
             "ember-cluster",
-            &["ember-types", "ember-queue", "ember-engine", "ember-image", "ember-snapshot", "ember-net"],
+            &[
+                "ember-types",
+                "ember-queue",
+                "ember-engine",
+                "ember-image",
+                "ember-snapshot",
+                "ember-net",
+                "ember-workspace",
+            ],
         ),
         ("ember-net", &["ember-types", "ember-sys"]),
         (

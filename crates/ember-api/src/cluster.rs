@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NetworkWire, NodeCall, SnapshotFilter};
+use ember_engine::{ListFilter, NetworkWire, NodeCall, SnapshotFilter, WorkspaceStatusWire as Ws};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -47,5 +47,9 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::ListSandboxSnapshots { sandbox_id, name, states } => {
             json(e.list_sandbox_snapshots(&SnapshotFilter { sandbox_id, name, states }).await?)
         }
+        NodeCall::CreateWorkspace { name, size_bytes } => json(Ws::from(e.create_workspace(name, size_bytes).await?)),
+        NodeCall::Workspace { name } => json(Ws::from(e.workspace(&name).await?)),
+        NodeCall::ListWorkspaces => json(e.list_workspaces().await?.into_iter().map(Ws::from).collect::<Vec<_>>()),
+        NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
     })
 }

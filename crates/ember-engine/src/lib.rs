@@ -36,7 +36,7 @@ pub mod templates;
 mod workspaces;
 
 pub use sandbox_snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
-pub use seam::{AgentRoute, ControlPlane, CreateWire, NetworkWire, NodeCall};
+pub use seam::{AgentRoute, ControlPlane, CreateWire, NetworkWire, NodeCall, WorkspaceStatusWire};
 pub use snapshot_ops::{OpKind, SnapshotOp};
 pub use snapshots::SnapshotStoreConfig;
 

@@ -118,7 +118,13 @@ fn chain(e: &dyn std::error::Error) -> String {
 fn call_id(call: &NodeCall) -> Option<&str> {
     use NodeCall as C;
     match call {
-        C::Create { .. } | C::List { .. } | C::ListSandboxSnapshots { .. } => None,
+        C::Create { .. }
+        | C::List { .. }
+        | C::ListSandboxSnapshots { .. }
+        | C::ListWorkspaces
+        | C::CreateWorkspace { .. }
+        | C::Workspace { .. }
+        | C::RemoveWorkspace { .. } => None,
         C::Get { id }
         | C::Remove { id }
         | C::Pause { id }
@@ -195,6 +201,9 @@ fn rebuild(code: &str, message: &str, call: &NodeCall) -> Option<EngineError> {
         "SNAPSHOT::NOT_FOUND" => {
             EngineError::SandboxSnapshotNotFound(between(message, "sandbox snapshot ", " not found")?.to_string())
         }
+        "WORKSPACE::NOT_FOUND" => EngineError::Workspace(ember_workspace::WorkspaceError::NotFound(
+            between(message, "workspace ", " not found")?.to_string(),
+        )),
         "SNAPSHOT::OPERATION_NOT_FOUND" => EngineError::OperationNotFound(
             between(message, "snapshot operation ", " not found (finished ones are kept for 10 minutes)")?.to_string(),
         ),
@@ -220,6 +229,7 @@ mod tests {
             ("SANDBOX::UNKNOWN_TEMPLATE", EngineError::UnknownTemplate("py".into()).to_string()),
             ("TEMPLATE::EXISTS", EngineError::TemplateExists("py".into()).to_string()),
             ("POOL::NOT_FOUND", "pool no-such-pool not found".to_string()),
+            ("WORKSPACE::NOT_FOUND", "workspace e2e-none not found".to_string()),
             ("POOL::ALREADY_EXISTS", "pool py already exists".to_string()),
             ("SNAPSHOT::NOT_FOUND", format!("sandbox snapshot {id} not found")),
             ("SNAPSHOT::OPERATION_NOT_FOUND", EngineError::OperationNotFound("op-1".into()).to_string()),

@@ -3,16 +3,16 @@
 //! to the node holding the sandbox (docs/cluster.md, "Nodes and routing").
 //!
 //! `registry.rs` the two buckets and liveness, `plane.rs` the routing,
-//! `snapshots.rs` sandbox snapshot records across nodes, `forward.rs` the
+//! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
 
+mod elsewhere;
 mod forward;
 mod plane;
 mod registry;
-mod snapshots;
 
 pub use plane::ClusterPlane;
 pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};

@@ -8,12 +8,13 @@
 //! node, which either holds the sandbox or answers `NotFound`. `list` merges
 //! every live node's own list; `create` places on this node, or (API-only)
 //! on a live node picked by best-of-two on free memory (a restore on the node
-//! holding its snapshot's record, `snapshots.rs`). Everything else (pools,
-//! workspaces, workspace snapshots, images, templates, tasks) is this node's
-//! own for now (docs/cluster.md says what is not routed yet).
+//! holding its snapshot's record, a sandbox with workspaces where they are;
+//! sandbox snapshot records and workspaces are found by asking the nodes,
+//! `elsewhere.rs`). Everything else (pools, workspace snapshots, images,
+//! templates, tasks) is this node's own for now (docs/cluster.md says what is
+//! not routed yet).
 use super::forward::Forwarder;
 use super::registry::{self, NodeInfo, Nodes, SandboxEntry, HEARTBEAT};
-use super::snapshots::Holder;
 use super::NodeConfig;
 use async_nats::jetstream::kv;
 use ember_engine::pool::plan::Target;
@@ -22,7 +23,7 @@ use ember_engine::tasks::TaskFilter;
 use ember_engine::templates::Template;
 use ember_engine::{
     AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NetworkWire, NodeCall,
-    SandboxRecord, SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus,
+    SandboxRecord, SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus, WorkspaceStatusWire,
 };
 use ember_image::{ImageRecord, LayerMeta, PruneReport, PullProgress};
 use ember_snapshot::{GcReport, SnapshotSummary};
@@ -240,11 +241,10 @@ fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError 
 #[async_trait::async_trait]
 impl ControlPlane for ClusterPlane {
     async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
-        // A restore runs where the snapshot's record is.
-        if let Some(snapshot) = &req.snapshot_id {
-            if let Holder::Node(n) = self.find_snapshot(snapshot).await?.0 {
-                return self.forward(&n, &NodeCall::Create { req: req.into() }).await;
-            }
+        // A restore runs where the snapshot's record is, a sandbox with
+        // workspaces where they are.
+        if let Some(n) = self.pinned(&req).await? {
+            return self.forward(&n, &NodeCall::Create { req: req.into() }).await;
         }
         if self.cfg.api_only {
             let n = self.place()?;
@@ -369,16 +369,25 @@ impl ControlPlane for ClusterPlane {
         self.local.remove_pool(name).await
     }
     async fn create_workspace(&self, name: String, size_bytes: u64) -> Result<WorkspaceStatus, EngineError> {
+        // Names are cluster-unique: one on another node is this name taken.
+        if self.find_workspace(&name).await.is_ok() {
+            return Err(EngineError::Workspace(ember_workspace::WorkspaceError::Exists(name)));
+        }
+        if self.cfg.api_only {
+            let n = self.place()?;
+            let w: WorkspaceStatusWire = self.forward(&n, &NodeCall::CreateWorkspace { name, size_bytes }).await?;
+            return Ok(w.into());
+        }
         self.local.create_workspace(name, size_bytes).await
     }
     async fn list_workspaces(&self) -> Result<Vec<WorkspaceStatus>, EngineError> {
-        self.local.list_workspaces().await
+        self.all_workspaces().await
     }
     async fn workspace(&self, name: &str) -> Result<WorkspaceStatus, EngineError> {
-        self.local.workspace(name).await
+        Ok(self.find_workspace(name).await?.1)
     }
     async fn remove_workspace(&self, name: &str) -> Result<(), EngineError> {
-        self.local.remove_workspace(name).await
+        self.remove_workspace_anywhere(name).await
     }
     async fn snapshot_workspace_op(
         &self,

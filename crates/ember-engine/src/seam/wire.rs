@@ -2,11 +2,12 @@
 //! sandbox sends its owner a [`NodeCall`] (ember-api's `POST /v1/cluster/call`),
 //! which the owner runs on its own [`ControlPlane`](super::ControlPlane) and
 //! answers with the call's result as JSON, or the `{code, message}` of its
-//! error. Only the calls a cluster forwards are here; the request types the
-//! engine keeps transport-free ([`CreateSandbox`], [`ListFilter`]) cross as
-//! the mirrors below.
+//! error. Only the calls a cluster forwards are here; the types the engine
+//! keeps transport-free ([`CreateSandbox`], [`NetworkStatus`],
+//! [`WorkspaceStatus`]) cross as the mirrors below.
 use crate::{
-    CreateSandbox, HostVolumeRequest, ListFilter, NetworkStatus, SandboxSnapshotState, SnapshotFilter, WorkspaceRequest,
+    CreateSandbox, HostVolumeRequest, ListFilter, NetworkStatus, SandboxSnapshotState, SnapshotFilter,
+    WorkspaceRequest, WorkspaceStatus,
 };
 use ember_types::api::{NetworkPolicy, NetworkRule};
 use ember_types::image::RegistryAuth;
@@ -44,6 +45,10 @@ pub enum NodeCall {
     SandboxSnapshot { id: String },
     DeleteSandboxSnapshot { id: String },
     ListSandboxSnapshots { sandbox_id: Option<String>, name: Option<String>, states: Vec<SandboxSnapshotState> },
+    CreateWorkspace { name: String, size_bytes: u64 },
+    Workspace { name: String },
+    ListWorkspaces,
+    RemoveWorkspace { name: String },
 }
 
 impl NodeCall {
@@ -101,6 +106,28 @@ impl From<NetworkWire> for NetworkStatus {
     fn from(n: NetworkWire) -> Self {
         let NetworkWire { mode, policy, address } = n;
         NetworkStatus { mode, policy, address }
+    }
+}
+
+/// [`WorkspaceStatus`] on the wire.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkspaceStatusWire {
+    pub meta: ember_workspace::WorkspaceMeta,
+    pub used_bytes: u64,
+    pub mounted: bool,
+}
+
+impl From<WorkspaceStatus> for WorkspaceStatusWire {
+    fn from(w: WorkspaceStatus) -> Self {
+        let WorkspaceStatus { meta, used_bytes, mounted } = w;
+        WorkspaceStatusWire { meta, used_bytes, mounted }
+    }
+}
+
+impl From<WorkspaceStatusWire> for WorkspaceStatus {
+    fn from(w: WorkspaceStatusWire) -> Self {
+        let WorkspaceStatusWire { meta, used_bytes, mounted } = w;
+        WorkspaceStatus { meta, used_bytes, mounted }
     }
 }
 
