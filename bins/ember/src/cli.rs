@@ -16,6 +16,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process; `serve`'s flags are the largest")]
 pub enum Cmd {
     /// Run the daemon (embedded single-node mode).
     Serve(ServeArgs),
