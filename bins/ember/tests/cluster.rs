@@ -150,3 +150,47 @@ fn an_api_only_node_places_a_create_on_a_node_that_runs_sandboxes() {
         router.client.delete_sandbox(&id).await.expect("remove through the router");
     });
 }
+
+/// The node registry's stream loses its leader (SIGKILL of that NATS
+/// server): no heartbeat gets through until the election ends (seconds,
+/// longer than the time after which a silent node is dead), so every node
+/// is silent alike. No node may be taken for dead meanwhile: A keeps listing
+/// B's sandbox through the whole election.
+#[test]
+fn an_election_of_the_node_registry_takes_no_node_for_dead() {
+    let mut nats = nats::NatsCluster::start("election", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    let rt = runtime();
+    let on_b = rt.block_on(async {
+        let id = b.create(|_| {}).await.id;
+        eventually(Duration::from_secs(20), "a lists b's sandbox", || async {
+            ids(&a).await.filter(|l| l.contains(&id))
+        })
+        .await;
+        id
+    });
+    let info = "$JS.API.STREAM.INFO.KV_ember_nodes";
+    let old = nats.stream_leader("KV_ember_nodes");
+    nats.kill(&old);
+    let killed = Instant::now();
+    let mut checks = 0;
+    loop {
+        let listed = rt.block_on(ids(&a));
+        assert!(
+            listed.as_ref().is_some_and(|l| l.contains(&on_b)),
+            "after {:?} of the election, a lists {listed:?} without b's sandbox {on_b}",
+            killed.elapsed()
+        );
+        checks += 1;
+        let leader = nats::request(&nats.urls_running(), info)
+            .ok()
+            .and_then(|v| v["cluster"]["leader"].as_str().map(str::to_string));
+        if leader.is_some_and(|l| l != old) {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "no new leader of the node registry");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("election of the node registry: {:?}, a's list checked {checks} times", killed.elapsed());
+}

@@ -71,7 +71,8 @@ impl ClusterPlane {
         sandboxes: kv::Store,
     ) -> ClusterPlane {
         let fwd = Forwarder::new(cfg.api_key.clone());
-        ClusterPlane { cfg, local, nodes_kv, sandboxes, nodes: Arc::default(), fwd, published: Mutex::default() }
+        let nodes = Arc::new(Nodes::new(cfg.name.clone()));
+        ClusterPlane { cfg, local, nodes_kv, sandboxes, nodes, fwd, published: Mutex::default() }
     }
 
     pub(super) fn nodes(&self) -> Arc<Nodes> {
@@ -251,7 +252,11 @@ impl ControlPlane for ClusterPlane {
             return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: req.into() }).await;
         }
         let rec = self.local.create(req).await?;
-        self.publish(rec.id.as_str(), rec.state.to_string()).await?;
+        // The sandbox exists: a registry that takes no write now (an
+        // election) gets it from the next reconcile, not the client an error.
+        if let Err(e) = self.publish(rec.id.as_str(), rec.state.to_string()).await {
+            tracing::warn!(error = %e, "sandbox registry after a create; the reconciler retries");
+        }
         Ok(rec)
     }
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
@@ -267,7 +272,11 @@ impl ControlPlane for ClusterPlane {
         match self.owner(id).await? {
             Owner::Here => {
                 self.local.remove(id).await?;
-                self.unpublish(id).await
+                // As after a create: the reconciler deletes what this missed.
+                if let Err(e) = self.unpublish(id).await {
+                    tracing::warn!(error = %e, "sandbox registry after a remove; the reconciler retries");
+                }
+                Ok(())
             }
             Owner::Node(n) => self.fwd.call(&n.name, &n.advertise, &NodeCall::Remove { id: id.into() }).await,
         }

@@ -1,10 +1,10 @@
 //! The node registry and the sandbox registry, two key-value buckets.
 //!
 //! `<prefix>_nodes`: node name → [`NodeInfo`], put by each node every
-//! [`HEARTBEAT`]. Liveness is judged by the watcher, on its own monotonic
-//! clock: a node is live while a put of its key arrived less than
-//! [`DEAD_AFTER`] ago. No two hosts' clocks are compared, so skew cannot
-//! make a node dead or alive. The bucket's `max_age` only collects the keys
+//! [`HEARTBEAT`]. Liveness is judged by each node's watcher, on its own
+//! monotonic clock: a node is live while its last put arrived less than
+//! [`DEAD_AFTER`] before this node's own last put came back ([`Nodes`]). No
+//! two hosts' clocks are compared, so skew cannot make a node dead or alive. The bucket's `max_age` only collects the keys
 //! of nodes gone for good.
 //!
 //! `<prefix>_sandboxes`: sandbox id → [`SandboxEntry`] (its node, its
@@ -51,33 +51,57 @@ pub struct SandboxEntry {
 
 /// This node's view of the others: the last heartbeat of each and when it
 /// arrived here.
-#[derive(Default)]
+///
+/// A node is dead when its last beat arrived more than [`DEAD_AFTER`] before
+/// this node's own last beat came back through the bucket: silence is
+/// measured against a beat that got through, not against the clock alone.
+/// While the bucket takes no writes (its stream electing a leader, seconds;
+/// this node cut off from NATS) no beat arrives, this node's included, and
+/// nobody is taken for dead: the lists stay whole instead of dropping every
+/// other node's sandboxes. Before this node's first beat came back, the
+/// clock alone judges.
 pub struct Nodes {
+    me: String,
     seen: Mutex<HashMap<String, (NodeInfo, Instant)>>,
 }
 
 impl Nodes {
+    pub(crate) fn new(me: String) -> Nodes {
+        Nodes { me, seen: Mutex::default() }
+    }
+
     fn saw(&self, info: NodeInfo) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.insert(info.name.clone(), (info, Instant::now()));
     }
 
+    /// How long `at` was before the reference beat (see the type's docs).
+    fn silence(seen: &HashMap<String, (NodeInfo, Instant)>, me: &str, at: Instant) -> Duration {
+        match seen.get(me) {
+            Some((_, mine)) => mine.saturating_duration_since(at),
+            None => at.elapsed(),
+        }
+    }
+
     /// The live nodes, by name.
     pub fn live(&self) -> Vec<NodeInfo> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<NodeInfo> =
-            seen.values().filter(|(_, at)| at.elapsed() < DEAD_AFTER).map(|(i, _)| i.clone()).collect();
+        let mut out: Vec<NodeInfo> = seen
+            .values()
+            .filter(|(_, at)| Self::silence(&seen, &self.me, *at) < DEAD_AFTER)
+            .map(|(i, _)| i.clone())
+            .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 
-    /// `name`'s last heartbeat if it is live; else how long it has been silent
-    /// (`None`: never heard of).
+    /// `name`'s last heartbeat if it is live; else how long it had been
+    /// silent at this node's last beat (`None`: never heard of).
     pub fn get(&self, name: &str) -> Result<NodeInfo, Option<Duration>> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         match seen.get(name) {
-            Some((info, at)) if at.elapsed() < DEAD_AFTER => Ok(info.clone()),
-            Some((_, at)) => Err(Some(at.elapsed())),
+            Some((info, at)) if Self::silence(&seen, &self.me, *at) < DEAD_AFTER => Ok(info.clone()),
+            Some((_, at)) => Err(Some(Self::silence(&seen, &self.me, *at))),
             None => Err(None),
         }
     }
