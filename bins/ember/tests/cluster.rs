@@ -194,3 +194,29 @@ fn an_election_of_the_node_registry_takes_no_node_for_dead() {
     }
     eprintln!("election of the node registry: {:?}, a's list checked {checks} times", killed.elapsed());
 }
+
+/// The sandbox registry's stream loses its leader: a non-owner that has to
+/// find a sandbox in it waits through the election (latency), and answers.
+#[test]
+fn a_call_through_the_non_owner_waits_through_an_election_of_the_sandbox_registry() {
+    let mut nats = nats::NatsCluster::start("registry-election", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    let rt = runtime();
+    let on_b = rt.block_on(async {
+        let id = b.create(|_| {}).await.id;
+        eventually(Duration::from_secs(20), "a lists b's sandbox", || async {
+            ids(&a).await.filter(|l| l.contains(&id))
+        })
+        .await;
+        id
+    });
+    let old = nats.stream_leader("KV_ember_sandboxes");
+    nats.kill(&old);
+    let killed = Instant::now();
+    rt.block_on(async {
+        let got = a.client.get_sandbox(&on_b).await.expect("get through the non-owner during the election");
+        assert_eq!(got.status.state, "Running");
+    });
+    eprintln!("get through the non-owner answered {:?} after the registry leader's kill", killed.elapsed());
+}

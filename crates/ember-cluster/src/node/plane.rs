@@ -16,6 +16,7 @@
 use super::forward::Forwarder;
 use super::registry::{self, NodeInfo, Nodes, SandboxEntry, HEARTBEAT};
 use super::NodeConfig;
+use crate::retry::{again, retry, RETRY_BUDGET};
 use async_nats::jetstream::kv;
 use ember_engine::pool::plan::Target;
 use ember_engine::pool::{CreatePool, PoolStatus};
@@ -123,7 +124,13 @@ impl ClusterPlane {
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
             return Err(EngineError::NotFound(id.to_string()));
         }
-        let entry = self.sandboxes.get(id).await.map_err(|e| registry_error("read", id, &e))?;
+        // Through an election of the bucket's stream: latency, not an error
+        // (the queue's retry policy, `retry.rs`).
+        let entry = retry(RETRY_BUDGET, "read the sandbox registry", id, || async {
+            self.sandboxes.get(id).await.map_err(again)
+        })
+        .await
+        .map_err(|e| registry_error("read", id, &e))?;
         let Some(entry) = entry.and_then(|b| serde_json::from_slice::<SandboxEntry>(&b).ok()) else {
             return Err(EngineError::NotFound(id.to_string()));
         };
