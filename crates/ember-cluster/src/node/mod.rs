@@ -2,13 +2,15 @@
 //! registry, and [`ClusterPlane`], the [`ControlPlane`] that routes each call
 //! to the node holding the sandbox (docs/cluster.md, "Nodes and routing").
 //!
-//! `registry.rs` the two buckets and liveness, `plane.rs` the routing,
+//! `registry.rs` the two buckets and liveness, `beat.rs` the heartbeat and
+//! the sandbox registry's reconciler, `plane.rs` the routing,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
 
+mod beat;
 mod elsewhere;
 mod forward;
 mod plane;
