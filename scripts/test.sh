@@ -68,4 +68,14 @@ set -e
 if [[ $code -eq 5 ]]; then
   echo "scripts/test.sh: pytest collected no tests in tests/e2e/opensandbox" >&2
 fi
+# The same suite through a cluster node that owns no sandbox: the SDKs talk
+# to an --api-only node, every call is routed to the node that holds it.
+echo "== OpenSandbox SDK end-to-end through a non-owning cluster node"
+set +e
+EMBER_E2E_NATS_SERVER="$EMBER_NATS_SERVER" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e/opensandbox
+cluster_code=$?
+set -e
+if [[ $code -eq 0 ]]; then
+  code=$cluster_code
+fi
 exit $code

@@ -16,6 +16,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process; `serve`'s flags are the largest")]
 pub enum Cmd {
     /// Run the daemon (embedded single-node mode).
     Serve(ServeArgs),
@@ -189,6 +190,29 @@ pub struct ServeArgs {
     pub tasks: crate::commands::task::TaskFlags,
     #[command(flatten)]
     pub net: NetArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Cluster mode of `ember serve` (docs/cluster.md). Without --cluster the
+/// daemon is one node on its own and needs no NATS.
+#[derive(Args, Clone, Default)]
+pub struct ClusterArgs {
+    /// The cluster's NATS servers, comma-separated
+    /// (nats://a:4222,nats://b:4222,nats://c:4222): this daemon becomes a
+    /// node of that cluster.
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub cluster: Vec<String>,
+    /// This node's name, unique in the cluster (letters, digits, - and _).
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub node: Option<String>,
+    /// http://host:port the other nodes reach this node's API at (default:
+    /// the address it listens on).
+    #[arg(long, value_name = "URL", requires = "cluster")]
+    pub advertise: Option<String>,
+    /// Run no sandboxes here: only route calls to the nodes that do.
+    #[arg(long, requires = "cluster")]
+    pub api_only: bool,
 }
 
 /// Egress networking of `ember serve`.

@@ -77,9 +77,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");
     // One line on stdout so scripts (and tests binding port 0) learn the address.
     println!("ember listening on http://{local}");
+    let engine: Arc<dyn ember_engine::ControlPlane> = Arc::new(engine);
+    let engine = cluster_plane(&args.cluster, engine, local, api_key.clone()).await?;
     let state = ApiState {
         // The API sees the engine only through the seam.
-        engine: Arc::new(engine),
+        engine,
         cfg: Arc::new(ApiConfig {
             api_key: api_key.filter(|k| !k.is_empty()),
             allowed_hosts: args.allowed_host,
@@ -89,6 +91,31 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// With --cluster: this node joins the cluster and the API gets the plane that
+/// routes between nodes; else the engine itself.
+async fn cluster_plane(
+    c: &crate::cli::ClusterArgs,
+    engine: Arc<dyn ember_engine::ControlPlane>,
+    local: SocketAddr,
+    api_key: Option<String>,
+) -> anyhow::Result<Arc<dyn ember_engine::ControlPlane>> {
+    if c.cluster.is_empty() {
+        return Ok(engine);
+    }
+    let Some(name) = c.node.clone() else { bail!("--cluster needs --node NAME") };
+    let cfg = ember_cluster::NodeConfig {
+        servers: c.cluster.clone(),
+        name,
+        advertise: c.advertise.clone().unwrap_or_else(|| format!("http://{local}")),
+        api_only: c.api_only,
+        api_key: api_key.filter(|k| !k.is_empty()),
+        prefix: "ember".into(),
+    };
+    tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
+    let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;
+    Ok(plane)
 }
 
 /// The runtime classes of this daemon: native, and each OCI class whose

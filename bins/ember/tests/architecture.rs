@@ -14,7 +14,18 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-image", &["ember-sys"]),
         ("ember-workspace", &[]),
         ("ember-queue", &["ember-types"]),
-        ("ember-cluster", &["ember-types", "ember-queue"]),
+        (
+            "ember-cluster",
+            &[
+                "ember-types",
+                "ember-queue",
+                "ember-engine",
+                "ember-image",
+                "ember-snapshot",
+                "ember-net",
+                "ember-workspace",
+            ],
+        ),
         ("ember-net", &["ember-types", "ember-sys"]),
         (
             "ember-engine",
@@ -45,6 +56,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-snapshot",
                 "ember-net",
                 "ember-queue",
+                "ember-cluster",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),

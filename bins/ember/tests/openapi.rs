@@ -294,6 +294,7 @@ async fn every_operation_answers_as_documented() {
     let (a, b) = create_and_read(&api).await;
     change_and_inspect(&api, &a, &b).await;
     execd_through_the_proxy(&api, &a).await;
+    cluster_call(&api, &a).await;
     pause_resume_and_delete(&api, &a, &b).await;
     checkpoint_and_restore(&api).await;
     router_fallbacks(&api, &a).await;

@@ -9,10 +9,12 @@
 //! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
 //! `diagnostics.rs` (logs, events), `sandbox_snapshots.rs`
 //! (OpenSandbox snapshots: `/v1/sandboxes/{id}/snapshots`, `/v1/snapshots`), `system.rs` (health, version, metrics),
-//! `middleware.rs` (request id, `Host` check, API key).
+//! `middleware.rs` (request id, `Host` check, API key), `cluster.rs` (the
+//! route a cluster's nodes forward calls through).
 #![forbid(unsafe_code)]
 
 mod body;
+mod cluster;
 mod convert;
 mod diagnostics;
 mod egress;
@@ -139,7 +141,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/snapshot-store/gc", post(snapshots::gc))
         .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
         .route("/sandboxes/{id}/network/events", get(network::events))
-        .route("/network", get(network::node));
+        .route("/network", get(network::node))
+        .route("/cluster/call", post(cluster::call));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

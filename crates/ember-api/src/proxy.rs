@@ -5,7 +5,10 @@
 //! in the sandbox's network namespace. Port 18080 (egress policy) is answered
 //! by the daemon (`egress.rs`). The agent's replies
 //! are untrusted: hyper parses them with its limits and the body is streamed
-//! through, never buffered whole.
+//! through, never buffered whole. In a cluster, a sandbox of another node
+//! (`AgentRoute::Remote`) is reached through that node's own proxy route,
+//! over TCP with the cluster's API key: the same streaming and the same
+//! upgrade splice, one hop more.
 use crate::error::{chain, ApiError};
 use crate::{ApiPath, ApiState};
 use axum::body::Body;
@@ -16,6 +19,7 @@ use ember_engine::AgentRoute;
 use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
 use ember_types::proxy::strip_hop_by_hop;
 use hyper_util::rt::TokioIo;
+use tokio_util::either::Either;
 
 /// Besides the hop-by-hop headers ([`strip_hop_by_hop`]), never passed on in
 /// either direction: the daemon's own credentials and `host` (set per hop).
@@ -58,39 +62,24 @@ async fn forward(
         return Err(ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route"));
     }
     let route = st.engine.agent_route(&id).await?;
-    let bad_gateway = |what: &str, e: &dyn std::error::Error| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "SANDBOX::AGENT_UNREACHABLE",
-            format!("sandbox {id} agent {what}: {}", chain(e)),
-        )
-    };
-    let stream = match route {
-        AgentRoute::Local { socket } => {
-            ember_engine::connect_agent(&socket).await.map_err(|e| bad_gateway("connect", &e))?
-        }
-    };
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| bad_gateway("handshake", &e))?;
+    let (mut parts, body) = req.into_parts();
+    let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let Target { stream, path, host, key } = connect(route, &id, port, rest, &query).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| bad_gateway(&id, "handshake", &e))?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let (mut parts, body) = req.into_parts();
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let rest = match (port, rest.is_empty()) {
-        (EXECD_PORT, _) => rest,
-        (_, true) => format!("proxy/{port}"),
-        (_, false) => format!("proxy/{port}/{rest}"),
-    };
-    let path = match parts.uri.query() {
-        Some(q) => format!("/{rest}?{q}"),
-        None => format!("/{rest}"),
-    };
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
     strip_hop_by_hop(&mut parts.headers, NOT_FORWARDED);
-    parts.headers.insert(header::HOST, HeaderValue::from_static("agent"));
+    parts.headers.insert(header::HOST, host);
+    if let Some(key) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
+        parts.headers.insert(crate::middleware::API_KEY_HEADER, key);
+    }
     let out = hyper::Request::from_parts(parts, body);
-    let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway("request", &e))?;
+    let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway(&id, "request", &e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let agent_upgrade = hyper::upgrade::on(&mut resp);
         let Some(client_upgrade) = client_upgrade else {
@@ -105,4 +94,64 @@ async fn forward(
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers, NOT_FORWARDED);
     Ok(Response::from_parts(rparts, Body::new(rbody)))
+}
+
+fn bad_gateway(id: &str, what: &str, e: &dyn std::error::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "SANDBOX::AGENT_UNREACHABLE",
+        format!("sandbox {id} agent {what}: {}", chain(e)),
+    )
+}
+
+/// Where a proxied request goes, connected: the agent on this host, or the
+/// owning node's own proxy route (which then takes the agent branch there),
+/// with the path, `Host` and API key for that hop.
+struct Target {
+    stream: Either<tokio::net::UnixStream, tokio::net::TcpStream>,
+    path: String,
+    host: HeaderValue,
+    key: Option<String>,
+}
+
+async fn connect(route: AgentRoute, id: &str, port: u16, rest: String, query: &str) -> Result<Target, ApiError> {
+    match route {
+        AgentRoute::Local { socket } => {
+            let s = ember_engine::connect_agent(&socket).await.map_err(|e| bad_gateway(id, "connect", &e))?;
+            let rest = match (port, rest.is_empty()) {
+                (EXECD_PORT, _) => rest,
+                (_, true) => format!("proxy/{port}"),
+                (_, false) => format!("proxy/{port}/{rest}"),
+            };
+            let host = HeaderValue::from_static("agent");
+            Ok(Target { stream: Either::Left(s), path: format!("/{rest}{query}"), host, key: None })
+        }
+        AgentRoute::Remote { node, base_url, api_key } => {
+            let authority = remote_authority(&base_url).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "SANDBOX::AGENT_UNREACHABLE",
+                    format!("sandbox {id}: node {node} advertises {base_url:?}, not http://host:port"),
+                )
+            })?;
+            let s = tokio::net::TcpStream::connect(authority.as_str())
+                .await
+                .map_err(|e| bad_gateway(id, &format!("node {node} ({authority}) connect"), &e))?;
+            let tail = if rest.is_empty() { String::new() } else { format!("/{rest}") };
+            let host = HeaderValue::from_str(authority.as_str())
+                .map_err(|_| ApiError::bad_request(format!("bad node address {authority}")))?;
+            let path = format!("/v1/sandboxes/{id}/proxy/{port}{tail}{query}");
+            Ok(Target { stream: Either::Right(s), path, host, key: api_key })
+        }
+    }
+}
+
+/// `host:port` of a node's advertised `http://host:port[/]` URL.
+fn remote_authority(base_url: &str) -> Option<axum::http::uri::Authority> {
+    let uri: axum::http::Uri = base_url.parse().ok()?;
+    if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
+        return None;
+    }
+    let a = uri.authority()?.clone();
+    a.port_u16().map(|_| a)
 }

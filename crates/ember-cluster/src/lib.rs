@@ -1,8 +1,9 @@
 //! ember's cluster mode on NATS JetStream. This first step holds the task
 //! queue's cluster backend, [`JetStreamQueue`]: the same [`ember_queue::TaskQueue`]
 //! the embedded journal implements, on work-queue streams and key-value
-//! buckets replicated across the cluster (docs/cluster.md). The node
-//! registry, the sandbox registry and request forwarding come later.
+//! buckets replicated across the cluster (docs/cluster.md); and a cluster
+//! node (`node/`): the node and sandbox registries and [`ClusterPlane`], the
+//! engine's `ControlPlane` routed to the node holding each sandbox.
 //!
 //! Layout: `queue/` (the backend: `mod.rs` the sync API, `ops.rs` the
 //! protocol, `kv.rs` the records and compare-and-set), `bridge.rs` (the
@@ -11,8 +12,10 @@
 #![forbid(unsafe_code)]
 
 mod bridge;
+pub mod node;
 pub mod queue;
 mod retry;
 
+pub use node::{ClusterPlane, NodeConfig};
 pub use queue::{JetStreamConfig, JetStreamQueue};
 pub use retry::RETRY_BUDGET;

@@ -32,6 +32,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod local;
+mod wire;
+
+pub use wire::{CreateWire, NetworkWire, NodeCall, WorkspaceStatusWire};
 
 /// Where the agent proxy sends a sandbox's traffic. One enum so the proxy has
 /// one `match` to extend: the cluster adds a variant for a sandbox on another
@@ -42,6 +45,10 @@ pub enum AgentRoute {
     /// (root inside may swap it for a symlink): connect only through
     /// [`connect_agent`](crate::connect_agent), which pins it `O_PATH | O_NOFOLLOW`.
     Local { socket: PathBuf },
+    /// The sandbox runs on another node of the cluster: forward the request
+    /// to that node's own proxy route (`{base_url}/v1/sandboxes/{id}/proxy/...`)
+    /// with the cluster's API key, which every node of a cluster shares.
+    Remote { node: String, base_url: String, api_key: Option<String> },
 }
 
 /// Everything the API asks of the control plane. Object safe (`Arc<dyn
@@ -70,6 +77,13 @@ pub trait ControlPlane: Send + Sync {
     /// (creation time, then id). Cluster: the whole cluster, merged in that
     /// order (the API pages the result).
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError>;
+
+    /// This node's own plane, when `self` routes between nodes (a cluster's):
+    /// a call forwarded from another node runs there, so it is never
+    /// forwarded again. `None` (the default) when `self` is already that.
+    fn node_local(&self) -> Option<std::sync::Arc<dyn ControlPlane>> {
+        None
+    }
 
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.
     async fn remove(&self, id: &str) -> Result<(), EngineError>;

@@ -5,6 +5,11 @@ opensandbox-mcp). Run as root: the daemon creates real sandboxes.
 
 Binaries: $EMBER_BIN (default $CARGO_TARGET_DIR/debug/ember) and
 $EMBER_AGENT_BIN (default .../ember-agent-static, from scripts/build-agent.sh).
+
+With $EMBER_E2E_NATS_SERVER (a nats-server binary, scripts/nats-server.sh) the
+suite runs against a cluster instead (docs/cluster.md): one NATS server, the
+daemon above as node `worker`, and an `--api-only` node `front` that the SDKs
+talk to, so every call reaches its sandbox through a node that does not own it.
 """
 import os
 import shutil
@@ -58,6 +63,48 @@ def _remove_network(net_tag, resolver):
     subprocess.run(["ip", "addr", "del", resolver, "dev", "lo"], capture_output=True)
 
 
+def _listening(proc) -> str:
+    line = proc.stdout.readline().strip()
+    assert line.startswith("ember listening on http://"), f"unexpected first line {line!r}"
+    return line.removeprefix("ember listening on ")
+
+
+def _nats(tag):
+    """One JetStream server on a free loopback port: (process, url, store dir)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = Path(tempfile.mkdtemp(prefix=f"{tag}-nats-"))
+    proc = subprocess.Popen(
+        [os.environ["EMBER_E2E_NATS_SERVER"], "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, f"nats://127.0.0.1:{port}", store
+
+
+def _front(tag, nats):
+    """The API-only node the SDKs talk to: (process, url, data dir)."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-front-"))
+    os.chmod(data_dir, 0o755)
+    proc = subprocess.Popen(
+        [
+            _binary("EMBER_BIN", "ember"), "serve", "--cluster", nats[1], "--node", "front", "--api-only",
+            "--listen", "127.0.0.1:0",
+            "--data-dir", str(data_dir),
+            "--cgroup-parent", f"{tag}-front",
+            "--agent", _binary("EMBER_AGENT_BIN", "ember-agent-static"),
+            "--network-range", "none",
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "EMBER_LOG": "warn"},
+        text=True,
+    )
+    return proc, _listening(proc), data_dir
+
+
 @pytest.fixture(scope="session")
 def ember():
     if os.geteuid() != 0:
@@ -69,9 +116,11 @@ def ember():
     os.chmod(data_dir, 0o755)
     host_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-vol-"))
     os.chmod(host_dir, 0o777)
+    nats = _nats(tag) if os.environ.get("EMBER_E2E_NATS_SERVER") else None
+    cluster = ["--cluster", nats[1], "--node", "worker"] if nats else []
     proc = subprocess.Popen(
         [
-            _binary("EMBER_BIN", "ember"), "serve",
+            _binary("EMBER_BIN", "ember"), "serve", *cluster,
             "--listen", "127.0.0.1:0",
             "--data-dir", str(data_dir),
             "--cgroup-parent", tag,
@@ -89,9 +138,10 @@ def ember():
         env={**os.environ, "EMBER_LOG": "warn"},
         text=True,
     )
-    line = proc.stdout.readline().strip()
-    assert line.startswith("ember listening on http://"), f"unexpected first line {line!r}"
-    url = line.removeprefix("ember listening on ")
+    url = _listening(proc)
+    front = _front(tag, nats) if nats else None
+    if front:
+        url = front[1]
     e = Ember(url=url, domain=url.removeprefix("http://"), host_dir=host_dir, data_dir=data_dir)
     try:
         yield e
@@ -120,3 +170,8 @@ def ember():
             shutil.rmtree(data_dir, ignore_errors=True)
             shutil.rmtree(host_dir, ignore_errors=True)
             _remove_network(net_tag, "10.214.0.254/32")
+            for t in (front, nats):
+                if t:
+                    t[0].kill()
+                    t[0].wait()
+                    shutil.rmtree(t[2], ignore_errors=True)

@@ -244,3 +244,19 @@ pub(super) async fn router_fallbacks(api: &Api, a: &str) {
         assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("GENERAL::NOT_FOUND")), "{path}");
     }
 }
+
+/// `POST /v1/cluster/call` (between a cluster's nodes) on a node on its own:
+/// a call runs on its plane; a malformed one is a 400, an unknown id a 404.
+pub(super) async fn cluster_call(api: &Api, a: &str) {
+    let r = api.req("POST", "/v1/cluster/call", &[]).json(json!({"op": "get", "id": a})).send().await;
+    assert_eq!((r.status, r.json()["id"].as_str()), (200, Some(a)));
+    let r =
+        api.req("POST", "/v1/cluster/call", &[]).json(json!({"op": "list", "states": [], "metadata": []})).send().await;
+    assert_eq!(r.status, 200);
+    assert!(r.json().as_array().is_some_and(|l| l.iter().any(|s| s["id"] == a)), "{}", r.text());
+    let r = api.req("POST", "/v1/cluster/call", &[]).json(json!({"op": "nope"})).send().await;
+    assert_eq!(r.status, 400);
+    let missing = "00000000-0000-4000-8000-000000000000";
+    let r = api.req("POST", "/v1/cluster/call", &[]).json(json!({"op": "get", "id": missing})).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("SANDBOX::NOT_FOUND")));
+}

@@ -127,6 +127,11 @@ impl NatsCluster {
         self.servers.iter().map(|s| s.client_url.clone()).collect()
     }
 
+    /// The client URLs of the servers still running.
+    pub fn urls_running(&self) -> Vec<String> {
+        self.servers.iter().filter(|s| s.child.is_some()).map(|s| s.client_url.clone()).collect()
+    }
+
     /// The server leading `stream`'s Raft group, from `$JS.API.STREAM.INFO`.
     pub fn stream_leader(&self, stream: &str) -> String {
         self.leader(&format!("$JS.API.STREAM.INFO.{stream}"))
@@ -141,9 +146,7 @@ impl NatsCluster {
     /// `cluster.leader` of the info that `subject` answers, asked of the
     /// servers still running.
     fn leader(&self, subject: &str) -> String {
-        let urls: Vec<String> =
-            self.servers.iter().filter(|s| s.child.is_some()).map(|s| s.client_url.clone()).collect();
-        let v = request(&urls, subject).unwrap_or_else(|e| panic!("{subject}: {e}"));
+        let v = request(&self.urls_running(), subject).unwrap_or_else(|e| panic!("{subject}: {e}"));
         v["cluster"]["leader"].as_str().unwrap_or_else(|| panic!("no leader in {subject}: {v}")).to_string()
     }
 

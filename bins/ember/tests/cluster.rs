@@ -1,0 +1,222 @@
+//! Cluster mode end to end: a real 3-server NATS JetStream cluster and real
+//! `ember serve --cluster` nodes on loopback (own data dirs, cgroup parents,
+//! ports). A sandbox created through one node is reached through another:
+//! lifecycle calls forwarded, exec, files and a PTY over the proxied
+//! WebSocket; lists merge the nodes; a SIGKILLed node is noticed dead; an
+//! `--api-only` node places a create on a node that runs sandboxes.
+mod common;
+#[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
+mod nats;
+
+use bytes::Bytes;
+use common::Daemon;
+use ember_client::ClientError;
+use ember_client::PtyEvent;
+use std::time::{Duration, Instant};
+
+fn node(cluster: &nats::NatsCluster, name: &str, extra: &[&str]) -> Daemon {
+    let urls = cluster.urls().join(",");
+    let mut args = vec!["--cluster", urls.as_str(), "--node", name];
+    args.extend_from_slice(extra);
+    Daemon::start_with(&args)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+/// Polls `f` until it returns `Some`, for at most `within` (a bound on a
+/// hang, never a timing assertion).
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    within: Duration,
+    what: &str,
+    f: impl Fn() -> F,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn ids(d: &Daemon) -> Option<Vec<String>> {
+    d.client.list_sandboxes("").await.ok().map(|l| l.into_iter().map(|s| s.id).collect())
+}
+
+#[test]
+fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
+    let nats = nats::NatsCluster::start("routing", 3);
+    // One API key for the cluster: forwarded calls and proxied requests carry it.
+    let keyed = ["--api-key", "cluster-k3y"];
+    let mut a = node(&nats, "a", &keyed);
+    let mut b = node(&nats, "b", &keyed);
+    for d in [&mut a, &mut b] {
+        d.client = ember_client::Client::new(&d.url, Some("cluster-k3y".into())).expect("client");
+    }
+    runtime().block_on(async {
+        let on_a = a.create(|_| {}).await.id;
+        let on_b = b.create(|_| {}).await.id;
+        // Both nodes list both sandboxes once they see each other's heartbeat.
+        for d in [&a, &b] {
+            eventually(Duration::from_secs(20), "a merged list", || async {
+                ids(d).await.filter(|l| l.contains(&on_a) && l.contains(&on_b))
+            })
+            .await;
+        }
+
+        let anonymous = ember_client::Client::new(&b.url, None).expect("client");
+        let refused = anonymous.get_sandbox(&on_a).await.expect_err("no key");
+        assert!(matches!(refused, ClientError::Api { status: 401, .. }), "{refused:?}");
+
+        // Lifecycle through B, forwarded to A.
+        let got = b.client.get_sandbox(&on_a).await.expect("get through b");
+        assert_eq!(got.status.state, "Running");
+        // An owner's error reaches B's client with the owner's code and message.
+        let direct = a.client.resume_sandbox(&on_a).await.expect_err("resume of a running sandbox");
+        let routed = b.client.resume_sandbox(&on_a).await.expect_err("resume through b");
+        assert!(matches!(&routed, ClientError::Api { status: 409, .. }), "{routed:?}");
+        assert_eq!(routed.to_string(), direct.to_string());
+        let missing = b.client.get_sandbox("00000000-0000-4000-8000-000000000000").await.expect_err("unknown id");
+        assert!(matches!(&missing, ClientError::Api { status: 404, code, .. } if code == "SANDBOX::NOT_FOUND"));
+
+        // Exec and files through B's proxy, spliced to A's.
+        let (code, out, _) = b.sh(&on_a, "echo routed; hostname", None).await;
+        assert_eq!(code, Some(0));
+        assert!(out.starts_with("routed\n"), "{out:?}");
+        let data = Bytes::from((0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        b.client.upload(&on_a, "/tmp/through-b.bin", data.clone(), 0o644).await.expect("upload through b");
+        let (_, sum, _) = a.sh(&on_a, "wc -c < /tmp/through-b.bin", None).await;
+        assert_eq!(sum.trim(), "200000");
+        assert_eq!(b.client.download(&on_a, "/tmp/through-b.bin").await.expect("download through b"), data);
+
+        // A terminal session over B's proxied WebSocket.
+        let sid = b.client.create_pty(&on_a, None, None).await.expect("pty through b");
+        let mut term = b.client.connect_pty(&on_a, &sid, true, 0, false).await.expect("attach through b");
+        term.stdin(b"echo pty-$((6*7))\n").await.expect("type");
+        let mut seen = String::new();
+        while !seen.contains("pty-42") {
+            match tokio::time::timeout(Duration::from_secs(20), term.next()).await.expect("terminal output") {
+                Ok(PtyEvent::Stdout(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
+                other => panic!("terminal ended: {other:?} after {seen:?}"),
+            }
+        }
+        term.detach().await;
+        b.client.delete_pty(&on_a, &sid).await.expect("end the session");
+
+        // Removal through B, forwarded.
+        let gone = a.create(|_| {}).await.id;
+        b.client.delete_sandbox(&gone).await.expect("remove through b");
+        let err = a.client.get_sandbox(&gone).await.expect_err("removed on a");
+        assert!(matches!(err, ClientError::Api { status: 404, .. }), "{err:?}");
+
+        // SIGKILL B: A stops listing B's sandbox once B's heartbeat lapses.
+        b.kill9();
+        let killed = Instant::now();
+        eventually(Duration::from_secs(20), "b noticed dead", || async {
+            ids(&a).await.filter(|l| l.contains(&on_a) && !l.contains(&on_b))
+        })
+        .await;
+        eprintln!("MTTD: node b's death noticed by node a after {:?}", killed.elapsed());
+        let err = a.client.get_sandbox(&on_b).await.expect_err("a dead node's sandbox");
+        assert!(matches!(&err, ClientError::Api { message, .. } if message.contains("dead")), "{err:?}");
+    });
+}
+
+#[test]
+fn an_api_only_node_places_a_create_on_a_node_that_runs_sandboxes() {
+    let nats = nats::NatsCluster::start("api-only", 3);
+    let worker = node(&nats, "worker", &[]);
+    let router = node(&nats, "router", &["--api-only"]);
+    runtime().block_on(async {
+        let req = ember_types::api::CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
+        let id = eventually(Duration::from_secs(20), "a create through the router", || async {
+            match router.client.create_sandbox(&req).await {
+                Ok((s, _)) => Some(s.id),
+                Err(ClientError::Api { message, .. }) if message.contains("no live node") => None,
+                Err(e) => panic!("create through the router: {e}"),
+            }
+        })
+        .await;
+        // It runs on the worker: the router's data dir holds no sandbox.
+        assert_eq!(worker.client.get_sandbox(&id).await.expect("on the worker").status.state, "Running");
+        let here = std::fs::read_dir(router.data_dir.join("sandboxes")).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(here, 0, "the api-only node runs no sandbox");
+        let (code, out, _) = router.sh(&id, "echo via-router", None).await;
+        assert_eq!((code, out.as_str()), (Some(0), "via-router\n"));
+        assert_eq!(ids(&router).await.expect("list through the router"), vec![id.clone()]);
+        router.client.delete_sandbox(&id).await.expect("remove through the router");
+    });
+}
+
+/// The node registry's stream loses its leader (SIGKILL of that NATS
+/// server): no heartbeat gets through until the election ends (seconds,
+/// longer than the time after which a silent node is dead), so every node
+/// is silent alike. No node may be taken for dead meanwhile: A keeps listing
+/// B's sandbox through the whole election.
+#[test]
+fn an_election_of_the_node_registry_takes_no_node_for_dead() {
+    let mut nats = nats::NatsCluster::start("election", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    let rt = runtime();
+    let on_b = rt.block_on(async {
+        let id = b.create(|_| {}).await.id;
+        eventually(Duration::from_secs(20), "a lists b's sandbox", || async {
+            ids(&a).await.filter(|l| l.contains(&id))
+        })
+        .await;
+        id
+    });
+    let info = "$JS.API.STREAM.INFO.KV_ember_nodes";
+    let old = nats.stream_leader("KV_ember_nodes");
+    nats.kill(&old);
+    let killed = Instant::now();
+    let mut checks = 0;
+    loop {
+        let listed = rt.block_on(ids(&a));
+        assert!(
+            listed.as_ref().is_some_and(|l| l.contains(&on_b)),
+            "after {:?} of the election, a lists {listed:?} without b's sandbox {on_b}",
+            killed.elapsed()
+        );
+        checks += 1;
+        let leader = nats::request(&nats.urls_running(), info)
+            .ok()
+            .and_then(|v| v["cluster"]["leader"].as_str().map(str::to_string));
+        if leader.is_some_and(|l| l != old) {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "no new leader of the node registry");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("election of the node registry: {:?}, a's list checked {checks} times", killed.elapsed());
+}
+
+/// The sandbox registry's stream loses its leader: a non-owner that has to
+/// find a sandbox in it waits through the election (latency), and answers.
+#[test]
+fn a_call_through_the_non_owner_waits_through_an_election_of_the_sandbox_registry() {
+    let mut nats = nats::NatsCluster::start("registry-election", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    let rt = runtime();
+    let on_b = rt.block_on(async {
+        let id = b.create(|_| {}).await.id;
+        eventually(Duration::from_secs(20), "a lists b's sandbox", || async {
+            ids(&a).await.filter(|l| l.contains(&id))
+        })
+        .await;
+        id
+    });
+    let old = nats.stream_leader("KV_ember_sandboxes");
+    nats.kill(&old);
+    let killed = Instant::now();
+    rt.block_on(async {
+        let got = a.client.get_sandbox(&on_b).await.expect("get through the non-owner during the election");
+        assert_eq!(got.status.state, "Running");
+    });
+    eprintln!("get through the non-owner answered {:?} after the registry leader's kill", killed.elapsed());
+}

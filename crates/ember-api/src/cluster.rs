@@ -1,0 +1,55 @@
+//! `POST /v1/cluster/call`: the one route a cluster's nodes call on each
+//! other. The body is a [`NodeCall`] (one seam call as data), run on this
+//! node's control plane; the answer is the call's result as JSON, or the
+//! `{code, message}` of its error, rendered as every other error is
+//! (`error.rs`), so the calling node can give its client the same error. It
+//! sits behind the API key like every route: the nodes of a cluster share it.
+use crate::error::ApiError;
+use crate::{ApiJson, ApiState};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ember_engine::{ListFilter, NetworkWire, NodeCall, SnapshotFilter, WorkspaceStatusWire as Ws};
+use serde::Serialize;
+
+fn json<T: Serialize>(v: T) -> Response {
+    Json(v).into_response()
+}
+
+pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Result<Response, ApiError> {
+    // A create goes through the cluster's plane, which records where the
+    // sandbox is before answering; every other call runs on this node alone,
+    // so a forwarded call is never forwarded again.
+    let e = &st.engine.node_local().unwrap_or_else(|| st.engine.clone());
+    Ok(match call {
+        NodeCall::Create { req } => json(st.engine.create(req.into()).await?),
+        NodeCall::Get { id } => json(e.get(&id).await?),
+        NodeCall::List { states, metadata } => json(e.list(&ListFilter { states, metadata }).await?),
+        NodeCall::Remove { id } => json(e.remove(&id).await?),
+        NodeCall::Pause { id } => json(e.pause(&id).await?),
+        NodeCall::Resume { id } => json(e.resume(&id).await?),
+        NodeCall::Checkpoint { id } => json(e.checkpoint(&id).await?),
+        NodeCall::Renew { id, expires_at_ms } => json(e.renew(&id, expires_at_ms).await?),
+        NodeCall::PatchMetadata { id, patch } => json(e.patch_metadata(&id, patch).await?),
+        NodeCall::Boundary { id } => json(e.boundary(&id).await?),
+        NodeCall::Stats { id } => json(e.stats(&id).await?),
+        NodeCall::AgentLog { id, max } => json(e.agent_log(&id, max).await?),
+        NodeCall::EgressPolicy { id } => json(e.egress_policy(&id).await?),
+        NodeCall::PatchEgress { id, rules } => json(e.patch_egress(&id, rules).await?),
+        NodeCall::DeleteEgress { id, targets } => json(e.delete_egress(&id, targets).await?),
+        NodeCall::EgressEnforced { id } => json(e.egress_enforced(&id).await?),
+        NodeCall::NetworkEvents { id } => json(e.network_events(&id).await?),
+        NodeCall::NetworkStatus { id } => json(NetworkWire::from(e.network_status(&id).await?)),
+        NodeCall::SetNetworkPolicy { id, policy } => json(NetworkWire::from(e.set_network_policy(&id, policy).await?)),
+        NodeCall::SnapshotSandbox { id, name } => json(e.snapshot_sandbox(&id, name).await?),
+        NodeCall::SandboxSnapshot { id } => json(e.sandbox_snapshot(&id).await?),
+        NodeCall::DeleteSandboxSnapshot { id } => json(e.delete_sandbox_snapshot(&id).await?),
+        NodeCall::ListSandboxSnapshots { sandbox_id, name, states } => {
+            json(e.list_sandbox_snapshots(&SnapshotFilter { sandbox_id, name, states }).await?)
+        }
+        NodeCall::CreateWorkspace { name, size_bytes } => json(Ws::from(e.create_workspace(name, size_bytes).await?)),
+        NodeCall::Workspace { name } => json(Ws::from(e.workspace(&name).await?)),
+        NodeCall::ListWorkspaces => json(e.list_workspaces().await?.into_iter().map(Ws::from).collect::<Vec<_>>()),
+        NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
+    })
+}

@@ -1,0 +1,71 @@
+//! The heartbeat of a cluster node: each [`HEARTBEAT`], the sandbox
+//! registry is brought in line with this node's engine (the reconciler), and
+//! this node's [`NodeInfo`] is put in the node registry (`registry.rs`).
+use super::plane::{registry_error, ClusterPlane};
+use super::registry::{self, NodeInfo, SandboxEntry, HEARTBEAT};
+use ember_engine::{EngineError, ListFilter};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+impl ClusterPlane {
+    /// Writes sandbox `id`'s registry entry (after a create: other nodes can
+    /// route to it before the next reconcile).
+    pub(super) async fn publish(&self, id: &str, state: String) -> Result<(), EngineError> {
+        let entry = SandboxEntry { node: self.cfg.name.clone(), state: state.clone() };
+        let value = serde_json::to_vec(&entry).map_err(|e| EngineError::Internal(e.to_string()))?;
+        self.sandboxes.put(id, value.into()).await.map_err(|e| registry_error("write", id, &e))?;
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), state);
+        Ok(())
+    }
+
+    pub(super) async fn unpublish(&self, id: &str) -> Result<(), EngineError> {
+        self.sandboxes.delete(id).await.map_err(|e| registry_error("delete", id, &e))?;
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        Ok(())
+    }
+
+    /// Brings the sandbox registry in line with this node's engine: what
+    /// changed since the last write is put, what is gone is deleted. Catches
+    /// every change the engine makes on its own (exit, TTL, OOM) and those
+    /// made through another node's forwarded call. Returns the count.
+    async fn reconcile(&self) -> u64 {
+        let Ok(list) = self.local.list(&ListFilter::default()).await else { return 0 };
+        let now: HashMap<String, String> = list.iter().map(|r| (r.id.to_string(), r.state.to_string())).collect();
+        let last = self.published.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, state) in &now {
+            if last.get(id) != Some(state) {
+                if let Err(e) = self.publish(id, state.clone()).await {
+                    tracing::warn!(error = %e, "sandbox registry");
+                }
+            }
+        }
+        for id in last.keys().filter(|id| !now.contains_key(*id)) {
+            if let Err(e) = self.unpublish(id).await {
+                tracing::warn!(error = %e, "sandbox registry");
+            }
+        }
+        now.len() as u64
+    }
+
+    /// The heartbeat: every [`HEARTBEAT`], reconcile the sandbox registry and
+    /// put this node's [`NodeInfo`]. Runs for the process's life.
+    pub(super) async fn beat(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let sandboxes = if self.cfg.api_only { 0 } else { self.reconcile().await };
+            let info = NodeInfo {
+                name: self.cfg.name.clone(),
+                advertise: self.cfg.advertise.clone(),
+                api_only: self.cfg.api_only,
+                free_memory_bytes: registry::free_memory(),
+                sandboxes,
+            };
+            let Ok(value) = serde_json::to_vec(&info) else { continue };
+            if let Err(e) = self.nodes_kv.put(&self.cfg.name, value.into()).await {
+                tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat");
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Calls to another node's API: a [`NodeCall`] posted to its
+//! `/v1/cluster/call`, the answer read with a bound, and an error answer
+//! (`{code, message}`) turned back into the [`EngineError`] that produced it,
+//! so the client of this node sees the code the owning node gave.
+use bytes::Bytes;
+use ember_engine::{EngineError, NodeCall};
+use ember_types::{SandboxId, SandboxState};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+/// Largest answer read from a node (a list of many records fits).
+const MAX_ANSWER: usize = 64 << 20;
+/// A forwarded call's deadline: a create that pulls an image takes long.
+const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+const API_KEY_HEADER: &str = "open-sandbox-api-key";
+
+/// Fields the engine names in its `InvalidRequest`s: the error keeps a
+/// `&'static str`, so a forwarded one is matched against these (else
+/// `request`).
+const FIELDS: &[&str] = &[
+    "attempt",
+    "command",
+    "cpu",
+    "disk",
+    "env",
+    "expiresAt",
+    "key",
+    "max",
+    "memory",
+    "metadata",
+    "name",
+    "network",
+    "networkPolicy",
+    "operationId",
+    "pids",
+    "poolRef",
+    "rules",
+    "runtimeClass",
+    "snapshotId",
+    "target",
+    "tenant",
+    "timeout",
+    "volumes",
+    "workdir",
+    "workspaces",
+];
+
+#[derive(Clone)]
+pub(crate) struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    api_key: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+impl Forwarder {
+    pub fn new(api_key: Option<String>) -> Forwarder {
+        Forwarder { client: Client::builder(TokioExecutor::new()).build_http(), api_key }
+    }
+
+    pub fn api_key(&self) -> Option<String> {
+        self.api_key.clone()
+    }
+
+    /// Runs `call` on the node at `base` (`http://host:port`), named `node`.
+    pub async fn call<T: DeserializeOwned>(&self, node: &str, base: &str, call: &NodeCall) -> Result<T, EngineError> {
+        let unreachable = |what: String| EngineError::Internal(format!("node {node} ({base}): {what}"));
+        let body = serde_json::to_vec(call).map_err(|e| unreachable(format!("encode call: {e}")))?;
+        let mut req = hyper::Request::post(format!("{}/v1/cluster/call", base.trim_end_matches('/')))
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(k) = &self.api_key {
+            req = req.header(API_KEY_HEADER, k);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).map_err(|e| unreachable(format!("request: {e}")))?;
+        let answer = tokio::time::timeout(CALL_TIMEOUT, async {
+            let resp = self.client.request(req).await.map_err(|e| format!("request: {}", chain(&e)))?;
+            let status = resp.status();
+            let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| format!("answer (at most {MAX_ANSWER} bytes): {e}"))?
+                .to_bytes();
+            Ok::<_, String>((status, bytes))
+        })
+        .await
+        .map_err(|_| unreachable(format!("no answer within {CALL_TIMEOUT:?}")))?
+        .map_err(unreachable)?;
+        let (status, bytes) = answer;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| unreachable(format!("unreadable answer: {e}")));
+        }
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(b) => Err(engine_error(&b.code, b.message, call)),
+            Err(_) => Err(unreachable(format!("{status} without an error body"))),
+        }
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The id a call names (a sandbox's, or a sandbox snapshot's), if any.
+fn call_id(call: &NodeCall) -> Option<&str> {
+    use NodeCall as C;
+    match call {
+        C::Create { .. }
+        | C::List { .. }
+        | C::ListSandboxSnapshots { .. }
+        | C::ListWorkspaces
+        | C::CreateWorkspace { .. }
+        | C::Workspace { .. }
+        | C::RemoveWorkspace { .. } => None,
+        C::Get { id }
+        | C::Remove { id }
+        | C::Pause { id }
+        | C::Resume { id }
+        | C::Checkpoint { id }
+        | C::Renew { id, .. }
+        | C::PatchMetadata { id, .. }
+        | C::Boundary { id }
+        | C::Stats { id }
+        | C::AgentLog { id, .. }
+        | C::EgressPolicy { id }
+        | C::PatchEgress { id, .. }
+        | C::DeleteEgress { id, .. }
+        | C::EgressEnforced { id }
+        | C::NetworkEvents { id }
+        | C::NetworkStatus { id }
+        | C::SetNetworkPolicy { id, .. }
+        | C::SnapshotSandbox { id, .. }
+        | C::SandboxSnapshot { id }
+        | C::DeleteSandboxSnapshot { id } => Some(id),
+    }
+}
+
+/// The error the owning node rendered as `{code, message}` (ember-api's
+/// `error.rs`), rebuilt where its variant can be rebuilt exactly — checked:
+/// the rebuilt error must render the very message —, so the client sees the
+/// same code and message. Other errors become `Internal` with the owner's
+/// code at the head of the message (docs/cluster.md).
+pub(crate) fn engine_error(code: &str, message: String, call: &NodeCall) -> EngineError {
+    match rebuild(code, &message, call) {
+        Some(e) if e.to_string() == message => e,
+        // Still the caller's mistake (400), in other words.
+        _ if code == "SANDBOX::INVALID_PARAMETER" => EngineError::InvalidRequest { field: "request", message },
+        _ => EngineError::Internal(format!("{code}: {message}")),
+    }
+}
+
+/// The text between `prefix` and `suffix` of `message`.
+fn between<'a>(message: &'a str, prefix: &str, suffix: &str) -> Option<&'a str> {
+    message.strip_prefix(prefix)?.strip_suffix(suffix)
+}
+
+fn rebuild(code: &str, message: &str, call: &NodeCall) -> Option<EngineError> {
+    let id = || call_id(call).and_then(|i| SandboxId::try_from(i.to_string()).ok());
+    // "sandbox {id} is {state}, not Running|Paused"
+    let state = || {
+        let (_, rest) = message.split_once(" is ")?;
+        let (s, _) = rest.split_once(", not ")?;
+        serde_json::from_value::<SandboxState>(serde_json::Value::String(s.to_string())).ok()
+    };
+    let quoted = |prefix: &str| {
+        let rest = message.strip_prefix(prefix)?.strip_prefix('"')?;
+        rest.split_once('"').map(|(name, _)| name.to_string())
+    };
+    Some(match code {
+        "SANDBOX::NOT_FOUND" => EngineError::NotFound(between(message, "sandbox ", " not found")?.to_string()),
+        "SANDBOX::NOT_RUNNING" => EngineError::NotRunning { id: id()?, state: state()? },
+        "SANDBOX::NOT_PAUSED" => EngineError::NotPaused { id: id()?, state: state()? },
+        "SANDBOX::NO_EXPIRATION" => EngineError::NoExpiration(id()?),
+        "SANDBOX::BUSY" => {
+            let id = id()?;
+            let rest = message.strip_prefix(&format!("sandbox {id} is busy: "))?.to_string();
+            EngineError::Busy { id, message: rest }
+        }
+        "SANDBOX::INVALID_PARAMETER" => {
+            let (field, rest) = message.strip_prefix("invalid ")?.split_once(": ")?;
+            let field = FIELDS.iter().find(|k| **k == field)?;
+            EngineError::InvalidRequest { field, message: rest.to_string() }
+        }
+        "SANDBOX::UNKNOWN_TEMPLATE" => EngineError::UnknownTemplate(quoted("unknown template ")?),
+        "TEMPLATE::EXISTS" => EngineError::TemplateExists(quoted("template ")?),
+        "POOL::NOT_FOUND" => EngineError::PoolNotFound(between(message, "pool ", " not found")?.to_string()),
+        "POOL::ALREADY_EXISTS" => EngineError::PoolExists(between(message, "pool ", " already exists")?.to_string()),
+        "SNAPSHOT::NOT_FOUND" => {
+            EngineError::SandboxSnapshotNotFound(between(message, "sandbox snapshot ", " not found")?.to_string())
+        }
+        "WORKSPACE::NOT_FOUND" => EngineError::Workspace(ember_workspace::WorkspaceError::NotFound(
+            between(message, "workspace ", " not found")?.to_string(),
+        )),
+        "SNAPSHOT::OPERATION_NOT_FOUND" => EngineError::OperationNotFound(
+            between(message, "snapshot operation ", " not found (finished ones are kept for 10 minutes)")?.to_string(),
+        ),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each rebuilt error renders the message it was rebuilt from.
+    #[test]
+    fn rebuilt_errors_render_the_owner_message() {
+        let id = "2f1c9a7e-0b1d-4c3e-8f00-0123456789ab".to_string();
+        let get = NodeCall::Get { id: id.clone() };
+        let cases = [
+            ("SANDBOX::NOT_FOUND", format!("sandbox {id} not found")),
+            ("SANDBOX::NOT_RUNNING", format!("sandbox {id} is Paused, not Running")),
+            ("SANDBOX::NOT_PAUSED", format!("sandbox {id} is Running, not Paused")),
+            ("SANDBOX::BUSY", format!("sandbox {id} is busy: an exec stream is open")),
+            ("SANDBOX::INVALID_PARAMETER", "invalid memory: at least 16Mi".to_string()),
+            ("SANDBOX::UNKNOWN_TEMPLATE", EngineError::UnknownTemplate("py".into()).to_string()),
+            ("TEMPLATE::EXISTS", EngineError::TemplateExists("py".into()).to_string()),
+            ("POOL::NOT_FOUND", "pool no-such-pool not found".to_string()),
+            ("WORKSPACE::NOT_FOUND", "workspace e2e-none not found".to_string()),
+            ("POOL::ALREADY_EXISTS", "pool py already exists".to_string()),
+            ("SNAPSHOT::NOT_FOUND", format!("sandbox snapshot {id} not found")),
+            ("SNAPSHOT::OPERATION_NOT_FOUND", EngineError::OperationNotFound("op-1".into()).to_string()),
+        ];
+        for (code, message) in cases {
+            let e = engine_error(code, message.clone(), &get);
+            assert!(!matches!(e, EngineError::Internal(_)), "{code} rebuilt as Internal");
+            assert_eq!(e.to_string(), message, "{code}");
+        }
+        // A message that does not parse keeps the owner's text.
+        let e = engine_error("SANDBOX::INVALID_PARAMETER", "invalid request body: x".into(), &get);
+        assert!(matches!(&e, EngineError::InvalidRequest { .. }), "{e:?}");
+        let e = engine_error("WORKSPACE::IN_USE", "workspace w is in use".into(), &get);
+        assert_eq!(e.to_string(), "internal error: WORKSPACE::IN_USE: workspace w is in use");
+    }
+}

@@ -1,0 +1,73 @@
+//! A cluster node: the node registry and its heartbeat, the sandbox
+//! registry, and [`ClusterPlane`], the [`ControlPlane`] that routes each call
+//! to the node holding the sandbox (docs/cluster.md, "Nodes and routing").
+//!
+//! `registry.rs` the two buckets and liveness, `beat.rs` the heartbeat and
+//! the sandbox registry's reconciler, `plane.rs` the routing,
+//! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
+//! calls to another node's API.
+use async_nats::jetstream;
+use ember_engine::ControlPlane;
+use std::sync::Arc;
+
+mod beat;
+mod elsewhere;
+mod forward;
+mod plane;
+mod registry;
+
+pub use plane::ClusterPlane;
+pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+
+/// How a node joins the cluster.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// `nats://host:port` of the cluster's servers.
+    pub servers: Vec<String>,
+    /// This node's name, unique in the cluster: `[A-Za-z0-9_-]+`.
+    pub name: String,
+    /// `http://host:port` other nodes reach this node's API at.
+    pub advertise: String,
+    /// Routes only: places no sandbox here.
+    pub api_only: bool,
+    /// The API key every node of the cluster shares (forwarded calls carry it).
+    pub api_key: Option<String>,
+    /// Prefix of the buckets (`<prefix>_nodes`, `<prefix>_sandboxes`).
+    pub prefix: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("node name {0:?}: use letters, digits, '-' and '_'")]
+    BadName(String),
+    #[error("connect to NATS {servers:?}: {reason}")]
+    Connect { servers: Vec<String>, reason: String },
+    #[error("key-value bucket {name}: {reason}")]
+    Bucket { name: String, reason: String },
+}
+
+/// Joins the cluster: connects, opens the buckets (R3 when the cluster has
+/// at least 3 servers), starts the heartbeat, the node watcher and the
+/// sandbox reconciler, and returns the plane the API is to be given.
+pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<ClusterPlane>, ClusterError> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if cfg.name.is_empty() || !cfg.name.chars().all(valid) {
+        return Err(ClusterError::BadName(cfg.name));
+    }
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(std::time::Duration::from_secs(2))
+        .retry_on_initial_connect()
+        .connect(cfg.servers.as_slice())
+        .await
+        .map_err(|e| ClusterError::Connect { servers: cfg.servers.clone(), reason: e.to_string() })?;
+    let js = jetstream::new(client.clone());
+    // R3 on a cluster of three servers or more (one may be lost), else R1.
+    let replicas = if cfg.servers.len() >= 3 { 3 } else { 1 };
+    let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
+    let sandboxes = registry::open_sandboxes(&js, &cfg.prefix, replicas).await?;
+    let plane = Arc::new(ClusterPlane::new(cfg, local, nodes.clone(), sandboxes));
+    registry::load_nodes(&nodes, &plane.nodes()).await?;
+    tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
+    tokio::spawn(plane.clone().beat());
+    Ok(plane)
+}
