@@ -100,6 +100,8 @@ pub enum Cmd {
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// ember's Kubernetes operator (CRDs of group ember.run) for one node.
+    Operator(crate::commands::operator::OperatorArgs),
 }
 
 #[derive(Subcommand)]

@@ -31,6 +31,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ),
         ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace", "ember-snapshot"]),
         ("ember-client", &["ember-types"]),
+        ("ember-operator", &["ember-types", "ember-client"]),
         ("ember-snapshot", &["ember-sys"]),
         (
             "ember",
@@ -44,6 +45,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-image",
                 "ember-snapshot",
                 "ember-net",
+                "ember-operator",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),
