@@ -32,6 +32,17 @@ pub struct Config {
     pub api_key: Option<String>,
     /// How often a settled resource is read again from the node.
     pub resync: Duration,
+    /// Reconcile only while holding this Lease (several replicas, one leader).
+    pub leader: Option<Leader>,
+}
+
+/// The Lease replicas elect their leader on (`lease.rs`).
+pub struct Leader {
+    pub namespace: String,
+    pub name: String,
+    /// Unique per replica (hostname and pid).
+    pub identity: String,
+    pub lease: Duration,
 }
 
 struct Ctx {
@@ -41,8 +52,23 @@ struct Ctx {
     resync: Duration,
 }
 
-/// Runs both controllers until SIGINT/SIGTERM.
-pub async fn run(cfg: Config) -> Result<(), Error> {
+/// Runs both controllers until SIGINT/SIGTERM; with a `leader` Lease, only
+/// once it holds it, and returns `LeaseLost` if it stops holding it (the
+/// process must then exit: another replica may be reconciling already).
+pub async fn run(mut cfg: Config) -> Result<(), Error> {
+    let Some(leader) = cfg.leader.take() else { return controllers(cfg).await };
+    let elector =
+        crate::lease::Elector::new(cfg.kube.clone(), &leader.namespace, &leader.name, &leader.identity, leader.lease);
+    tracing::info!(lease = %leader.name, identity = %leader.identity, "waiting for the lease");
+    elector.acquire().await?;
+    tracing::info!(lease = %leader.name, identity = %leader.identity, "leading");
+    tokio::select! {
+        r = controllers(cfg) => r,
+        lost = elector.keep() => Err(lost),
+    }
+}
+
+async fn controllers(cfg: Config) -> Result<(), Error> {
     let ember = Ember::new(&cfg.ember_url, cfg.api_key.clone())
         .map_err(|source| Error::Ember { url: cfg.ember_url.clone(), source })?;
     let ctx = Arc::new(Ctx { kube: cfg.kube.clone(), ember, ember_url: cfg.ember_url, resync: cfg.resync });

@@ -2,6 +2,10 @@
 //! are derived from these types (`all`, `yaml`); the chart's
 //! `deploy/helm/ember/crds/` is generated from them and a test fails when it
 //! drifts (`tests/crds.rs`).
+// kube-derive takes one `printcolumn(...)` per column: same keys, other
+// columns, which clippy reads as a repeated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 use kube::CustomResource;
 use kube::CustomResourceExt;
 use schemars::JsonSchema;

@@ -8,11 +8,12 @@ pub mod claim;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
+pub mod lease;
 pub mod pool;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use controller::{run, Config};
+pub use controller::{run, Config, Leader};
 // The versions the CRDs and clients are built with, for callers and tests.
 pub use k8s_openapi;
 pub use kube;
@@ -28,8 +29,18 @@ pub enum Error {
     Ember { url: String, source: ember_client::ClientError },
     #[error("{kind} {namespace}/{name}: {message}")]
     Invalid { kind: &'static str, namespace: String, name: String, message: String },
+    #[error("lease {0} lost: {1}")]
+    LeaseLost(String, String),
     #[error("finalizer of {0}: {1}")]
     Finalizer(String, String),
+}
+
+/// Picks ring as rustls' process-wide provider. The workspace links rustls
+/// with both ring and aws-lc-rs (other crates ask for aws-lc), and rustls
+/// then refuses to guess: the first TLS connection panics. Call before
+/// building a kube client; a second call is harmless.
+pub fn tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// The ember pool a SandboxPool drives: `k8s-<namespace>-<name>` when that

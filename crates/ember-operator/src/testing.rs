@@ -59,7 +59,9 @@ fn certificates(dir: &Path) -> String {
     write(&dir.join("serving.crt"), &cert.pem());
     write(&dir.join("serving.key"), &key.serialize_pem());
     // The service-account token signer (kube-apiserver insists on one).
-    write(&dir.join("sa.key"), &KeyPair::generate().expect("SA key").serialize_pem());
+    let sa = KeyPair::generate().expect("SA key");
+    write(&dir.join("sa.key"), &sa.serialize_pem());
+    write(&dir.join("sa.pub"), &sa.public_key_pem());
     write(&dir.join("tokens.csv"), &format!("{TOKEN},ember-envtest-admin,1,system:masters\n"));
     ca.pem()
 }
@@ -103,12 +105,14 @@ impl ApiServer {
         let apiserver = spawn(
             Command::new(apiserver_bin)
                 .arg(format!("--etcd-servers={etcd_url}"))
-                .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+                // No kubelet, no Service endpoints: as envtest, the loopback
+                // address is refused by the endpoint reconciler otherwise.
+                .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"])
                 .arg(format!("--secure-port={secure}"))
                 .arg(format!("--cert-dir={}", d.join("certs").display()))
                 .arg(format!("--tls-cert-file={}", d.join("serving.crt").display()))
                 .arg(format!("--tls-private-key-file={}", d.join("serving.key").display()))
-                .arg(format!("--service-account-key-file={}", d.join("sa.key").display()))
+                .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
                 .arg(format!("--service-account-signing-key-file={}", d.join("sa.key").display()))
                 .arg(format!("--service-account-issuer={url}"))
                 .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
@@ -128,6 +132,7 @@ impl ApiServer {
 
     /// A client as the kubeconfig describes it (TLS verified against the CA).
     pub async fn client(&self) -> kube::Client {
+        crate::tls_provider();
         let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kube config");
         kube::Client::try_from(cfg).expect("kube client")
@@ -135,11 +140,14 @@ impl ApiServer {
 
     fn logs(&self) -> String {
         let d = self._dir.path();
-        let tail = |f: &str| {
+        // klog's errors and fatals (E..., F...) say why it stopped; its info
+        // lines only crowd them out.
+        let tail = |f: &str, n: usize| {
             let s = std::fs::read_to_string(d.join(f)).unwrap_or_default();
-            s.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            let lines: Vec<&str> = s.lines().filter(|l| !l.starts_with(['I', 'W'])).collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
         };
-        format!("--- etcd.log\n{}\n--- kube-apiserver.log\n{}", tail("etcd.log"), tail("kube-apiserver.log"))
+        format!("--- etcd.log\n{}\n--- kube-apiserver.log\n{}", tail("etcd.log", 5), tail("kube-apiserver.log", 20))
     }
 
     /// Until `/readyz` answers 200 (etcd reached, the built-in resources and

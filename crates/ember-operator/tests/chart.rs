@@ -35,6 +35,7 @@ fn the_chart_lints_clean() {
 fn the_chart_renders_the_operator_with_and_without_an_api_key() {
     let plain = run(&["template", "ember"]);
     assert!(plain.contains("kind: Deployment") && !plain.contains("api-key-file"), "{plain}");
+    assert!(plain.contains("--leader-elect") && plain.contains("resources: [\"leases\"]"), "{plain}");
     let keyed = run(&["template", "ember", "--set", "operator.apiKeySecret=ember-key"]);
     assert!(
         keyed.contains("--api-key-file=/var/run/ember/apiKey") && keyed.contains("secretName: ember-key"),

@@ -22,6 +22,18 @@ pub struct OperatorArgs {
     /// How often a settled resource is read again from the node.
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
     resync: std::time::Duration,
+    /// Reconcile only while holding a coordination.k8s.io Lease, so that
+    /// several replicas run with one leader.
+    #[arg(long)]
+    leader_elect: bool,
+    /// The Lease's namespace (in a pod: its own, from POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    #[arg(long, default_value = "ember-operator")]
+    lease_name: String,
+    /// How long a leader that stopped renewing keeps the lease.
+    #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
+    lease_duration: std::time::Duration,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +54,7 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
         Some(p) => Some(read_key(p)?),
         None => api_key,
     };
+    ember_operator::tls_provider();
     let config = match &args.kubeconfig {
         Some(p) => {
             let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("kubeconfig {}", p.display()))?;
@@ -53,9 +66,21 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
     };
     let kube = kube::Client::try_from(config).context("kubernetes client")?;
     tracing::info!(ember = %args.ember_url, "ember operator running");
-    ember_operator::run(ember_operator::Config { kube, ember_url: args.ember_url, api_key, resync: args.resync })
-        .await?;
+    let leader = args.leader_elect.then(|| ember_operator::Leader {
+        namespace: args.lease_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity(),
+        lease: args.lease_duration,
+    });
+    let cfg = ember_operator::Config { kube, ember_url: args.ember_url, api_key, resync: args.resync, leader };
+    ember_operator::run(cfg).await?;
     Ok(0)
+}
+
+/// This replica's name in the Lease: the host (the pod's name in a pod) and pid.
+fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
 }
 
 fn read_key(p: &std::path::Path) -> anyhow::Result<String> {
