@@ -78,6 +78,24 @@ async fn install_crds(kube: &kube::Client) {
     }
 }
 
+/// A live API server with ember's CRDs installed, a client of it, and a
+/// real `ember serve`.
+async fn setup() -> (ember_operator::testing::ApiServer, kube::Client, Daemon) {
+    let server = ember_operator::testing::ApiServer::start().await;
+    let kube = server.client().await;
+    install_crds(&kube).await;
+    (server, kube, Daemon::start())
+}
+
+async fn claim_ready(claims: &Api<SandboxClaim>, name: &str) -> ember_operator::crd::SandboxClaimStatus {
+    eventually(&format!("claim {name} Ready"), 240, || async {
+        let st = claims.get_status(name).await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        let ready = st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(st.clone()).ok_or_else(|| format!("{st:?}"))
+    })
+    .await
+}
+
 async fn create_pool(kube: &kube::Client, replicas: i32) -> Api<SandboxPool> {
     let pools: Api<SandboxPool> = Api::namespaced(kube.clone(), "default");
     let spec = SandboxPoolSpec { template: "host".into(), replicas, resources: None, runtime_class: None };
@@ -105,10 +123,7 @@ async fn lease_holder(leases: &Api<Lease>) -> Result<(String, i32), String> {
 /// expires and reconciles the next change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_operators_elect_one_leader_and_the_other_takes_over() {
-    let server = ember_operator::testing::ApiServer::start().await;
-    let kube = server.client().await;
-    install_crds(&kube).await;
-    let daemon = Daemon::start();
+    let (server, kube, daemon) = setup().await;
     let elect = ["--leader-elect", "--lease-duration", "3s"];
     let mut ops = vec![
         Operator::start(&server.kubeconfig, &daemon.url, &elect),
@@ -139,10 +154,7 @@ async fn two_operators_elect_one_leader_and_the_other_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_resource_keeps_sandboxes_warm_and_claims_come_from_it() {
-    let server = ember_operator::testing::ApiServer::start().await;
-    let kube = server.client().await;
-    install_crds(&kube).await;
-    let daemon = Daemon::start();
+    let (server, kube, daemon) = setup().await;
     let _operator = Operator::start(&server.kubeconfig, &daemon.url, &[]);
 
     let pools: Api<SandboxPool> = Api::namespaced(kube.clone(), "default");
@@ -182,12 +194,7 @@ async fn a_pool_resource_keeps_sandboxes_warm_and_claims_come_from_it() {
     let claims: Api<SandboxClaim> = Api::namespaced(kube.clone(), "default");
     let claim = SandboxClaim::new("c1", SandboxClaimSpec { pool_ref: "warm".into(), timeout_seconds: None });
     claims.create(&PostParams::default(), &claim).await.expect("SandboxClaim accepted");
-    let st = eventually("the claim Ready", 240, || async {
-        let st = claims.get_status("c1").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-        let ready = st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-        ready.then_some(st.clone()).ok_or_else(|| format!("{st:?}"))
-    })
-    .await;
+    let st = claim_ready(&claims, "c1").await;
     let id = st.sandbox_id.clone().expect("the claim names its sandbox");
     assert_eq!(st.launch.as_deref(), Some("warm"), "answered from the pool: {st:?}");
     assert_eq!(st.endpoint, Some(format!("{}/v1/sandboxes/{id}", daemon.url)));
@@ -222,4 +229,46 @@ async fn a_pool_resource_keeps_sandboxes_warm_and_claims_come_from_it() {
         }
     })
     .await;
+}
+
+/// An operator killed after the node answered a claim but before it wrote
+/// the claim's status (here: the sandboxes made on the node while no operator
+/// runs, labelled as the operator labels them, one of them a repeated claim)
+/// converges when restarted: the claim is bound to the oldest sandbox, the
+/// extra one is removed, and no further sandbox is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_adopts_the_claims_sandbox_instead_of_claiming_again() {
+    use ember_operator::claim::{CLAIM_KEY, POOL_KEY};
+    let (server, kube, daemon) = setup().await;
+    create_pool(&kube, 1).await;
+    let node = ember_operator::node_pool_name("default", "warm");
+    let claims: Api<SandboxClaim> = Api::namespaced(kube.clone(), "default");
+    let claim = SandboxClaim::new("c1", SandboxClaimSpec { pool_ref: "warm".into(), timeout_seconds: None });
+    let uid = claims.create(&PostParams::default(), &claim).await.expect("claim").metadata.uid.expect("uid");
+    let mut made = Vec::new();
+    for _ in 0..2 {
+        let s = daemon
+            .create(|r| {
+                r.metadata = Some([(CLAIM_KEY.to_string(), uid.clone()), (POOL_KEY.to_string(), node.clone())].into());
+            })
+            .await;
+        made.push(s.id);
+    }
+
+    let _operator = Operator::start(&server.kubeconfig, &daemon.url, &[]);
+    let st = claim_ready(&claims, "c1").await;
+    assert_eq!(st.sandbox_id.as_deref(), Some(made[0].as_str()), "bound to the oldest: {st:?}");
+    eventually("the repeated claim's sandbox removed", 240, || async {
+        match daemon.client.get_sandbox(&made[1]).await {
+            Err(ember_client::ClientError::Api { status: 404, .. }) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // The pool was made meanwhile and filled; no further sandbox carries the claim.
+    wait_idle(&daemon, &node, 1).await;
+    let q = ember_client::query([("metadata", ember_client::query([(CLAIM_KEY, uid.as_str())]).as_str())]);
+    let labelled: Vec<String> =
+        daemon.client.list_sandboxes(&q).await.expect("list").into_iter().map(|s| s.id).collect();
+    assert_eq!(labelled, [made[0].clone()]);
 }

@@ -7,6 +7,7 @@
 use crate::conditions;
 use crate::crd::{Condition, SandboxClaimStatus};
 use ember_types::api::SandboxInfo;
+use k8s_openapi::jiff::Timestamp;
 
 /// Sandbox metadata naming the claim (its uid) that owns it.
 pub const CLAIM_KEY: &str = "ember.run.claim";
@@ -34,9 +35,14 @@ pub enum Apply {
 /// claim bound to it and not Ready, it is not replaced behind the user's back.
 pub fn plan_apply(found: &[SandboxInfo]) -> Apply {
     // The oldest sandbox wins, whatever its state: it is the one the claim's
-    // status may already name. created_at is RFC 3339 UTC from one node, so
-    // it orders as text; the id breaks ties.
-    let Some(keep) = found.iter().min_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id))) else {
+    // status may already name. Compared as times, not text: ember's RFC 3339
+    // drops a zero fraction, so "01.5Z" sorts before "01Z" as text. The id
+    // breaks ties; an unreadable time counts as the newest.
+    let key = |s: &SandboxInfo| {
+        let t = s.created_at.parse::<Timestamp>().ok();
+        (t.is_none(), t, s.id.clone())
+    };
+    let Some(keep) = found.iter().min_by_key(|s| key(s)) else {
         return Apply::Claim;
     };
     let remove = found.iter().filter(|s| s.id != keep.id && !ended(s)).map(|s| s.id.clone()).collect();

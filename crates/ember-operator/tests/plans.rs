@@ -143,6 +143,12 @@ fn cleanup_removes_every_labelled_sandbox_not_already_going() {
     assert_eq!(claim::plan_cleanup(&found), ["a", "c"]);
 }
 
+/// Half-second steps written as ember writes them: "…:03Z", "…:03.5Z".
+fn time(halves: u16) -> String {
+    let (s, half) = (halves / 2, halves % 2 == 1);
+    format!("2026-01-01T00:00:{s:02}{}Z", if half { ".5" } else { "" })
+}
+
 fn state() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec!["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed", "Removing"])
 }
@@ -152,14 +158,14 @@ proptest! {
     /// is the oldest, it is never removed, and nothing already ended is
     /// removed again.
     #[test]
-    fn one_sandbox_answers_a_claim(found in prop::collection::vec((0u8..20, state()), 1..8)) {
-        let found: Vec<SandboxInfo> = found
+    fn one_sandbox_answers_a_claim(raw in prop::collection::vec((0u16..40, state()), 1..8)) {
+        let found: Vec<SandboxInfo> = raw
             .iter()
             .enumerate()
-            .map(|(i, (t, st))| sandbox(&format!("s{i}"), &format!("2026-01-01T00:00:{t:02}Z"), st))
+            .map(|(i, (t, st))| sandbox(&format!("s{i}"), &time(*t), st))
             .collect();
         let Apply::Bound { keep, remove } = claim::plan_apply(&found) else { panic!("a found sandbox is kept") };
-        let oldest = found.iter().map(|s| (&s.created_at, &s.id)).min().map(|(_, id)| id.clone());
+        let oldest = found.iter().zip(&raw).map(|(s, (t, _))| (t, &s.id)).min().map(|(_, id)| id.clone());
         prop_assert_eq!(Some(keep.clone()), oldest);
         prop_assert!(!remove.contains(&keep));
         prop_assert_eq!(remove.len() + 1 + found.iter().filter(|s| s.id != keep && matches!(s.status.state.as_str(), "Terminated" | "Failed" | "Stopping" | "Removing")).count(), found.len());
@@ -183,4 +189,13 @@ proptest! {
         };
         prop_assert_eq!(pool::plan(Some(&d), Some(&next)), Action::Nothing);
     }
+}
+
+#[test]
+fn the_oldest_is_found_by_time_not_by_text() {
+    // RFC 3339 as ember writes it drops a zero fraction: as text, "01.5Z"
+    // sorts before "01Z" although it is half a second later.
+    let found =
+        [sandbox("later", "2026-01-01T00:00:01.5Z", "Running"), sandbox("first", "2026-01-01T00:00:01Z", "Running")];
+    assert_eq!(claim::plan_apply(&found), Apply::Bound { keep: "first".into(), remove: vec!["later".into()] });
 }
