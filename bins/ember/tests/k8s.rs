@@ -11,6 +11,7 @@ use ember_operator::crd::{SandboxClaim, SandboxClaimSpec, SandboxPool, SandboxPo
 use ember_operator::k8s_openapi::api::coordination::v1::Lease;
 use ember_operator::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde::Deserialize;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -271,4 +272,61 @@ async fn a_restarted_operator_adopts_the_claims_sandbox_instead_of_claiming_agai
     let labelled: Vec<String> =
         daemon.client.list_sandboxes(&q).await.expect("list").into_iter().map(|s| s.id).collect();
     assert_eq!(labelled, [made[0].clone()]);
+}
+
+/// Every object the chart renders (CRDs included) is accepted by the live
+/// API server in a server-side dry run: schema, defaults and validation as a
+/// real `kubectl apply --dry-run=server` would check them (nothing is run:
+/// there is no kubelet here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_objects_pass_a_server_side_dry_run() {
+    use kube::api::{DynamicObject, GroupVersionKind};
+    let helm = std::env::var_os("EMBER_HELM")
+        .unwrap_or_else(|| panic!("EMBER_HELM is not set: run `eval \"$(scripts/kube-test-env.sh)\"` first"));
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/ember");
+    let out = Command::new(helm)
+        .args(["template", "ember", "--include-crds", "--namespace", "default", "--set", "operator.apiKeySecret=k"])
+        .arg(&chart)
+        .output()
+        .expect("helm runs");
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+
+    let server = ember_operator::testing::ApiServer::start().await;
+    let kube = server.client().await;
+    let discovery = kube::discovery::Discovery::new(kube.clone()).run().await.expect("discovery");
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let mut kinds = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_yaml::from_value(value).expect("a Kubernetes object");
+        let types = obj.types.clone().expect("apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).expect("group/version");
+        let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap_or_else(|| panic!("{types:?} is not served"));
+        let api: Api<DynamicObject> = match caps.scope {
+            kube::discovery::Scope::Namespaced => Api::namespaced_with(kube.clone(), "default", &ar),
+            kube::discovery::Scope::Cluster => Api::all_with(kube.clone(), &ar),
+        };
+        if let Err(e) = api.create(&dry, &obj).await {
+            panic!("{} {} refused: {e}", types.kind, obj.metadata.name.unwrap_or_default());
+        }
+        kinds.push(types.kind);
+    }
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ]
+    );
 }
