@@ -14,7 +14,7 @@ pub struct OperatorArgs {
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The ember node whose pools and sandboxes the resources drive.
-    #[arg(long, env = "EMBER_URL", default_value = "http://127.0.0.1:7420")]
+    #[arg(long, env = "EMBER_URL", default_value = "http://127.0.0.1:8080")]
     ember_url: String,
     /// A file holding the node's API key (kept out of the process list).
     #[arg(long)]
