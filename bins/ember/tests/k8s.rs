@@ -24,7 +24,8 @@ impl Operator {
             .arg("operator")
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .args(["--ember-url", ember_url, "--resync", "1s"])
+            .args(["--ember-url", ember_url])
+            .args(if extra.contains(&"--resync") { &[][..] } else { &["--resync", "1s"][..] })
             .args(extra)
             .env("EMBER_LOG", "info,kube=warn")
             .stdin(Stdio::null())
@@ -329,4 +330,28 @@ async fn the_charts_objects_pass_a_server_side_dry_run() {
             "ServiceAccount"
         ]
     );
+}
+
+/// A claim made before its pool (or with it, in one `kubectl apply`) is
+/// answered as soon as the node's pool exists, not at the next resync: the
+/// claim controller watches SandboxPools. The resync is an hour here and the
+/// claim has settled (not Ready, pool missing), so only that watch can wake
+/// it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_with_its_pool_is_answered_once_the_pool_is_up() {
+    let (server, kube, daemon) = setup().await;
+    let _operator = Operator::start(&server.kubeconfig, &daemon.url, &["--resync", "1h"]);
+    let claims: Api<SandboxClaim> = Api::namespaced(kube.clone(), "default");
+    let claim = SandboxClaim::new("c1", SandboxClaimSpec { pool_ref: "warm".into(), timeout_seconds: None });
+    claims.create(&PostParams::default(), &claim).await.expect("claim");
+    eventually("the claim waiting for its pool", 240, || async {
+        let st = claims.get_status("c1").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        let waiting =
+            st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "ClaimFailed");
+        waiting.then_some(()).ok_or_else(|| format!("{st:?}"))
+    })
+    .await;
+    create_pool(&kube, 1).await;
+    let st = claim_ready(&claims, "c1").await;
+    assert!(st.sandbox_id.is_some(), "{st:?}");
 }

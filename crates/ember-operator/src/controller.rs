@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{finalizer, Event};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use std::collections::BTreeMap;
@@ -76,7 +77,16 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
         .shutdown_on_signal()
         .run(reconcile_pool, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxPool", r) });
-    let claims = Controller::new(Api::<SandboxClaim>::all(cfg.kube), watcher::Config::default())
+    let claims = Controller::new(Api::<SandboxClaim>::all(cfg.kube.clone()), watcher::Config::default());
+    // A claim waiting for its pool (made before it, or in the same apply)
+    // is woken by the pool's changes, not left until the next resync.
+    let store = claims.store();
+    let claims = claims
+        .watches(Api::<SandboxPool>::all(cfg.kube), watcher::Config::default(), move |p: SandboxPool| {
+            let (ns, name) = (p.namespace(), p.name_any());
+            let waiting = store.state().into_iter().filter(|c| c.namespace() == ns && c.spec.pool_ref == name);
+            waiting.map(|c| ObjectRef::from_obj(&*c)).collect::<Vec<_>>()
+        })
         .shutdown_on_signal()
         .run(reconcile_claim, retry, ctx)
         .for_each(|r| async move { log("SandboxClaim", r) });
