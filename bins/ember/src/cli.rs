@@ -104,6 +104,8 @@ pub enum Cmd {
     /// The labs: each breaks something, then measures what answers it.
     #[command(subcommand)]
     Lab(crate::lab::LabCmd),
+    /// ember's Kubernetes operator (CRDs of group ember.run) for one node.
+    Operator(crate::commands::operator::OperatorArgs),
 }
 
 #[derive(Subcommand)]

@@ -42,6 +42,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ),
         ("ember-api", &["ember-types", "ember-engine", "ember-image", "ember-workspace", "ember-snapshot"]),
         ("ember-client", &["ember-types"]),
+        ("ember-operator", &["ember-types", "ember-client"]),
         ("ember-snapshot", &["ember-sys"]),
         (
             "ember",
@@ -57,6 +58,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-net",
                 "ember-queue",
                 "ember-cluster",
+                "ember-operator",
             ],
         ),
         ("ember-agent", &["ember-types", "ember-sys"]),

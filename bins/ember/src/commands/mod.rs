@@ -4,6 +4,7 @@ pub mod image;
 mod interactive;
 mod logs;
 mod network;
+pub mod operator;
 mod pool;
 mod sandbox;
 mod snapshot_progress;
@@ -43,6 +44,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Task(c) => task::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
         Cmd::Lab(c) => crate::lab::run(c, client).await,
+        Cmd::Operator(a) => operator::run(a, cli.api_key.clone()).await,
     }
 }
 

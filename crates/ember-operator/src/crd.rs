@@ -1,0 +1,248 @@
+//! ember's custom resources, group `ember.run`, version `v1alpha1`. The CRDs
+//! are derived from these types (`all`, `yaml`); the chart's
+//! `deploy/helm/ember/crds/` is generated from them and a test fails when it
+//! drifts (`tests/crds.rs`).
+// kube-derive takes one `printcolumn(...)` per column: same keys, other
+// columns, which clippy reads as a repeated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "ember.run";
+pub const VERSION: &str = "v1alpha1";
+
+/// Resources of a sandbox, as ember's API takes them (`"512Mi"`, `"1"`...).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+}
+
+/// A condition as Kubernetes' own types carry them (`metav1.Condition`'s
+/// fields; a type of our own so the schema is derived with the rest).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `"True"`, `"False"` or `"Unknown"`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339; changes only when `status` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// An ember template as a resource: what sandboxes of it run. Reconciled in a
+/// later step (templates are made on the nodes today).
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ember.run", version = "v1alpha1", kind = "SandboxTemplate", namespaced)]
+#[kube(status = "SandboxTemplateStatus", shortname = "sbt")]
+#[kube(printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxTemplateSpec {
+    /// An image reference, or an ember template's name (`host`).
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxTemplateStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A warm pool on an ember node: `replicas` idle sandboxes of `template`
+/// kept started ahead of claims. `kubectl scale` moves `spec.replicas`.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ember.run", version = "v1alpha1", kind = "SandboxPool", namespaced)]
+#[kube(status = "SandboxPoolStatus", shortname = "sbp")]
+#[kube(scale(
+    spec_replicas_path = ".spec.replicas",
+    status_replicas_path = ".status.replicas",
+    label_selector_path = ".status.selector"
+))]
+#[kube(printcolumn(name = "Template", type_ = "string", json_path = ".spec.template"))]
+#[kube(printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"))]
+#[kube(printcolumn(name = "Idle", type_ = "integer", json_path = ".status.idle"))]
+#[kube(printcolumn(name = "Claimed", type_ = "integer", json_path = ".status.claimed"))]
+#[kube(printcolumn(name = "Target", type_ = "integer", json_path = ".status.target"))]
+#[kube(printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxPoolSpec {
+    /// The ember template the node builds the pool's sandboxes from.
+    pub template: String,
+    /// Idle sandboxes to keep warm.
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+}
+
+/// The capacity arithmetic behind the node's idle target (ember's pool
+/// sizing: λ·W + 3·√(λ·W), clamped to the pool's bounds; docs/warm-pools.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCapacity {
+    /// Claims per second over the node's window (λ).
+    pub arrival_per_sec: f64,
+    /// Moving average of a replacement's start time, seconds (W).
+    pub refill_secs: f64,
+    /// λ·W: claims expected while one refill runs.
+    pub in_flight_demand: f64,
+    /// 3·√(λ·W).
+    pub headroom: f64,
+    /// The pool's bounds the target is clamped to.
+    pub min: u32,
+    pub max: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxPoolStatus {
+    /// The scale subresource's replicas: the idle sandboxes now.
+    #[serde(default)]
+    pub replicas: i32,
+    /// The scale subresource's selector (the pool's sandboxes are no pods:
+    /// it names the pool for tools that read it).
+    #[serde(default)]
+    pub selector: String,
+    /// The ember pool this resource drives on the node.
+    #[serde(default)]
+    pub node_pool: String,
+    #[serde(default)]
+    pub idle: u32,
+    #[serde(default)]
+    pub starting: u32,
+    /// Sandboxes claimed from the pool (by SandboxClaims) and still alive.
+    #[serde(default)]
+    pub claimed: u32,
+    /// The idle count the node converges to.
+    #[serde(default)]
+    pub target: u32,
+    #[serde(default)]
+    pub capacity: PoolCapacity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A sandbox started cold from a template. Reconciled in a later step.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ember.run", version = "v1alpha1", kind = "Sandbox", namespaced)]
+#[kube(status = "SandboxStatus", shortname = "sb")]
+#[kube(printcolumn(name = "Template", type_ = "string", json_path = ".spec.template"))]
+#[kube(printcolumn(name = "Sandbox", type_ = "string", json_path = ".status.sandboxId"))]
+#[kube(printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    pub template: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Seconds until ember stops it; absent: until the resource is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A sandbox claimed from a SandboxPool of the same namespace: answered by
+/// an idle one when the pool has one. Deleting the claim removes the sandbox.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ember.run", version = "v1alpha1", kind = "SandboxClaim", namespaced)]
+#[kube(status = "SandboxClaimStatus", shortname = "sbc")]
+#[kube(printcolumn(name = "Pool", type_ = "string", json_path = ".spec.poolRef"))]
+#[kube(printcolumn(name = "Sandbox", type_ = "string", json_path = ".status.sandboxId"))]
+#[kube(printcolumn(name = "Launch", type_ = "string", json_path = ".status.launch"))]
+#[kube(printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxClaimSpec {
+    /// A SandboxPool's name in the claim's namespace.
+    pub pool_ref: String,
+    /// Seconds until ember stops the sandbox; absent: until the claim is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    /// The sandbox in ember's API (`<ember-url>/v1/sandboxes/<id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `warm` (an idle sandbox of the pool) or `cold` (the pool was empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A durable workspace (an ember workspace volume). Reconciled in a later step.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ember.run", version = "v1alpha1", kind = "Workspace", namespaced)]
+#[kube(status = "WorkspaceStatus", shortname = "ews")]
+#[kube(printcolumn(name = "Size", type_ = "string", json_path = ".spec.size"))]
+#[kube(printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// Quota, as ember takes it (`"1Gi"`).
+    pub size: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Every CRD, in a fixed order.
+pub fn all() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+    vec![SandboxTemplate::crd(), SandboxPool::crd(), Sandbox::crd(), SandboxClaim::crd(), Workspace::crd()]
+}
+
+/// The CRDs as one multi-document YAML stream (`ember operator crds`, the
+/// chart's `crds/ember.run.yaml`).
+pub fn yaml() -> Result<String, serde_yaml::Error> {
+    let mut out =
+        String::from("# Generated by `ember operator crds` from crates/ember-operator/src/crd.rs: do not edit.\n");
+    for crd in all() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}
