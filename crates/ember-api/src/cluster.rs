@@ -22,7 +22,7 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
     // so a forwarded call is never forwarded again.
     let e = &st.engine.node_local().unwrap_or_else(|| st.engine.clone());
     Ok(match call {
-        NodeCall::Create { req } => json(st.engine.create(req.into()).await?),
+        NodeCall::Create { req } => json(st.engine.create((*req).into()).await?),
         NodeCall::Get { id } => json(e.get(&id).await?),
         NodeCall::List { states, metadata } => json(e.list(&ListFilter { states, metadata }).await?),
         NodeCall::Remove { id } => json(e.remove(&id).await?),

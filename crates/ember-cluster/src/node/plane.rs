@@ -191,11 +191,11 @@ impl ControlPlane for ClusterPlane {
         // A restore runs where the snapshot's record is, a sandbox with
         // workspaces where they are.
         if let Some(n) = self.pinned(&req).await? {
-            return self.forward(&n, &NodeCall::Create { req: req.into() }).await;
+            return self.forward(&n, &NodeCall::Create { req: Box::new(req.into()) }).await;
         }
         if self.cfg.api_only {
             let n = self.place()?;
-            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: req.into() }).await;
+            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req.into()) }).await;
         }
         let rec = self.local.create(req).await?;
         // The sandbox exists: a registry that takes no write now (an

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum NodeCall {
-    Create { req: CreateWire },
+    Create { req: Box<CreateWire> },
     Get { id: String },
     List { states: Vec<SandboxState>, metadata: Vec<(String, String)> },
     Remove { id: String },
