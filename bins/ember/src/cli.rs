@@ -174,6 +174,13 @@ pub struct ServeArgs {
     /// against DNS rebinding. `--public-host`'s name is added.
     #[arg(long, value_name = "NAME")]
     pub allowed_host: Vec<String>,
+    /// Give each sandbox port a browser origin of its own: a request whose
+    /// Host is `<port>-<sandbox id>.DOMAIN` goes whole to that port (never to
+    /// the API), and endpoint answers name it for every port but execd's and
+    /// the egress port's. DOMAIN and its names must resolve to this server
+    /// (a wildcard DNS record, e.g. `*.sandbox.example`).
+    #[arg(long, value_name = "DOMAIN")]
+    pub sandbox_domain: Option<String>,
     /// A registry (host:port) to reach over plain http (repeatable).
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,

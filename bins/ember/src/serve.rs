@@ -31,6 +31,13 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         bail!("--ready-timeout must be more than 0");
     }
     args.tasks.config()?;
+    let sandbox_domain = args
+        .sandbox_domain
+        .as_deref()
+        .map(|d| {
+            ember_api::origin::normalize_domain(d).with_context(|| format!("--sandbox-domain {d:?} is not a DNS name"))
+        })
+        .transpose()?;
     // Then, before anything reads or changes the data dir's state: one daemon per data dir.
     let _lock = crate::datadir::lock(&args.data_dir)?;
     crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
@@ -86,6 +93,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
             api_key: api_key.filter(|k| !k.is_empty()),
             allowed_hosts: args.allowed_host,
             public_host: args.public_host,
+            sandbox_domain,
         }),
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;

@@ -9,7 +9,8 @@
 //! `proxy.rs` (agent proxy, any port), `egress.rs` (port 18080's `/policy`),
 //! `diagnostics.rs` (logs, events), `sandbox_snapshots.rs`
 //! (OpenSandbox snapshots: `/v1/sandboxes/{id}/snapshots`, `/v1/snapshots`), `system.rs` (health, version, metrics),
-//! `middleware.rs` (request id, `Host` check, API key), `cluster.rs` (the
+//! `middleware.rs` (request id, `Host` check, API key), `origin.rs` (sandbox
+//! ports on origins of their own, `--sandbox-domain`), `cluster.rs` (the
 //! route a cluster's nodes forward calls through).
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod error;
 mod images;
 mod middleware;
 mod network;
+pub mod origin;
 mod paging;
 mod pools;
 mod proxy;
@@ -33,6 +35,7 @@ mod tasks;
 mod workspaces;
 
 use axum::extract::{FromRequest, Request};
+use axum::middleware::map_response;
 use axum::routing::{any, get, patch, post};
 use axum::Router;
 use ember_engine::ControlPlane;
@@ -51,6 +54,10 @@ pub struct ApiConfig {
     /// `public_host`'s name (`--allowed-host`). Any other `Host` is refused
     /// (421), against DNS rebinding (`middleware::host_check`).
     pub allowed_hosts: Vec<String>,
+    /// `--sandbox-domain`, normalized (`origin::normalize_domain`): a request
+    /// whose `Host` is `<port>-<sandbox id>.<domain>` is proxied whole to that
+    /// sandbox port, on a browser origin of its own (`origin.rs`).
+    pub sandbox_domain: Option<String>,
 }
 
 #[derive(Clone)]
@@ -107,8 +114,8 @@ fn lifecycle() -> Router<ApiState> {
         .route("/sandboxes/{id}/snapshots", post(sandbox_snapshots::create))
         .route("/snapshots", get(sandbox_snapshots::list))
         .route("/snapshots/{snapshotId}", get(sandbox_snapshots::get_one).delete(sandbox_snapshots::remove))
-        .route("/sandboxes/{id}/proxy/{port}", any(proxy::proxy_root))
-        .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(proxy::proxy))
+        .route("/sandboxes/{id}/proxy/{port}", any(proxy::proxy_root).layer(map_response(proxy::on_api_origin)))
+        .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(proxy::proxy).layer(map_response(proxy::on_api_origin)))
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -152,6 +159,9 @@ pub fn router(state: ApiState) -> Router {
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::auth))
+        // After the `Host` check, before the API-key rule that exempts
+        // `/health`: under a sandbox's name every path is the sandbox's.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), origin::dispatch))
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::host_check))
         .layer(axum::middleware::from_fn(middleware::request_id))
         .with_state(state)

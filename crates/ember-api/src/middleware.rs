@@ -34,14 +34,12 @@ fn random_hex() -> String {
 /// host reaches the API with that name in `Host`, and, on loopback without a
 /// key, could drive it. Only names this server answers to pass: IP literals
 /// (rebinding needs a name), `localhost`, and the configured names
-/// ([`crate::ApiConfig::allowed_hosts`]). A request without `Host` (HTTP/1.0;
+/// ([`crate::ApiConfig::allowed_hosts`]), and the sandbox origins' names under
+/// `--sandbox-domain` (those reach one sandbox port, never the API's routes:
+/// `origin.rs`). A request without `Host` (HTTP/1.0;
 /// browsers always send one) passes. Anything else is a 421.
 pub async fn host_check(State(st): State<ApiState>, req: Request, next: Next) -> Response {
-    let host = match req.headers().get(header::HOST) {
-        None => req.uri().host().map(str::to_string),
-        Some(v) => Some(v.to_str().map(str::to_string).unwrap_or_default()),
-    };
-    match host {
+    match request_host(&req) {
         Some(h) if !host_allowed(&h, &st.cfg) => ApiError::new(
             StatusCode::MISDIRECTED_REQUEST,
             "GENERAL::MISDIRECTED_HOST",
@@ -52,8 +50,17 @@ pub async fn host_check(State(st): State<ApiState>, req: Request, next: Next) ->
     }
 }
 
+/// The request's `Host` (or, in HTTP/2, the URI's authority); a value that is
+/// not text is `""`, which no check accepts.
+pub(crate) fn request_host(req: &Request) -> Option<String> {
+    match req.headers().get(header::HOST) {
+        None => req.uri().host().map(str::to_string),
+        Some(v) => Some(v.to_str().map(str::to_string).unwrap_or_default()),
+    }
+}
+
 /// The name (or address) of a `Host` value, lowercase, without port or final dot.
-fn host_name(host: &str) -> Option<String> {
+pub(crate) fn host_name(host: &str) -> Option<String> {
     let auth = host.parse::<axum::http::uri::Authority>().ok()?;
     let name = auth.host().trim_start_matches('[').trim_end_matches(']');
     Some(name.trim_end_matches('.').to_ascii_lowercase())
@@ -67,32 +74,44 @@ fn host_allowed(host: &str, cfg: &crate::ApiConfig) -> bool {
         || name == "localhost"
         || public.is_some_and(|p| p == name)
         || cfg.allowed_hosts.iter().any(|a| host_name(a).is_some_and(|a| a == name))
+        || cfg.sandbox_domain.as_deref().is_some_and(|d| crate::origin::parse(&name, d).is_some())
 }
 
 /// When an API key is configured, every route but `/health` and `/version` needs
 /// it, in `OPEN-SANDBOX-API-KEY` or `Authorization: Bearer`.
 pub async fn auth(State(st): State<ApiState>, req: Request, next: Next) -> Response {
-    let Some(key) = st.cfg.api_key.as_deref() else { return next.run(req).await };
     let path = req.uri().path();
     if path == "/health" || path == "/version" {
         return next.run(req).await;
     }
-    let h = req.headers();
+    match key_refusal(&st.cfg, req.headers()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
+    }
+}
+
+/// The 401 of a request without the configured key; `None` when it may pass
+/// (the key is right, or none is configured). The API's routes and the
+/// sandbox origins (`origin.rs`) share it.
+pub(crate) fn key_refusal(cfg: &crate::ApiConfig, h: &axum::http::HeaderMap) -> Option<Response> {
+    let key = cfg.api_key.as_deref()?;
     let given = h
         .get(API_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
         .or_else(|| h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")));
     match given {
-        None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "MISSING_API_KEY",
-            "this server needs an API key in OPEN-SANDBOX-API-KEY",
-        )
-        .into_response(),
+        None => Some(
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "MISSING_API_KEY",
+                "this server needs an API key in OPEN-SANDBOX-API-KEY",
+            )
+            .into_response(),
+        ),
         Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the API key is not valid").into_response()
+            Some(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the API key is not valid").into_response())
         }
-        Some(_) => next.run(req).await,
+        Some(_) => None,
     }
 }
 
@@ -107,6 +126,7 @@ mod tests {
         let cfg = crate::ApiConfig {
             allowed_hosts: vec!["ember.example".into()],
             public_host: Some("pub.example:9000".into()),
+            sandbox_domain: Some("sb.example".into()),
             ..Default::default()
         };
         let ok = [
@@ -117,11 +137,21 @@ mod tests {
             "10.0.0.5",
             "ember.example.:80",
             "pub.example",
+            "8080-abc-1.sb.example:9000",
         ];
         for h in ok {
             assert!(super::host_allowed(h, &cfg), "{h}");
         }
-        for h in ["evil.example:8080", "localhost.evil.example", "ember.example.evil", "", "a b", "127.0.0.1.nip.io"] {
+        for h in [
+            "evil.example:8080",
+            "localhost.evil.example",
+            "ember.example.evil",
+            "",
+            "a b",
+            "127.0.0.1.nip.io",
+            "sb.example",
+            "x-abc.sb.example",
+        ] {
             assert!(!super::host_allowed(h, &cfg), "{h}");
         }
     }

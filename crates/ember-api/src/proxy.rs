@@ -9,12 +9,17 @@
 //! (`AgentRoute::Remote`) is reached through that node's own proxy route,
 //! over TCP with the cluster's API key: the same streaming and the same
 //! upgrade splice, one hop more.
+//!
+//! Two ways in, one forwarding path: the route above, on the API's own browser
+//! origin, whose every answer carries [`PATH_ROUTE_CSP`]; and a sandbox
+//! origin's host name (`origin.rs`, `--sandbox-domain`), whose whole request
+//! is the port's and whose answer is the sandbox's own.
 use crate::error::{chain, ApiError};
 use crate::{ApiPath, ApiState};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use ember_engine::AgentRoute;
 use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
 use ember_types::proxy::strip_hop_by_hop;
@@ -25,12 +30,41 @@ use tokio_util::either::Either;
 /// either direction: the daemon's own credentials and `host` (set per hop).
 const NOT_FORWARDED: &[&str] = &["host", crate::middleware::API_KEY_HEADER, "authorization"];
 
+/// The policy of every answer of the path route but an upgrade: the page runs
+/// as an opaque origin, so its scripts cannot read the API origin's storage or
+/// call the API (or another sandbox's path) as that origin with the user's
+/// credentials. No `allow-same-origin`, which would undo exactly that.
+pub const PATH_ROUTE_CSP: &str = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
+
+/// Layered on the path routes (so rejections of their parameters carry it
+/// too). A policy the sandbox sent is replaced, not kept beside ours: it was
+/// written for an origin of the page's own, its `report-uri`/`report-to` would
+/// have browsers post reports about the API's origin wherever the sandbox
+/// names, and one policy we set is one we can read. A 101 carries no page.
+pub async fn on_api_origin(mut resp: Response) -> Response {
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let h = resp.headers_mut();
+        h.remove(header::CONTENT_SECURITY_POLICY_REPORT_ONLY);
+        h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(PATH_ROUTE_CSP));
+    }
+    resp
+}
+
+/// How the request reached the proxy, for the hop to an owning node.
+enum Via {
+    /// `/v1/sandboxes/{id}/proxy/{port}/...` on the API's origin.
+    Path,
+    /// A sandbox origin's name, the request's `Host` (kept for the owner,
+    /// which answers the same name).
+    Host(HeaderValue),
+}
+
 pub async fn proxy_root(
     st: State<ApiState>,
     ApiPath((id, port)): ApiPath<(String, u16)>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    forward(st, id, port, String::new(), req).await
+    forward(st, id, port, String::new(), req, Via::Path).await
 }
 
 pub async fn proxy(
@@ -38,7 +72,24 @@ pub async fn proxy(
     ApiPath((id, port, rest)): ApiPath<(String, u16, String)>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    forward(st, id, port, rest, req).await
+    forward(st, id, port, rest, req, Via::Path).await
+}
+
+/// A request to a sandbox origin (`origin::dispatch`): its whole path and
+/// query go to the port. The path stays as sent (the path route's `rest` is
+/// axum's decoded parameter), so the agent's private routes are looked for in
+/// its decoded form too.
+pub async fn forward_host(st: ApiState, id: String, port: u16, req: Request) -> Response {
+    let rest = req.uri().path().trim_start_matches('/').to_string();
+    if percent_encoding::percent_decode_str(&rest).decode_utf8_lossy().starts_with("ember/") {
+        return not_found().into_response();
+    }
+    let host = req.headers().get(header::HOST).cloned().unwrap_or(HeaderValue::from_static("sandbox"));
+    forward(State(st), id, port, rest, req, Via::Host(host)).await.into_response()
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route")
 }
 
 /// Port 44772 is the agent's own API; 18080 the egress port, answered here;
@@ -50,6 +101,7 @@ async fn forward(
     port: u16,
     rest: String,
     req: Request,
+    via: Via,
 ) -> Result<Response, ApiError> {
     if port == EGRESS_PORT {
         return crate::egress::handle(&st, &id, &rest, req).await;
@@ -59,12 +111,12 @@ async fn forward(
     }
     if rest.starts_with("ember/") {
         // The agent's control routes (pool claim binding) are the daemon's alone.
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route"));
+        return Err(not_found());
     }
     let route = st.engine.agent_route(&id).await?;
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let Target { stream, path, host, key } = connect(route, &id, port, rest, &query).await?;
+    let Target { stream, path, host, key } = connect(route, &id, port, rest, &query, via).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| bad_gateway(&id, "handshake", &e))?;
@@ -114,7 +166,14 @@ struct Target {
     key: Option<String>,
 }
 
-async fn connect(route: AgentRoute, id: &str, port: u16, rest: String, query: &str) -> Result<Target, ApiError> {
+async fn connect(
+    route: AgentRoute,
+    id: &str,
+    port: u16,
+    rest: String,
+    query: &str,
+    via: Via,
+) -> Result<Target, ApiError> {
     match route {
         AgentRoute::Local { socket } => {
             let s = ember_engine::connect_agent(&socket).await.map_err(|e| bad_gateway(id, "connect", &e))?;
@@ -137,10 +196,18 @@ async fn connect(route: AgentRoute, id: &str, port: u16, rest: String, query: &s
             let s = tokio::net::TcpStream::connect(authority.as_str())
                 .await
                 .map_err(|e| bad_gateway(id, &format!("node {node} ({authority}) connect"), &e))?;
-            let tail = if rest.is_empty() { String::new() } else { format!("/{rest}") };
-            let host = HeaderValue::from_str(authority.as_str())
-                .map_err(|_| ApiError::bad_request(format!("bad node address {authority}")))?;
-            let path = format!("/v1/sandboxes/{id}/proxy/{port}{tail}{query}");
+            // The same way in on the owner: its path route (which sets the
+            // same policy), or the same sandbox name (the nodes of a cluster
+            // share `--sandbox-domain`).
+            let (path, host) = match via {
+                Via::Path => {
+                    let tail = if rest.is_empty() { String::new() } else { format!("/{rest}") };
+                    let host = HeaderValue::from_str(authority.as_str())
+                        .map_err(|_| ApiError::bad_request(format!("bad node address {authority}")))?;
+                    (format!("/v1/sandboxes/{id}/proxy/{port}{tail}{query}"), host)
+                }
+                Via::Host(host) => (format!("/{rest}{query}"), host),
+            };
             Ok(Target { stream: Either::Right(s), path, host, key: api_key })
         }
     }

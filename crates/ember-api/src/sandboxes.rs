@@ -119,8 +119,25 @@ pub async fn endpoint(
         // key back so the SDK sends it with its execd requests.
         out_headers.insert("OPEN-SANDBOX-API-KEY".to_string(), k.to_string());
     }
-    Ok(Json(Endpoint { endpoint: format!("{host}/v1/sandboxes/{id}/proxy/{port}"), headers: out_headers })
-        .into_response())
+    Ok(Json(Endpoint { endpoint: endpoint_of(&st.cfg, &host, &id, port), headers: out_headers }).into_response())
+}
+
+/// With `--sandbox-domain`, a port's own origin, `<port>-<id>.<domain>` on
+/// the API's listener port; else (and always for execd and the egress port,
+/// which the OpenSandbox SDKs reach by appending their paths to this answer,
+/// and which serve no pages) the path route on the API's host.
+fn endpoint_of(cfg: &crate::ApiConfig, host: &str, id: &str, port: u16) -> String {
+    use ember_types::execd::{EGRESS_PORT, EXECD_PORT};
+    match cfg.sandbox_domain.as_deref() {
+        Some(domain) if port != EXECD_PORT && port != EGRESS_PORT => {
+            let name = crate::origin::host_name(port, id, domain);
+            match host.parse::<axum::http::uri::Authority>().ok().and_then(|a| a.port_u16()) {
+                Some(listener) => format!("{name}:{listener}"),
+                None => name,
+            }
+        }
+        _ => format!("{host}/v1/sandboxes/{id}/proxy/{port}"),
+    }
 }
 
 pub async fn boundary(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {
