@@ -111,8 +111,11 @@ async fn path_route_pages_run_as_an_opaque_origin_and_ports_have_origins_of_thei
     }
     // The agent's private routes stay the daemon's, however spelled.
     let execd = format!("44772-{id}.{DOMAIN}");
-    let (status, _, body) = send(&addr, &execd, "GET /%65mber/v1/claim", Some(KEY), "").await;
-    assert_eq!(status, 404, "{body}");
+    for req in ["POST /ember/v1/claim", "POST /%65mber/v1/claim", "POST //ember/v1/claim"] {
+        let (status, _, body) = send(&addr, &execd, req, Some(KEY), "{}").await;
+        assert_eq!(status, 404, "{req}: {body}");
+        assert!(body.contains("GENERAL::NOT_FOUND"), "the daemon refuses {req}, not the agent: {body}");
+    }
 
     // Names that are no sandbox port of this server.
     for host in ["evil.test", DOMAIN, &format!("8080-{id}.other.test"), &format!("8080-{id}.{DOMAIN}.evil.test")] {

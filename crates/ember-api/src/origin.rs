@@ -53,13 +53,13 @@ pub fn host_name(port: u16, id: &str, domain: &str) -> String {
 /// sandbox's). Any other request goes on.
 pub async fn dispatch(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let Some(domain) = st.cfg.sandbox_domain.as_deref() else { return next.run(req).await };
-    let target =
-        request_host(&req).and_then(|h| crate::middleware::host_name(&h)).and_then(|name| parse(&name, domain));
+    let Some(host) = request_host(&req) else { return next.run(req).await };
+    let target = crate::middleware::host_name(&host).and_then(|name| parse(&name, domain));
     let Some(SandboxOrigin { port, id }) = target else { return next.run(req).await };
     if let Some(refused) = key_refusal(&st.cfg, req.headers()) {
         return refused;
     }
-    crate::proxy::forward_host(st, id.to_string(), port, req).await
+    crate::proxy::forward_host(st, id.to_string(), port, &host, req).await
 }
 
 #[cfg(test)]

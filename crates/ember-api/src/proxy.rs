@@ -79,12 +79,16 @@ pub async fn proxy(
 /// query go to the port. The path stays as sent (the path route's `rest` is
 /// axum's decoded parameter), so the agent's private routes are looked for in
 /// its decoded form too.
-pub async fn forward_host(st: ApiState, id: String, port: u16, req: Request) -> Response {
+pub async fn forward_host(st: ApiState, id: String, port: u16, host: &str, req: Request) -> Response {
+    // Every leading `/` goes, as in the check: `//ember/...` is no way around it.
     let rest = req.uri().path().trim_start_matches('/').to_string();
     if percent_encoding::percent_decode_str(&rest).decode_utf8_lossy().starts_with("ember/") {
         return not_found().into_response();
     }
-    let host = req.headers().get(header::HOST).cloned().unwrap_or(HeaderValue::from_static("sandbox"));
+    let host = match HeaderValue::from_str(host) {
+        Ok(h) => h,
+        Err(_) => return ApiError::bad_request(format!("bad Host {host:?}")).into_response(),
+    };
     forward(State(st), id, port, rest, req, Via::Host(host)).await.into_response()
 }
 
