@@ -173,6 +173,27 @@ async fn pool_management_errors_are_structured() {
 /// What a hostile peer offers: far beyond every cap of the agent client.
 const OFFERED: usize = 256 << 20;
 
+/// A daemon with a pool of one idle sandbox whose agent socket the host has
+/// replaced by a listener of its own (`Daemon::hijack_pooled_agent`).
+async fn one_hijacked_member() -> (Daemon, std::path::PathBuf, tokio::net::UnixListener) {
+    let d = Daemon::start();
+    pool(&d, 1, 1, 1.into()).await;
+    assert_eq!(wait_idle(&d, 1).await, 1);
+    let (dir, listener) = d.hijack_pooled_agent();
+    (d, dir, listener)
+}
+
+/// Waits (up to 10 s) for a sandbox's dir to be removed; whether it was.
+async fn gone(dir: &std::path::Path) -> bool {
+    for _ in 0..400 {
+        if !dir.exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    !dir.exists()
+}
+
 /// Root inside an OCI sandbox can bind its own server where the daemon looks
 /// for the agent's socket; here the host does it to an idle pooled sandbox
 /// (out of the API's reach). Its claim reply is a 200 whose body never ends:
@@ -183,10 +204,7 @@ const OFFERED: usize = 256 << 20;
 async fn a_claim_answered_by_a_hostile_agent_discards_the_sandbox_and_memory_stays_flat() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let d = Daemon::start();
-    pool(&d, 1, 1, 1.into()).await;
-    assert_eq!(wait_idle(&d, 1).await, 1);
-    let (dir, listener) = d.hijack_pooled_agent();
+    let (d, dir, listener) = one_hijacked_member().await;
     let sent = std::sync::Arc::new(AtomicUsize::new(0));
     let count = sent.clone();
     tokio::spawn(async move {
@@ -206,11 +224,41 @@ async fn a_claim_answered_by_a_hostile_agent_discards_the_sandbox_and_memory_sta
     assert!(sent < OFFERED, "the daemon read all {sent} bytes the hostile agent offered");
     assert!(grown < 32 << 10, "the daemon's RSS grew by {grown} KiB while the peer offered {OFFERED} bytes");
     assert_ne!(dir.file_name().and_then(|n| n.to_str()), Some(id.as_str()));
-    for _ in 0..400 {
-        if !dir.exists() {
-            break;
+    assert!(gone(&dir).await, "the discarded sandbox was destroyed");
+}
+
+/// A pooled sandbox that ends between its pop and its `Claim` command is
+/// skipped, not the caller's failure. The race made deterministic: the host
+/// holds the claim's reply at the pooled sandbox's agent socket (as in the
+/// hostile-agent test), kills the sandbox's processes, waits until the
+/// daemon has torn it down, and only then answers the bind with a 200: the
+/// claim reaches a monitor whose sandbox is gone. The create must still
+/// succeed, on another sandbox (the next idle one if the refill was quick,
+/// else a cold start, as a miss).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_sandbox_that_ends_before_its_claim_is_skipped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (d, dir, listener) = one_hijacked_member().await;
+    let dead = dir.file_name().and_then(|n| n.to_str()).expect("sandbox dir name").to_string();
+    let procs = d.procs(&dead);
+    assert!(!procs.is_empty(), "the pooled sandbox runs");
+    let held = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("the claim connects");
+        let _ = s.read(&mut [0u8; 4096]).await;
+        for pid in procs {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(!dir.exists(), "the discarded sandbox was destroyed");
+        assert!(gone(&dir).await, "the killed pooled sandbox was torn down");
+        let reply =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        s.write_all(reply.as_bytes()).await.expect("answer the bind");
+    });
+    let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
+    req.env = Some([("X".to_string(), Some("1".to_string()))].into());
+    let created = d.client.create_sandbox(&req).await;
+    held.await.expect("the held claim");
+    let (s, _) = created.expect("a create whose pooled sandbox ended mid-claim still succeeds");
+    assert_ne!(s.id, dead, "the ended sandbox is not handed out");
+    let (code, out, _) = d.sh(&s.id, "echo $X", None).await;
+    assert_eq!((code, out.trim()), (Some(0), "1"), "the sandbox it got runs and has the caller's env");
 }

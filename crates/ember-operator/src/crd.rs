@@ -100,7 +100,7 @@ pub struct SandboxPoolSpec {
 }
 
 /// The capacity arithmetic behind the node's idle target (ember's pool
-/// sizing: λ·W + 3·√(λ·W), clamped to the pool's bounds; docs/warm-pools.md).
+/// sizing: the 99.9 % quantile of a Poisson(λ·W) count, clamped to the pool's bounds; docs/warm-pools.md).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolCapacity {
@@ -110,7 +110,7 @@ pub struct PoolCapacity {
     pub refill_secs: f64,
     /// λ·W: claims expected while one refill runs.
     pub in_flight_demand: f64,
-    /// 3·√(λ·W).
+    /// The target's margin over λ·W (the quantile minus λ·W).
     pub headroom: f64,
     /// The pool's bounds the target is clamped to.
     pub min: u32,

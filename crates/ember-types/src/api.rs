@@ -328,7 +328,8 @@ pub struct PoolSizing {
     pub refill_secs: f64,
     /// arrival × refill: claims expected while one refill runs (Little's law).
     pub in_flight_demand: f64,
-    /// 3·√(in-flight demand): burst headroom.
+    /// The smallest idle count a refill window's Poisson arrivals exceed at
+    /// most 0.1 % of the time, minus the in-flight demand: burst headroom.
     pub headroom: f64,
     /// The idle count the pool converges to, within [min, max].
     pub target: u32,

@@ -19,8 +19,8 @@ fn print_inspect(p: &PoolInfo) {
     println!("  arrival rate λ  {:.3} claims/s over the last {} s", z.arrival_per_sec, z.window_secs);
     println!("  refill time W   {:.1} ms (moving average of cold starts)", z.refill_secs * 1000.0);
     println!("  λ·W             {:.3} claims arrive while one refill runs (Little's law)", z.in_flight_demand);
-    println!("  headroom        {:.3} = 3·√(λ·W), for bursts", z.headroom);
-    println!("  idle target     {} = clamp(⌈λ·W + headroom⌉, {}, {})", z.target, p.min, p.max);
+    println!("  headroom        {:.3} over λ·W: the Poisson count's 99.9 % quantile, for bursts", z.headroom);
+    println!("  idle target     {} = clamp(λ·W + headroom, {}, {})", z.target, p.min, p.max);
     println!(
         "  claims          {} total; misses {} total, {} in the window",
         p.claims_total, p.misses_total, p.misses_in_window

@@ -1,26 +1,36 @@
 //! Lab 3's report: the real claims, the simulated sweep fed with them, the
-//! cost side, and ember's Little's-law sizing checked against the simulation.
+//! cost side, and ember's sizing (the Poisson quantile and the planned refill
+//! parallelism) checked against the simulation, beside the rule it replaced.
 use super::pool::{Params, Real};
-use super::poolsim::{cost_per_saving, erlang_b, simulate, Measured, SimResult, REFILL_PARALLEL};
+use super::poolsim::{cost_per_saving, erlang_b, simulate, Measured, SimResult};
 use super::report::{ms, LabReport, Table};
 use super::{svg, Scale};
-use ember_engine::pool::plan::{size, Target};
+use ember_engine::pool::plan::{size, Sizing, Target, MISS_BUDGET};
 use std::path::Path;
 
 /// The same arrivals for every pool size of a rate (see poolsim).
 const SEED: u64 = 17;
 /// Pool sizes shown in the tables (the charts show every size).
 const SHOWN: &[u32] = &[0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
-/// The sizing's promise (plan.rs): the target covers a refill window's
-/// arrivals about 99.9% of the time.
-const PROMISED_MISS: f64 = 0.001;
+/// The sizing's promise (plan.rs): the target misses at most this share.
+const PROMISED_MISS: f64 = MISS_BUDGET;
+/// The rule before: ⌈λW + 3√(λW)⌉ idle, two starts at a time.
+const BEFORE_PARALLEL: u32 = 2;
 
 struct Sweep {
     refill_secs: f64,
     idle_mib: f64,
     kmax: u32,
-    /// Per rate, one result per pool size 0..=kmax.
+    /// Per rate, one result per pool size 0..=kmax, refilled as the
+    /// engine plans for that rate (`Sizing::refill_parallel`).
     by_rate: Vec<Vec<SimResult>>,
+    /// Per rate, the old rule's target and its simulated result.
+    before: Vec<(u32, SimResult)>,
+}
+
+/// The engine's sizing at `rate` (a pool of max 1000, no min).
+fn auto(rate: f64, refill_secs: f64) -> Sizing {
+    size(Target::Auto, 0, 1000, rate, refill_secs)
 }
 
 pub fn build(p: &Params, real: &Real, scale: Scale, dir: &Path) -> anyhow::Result<LabReport> {
@@ -31,7 +41,7 @@ pub fn build(p: &Params, real: &Real, scale: Scale, dir: &Path) -> anyhow::Resul
     sizing_table(&mut r, &sweep);
     checks(&mut r, p, real, &sweep);
     charts(&mut r, real, &sweep, dir)?;
-    let sizing: Vec<_> = p.sim_rates.iter().map(|&l| size(Target::Auto, 0, 1000, l, sweep.refill_secs)).collect();
+    let sizing: Vec<_> = p.sim_rates.iter().map(|&l| auto(l, sweep.refill_secs)).collect();
     r.data = serde_json::json!({
         "refillSecs": sweep.refill_secs,
         "idleMibPerSandbox": sweep.idle_mib,
@@ -45,6 +55,10 @@ pub fn build(p: &Params, real: &Real, scale: Scale, dir: &Path) -> anyhow::Resul
         "simulation": sweep.by_rate,
         "sizing": sizing.iter().map(|s| serde_json::json!({
             "ratePerSec": s.arrival_per_sec, "inFlightDemand": s.in_flight_demand, "target": s.target,
+            "refillParallel": s.refill_parallel,
+        })).collect::<Vec<_>>(),
+        "before": sweep.before.iter().map(|(target, r)| serde_json::json!({
+            "ratePerSec": r.rate_per_sec, "target": target, "refillParallel": BEFORE_PARALLEL, "hits": r.hits, "claims": r.claims,
         })).collect::<Vec<_>>(),
     });
     Ok(r)
@@ -60,11 +74,26 @@ fn sweep(p: &Params, real: &Real) -> Sweep {
     };
     let idle_mib = real.phases.iter().filter_map(|ph| ph.idle_mib).fold(0.0, f64::max);
     let top = p.sim_rates.iter().copied().fold(0.0, f64::max);
-    let kmax = (2 * size(Target::Auto, 0, 1000, top, refill_secs).target + 4).clamp(8, 64);
+    let kmax = (2 * auto(top, refill_secs).target + 4).clamp(8, 64);
     let m = Measured { cold_ms: &real.cold_ms, warm_ms: &real.warm_ms, refill_secs };
-    let by_rate =
-        p.sim_rates.iter().map(|&l| (0..=kmax).map(|k| simulate(&m, l, k, p.sim_claims, SEED)).collect()).collect();
-    Sweep { refill_secs, idle_mib, kmax, by_rate }
+    let by_rate = p
+        .sim_rates
+        .iter()
+        .map(|&l| {
+            let par = auto(l, refill_secs).refill_parallel;
+            (0..=kmax).map(|k| simulate(&m, l, k, par, p.sim_claims, SEED)).collect()
+        })
+        .collect();
+    let before = p
+        .sim_rates
+        .iter()
+        .map(|&l| {
+            let lw = l * refill_secs;
+            let target = (lw + 3.0 * lw.sqrt()).ceil() as u32;
+            (target, simulate(&m, l, target, BEFORE_PARALLEL, p.sim_claims, SEED))
+        })
+        .collect();
+    Sweep { refill_secs, idle_mib, kmax, by_rate, before }
 }
 
 fn real_table(r: &mut LabReport, p: &Params, real: &Real) {
@@ -108,9 +137,8 @@ fn sim_tables(r: &mut LabReport, s: &Sweep) {
     cols.extend(sizes.iter().map(|k| format!("pool {k}")));
     let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
     let title = format!(
-        "Simulation: TTFI mean / p99 (ms) and warm share by pool size (refill {:.0} ms, {} at a time)",
+        "Simulation: TTFI mean / p99 (ms) and warm share by pool size (refill {:.0} ms, starts at once as planned per rate)",
         s.refill_secs * 1000.0,
-        REFILL_PARALLEL
     );
     let mut ttfi = Table::new(&title, &cols);
     let mut cost = Table::new(
@@ -134,15 +162,20 @@ fn sim_tables(r: &mut LabReport, s: &Sweep) {
     r.tables.push(cost);
 }
 
-/// ember's sizing (plan::size: ⌈λW + 3√(λW)⌉) beside what the simulation
-/// shows at that size, and the smallest size that keeps the promise.
+/// ember's sizing (plan::size: the Poisson quantile, the planned refill
+/// parallelism) beside what the simulation shows at that size, the old rule
+/// (⌈λW + 3√(λW)⌉, two at a time) on the same arrivals, and the smallest size
+/// that keeps the promise.
 fn sizing_table(r: &mut LabReport, s: &Sweep) {
     let mut t = Table::new(
-        "Little's-law sizing (ember's pools) checked against the simulation",
+        "Poisson-quantile sizing (ember's pools) checked against the simulation",
         &[
             "rate/s",
             "λW",
+            "before: target, at once",
+            "before: sim miss",
             "target",
+            "refills at once",
             "sim miss at target",
             "unqueued refills (Erlang B)",
             "promise",
@@ -150,40 +183,38 @@ fn sizing_table(r: &mut LabReport, s: &Sweep) {
             "refill ceiling/s",
         ],
     );
-    let ceiling = f64::from(REFILL_PARALLEL) / s.refill_secs.max(1e-9);
-    for rate in &s.by_rate {
+    for (rate, (old_target, old)) in s.by_rate.iter().zip(&s.before) {
         let l = rate[0].rate_per_sec;
-        let z = size(Target::Auto, 0, 1000, l, s.refill_secs);
+        let z = auto(l, s.refill_secs);
+        let ceiling = f64::from(z.refill_parallel) / s.refill_secs.max(1e-9);
         let at = rate.get(z.target as usize).map(|x| 1.0 - x.hit_rate());
         let b = erlang_b(z.target, z.in_flight_demand);
         let enough = rate.iter().find(|x| 1.0 - x.hit_rate() <= PROMISED_MISS).map(|x| x.pool);
         t.row(vec![
             format!("{l}"),
             format!("{:.2}", z.in_flight_demand),
+            format!("{old_target}, {BEFORE_PARALLEL}"),
+            format!("{:.2}%", (1.0 - old.hit_rate()) * 100.0),
             z.target.to_string(),
+            z.refill_parallel.to_string(),
             at.map_or_else(|| format!("(> {} simulated)", s.kmax), |m| format!("{:.2}%", m * 100.0)),
-            format!("{:.2}%", b * 100.0),
+            format!("{:.3}%", b * 100.0),
             format!("≤ {:.1}%", PROMISED_MISS * 100.0),
             enough.map_or_else(|| format!("none ≤ {}", s.kmax), |k| k.to_string()),
             format!("{ceiling:.1}"),
         ]);
-        if let Some(m) = at.filter(|m| *m > PROMISED_MISS) {
-            // Far above Erlang B, the misses come from starts waiting for a
-            // refill slot, not from too few idle sandboxes.
-            let why = if m > 2.0 * b + 0.002 {
-                format!(
-                    "{REFILL_PARALLEL} starts of {:.0} ms at a time replace at most {ceiling:.1} a second, so refills queue (unqueued, the same target would miss {:.2}%): the refill parallelism is the wall",
-                    s.refill_secs * 1000.0,
-                    b * 100.0
-                )
-            } else {
-                format!("with unqueued refills the same target would still miss {:.2}%: the 3σ headroom of the normal approximation under-covers a Poisson count this small", b * 100.0)
-            };
+        // A few misses over the budget at small scale are the draw's noise:
+        // the note is for a miss count past 3σ of the budget's.
+        let n = f64::from(rate[0].claims);
+        let noise = 3.0 * (PROMISED_MISS * n).sqrt() / n.max(1.0);
+        if let Some(m) = at.filter(|m| *m > PROMISED_MISS + noise) {
             r.notes.push(format!(
-                "At {l}/s the sizing's target {} misses {:.2}% of claims, not ≤ {:.1}%: {why}.",
+                "At {l}/s the sizing's target {} with {} refills at once misses {:.2}% of claims, not ≤ {:.1}% (unqueued refills: {:.3}%).",
                 z.target,
+                z.refill_parallel,
                 m * 100.0,
-                PROMISED_MISS * 100.0
+                PROMISED_MISS * 100.0,
+                b * 100.0
             ));
         }
     }

@@ -3,7 +3,8 @@
 //! created here; the only disk write is the sandbox's small record (fsynced),
 //! which must land before the answer so a restart can never return a claimed
 //! sandbox to the pool. A record that cannot be written ends the sandbox: it
-//! was bound to this caller, who is told the claim failed.
+//! was bound to this caller, who is told the claim failed. A sandbox that
+//! ended between its pop and its claim costs nothing: the next one is tried.
 use super::Pool;
 use super::Pools;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
@@ -76,6 +77,12 @@ impl Pools {
                 Ok(rec) => rec,
                 Err(e) => {
                     self.workspaces.release_leases(id.as_str(), &mounted);
+                    if lost_race(&entry.snapshot().lifecycle, &e) {
+                        // It ended after its pop (died, or its monitor ended
+                        // it): nobody was told of it, so the next one will do.
+                        tracing::info!(sandbox = %id, error = %e, "pooled sandbox ended before its claim; trying the next");
+                        continue;
+                    }
                     let reason = TerminationReason::RuntimeError(format!("claim not recorded: {e}"));
                     entry.tell(Command::Stop(reason));
                     return Err(e);
@@ -88,6 +95,13 @@ impl Pools {
         pool.record_miss();
         Ok(None)
     }
+}
+
+/// Whether a refused `Claim` means the pooled sandbox ended between its pop
+/// and the command (its monitor is gone, or its lifecycle left `Pooled`),
+/// rather than a claim that could not be recorded (which stays `Pooled`).
+fn lost_race(now: &Lifecycle, e: &EngineError) -> bool {
+    matches!(e, EngineError::NotFound(_)) || *now != Lifecycle::Pooled
 }
 
 /// `POST /ember/v1/claim` to the agent, through the one agent client (capped

@@ -8,9 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// Sandboxes a pool starts at once: on 2 cores, more would slow claims.
-const PARALLEL: u32 = 2;
-
 pub(crate) fn spawn(engine: &Arc<Pools>, pool: Arc<Pool>) {
     tokio::spawn(run(Arc::downgrade(engine), pool));
 }
@@ -22,10 +19,12 @@ async fn run(engine: Weak<Pools>, pool: Arc<Pool>) {
             return;
         }
         let Some(engine) = engine.upgrade() else { return };
-        let desired = pool.sizing().target;
+        // The target and the starts at once are both planned (plan::size):
+        // a fixed two at a time saturates once λ·W nears 2.
+        let sizing = pool.sizing();
         let idle = pool.idle_len();
         let starting = pool.starting.load(Ordering::Relaxed);
-        match plan(desired, idle, starting, PARALLEL) {
+        match plan(sizing.target, idle, starting, sizing.refill_parallel) {
             Some(Action::Create(n)) => {
                 for _ in 0..n {
                     pool.starting.fetch_add(1, Ordering::Relaxed);
