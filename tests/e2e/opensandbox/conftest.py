@@ -105,6 +105,17 @@ def _front(tag, nats):
     return proc, _listening(proc), data_dir
 
 
+def _unmount_under(root: Path) -> None:
+    """Unmounts every mount below `root`, deepest first (lazily: a loop
+    device is released once its last user is gone)."""
+    prefix = str(root).rstrip("/") + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    # /proc/mounts escapes spaces and the like as octal; these paths have none.
+    for p in sorted((p for p in points if p.startswith(prefix)), key=lambda p: -p.count("/")):
+        subprocess.run(["umount", "-l", p], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def ember():
     if os.geteuid() != 0:
@@ -164,9 +175,10 @@ def ember():
                     except OSError:
                         pass
             # A native sandbox's writable layer is a host tmpfs (idle pool
-            # members were not listed above); workspaces are host mounts too.
-            for mnt in [*data_dir.glob("sandboxes/*/mnt"), *data_dir.glob("workspaces/*/mnt")]:
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+            # members were not listed above); a workspace is a loop-mounted
+            # image (fs/) with its tree bound at mnt/: every mount under the
+            # data dir goes, deepest first, before the dir is deleted.
+            _unmount_under(data_dir)
             shutil.rmtree(data_dir, ignore_errors=True)
             shutil.rmtree(host_dir, ignore_errors=True)
             _remove_network(net_tag, "10.214.0.254/32")
@@ -174,4 +186,5 @@ def ember():
                 if t:
                     t[0].kill()
                     t[0].wait()
+                    _unmount_under(t[2])
                     shutil.rmtree(t[2], ignore_errors=True)
