@@ -23,6 +23,10 @@ data=$(mktemp -d /tmp/ember-fuzz.XXXXXX)
 chmod 755 "$data" # the sandboxes' id range traverses it
 group="ember-fuzz-$$"
 log="$data/serve.log"
+# Made before the daemon starts: its redirect is opened in the background
+# child, which a loaded machine may not have run yet when the poll below
+# first reads the file (sed failing on a missing file ended the script).
+: >"$data/listen"
 "$target/debug/ember" serve --listen 127.0.0.1:0 --data-dir "$data/data" --cgroup-parent "$group" \
   --agent "${EMBER_AGENT_BIN:-$target/debug/ember-agent-static}" --network-range none --max-ttl 10m \
   --retention 1m >"$data/listen" 2>"$log" &
