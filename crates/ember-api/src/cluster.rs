@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NetworkWire, NodeCall, SnapshotFilter, WorkspaceStatusWire as Ws};
+use ember_engine::{ListFilter, NodeCall, SnapshotFilter};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -22,7 +22,7 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
     // so a forwarded call is never forwarded again.
     let e = &st.engine.node_local().unwrap_or_else(|| st.engine.clone());
     Ok(match call {
-        NodeCall::Create { req } => json(st.engine.create((*req).into()).await?),
+        NodeCall::Create { req } => json(st.engine.create(*req).await?),
         NodeCall::Get { id } => json(e.get(&id).await?),
         NodeCall::List { states, metadata } => json(e.list(&ListFilter { states, metadata }).await?),
         NodeCall::Remove { id } => json(e.remove(&id).await?),
@@ -39,17 +39,17 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::DeleteEgress { id, targets } => json(e.delete_egress(&id, targets).await?),
         NodeCall::EgressEnforced { id } => json(e.egress_enforced(&id).await?),
         NodeCall::NetworkEvents { id } => json(e.network_events(&id).await?),
-        NodeCall::NetworkStatus { id } => json(NetworkWire::from(e.network_status(&id).await?)),
-        NodeCall::SetNetworkPolicy { id, policy } => json(NetworkWire::from(e.set_network_policy(&id, policy).await?)),
+        NodeCall::NetworkStatus { id } => json(e.network_status(&id).await?),
+        NodeCall::SetNetworkPolicy { id, policy } => json(e.set_network_policy(&id, policy).await?),
         NodeCall::SnapshotSandbox { id, name } => json(e.snapshot_sandbox(&id, name).await?),
         NodeCall::SandboxSnapshot { id } => json(e.sandbox_snapshot(&id).await?),
         NodeCall::DeleteSandboxSnapshot { id } => json(e.delete_sandbox_snapshot(&id).await?),
         NodeCall::ListSandboxSnapshots { sandbox_id, name, states } => {
             json(e.list_sandbox_snapshots(&SnapshotFilter { sandbox_id, name, states }).await?)
         }
-        NodeCall::CreateWorkspace { name, size_bytes } => json(Ws::from(e.create_workspace(name, size_bytes).await?)),
-        NodeCall::Workspace { name } => json(Ws::from(e.workspace(&name).await?)),
-        NodeCall::ListWorkspaces => json(e.list_workspaces().await?.into_iter().map(Ws::from).collect::<Vec<_>>()),
+        NodeCall::CreateWorkspace { name, size_bytes } => json(e.create_workspace(name, size_bytes).await?),
+        NodeCall::Workspace { name } => json(e.workspace(&name).await?),
+        NodeCall::ListWorkspaces => json(e.list_workspaces().await?),
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
     })
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 /// A create request, transport-independent. Every field is optional; the
 /// template fills in what is missing.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CreateSandbox {
     pub template: Option<String>,
     pub image_uri: Option<String>,
@@ -48,7 +48,7 @@ pub struct CreateSandbox {
 
 /// A `host` volume as asked for: validated against the allow-list in
 /// the catalog's `resolve`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct HostVolumeRequest {
     pub name: String,
     pub host_path: String,

@@ -34,7 +34,7 @@ mod store;
 pub mod tasks;
 mod workspaces;
 
-pub use seam::{AgentRoute, ControlPlane, CreateWire, NetworkWire, NodeCall, WorkspaceStatusWire};
+pub use seam::{AgentRoute, ControlPlane, NodeCall};
 pub use snapshots::SnapshotStoreConfig;
 pub use snapshots::{OpKind, SnapshotOp};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};

@@ -10,7 +10,7 @@ use ember_types::{DeniedFlow, EgressAction, EgressPolicy, NetworkMode, SandboxId
 use std::sync::Arc;
 
 /// A sandbox's network as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetworkStatus {
     pub mode: NetworkMode,
     pub policy: EgressPolicy,

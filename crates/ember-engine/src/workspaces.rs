@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
 /// A workspace a create or claim asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkspaceRequest {
     pub name: String,
     /// Absolute path inside the sandbox (default `/workspace`).
@@ -49,7 +49,7 @@ pub struct MountedWorkspace {
 }
 
 /// What `ember workspace inspect` shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkspaceStatus {
     pub meta: WorkspaceMeta,
     pub used_bytes: u64,

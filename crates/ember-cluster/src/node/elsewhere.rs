@@ -7,9 +7,7 @@
 //! the first existing one is.
 use super::plane::ClusterPlane;
 use super::registry::NodeInfo;
-use ember_engine::{
-    CreateSandbox, EngineError, NodeCall, SandboxSnapshotRecord, SnapshotFilter, WorkspaceStatus, WorkspaceStatusWire,
-};
+use ember_engine::{CreateSandbox, EngineError, NodeCall, SandboxSnapshotRecord, SnapshotFilter, WorkspaceStatus};
 use serde::de::DeserializeOwned;
 
 /// Where a snapshot record or a workspace is.
@@ -95,8 +93,8 @@ impl ClusterPlane {
             }
         }
         let call = NodeCall::Workspace { name: name.into() };
-        match self.ask_others::<WorkspaceStatusWire>(&call, workspace_missing).await? {
-            Some((n, w)) => Ok((Holder::Node(n), w.into())),
+        match self.ask_others::<WorkspaceStatus>(&call, workspace_missing).await? {
+            Some((n, w)) => Ok((Holder::Node(n), w)),
             None => Err(EngineError::Workspace(ember_workspace::WorkspaceError::NotFound(name.to_string()))),
         }
     }
@@ -114,8 +112,8 @@ impl ClusterPlane {
             true => Vec::new(),
             false => self.local().list_workspaces().await?,
         };
-        let theirs = self.gather::<WorkspaceStatusWire>(&NodeCall::ListWorkspaces).await?;
-        all.extend(theirs.into_iter().map(WorkspaceStatus::from));
+        let theirs = self.gather::<WorkspaceStatus>(&NodeCall::ListWorkspaces).await?;
+        all.extend(theirs);
         all.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
         Ok(all)
     }

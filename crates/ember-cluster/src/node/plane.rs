@@ -23,8 +23,8 @@ use ember_engine::pool::{CreatePool, PoolStatus};
 use ember_engine::tasks::TaskFilter;
 use ember_engine::templates::Template;
 use ember_engine::{
-    AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NetworkWire, NodeCall,
-    SandboxRecord, SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus, WorkspaceStatusWire,
+    AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NodeCall, SandboxRecord,
+    SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus,
 };
 use ember_image::{ImageRecord, LayerMeta, PruneReport, PullProgress};
 use ember_snapshot::{GcReport, SnapshotSummary};
@@ -191,11 +191,11 @@ impl ControlPlane for ClusterPlane {
         // A restore runs where the snapshot's record is, a sandbox with
         // workspaces where they are.
         if let Some(n) = self.pinned(&req).await? {
-            return self.forward(&n, &NodeCall::Create { req: Box::new(req.into()) }).await;
+            return self.forward(&n, &NodeCall::Create { req: Box::new(req) }).await;
         }
         if self.cfg.api_only {
             let n = self.place()?;
-            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req.into()) }).await;
+            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req) }).await;
         }
         let rec = self.local.create(req).await?;
         // The sandbox exists: a registry that takes no write now (an
@@ -282,14 +282,11 @@ impl ControlPlane for ClusterPlane {
 
     async fn network_status(&self, id: &str) -> Result<NetworkStatus, EngineError> {
         let call = NodeCall::NetworkStatus { id: id.into() };
-        let wire: NetworkWire = routed!(self, id, async { self.local.network_status(id).await.map(Into::into) }, call)?;
-        Ok(wire.into())
+        routed!(self, id, self.local.network_status(id), call)
     }
     async fn set_network_policy(&self, id: &str, policy: EgressPolicy) -> Result<NetworkStatus, EngineError> {
         let call = NodeCall::SetNetworkPolicy { id: id.into(), policy: policy.clone() };
-        let local = async { self.local.set_network_policy(id, policy).await.map(Into::into) };
-        let wire: NetworkWire = routed!(self, id, local, call)?;
-        Ok(wire.into())
+        routed!(self, id, self.local.set_network_policy(id, policy), call)
     }
     async fn network_events(&self, id: &str) -> Result<Vec<DeniedFlow>, EngineError> {
         routed!(self, id, self.local.network_events(id), NodeCall::NetworkEvents { id: id.into() })
@@ -330,8 +327,7 @@ impl ControlPlane for ClusterPlane {
         }
         if self.cfg.api_only {
             let n = self.place()?;
-            let w: WorkspaceStatusWire = self.forward(&n, &NodeCall::CreateWorkspace { name, size_bytes }).await?;
-            return Ok(w.into());
+            return self.forward(&n, &NodeCall::CreateWorkspace { name, size_bytes }).await;
         }
         self.local.create_workspace(name, size_bytes).await
     }
