@@ -22,33 +22,102 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum NodeCall {
-    Create { req: Box<CreateWire> },
-    Get { id: String },
-    List { states: Vec<SandboxState>, metadata: Vec<(String, String)> },
-    Remove { id: String },
-    Pause { id: String },
-    Resume { id: String },
-    Checkpoint { id: String },
-    Renew { id: String, expires_at_ms: i64 },
-    PatchMetadata { id: String, patch: BTreeMap<String, Option<String>> },
-    Boundary { id: String },
-    Stats { id: String },
-    AgentLog { id: String, max: u64 },
-    EgressPolicy { id: String },
-    PatchEgress { id: String, rules: Vec<NetworkRule> },
-    DeleteEgress { id: String, targets: Vec<String> },
-    EgressEnforced { id: String },
-    NetworkEvents { id: String },
-    NetworkStatus { id: String },
-    SetNetworkPolicy { id: String, policy: EgressPolicy },
-    SnapshotSandbox { id: String, name: Option<String> },
-    SandboxSnapshot { id: String },
-    DeleteSandboxSnapshot { id: String },
-    ListSandboxSnapshots { sandbox_id: Option<String>, name: Option<String>, states: Vec<SandboxSnapshotState> },
-    CreateWorkspace { name: String, size_bytes: u64 },
-    Workspace { name: String },
+    Create {
+        req: Box<CreateWire>,
+    },
+    Get {
+        id: String,
+    },
+    List {
+        states: Vec<SandboxState>,
+        metadata: Vec<(String, String)>,
+    },
+    Remove {
+        id: String,
+    },
+    Pause {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
+    Checkpoint {
+        id: String,
+    },
+    Renew {
+        id: String,
+        expires_at_ms: i64,
+    },
+    PatchMetadata {
+        id: String,
+        patch: BTreeMap<String, Option<String>>,
+    },
+    Boundary {
+        id: String,
+    },
+    Stats {
+        id: String,
+    },
+    AgentLog {
+        id: String,
+        max: u64,
+    },
+    EgressPolicy {
+        id: String,
+    },
+    PatchEgress {
+        id: String,
+        rules: Vec<NetworkRule>,
+    },
+    DeleteEgress {
+        id: String,
+        targets: Vec<String>,
+    },
+    EgressEnforced {
+        id: String,
+    },
+    NetworkEvents {
+        id: String,
+    },
+    NetworkStatus {
+        id: String,
+    },
+    SetNetworkPolicy {
+        id: String,
+        policy: EgressPolicy,
+    },
+    SnapshotSandbox {
+        id: String,
+        name: Option<String>,
+    },
+    SandboxSnapshot {
+        id: String,
+    },
+    DeleteSandboxSnapshot {
+        id: String,
+    },
+    ListSandboxSnapshots {
+        sandbox_id: Option<String>,
+        name: Option<String>,
+        states: Vec<SandboxSnapshotState>,
+    },
+    CreateWorkspace {
+        name: String,
+        size_bytes: u64,
+    },
+    Workspace {
+        name: String,
+    },
     ListWorkspaces,
-    RemoveWorkspace { name: String },
+    RemoveWorkspace {
+        name: String,
+    },
+    /// A task attempt's log, read on the node that ran the attempt.
+    TaskLog {
+        id: String,
+        attempt: Option<u32>,
+        offset: u64,
+    },
 }
 
 impl NodeCall {
@@ -231,5 +300,29 @@ impl From<WorkspaceWire> for WorkspaceRequest {
     fn from(w: WorkspaceWire) -> Self {
         let WorkspaceWire { name, path, read_only, steal, create_size, layered } = w;
         WorkspaceRequest { name, path, read_only, steal, create_size, layered }
+    }
+}
+
+/// `ControlPlane::task_log`'s answer on the wire: the bytes as base64.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskLogWire {
+    pub data: String,
+    pub ended: bool,
+    pub attempt: u32,
+}
+
+impl From<(Vec<u8>, bool, u32)> for TaskLogWire {
+    fn from((data, ended, attempt): (Vec<u8>, bool, u32)) -> Self {
+        use base64::Engine as _;
+        TaskLogWire { data: base64::engine::general_purpose::STANDARD.encode(data), ended, attempt }
+    }
+}
+
+impl TaskLogWire {
+    /// Back into `task_log`'s answer; `None` when `data` is not base64.
+    pub fn into_parts(self) -> Option<(Vec<u8>, bool, u32)> {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD.decode(self.data).ok()?;
+        Some((data, self.ended, self.attempt))
     }
 }
