@@ -118,6 +118,10 @@ async fn task_queue(
     if c.api_only {
         cfg.workers = 0;
     }
+    let q = &cfg.queue;
+    if q.tier_caps.iter().any(Option::is_some) || q.tenant_cap.is_some() || !q.tenant_caps.is_empty() {
+        bail!("--task-cap and --task-tenant-cap are not supported with --cluster yet");
+    }
     let mut js = ember_cluster::JetStreamConfig::new(c.cluster.clone());
     // R3 on a cluster of three servers or more, as the node registry.
     js.replicas = if c.cluster.len() >= 3 { 3 } else { 1 };
@@ -129,7 +133,7 @@ async fn task_queue(
     })
     .await
     .context("opening the cluster's task queue")?
-    .context("--cluster: the task queue (--task-cap and --task-tenant-cap are not supported in cluster mode yet)")?;
+    .context("--cluster: opening the cluster's task queue")?;
     Ok((cfg, Some(Arc::new(q))))
 }
 
