@@ -78,7 +78,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         },
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
-    engine.start_tasks(args.tasks.config()?).context("tasks")?;
+    let (tasks, queue) = task_queue(&args.cluster, args.tasks.config()?).await?;
+    engine.start_tasks_on(tasks, queue).context("tasks")?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");
@@ -99,6 +100,41 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
     Ok(0)
+}
+
+/// The task queue: the embedded journal (`None`), or with --cluster the
+/// cluster's `JetStreamQueue`, whose workers are named after this node (an
+/// attempt's worker names the node that holds its log). An API-only node
+/// runs no workers.
+async fn task_queue(
+    c: &crate::cli::ClusterArgs,
+    mut cfg: ember_engine::tasks::TaskConfig,
+) -> anyhow::Result<(ember_engine::tasks::TaskConfig, Option<Arc<dyn ember_queue::TaskQueue>>)> {
+    if c.cluster.is_empty() {
+        return Ok((cfg, None));
+    }
+    let Some(name) = c.node.clone() else { bail!("--cluster needs --node NAME") };
+    cfg.node = name;
+    if c.api_only {
+        cfg.workers = 0;
+    }
+    let q = &cfg.queue;
+    if q.tier_caps.iter().any(Option::is_some) || q.tenant_cap.is_some() || !q.tenant_caps.is_empty() {
+        bail!("--task-cap and --task-tenant-cap are not supported with --cluster yet");
+    }
+    let mut js = ember_cluster::JetStreamConfig::new(c.cluster.clone());
+    // R3 on a cluster of three servers or more, as the node registry.
+    js.replicas = if c.cluster.len() >= 3 { 3 } else { 1 };
+    js.ack_wait = cfg.lease;
+    let queue = cfg.queue.clone();
+    // Opening connects and may wait through an election: off the async workers.
+    let q = tokio::task::spawn_blocking(move || {
+        ember_cluster::JetStreamQueue::open(js, queue, ember_queue::system_clock())
+    })
+    .await
+    .context("opening the cluster's task queue")?
+    .context("--cluster: opening the cluster's task queue")?;
+    Ok((cfg, Some(Arc::new(q))))
 }
 
 /// With --cluster: this node joins the cluster and the API gets the plane that

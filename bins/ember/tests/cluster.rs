@@ -3,10 +3,14 @@
 //! ports). A sandbox created through one node is reached through another:
 //! lifecycle calls forwarded, exec, files and a PTY over the proxied
 //! WebSocket; lists merge the nodes; a SIGKILLed node is noticed dead; an
-//! `--api-only` node places a create on a node that runs sandboxes.
+//! `--api-only` node places a create on a node that runs sandboxes. Tasks
+//! (`cluster/tasks.rs`): one queue for the
+//! cluster, logs read through any node, a SIGKILLed node's tasks re-run.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
+#[path = "cluster/tasks.rs"]
+mod tasks;
 
 use bytes::Bytes;
 use common::Daemon;
@@ -112,17 +116,29 @@ fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
         let err = a.client.get_sandbox(&gone).await.expect_err("removed on a");
         assert!(matches!(err, ClientError::Api { status: 404, .. }), "{err:?}");
 
-        // SIGKILL B: A stops listing B's sandbox once B's heartbeat lapses.
+        // SIGKILL B: a call naming its sandbox is a 503 at once (connection
+        // refused) and after B is noticed dead; A stops listing B's sandbox
+        // once B's heartbeat lapses.
         b.kill9();
         let killed = Instant::now();
+        let err = a.client.get_sandbox(&on_b).await.expect_err("a just-killed node's sandbox");
+        assert_node_unavailable(&err, "b");
         eventually(Duration::from_secs(20), "b noticed dead", || async {
             ids(&a).await.filter(|l| l.contains(&on_a) && !l.contains(&on_b))
         })
         .await;
         eprintln!("MTTD: node b's death noticed by node a after {:?}", killed.elapsed());
         let err = a.client.get_sandbox(&on_b).await.expect_err("a dead node's sandbox");
+        assert_node_unavailable(&err, "b");
         assert!(matches!(&err, ClientError::Api { message, .. } if message.contains("dead")), "{err:?}");
     });
+}
+
+/// A 503 `CLUSTER::NODE_UNAVAILABLE` naming `node`.
+fn assert_node_unavailable(err: &ClientError, node: &str) {
+    let ok = matches!(err, ClientError::Api { status: 503, code, message, .. }
+        if code == "CLUSTER::NODE_UNAVAILABLE" && message.contains(&format!("node {node} ")));
+    assert!(ok, "{err:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NodeCall, SnapshotFilter};
+use ember_engine::{ListFilter, NodeCall, SnapshotFilter, TaskLogWire};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -51,5 +51,6 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::Workspace { name } => json(e.workspace(&name).await?),
         NodeCall::ListWorkspaces => json(e.list_workspaces().await?),
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
+        NodeCall::TaskLog { id, attempt, offset } => json(TaskLogWire::from(e.task_log(&id, attempt, offset).await?)),
     })
 }

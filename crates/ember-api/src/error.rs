@@ -73,6 +73,7 @@ impl From<EngineError> for ApiError {
             EngineError::SnapshotUnsupportedRuntime(_) => (S::BAD_REQUEST, "SNAPSHOT::UNSUPPORTED_RUNTIME"),
             EngineError::CheckpointUnsupported(_) => (S::BAD_REQUEST, "SANDBOX::UNSUPPORTED_RUNTIME"),
             EngineError::Busy { .. } => (S::CONFLICT, "SANDBOX::BUSY"),
+            EngineError::NodeUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "CLUSTER::NODE_UNAVAILABLE"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

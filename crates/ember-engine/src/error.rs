@@ -65,6 +65,10 @@ pub enum EngineError {
     /// The sandbox refused to be interrupted (an open exec stream or terminal).
     #[error("sandbox {id} is busy: {message}")]
     Busy { id: SandboxId, message: String },
+    /// A cluster node the call needs cannot be reached, or is dead (its
+    /// heartbeat lapsed): retrying later may succeed (503).
+    #[error("node {node} is unavailable: {reason}")]
+    NodeUnavailable { node: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -34,7 +34,7 @@ mod store;
 pub mod tasks;
 mod workspaces;
 
-pub use seam::{AgentRoute, ControlPlane, NodeCall};
+pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
 pub use snapshots::SnapshotStoreConfig;
 pub use snapshots::{OpKind, SnapshotOp};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
@@ -138,11 +138,21 @@ impl Engine {
     /// Opens the task queue in the data dir and starts this node's workers
     /// and the lease-expiry loop.
     pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
+        self.start_tasks_on(cfg, None)
+    }
+
+    /// Starts this node's workers on `queue` (a cluster's shared queue), or
+    /// (`None`) on the embedded journal in the data dir.
+    pub fn start_tasks_on(
+        &self,
+        cfg: tasks::TaskConfig,
+        queue: Option<Arc<dyn ember_queue::TaskQueue>>,
+    ) -> Result<(), EngineError> {
         if self.tasks.get().is_some() {
             return Err(EngineError::Internal("tasks already started".into()));
         }
-        let (s, w, p) = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
-        let started = tasks::Tasks::start(&self.cfg, cfg, s, w, p)?;
+        let services = (self.sandboxes.clone(), self.workspaces.clone(), self.provision.clone());
+        let started = tasks::Tasks::start(&self.cfg, cfg, queue, services)?;
         self.tasks.set(started).map_err(|_| EngineError::Internal("tasks already started".into()))
     }
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 mod local;
 mod wire;
 
-pub use wire::NodeCall;
+pub use wire::{NodeCall, TaskLogWire};
 
 /// Where the agent proxy sends a sandbox's traffic. One enum so the proxy has
 /// one `match` to extend: the cluster adds a variant for a sandbox on another

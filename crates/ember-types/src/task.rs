@@ -199,6 +199,32 @@ pub struct TaskAttempt {
     pub reason: Option<String>,
 }
 
+impl TaskAttempt {
+    /// The node whose worker ran the attempt (its log is there): a worker is
+    /// named `<node>-w<slot>.<generation>` (`worker_name`).
+    pub fn node(&self) -> &str {
+        worker_node(&self.worker)
+    }
+}
+
+/// A worker's name: slot `slot` of node `node`, in its `generation`th life.
+pub fn worker_name(node: &str, slot: u32, generation: u32) -> String {
+    format!("{node}-w{slot}.{generation}")
+}
+
+/// The node part of a worker's name (the whole name if it is not one).
+pub fn worker_node(worker: &str) -> &str {
+    let Some((node, rest)) = worker.rsplit_once("-w") else { return worker };
+    let ok = rest
+        .split_once('.')
+        .is_some_and(|(s, g)| !s.is_empty() && !g.is_empty() && s.bytes().chain(g.bytes()).all(|b| b.is_ascii_digit()));
+    if ok {
+        node
+    } else {
+        worker
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskRecord {
@@ -249,5 +275,16 @@ mod tests {
         }
         assert!(Tier::Interactive.rank() < Tier::Batch.rank());
         assert_eq!(TaskState::ALL.iter().filter(|s| s.is_terminal()).count(), 4);
+    }
+
+    #[test]
+    fn a_worker_name_names_its_node() {
+        for node in ["a", "node-west", "n-w1", "host_2"] {
+            assert_eq!(worker_node(&worker_name(node, 3, 12)), node);
+        }
+        // Not a worker's name: kept whole.
+        for other in ["node", "node-w", "node-w1", "node-wx.1", "node-w1."] {
+            assert_eq!(worker_node(other), other);
+        }
     }
 }

@@ -79,19 +79,23 @@ impl Forwarder {
             req = req.header(API_KEY_HEADER, k);
         }
         let req = req.body(Full::new(Bytes::from(body))).map_err(|e| unreachable(format!("request: {e}")))?;
+        // No answer at all: the node is down or cut off (503, try again).
+        let down = |reason: String| EngineError::NodeUnavailable {
+            node: node.to_string(),
+            reason: format!("{base}: {reason}"),
+        };
         let answer = tokio::time::timeout(CALL_TIMEOUT, async {
-            let resp = self.client.request(req).await.map_err(|e| format!("request: {}", chain(&e)))?;
+            let resp = self.client.request(req).await.map_err(|e| down(format!("request: {}", chain(&e))))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| format!("answer (at most {MAX_ANSWER} bytes): {e}"))?
+                .map_err(|e| unreachable(format!("answer (at most {MAX_ANSWER} bytes): {e}")))?
                 .to_bytes();
-            Ok::<_, String>((status, bytes))
+            Ok::<_, EngineError>((status, bytes))
         })
         .await
-        .map_err(|_| unreachable(format!("no answer within {CALL_TIMEOUT:?}")))?
-        .map_err(unreachable)?;
+        .map_err(|_| down(format!("no answer within {CALL_TIMEOUT:?}")))??;
         let (status, bytes) = answer;
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|e| unreachable(format!("unreadable answer: {e}")));
@@ -124,7 +128,8 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::ListWorkspaces
         | C::CreateWorkspace { .. }
         | C::Workspace { .. }
-        | C::RemoveWorkspace { .. } => None,
+        | C::RemoveWorkspace { .. }
+        | C::TaskLog { .. } => None,
         C::Get { id }
         | C::Remove { id }
         | C::Pause { id }

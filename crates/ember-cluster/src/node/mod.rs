@@ -15,6 +15,7 @@ mod elsewhere;
 mod forward;
 mod plane;
 mod registry;
+mod tasks;
 
 pub use plane::ClusterPlane;
 pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};

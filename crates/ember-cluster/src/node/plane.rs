@@ -138,14 +138,18 @@ impl ClusterPlane {
             // The registry lags a removal here.
             return Err(EngineError::NotFound(id.to_string()));
         }
-        match self.nodes.get(&entry.node) {
-            Ok(info) => Ok(Owner::Node(info)),
-            Err(silent) => Err(EngineError::Internal(format!(
-                "sandbox {id} is on node {}, which is dead (no heartbeat for {})",
-                entry.node,
+        self.live_node(&entry.node, &format!("sandbox {id} is on it")).map(Owner::Node)
+    }
+
+    /// Node `name` if it is live, else `NodeUnavailable` saying `what`.
+    pub(super) fn live_node(&self, name: &str, what: &str) -> Result<NodeInfo, EngineError> {
+        self.nodes.get(name).map_err(|silent| EngineError::NodeUnavailable {
+            node: name.to_string(),
+            reason: format!(
+                "{what}, and it is dead (no heartbeat for {})",
                 silent.map_or("ever".to_string(), |d| format!("{d:?}"))
-            ))),
-        }
+            ),
+        })
     }
 
     /// Best of two on free memory among the live nodes that run sandboxes.
@@ -449,7 +453,7 @@ impl ControlPlane for ClusterPlane {
         self.local.cancel_task(id).await
     }
     async fn task_log(&self, id: &str, attempt: Option<u32>, offset: u64) -> Result<(Vec<u8>, bool, u32), EngineError> {
-        self.local.task_log(id, attempt, offset).await
+        self.routed_task_log(id, attempt, offset).await
     }
     fn runtime_classes(&self) -> Vec<RuntimeClassInfo> {
         self.local.runtime_classes()

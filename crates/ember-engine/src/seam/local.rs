@@ -244,13 +244,13 @@ impl ControlPlane for Arc<Engine> {
     }
 
     async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
-        self.tasks()?.submit_task(req)
+        self.tasks()?.submit_task(req).await
     }
     async fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
-        self.tasks()?.list_tasks(f)
+        self.tasks()?.list_tasks(f).await
     }
     async fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        self.tasks()?.task(id)
+        self.tasks()?.task(id).await
     }
     async fn cancel_task(&self, id: &str) -> Result<TaskRecord, EngineError> {
         self.tasks()?.cancel_task(id).await

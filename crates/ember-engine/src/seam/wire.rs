@@ -4,7 +4,8 @@
 //! answers with the call's result as JSON, or the `{code, message}` of its
 //! error. Only the calls a cluster forwards are here; the engine's own
 //! request and status types (`CreateSandbox`, `NetworkStatus`,
-//! `WorkspaceStatus`) cross as they are (serde, no HTTP types).
+//! `WorkspaceStatus`) cross as they are (serde, no HTTP types); a task log's
+//! bytes cross as base64 ([`TaskLogWire`]).
 use crate::{CreateSandbox, ListFilter, SandboxSnapshotState, SnapshotFilter};
 use ember_types::api::NetworkRule;
 use ember_types::{EgressPolicy, SandboxState};
@@ -45,6 +46,8 @@ pub enum NodeCall {
     Workspace { name: String },
     ListWorkspaces,
     RemoveWorkspace { name: String },
+    /// A task attempt's log, read on the node that ran the attempt.
+    TaskLog { id: String, attempt: Option<u32>, offset: u64 },
 }
 
 impl NodeCall {
@@ -55,5 +58,29 @@ impl NodeCall {
     pub fn list_snapshots(f: &SnapshotFilter) -> NodeCall {
         let SnapshotFilter { sandbox_id, name, states } = f.clone();
         NodeCall::ListSandboxSnapshots { sandbox_id, name, states }
+    }
+}
+
+/// `ControlPlane::task_log`'s answer on the wire: the bytes as base64.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskLogWire {
+    pub data: String,
+    pub ended: bool,
+    pub attempt: u32,
+}
+
+impl From<(Vec<u8>, bool, u32)> for TaskLogWire {
+    fn from((data, ended, attempt): (Vec<u8>, bool, u32)) -> Self {
+        use base64::Engine as _;
+        TaskLogWire { data: base64::engine::general_purpose::STANDARD.encode(data), ended, attempt }
+    }
+}
+
+impl TaskLogWire {
+    /// Back into `task_log`'s answer; `None` when `data` is not base64.
+    pub fn into_parts(self) -> Option<(Vec<u8>, bool, u32)> {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD.decode(self.data).ok()?;
+        Some((data, self.ended, self.attempt))
     }
 }

@@ -89,25 +89,31 @@ pub(crate) struct Tasks {
 }
 
 impl Tasks {
-    /// Opens the task queue in the data dir and starts this node's workers
-    /// and the lease-expiry loop.
+    /// Starts this node's workers and the lease-expiry loop on `queue`, or
+    /// (`None`) on the embedded journal in the data dir.
     pub fn start(
         engine: &crate::EngineConfig,
         cfg: TaskConfig,
-        sandboxes: Arc<Sandboxes>,
-        workspaces: Arc<Workspaces>,
-        provision: Arc<Provisioner>,
+        queue: Option<Arc<dyn TaskQueue>>,
+        services: (Arc<Sandboxes>, Arc<Workspaces>, Arc<Provisioner>),
     ) -> Result<Arc<Tasks>, EngineError> {
-        let dir = engine.data_dir.join("state/tasks");
-        let q = EmbeddedQueue::open(&dir, cfg.queue.clone(), ember_queue::system_clock())?;
-        if q.damaged > 0 {
-            tracing::warn!(lines = q.damaged, "task journal: damaged lines skipped");
-        }
+        let (sandboxes, workspaces, provision) = services;
+        let queue = match queue {
+            Some(q) => q,
+            None => {
+                let dir = engine.data_dir.join("state/tasks");
+                let q = EmbeddedQueue::open(&dir, cfg.queue.clone(), ember_queue::system_clock())?;
+                if q.damaged > 0 {
+                    tracing::warn!(lines = q.damaged, "task journal: damaged lines skipped");
+                }
+                Arc::new(q) as Arc<dyn TaskQueue>
+            }
+        };
         let logs = engine.data_dir.join("tasks/logs");
         std::fs::create_dir_all(&logs).map_err(|source| EngineError::Store { path: logs.clone(), source })?;
         let svc = Arc::new(TaskService {
             cfg: cfg.clone(),
-            queue: Arc::new(q),
+            queue,
             logs,
             wake: Notify::new(),
             metrics: metrics::TaskMetrics::new(),
@@ -122,7 +128,7 @@ impl Tasks {
     }
 
     /// Validates and enqueues a task; `false` when its key named an existing one.
-    pub fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
+    pub async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
         let svc = &self.svc;
         let c = &svc.cfg;
         if req.command.is_empty() || req.command[0].is_empty() {
@@ -172,24 +178,27 @@ impl Tasks {
             reuse_sandbox: req.reuse_sandbox.unwrap_or(false),
         };
         let id = format!("t-{}", hex(&crate::create::random16()[..8]));
-        let out = svc.queue.submit(&id, spec)?;
+        let out = svc.call("submit", &id.clone(), move |q| q.submit(&id, spec)).await?;
         if out.1 {
             svc.wake.notify_one();
         }
         Ok(out)
     }
 
-    pub fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        Ok(self.svc.queue.get(id)?)
+    pub async fn task(&self, id: &str) -> Result<TaskRecord, EngineError> {
+        let id_ = id.to_string();
+        Ok(self.svc.call("get", id, move |q| q.get(&id_)).await?)
     }
 
-    pub fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
-        Ok(self.svc.queue.list(filter))
+    pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
+        let f = filter.clone();
+        Ok(self.svc.call("list", "", move |q| Ok(q.list(&f))).await?)
     }
 
     /// Cancels a task; a running attempt's sandbox is destroyed.
     pub async fn cancel_task(&self, id: &str) -> Result<TaskRecord, EngineError> {
-        let rec = self.svc.queue.cancel(id)?;
+        let id_ = id.to_string();
+        let rec = self.svc.call("cancel", id, move |q| q.cancel(&id_)).await?;
         if let Some(sb) = rec.attempts.last().and_then(|a| a.sandbox.clone()) {
             let _ = self.sandboxes.remove(&sb).await;
         }
@@ -206,7 +215,7 @@ impl Tasks {
         offset: u64,
     ) -> Result<(Vec<u8>, bool, u32), EngineError> {
         let svc = &self.svc;
-        let rec = svc.queue.get(id)?;
+        let rec = self.task(id).await?;
         let n = attempt.unwrap_or(rec.attempt());
         if n > rec.attempt() {
             return Err(EngineError::invalid("attempt", format!("task {id} has {} attempts", rec.attempt())));
@@ -225,6 +234,23 @@ impl Tasks {
 }
 
 impl TaskService {
+    /// Runs a queue call on the blocking pool: a cluster queue's call may
+    /// wait through a leader election (its retry budget, up to 30 s), which
+    /// must not hold one of the few async workers the API runs on.
+    async fn call<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        id: &str,
+        f: impl FnOnce(&dyn TaskQueue) -> Result<T, QueueError> + Send + 'static,
+    ) -> Result<T, QueueError> {
+        let q = self.queue.clone();
+        tokio::task::spawn_blocking(move || f(&*q)).await.map_err(|e| QueueError::Unavailable {
+            op,
+            id: id.to_string(),
+            reason: format!("the queue call did not finish: {e}"),
+        })?
+    }
+
     fn log_path(&self, id: &str, attempt: u32) -> PathBuf {
         self.logs.join(format!("{id}.{attempt}.log"))
     }

@@ -43,9 +43,13 @@ pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot
     let mut kept: Option<Kept> = None;
     let mut idle_since: Option<Instant> = None;
     loop {
-        let name = format!("{}-w{slot}.{generation}", svc.cfg.node);
+        let name = ember_types::task::worker_name(&svc.cfg.node, slot, generation);
         let t = Instant::now();
-        match svc.queue.lease(&name) {
+        let leased = {
+            let name = name.clone();
+            svc.call("lease", &name.clone(), move |q| q.lease(&name)).await
+        };
+        match leased {
             Ok(Some((lease, rec))) => {
                 svc.metrics.phase("lease", t);
                 // There may be more: pass the wake-up on to another idle worker.
@@ -215,14 +219,17 @@ async fn heartbeat(
     sandbox: Arc<Mutex<Option<String>>>,
     fenced: tokio::sync::oneshot::Sender<QueueError>,
 ) {
-    let every = Duration::from_millis(svc.queue.get(&lease.task).map_or(1_000, |r| r.spec.heartbeat_ms));
+    let task = lease.task.clone();
+    let every = svc.call("get", &lease.task, move |q| q.get(&task)).await;
+    let every = Duration::from_millis(every.map_or(1_000, |r| r.spec.heartbeat_ms));
     loop {
         tokio::time::sleep(every).await;
         let sb = sandbox.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if sb.is_some_and(|s| !e.sandboxes.is_alive(&s)) {
             return;
         }
-        if let Err(err) = svc.queue.heartbeat(&lease) {
+        let l = lease.clone();
+        if let Err(err) = svc.call("heartbeat", &lease.task, move |q| q.heartbeat(&l)).await {
             let _ = fenced.send(err);
             return;
         }
@@ -267,14 +274,15 @@ async fn attempt(
         }
     };
     tokio::pin!(fenced);
-    let finish = |outcome: Outcome| {
+    let finish = |outcome: Outcome| async move {
         let label = match &outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Retry { .. } => "failed",
             Outcome::Fail { .. } => "rejected",
         };
         let t = Instant::now();
-        let accepted = match svc.queue.finish(lease, outcome) {
+        let l = lease.clone();
+        let accepted = match svc.call("finish", &lease.task, move |q| q.finish(&l, outcome)).await {
             Ok(_) => {
                 svc.metrics.outcome(label);
                 true
@@ -290,7 +298,7 @@ async fn attempt(
     if let Some(ws) = spec.workspace.as_deref() {
         if commit::committed_before(e, ws, &rec.id).await {
             tracing::info!(task = %rec.id, "an earlier attempt committed; recording its success");
-            let ended = finish(Outcome::Succeeded);
+            let ended = finish(Outcome::Succeeded).await;
             commit::recorded(e, ws, &rec.id, matches!(ended, Ended::Done { succeeded: true })).await;
             return ended;
         }
@@ -299,12 +307,13 @@ async fn attempt(
         Some(id) => (id, None),
         None => match reuse::own_sandbox(e, svc, lease, rec).await {
             Ok(placed) => placed,
-            Err(outcome) => return finish(outcome),
+            Err(outcome) => return finish(outcome).await,
         },
     };
     *sandbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.clone());
     let t = Instant::now();
-    let started = svc.queue.started(lease, &sb, epoch);
+    let (l, sb_) = (lease.clone(), sb.clone());
+    let started = svc.call("started", &lease.task, move |q| q.started(&l, &sb_, epoch)).await;
     svc.metrics.phase("started", t);
     if let Err(err) = started {
         tracing::info!(task = %lease.task, error = %err, "attempt fenced before its command");
@@ -361,22 +370,22 @@ async fn attempt(
     svc.metrics.phase("exec", t_exec);
     let Some(end) = end else { return Ended::Done { succeeded: false } };
     if let (Some(ws), ExecEnd::Exited(0)) = (spec.workspace.as_deref(), &end) {
-        let ended = finish(commit::settle(e, svc, lease, ws, &sb, epoch).await);
+        let ended = finish(commit::settle(e, svc, lease, ws, &sb, epoch).await).await;
         commit::recorded(e, ws, &rec.id, matches!(ended, Ended::Done { succeeded: true })).await;
         return ended;
     }
     match end {
-        ExecEnd::Exited(0) => finish(Outcome::Succeeded),
-        ExecEnd::Exited(c) => finish(Outcome::Retry { reason: format!("exit code {c}"), exit_code: Some(c) }),
+        ExecEnd::Exited(0) => finish(Outcome::Succeeded).await,
+        ExecEnd::Exited(c) => finish(Outcome::Retry { reason: format!("exit code {c}"), exit_code: Some(c) }).await,
         ExecEnd::NotStarted(m) => {
-            finish(Outcome::Retry { reason: format!("command did not start: {m}"), exit_code: None })
+            finish(Outcome::Retry { reason: format!("command did not start: {m}"), exit_code: None }).await
         }
         ExecEnd::Cut(m) => {
             tracing::warn!(task = %lease.task, worker = %lease.worker, reason = %m, "the attempt's sandbox died; leaving the lease to expire");
             Ended::Lost
         }
         ExecEnd::Broken(m) => {
-            finish(Outcome::Retry { reason: format!("the sandbox's agent misbehaved: {m}"), exit_code: None })
+            finish(Outcome::Retry { reason: format!("the sandbox's agent misbehaved: {m}"), exit_code: None }).await
         }
     }
 }
