@@ -14,6 +14,7 @@ fn main() {
             data_dir: "/tmp/ember-smoke".into(),
             agent_path: agent.into(),
             uid_base: 1_000_000_000,
+            id_ranges: 16,
             ready_timeout: ember_runtime::READY_TIMEOUT,
         },
         cg,
