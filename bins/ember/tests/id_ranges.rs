@@ -55,3 +55,59 @@ async fn a_neighbour_holding_every_inotify_instance_leaves_this_sandbox_its_own(
     assert!(ra[1].abs_diff(rb[1]) >= 65536, "overlapping ranges {ra:?} {rb:?}");
     assert_eq!(a.host_uid_of_root, Some(ra[1] as u32));
 }
+
+/// The first host id of a sandbox's range, from its boundary report.
+async fn range_of(d: &Daemon, id: &str) -> u64 {
+    let b = d.client.boundary(id).await.expect("boundary");
+    b.uid_map.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{b:?}"))
+}
+
+/// Owner ids and whether uid 1000 can append, of `path` inside `id`.
+async fn owner_and_append(d: &Daemon, id: &str, path: &str) -> (Option<i32>, String, String) {
+    d.sh(id, &format!("stat -c '%u %g' {path} && echo more >> {path} && tail -n1 {path}"), Some(1000)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_readopts_each_live_sandbox_range() {
+    let mut d = Daemon::start();
+    let old = d.create(|_| {}).await;
+    let before = range_of(&d, &old.id).await;
+    d.kill9();
+    d.spawn();
+    let new = d.create(|_| {}).await;
+    assert_ne!(range_of(&d, &new.id).await, before, "the new sandbox got the adopted one's range");
+    assert_eq!(range_of(&d, &old.id).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restored_into_another_range_keeps_its_owners() {
+    let d = Daemon::start();
+    let src = d.create(|_| {}).await;
+    let (code, _, err) = d.sh(&src.id, "echo mine > /tmp/f && chown 1000:1000 /tmp/f", Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
+    // The source lives on: the restore gets another range.
+    let req = ember_types::api::CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    assert_ne!(range_of(&d, &restored.id).await, range_of(&d, &src.id).await);
+    let (code, out, err) = owner_and_append(&d, &restored.id, "/tmp/f").await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_keeps_its_owners_in_every_range_that_mounts_it() {
+    let d = Daemon::start();
+    d.client.create_workspace("ws", "64Mi").await.expect("workspace");
+    let mount = || vec![ember_types::api::WorkspaceMountSpec { name: "ws".into(), ..Default::default() }];
+    let first = d.create(|r| r.workspaces = mount()).await;
+    let (code, _, err) = d.sh(&first.id, "echo one > /workspace/f && chown 1000:1000 /workspace/f", Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let first_range = range_of(&d, &first.id).await;
+    d.client.delete_sandbox(&first.id).await.expect("delete");
+    // A sandbox holding the freed range, so the next one mounts the workspace from another.
+    let _filler = d.create(|_| {}).await;
+    let second = d.create(|r| r.workspaces = mount()).await;
+    assert_ne!(range_of(&d, &second.id).await, first_range);
+    let (code, out, err) = owner_and_append(&d, &second.id, "/workspace/f").await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
