@@ -3,39 +3,41 @@
 //! them through a mount whose idmap shifts that range onto the sandbox's own.
 //! An idmap is given as a user namespace: on-disk id `x` reads as the host id
 //! that namespace maps `x` to. Writes through the mount map back the same way.
-use crate::fd::pipe;
 use crate::SysError;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 
 /// A user namespace with `map` as both its uid and gid map (e.g.
 /// "1000000000 1000065536 65536": storage ids onto a sandbox's range), held
-/// by the returned fd. A short-lived child creates it and exits; the
+/// by the returned fd. A child made for it waits until it is killed; the
 /// namespace lives on as long as the fd (and mounts idmapped with it).
+///
+/// The child is killed, not told to exit through a pipe: every other fork or
+/// clone of the daemon running meanwhile (another launch's helper, a sandbox
+/// init) inherits a copy of a pipe's write end, and its EOF never comes.
 pub fn userns_fd(map: &str) -> Result<OwnedFd, SysError> {
-    let (r, w) = pipe()?;
-    // SAFETY: a raw clone with a null stack has fork semantics; the child only
-    // makes raw syscalls on descriptors it owns and leaves with _exit.
+    // SAFETY: a raw clone with a null stack has fork semantics; the child
+    // only waits for its SIGKILL (no allocation, no locks).
     let pid =
         unsafe { libc::syscall(libc::SYS_clone, (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong, 0, 0, 0, 0) };
     if pid < 0 {
         return Err(SysError::last("clone", "idmap user namespace"));
     }
     if pid == 0 {
-        // SAFETY: see above. Blocks until the parent closes its end.
-        unsafe {
-            libc::close(w.as_raw_fd());
-            let mut b = 0u8;
-            libc::read(r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
-            libc::_exit(0);
+        loop {
+            // SAFETY: see above.
+            unsafe { libc::pause() };
         }
     }
     let pid = pid as i32;
     let opened = write_maps(pid, map);
-    drop(w);
     let mut status = 0;
-    // SAFETY: reaps the child forked above; status is a live int.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    // SAFETY: signals and reaps the child cloned above (not yet reaped, so
+    // its pid cannot name another process); status is a live int.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
     opened
 }
 
