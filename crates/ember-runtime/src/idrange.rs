@@ -5,7 +5,8 @@
 //! Range `i` is host ids `base + i * 65536 .. + 65536`. Range 0 is the storage
 //! range: shared layers and workspaces are owned by it on disk, and each
 //! sandbox sees them through idmapped mounts ([`ember_sys::idmap`]); no
-//! sandbox runs in it. Sandboxes get ranges 1..=count, the lowest free first.
+//! sandbox runs in it, except one whose volumes cannot be idmapped
+//! ([`IdRanges::use_storage`]). Sandboxes get ranges 1..=count, the lowest free first.
 //! The record of which sandbox has which range is the kernel's: a live
 //! sandbox's init has it in its `uid_map`, read back on adoption after a
 //! daemon restart ([`IdRanges::adopt`]).
@@ -78,12 +79,19 @@ impl IdRanges {
         Ok(self.host_base(i))
     }
 
+    /// Puts `id` in the storage range (shared, never allocated): for a
+    /// sandbox whose volumes cannot be idmapped. Frees any range it held.
+    pub fn use_storage(&self, id: &str) -> u32 {
+        self.lock().by_id.insert(id.to_string(), 0);
+        self.base
+    }
+
     /// Re-records the range a live sandbox's init maps to (`host_base`, read
     /// from its `uid_map`). A base outside this daemon's ranges is refused.
     pub fn adopt(&self, id: &str, host_base: u32) -> Result<(), RuntimeError> {
         let off = host_base.checked_sub(self.base).filter(|o| o % RANGE == 0).map(|o| o / RANGE);
         match off {
-            Some(i) if (1..=self.count).contains(&i) => {
+            Some(i) if i <= self.count => {
                 self.lock().by_id.insert(id.to_string(), i);
                 Ok(())
             }
@@ -148,6 +156,10 @@ mod tests {
         assert_eq!(r.allocate("c").unwrap(), a, "the lowest free range is reused");
         assert_eq!(r.of("b"), Some(b));
         assert_eq!(r.of("a"), None);
+        r.free("c");
+        assert_eq!(r.use_storage("c"), B);
+        assert_eq!(r.use_storage("d"), B, "shared by every sandbox put there");
+        assert_eq!(r.allocate("e").unwrap(), a, "and never handed out");
     }
 
     #[test]
@@ -155,7 +167,8 @@ mod tests {
         let r = IdRanges::new(B, 3).unwrap();
         r.adopt("old", B + RANGE).unwrap();
         assert_eq!(r.allocate("new").unwrap(), B + 2 * RANGE);
-        assert!(r.adopt("x", B).is_err(), "the storage range");
+        r.adopt("shared", B).unwrap();
+        assert_eq!(r.of("shared"), Some(B), "the storage range, shared");
         assert!(r.adopt("x", B + 4 * RANGE).is_err(), "past the cap");
         assert!(r.adopt("x", B + RANGE + 1).is_err(), "not a range start");
     }

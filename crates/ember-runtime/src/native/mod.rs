@@ -155,7 +155,8 @@ impl NativeRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
-        let base = self.ranges.allocate(name)?;
+        let trees = self.idmapped(name, spec)?;
+        let base = trees.base;
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         // The child's mount plan walks these paths before `pivot_root`, where a
         // symlink in a restored layer would name a host path.
@@ -179,7 +180,6 @@ impl NativeRuntime {
             .open(dir.join("agent.log"))
             .map_err(prep("agent log"))?;
         rootfs::check_image_root(&spec.lower_dirs)?;
-        let trees = self.idmapped(spec, base)?;
         let plan = self.plan(id, spec, &dir, net, &trees.raw());
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
@@ -206,25 +206,42 @@ impl NativeRuntime {
         })
     }
 
-    /// The lower layers and volumes, stored in the storage range, as detached
-    /// idmapped trees onto the range at `base`: the child attaches them in its
-    /// own mount namespace ([`FsOp::Attach`]), so the host's table never has them.
-    fn idmapped(&self, spec: &SandboxSpec, base: u32) -> Result<Trees, RuntimeError> {
+    /// The sandbox's range, and its lower layers and volumes (stored in the
+    /// storage range) as detached idmapped trees onto it: the child attaches
+    /// them in its own mount namespace ([`FsOp::Attach`]), so the host's table
+    /// never has them.
+    ///
+    /// A volume on a filesystem that cannot be idmapped (EINVAL: an overlay,
+    /// e.g. a task attempt's own layer over its workspace) keeps the sandbox
+    /// in the storage range with plain mounts, as every sandbox was before
+    /// per-sandbox ranges (its user namespace is still not host root's).
+    fn idmapped(&self, name: &str, spec: &SandboxSpec) -> Result<Trees, RuntimeError> {
+        if spec.storage_id_range {
+            return Ok(Trees { base: self.ranges.use_storage(name), lowers: Vec::new(), volumes: Vec::new() });
+        }
+        let base = self.ranges.allocate(name)?;
         let userns = ember_sys::idmap::userns_fd(&self.ranges.storage_map(base))?;
         let tree = |p: &Path, ro: bool| ember_sys::idmap::idmapped_tree(p, ro, userns.as_fd());
+        let volumes = match spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect() {
+            Ok(v) => v,
+            Err(e) if e.source.raw_os_error() == Some(EINVAL) => {
+                let base = self.ranges.use_storage(name);
+                return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+            }
+            Err(e) => return Err(e.into()),
+        };
         let lowers =
             if spec.lower_dirs.is_empty() { std::slice::from_ref(&self.host_template) } else { &spec.lower_dirs };
-        Ok(Trees {
-            base,
-            lowers: lowers.iter().map(|l| tree(l, true)).collect::<Result<_, _>>()?,
-            volumes: spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect::<Result<_, _>>()?,
-        })
+        Ok(Trees { base, lowers: lowers.iter().map(|l| tree(l, true)).collect::<Result<_, _>>()?, volumes })
     }
 
     fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
         move |source| RuntimeError::Cgroup { id: id.clone(), source }
     }
 }
+
+/// What `mount_setattr` answers for a filesystem without idmapped mounts.
+const EINVAL: i32 = 22;
 
 /// Detached idmapped trees of one launch, open until the child has attached them.
 struct Trees {
@@ -409,8 +426,13 @@ impl Runtime for NativeRuntime {
     ) -> Result<(), RuntimeError> {
         let gone = || RuntimeError::Gone { id: id.clone(), message: "it holds no id range".into() };
         let base = self.ranges.of(id.as_str()).ok_or_else(gone)?;
-        let userns = ember_sys::idmap::userns_fd(&self.ranges.storage_map(base))?;
-        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, (base, base), Some(userns.as_fd()))?)
+        // A sandbox in the storage range sees storage ids as they are (and an
+        // overlay, a task attempt's layer, cannot be idmapped anyway).
+        let userns = (base != self.ranges.storage_base())
+            .then(|| ember_sys::idmap::userns_fd(&self.ranges.storage_map(base)))
+            .transpose()?;
+        let idmap = userns.as_ref().map(|u| u.as_fd());
+        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, (base, base), idmap)?)
     }
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
@@ -469,7 +491,10 @@ impl Runtime for NativeRuntime {
             path: dir.clone(),
             source,
         })?;
-        let base = self.ranges.allocate(id.as_str())?;
+        let base = match spec.storage_id_range {
+            true => self.ranges.use_storage(id.as_str()),
+            false => self.ranges.allocate(id.as_str())?,
+        };
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }
