@@ -7,6 +7,7 @@
 //! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
 //! by fd; `GET /ping` over the socket marks it ready.
 pub(crate) mod boundary;
+mod idmapped;
 pub mod rootfs;
 
 use crate::idrange::IdRanges;
@@ -14,9 +15,10 @@ use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLaye
 use ember_cgroups::{Cgroups, Limits};
 use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
+use idmapped::Idmapped;
 use rootfs::{cstr, RootfsPlan, ID_RANGE};
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -155,7 +157,7 @@ impl NativeRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
-        let trees = self.idmapped(name, spec)?;
+        let trees = idmapped::trees(&self.ranges, &self.host_template, name, spec)?;
         let base = trees.base;
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         // The child's mount plan walks these paths before `pivot_root`, where a
@@ -206,62 +208,9 @@ impl NativeRuntime {
         })
     }
 
-    /// The sandbox's range, and its lower layers and volumes (stored in the
-    /// storage range) as detached idmapped trees onto it: the child attaches
-    /// them in its own mount namespace ([`FsOp::Attach`]), so the host's table
-    /// never has them.
-    ///
-    /// A volume on a filesystem that cannot be idmapped (EINVAL: an overlay,
-    /// e.g. a task attempt's own layer over its workspace) keeps the sandbox
-    /// in the storage range with plain mounts, as every sandbox was before
-    /// per-sandbox ranges (its user namespace is still not host root's).
-    fn idmapped(&self, name: &str, spec: &SandboxSpec) -> Result<Trees, RuntimeError> {
-        if spec.storage_id_range {
-            return Ok(Trees { base: self.ranges.use_storage(name), lowers: Vec::new(), volumes: Vec::new() });
-        }
-        let base = self.ranges.allocate(name)?;
-        let userns = ember_sys::idmap::userns_fd(&self.ranges.storage_map(base))?;
-        let tree = |p: &Path, ro: bool| ember_sys::idmap::idmapped_tree(p, ro, userns.as_fd());
-        let volumes = match spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect() {
-            Ok(v) => v,
-            Err(e) if e.source.raw_os_error() == Some(EINVAL) => {
-                let base = self.ranges.use_storage(name);
-                return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let lowers =
-            if spec.lower_dirs.is_empty() { std::slice::from_ref(&self.host_template) } else { &spec.lower_dirs };
-        Ok(Trees { base, lowers: lowers.iter().map(|l| tree(l, true)).collect::<Result<_, _>>()?, volumes })
-    }
-
     fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
         move |source| RuntimeError::Cgroup { id: id.clone(), source }
     }
-}
-
-/// What `mount_setattr` answers for a filesystem without idmapped mounts.
-const EINVAL: i32 = 22;
-
-/// Detached idmapped trees of one launch, open until the child has attached them.
-struct Trees {
-    base: u32,
-    lowers: Vec<OwnedFd>,
-    volumes: Vec<OwnedFd>,
-}
-
-impl Trees {
-    fn raw(&self) -> Idmapped {
-        let raw = |v: &[OwnedFd]| v.iter().map(|f| f.as_raw_fd()).collect();
-        Idmapped { base: self.base, lowers: raw(&self.lowers), volumes: raw(&self.volumes) }
-    }
-}
-
-/// What the mount plan needs of [`Trees`]: the range and the fds' numbers.
-struct Idmapped {
-    base: u32,
-    lowers: Vec<RawFd>,
-    volumes: Vec<RawFd>,
 }
 
 /// A ping that failed because the init already exited. The agent ends with
