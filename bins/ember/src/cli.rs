@@ -127,9 +127,15 @@ pub struct ServeArgs {
     /// The static agent binary (default: `ember-agent` next to this executable).
     #[arg(long, env = "EMBER_AGENT_BIN")]
     pub agent: Option<PathBuf>,
-    /// First host uid/gid of the range sandbox ids are mapped to.
+    /// First host uid/gid of the id ranges: the storage range (owner of
+    /// layers and workspaces on disk; the OCI classes' sandboxes), then one
+    /// range of 65,536 ids per native sandbox.
     #[arg(long, default_value_t = 1_000_000_000)]
     pub uid_base: u32,
+    /// How many per-sandbox id ranges follow the storage range: the cap on
+    /// native sandboxes at once.
+    #[arg(long, default_value_t = 4096)]
+    pub id_ranges: u32,
     /// How long ended sandboxes stay listed.
     #[arg(long, default_value = "10m")]
     pub retention: String,

@@ -40,7 +40,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         .transpose()?;
     // Then, before anything reads or changes the data dir's state: one daemon per data dir.
     let _lock = crate::datadir::lock(&args.data_dir)?;
+    // The OCI classes' sandboxes run in the storage range, native ones in the ranges after it.
     crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
+    crate::datadir::check_traversable(&args.data_dir, args.uid_base.saturating_add(ember_runtime::idrange::RANGE))?;
     let agent = match args.agent.clone() {
         Some(p) => p,
         None => default_agent()?,
@@ -51,6 +53,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         data_dir: args.data_dir.clone(),
         agent_path: agent.clone(),
         uid_base: args.uid_base,
+        id_ranges: args.id_ranges,
         ready_timeout,
     };
     let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;

@@ -14,6 +14,7 @@ fn main() {
             data_dir: "/tmp/ember-smoke".into(),
             agent_path: agent.into(),
             uid_base: 1_000_000_000,
+            id_ranges: 16,
             ready_timeout: ember_runtime::READY_TIMEOUT,
         },
         cg,
@@ -32,6 +33,7 @@ fn main() {
         network: NetworkMode::None,
         lower_dirs: vec![],
         workdir: None,
+        storage_id_range: false,
         egress: Default::default(),
     };
     for i in 0..5 {

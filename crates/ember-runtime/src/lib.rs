@@ -6,6 +6,7 @@
 //! Everything here is synchronous; the engine calls it from blocking threads.
 #![forbid(unsafe_code)]
 
+pub mod idrange;
 pub mod native;
 pub mod oci;
 mod registry;
@@ -115,6 +116,8 @@ pub enum RuntimeError {
     Sys(#[from] ember_sys::SysError),
     #[error(transparent)]
     Seccomp(#[from] ember_sys::seccomp::SeccompError),
+    #[error("id ranges: {message}")]
+    IdRanges { message: String },
     #[error("runtime class {0} cannot join a prepared network namespace")]
     NetworkUnsupported(&'static str),
     /// The sandbox refused to be interrupted (an exec stream or a terminal is open).
@@ -211,8 +214,16 @@ pub trait Runtime: Send + Sync {
     fn can_inject_mounts(&self) -> bool {
         true
     }
-    /// The host uid/gid a sandbox uid/gid maps to.
+    /// The host uid/gid a sandbox uid/gid maps to in the storage range (the
+    /// owner of workspaces and layers on disk).
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32);
+    /// The first host id of the range `id`'s ids map to, and the host id a
+    /// snapshot's recorded owner becomes in it (classes with one range per
+    /// sandbox; `None`: the storage range, ids kept as recorded).
+    fn id_range(&self, id: &SandboxId) -> Option<(u32, std::sync::Arc<crate::idrange::IdRanges>)> {
+        let _ = id;
+        None
+    }
     /// Memory charged to the sandbox's cgroup, in bytes.
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
     /// Live cpu, memory, pids and io figures of the sandbox's cgroup, with

@@ -17,6 +17,10 @@ use crate::{sparse, ObjectStore, Phase, Progress, SnapshotError};
 
 fn no_progress(_: Progress) {}
 
+fn same_id(x: u32) -> u32 {
+    x
+}
+
 /// How to restore. `new` gives defaults; set the public fields.
 pub struct RestoreOptions<'a> {
     /// Restore the recorded uid/gid (needs root, or CAP_CHOWN). Default true.
@@ -30,6 +34,10 @@ pub struct RestoreOptions<'a> {
     /// from the manifest's entries) exceeds it is refused before anything is
     /// written ([`SnapshotError::TooLarge`]). `None`: no limit.
     pub max_bytes: Option<u64>,
+    /// The host id a recorded uid or gid is restored as (a sandbox snapshot
+    /// taken in one id range restored into another keeps each id's offset in
+    /// its range). Default: as recorded.
+    pub map_id: &'a (dyn Fn(u32) -> u32 + Sync),
 }
 
 impl Default for RestoreOptions<'_> {
@@ -39,6 +47,7 @@ impl Default for RestoreOptions<'_> {
             progress: &no_progress,
             threads: crate::snapshot::default_threads().max(2),
             max_bytes: None,
+            map_id: &same_id,
         }
     }
 }
@@ -236,7 +245,7 @@ fn build(
     report(Phase::Committing);
     // Deepest first, so setting a child never bumps a parent's mtime after it was set.
     for (dest, e) in placed.iter().rev() {
-        set_metadata(dest, e, opts.ownership)?;
+        set_metadata(dest, e, opts.ownership.then_some(opts.map_id))?;
     }
     report(Phase::Done);
     Ok(info)
@@ -334,9 +343,9 @@ pub(crate) fn fetch_chunk(
     Ok(data)
 }
 
-fn set_metadata(dest: &Path, e: &Entry, ownership: bool) -> Result<(), SnapshotError> {
-    if ownership {
-        lchown(dest, Some(e.uid), Some(e.gid)).map_err(io("chown", dest))?;
+fn set_metadata(dest: &Path, e: &Entry, ownership: Option<&dyn Fn(u32) -> u32>) -> Result<(), SnapshotError> {
+    if let Some(map) = ownership {
+        lchown(dest, Some(map(e.uid)), Some(map(e.gid))).map_err(io("chown", dest))?;
     }
     // After chown, which clears setuid/setgid bits.
     if !matches!(e.kind, EntryKind::Symlink { .. }) {

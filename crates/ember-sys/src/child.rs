@@ -25,6 +25,7 @@ const STEPS: &[&str] = &[
     "set up stdio",
     "seccomp",
     "exec agent",
+    "attach idmapped mount",
 ];
 
 pub(crate) fn step_name(step: u32) -> &'static str {
@@ -182,6 +183,18 @@ unsafe fn run_fs_op(fds: &ChildFds, op: &FsOp) {
             FsOp::Symlink { target, link } => check!(fds, 8, libc::symlink(target.as_ptr(), link.as_ptr())),
             FsOp::WriteFile { path, contents, mode } => write_file(fds, path, contents, *mode),
             FsOp::Chown { path, uid, gid } => check!(fds, 10, libc::lchown(path.as_ptr(), *uid, *gid)),
+            FsOp::Attach { tree, target } => check!(
+                fds,
+                18,
+                libc::syscall(
+                    libc::SYS_move_mount,
+                    *tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    0x4 as libc::c_uint // MOVE_MOUNT_F_EMPTY_PATH
+                )
+            ),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! multi-threaded process, hence the child.)
 use crate::SysError;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 #[repr(C)]
@@ -21,6 +21,7 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 pub(crate) fn cstr(s: &str, what: &str) -> Result<CString, SysError> {
     CString::new(s).map_err(|_| SysError::new("path", what.to_string(), std::io::ErrorKind::InvalidInput.into()))
@@ -38,11 +39,12 @@ pub fn inject_mount(
     target: &str,
     readonly: bool,
     root_ids: (u32, u32),
+    idmap: Option<BorrowedFd<'_>>,
 ) -> Result<(), SysError> {
     if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
         return Err(SysError::new("inject mount", target, std::io::ErrorKind::InvalidInput.into()));
     }
-    let tree = detached_copy(source, readonly)?;
+    let tree = detached_copy(source, readonly, idmap)?;
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
         .map_err(|e| SysError::new("open mount namespace", pid.to_string(), e))?;
     // Every prefix of the target, created in order inside the sandbox.
@@ -59,9 +61,10 @@ pub fn inject_mount(
 }
 
 /// A detached recursive copy of the host mount at `source` (`open_tree` with
-/// `OPEN_TREE_CLONE`), nosuid and nodev, read-only if asked. Attached nowhere
+/// `OPEN_TREE_CLONE`), nosuid and nodev, read-only if asked, idmapped with
+/// the user namespace `idmap` if given ([`crate::idmap`]). Attached nowhere
 /// until `move_mount`; dropping the fd unmounts it.
-pub(crate) fn detached_copy(source: &Path, readonly: bool) -> Result<OwnedFd, SysError> {
+pub(crate) fn detached_copy(source: &Path, readonly: bool, idmap: Option<BorrowedFd<'_>>) -> Result<OwnedFd, SysError> {
     let src = cstr(&source.to_string_lossy(), "source")?;
     // SAFETY: src is NUL-terminated; a non-negative result is a new fd we own.
     let tree = unsafe {
@@ -78,10 +81,13 @@ pub(crate) fn detached_copy(source: &Path, readonly: bool) -> Result<OwnedFd, Sy
     // SAFETY: tree is a fresh descriptor owned by nobody else.
     let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if readonly { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_set: MOUNT_ATTR_NOSUID
+            | MOUNT_ATTR_NODEV
+            | if readonly { MOUNT_ATTR_RDONLY } else { 0 }
+            | if idmap.is_some() { MOUNT_ATTR_IDMAP } else { 0 },
         attr_clr: 0,
         propagation: 0,
-        userns_fd: 0,
+        userns_fd: idmap.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
     // SAFETY: attr is a live struct of the size passed; "" with AT_EMPTY_PATH names the fd itself.
     let r = unsafe {

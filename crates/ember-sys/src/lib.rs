@@ -24,6 +24,7 @@ pub mod beneath;
 mod child;
 pub mod fd;
 pub mod fs;
+pub mod idmap;
 pub mod inject;
 pub mod netns;
 pub mod nflog;

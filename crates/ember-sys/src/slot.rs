@@ -46,7 +46,7 @@ pub fn attach_in_slot(slot: &Path, name: &str, source: &Path, readonly: bool) ->
         return Err(SysError::last("mkdir in slot", what));
     }
     let target = open_dir_at(slot_fd.as_raw_fd(), &name_c, &what)?;
-    let tree = detached_copy(source, readonly)?;
+    let tree = detached_copy(source, readonly, None)?;
     // SAFETY: both fds are live; "" with the EMPTY_PATH flags names the fds themselves.
     let r = unsafe {
         libc::syscall(

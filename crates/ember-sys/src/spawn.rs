@@ -59,6 +59,12 @@ pub enum FsOp {
         uid: u32,
         gid: u32,
     },
+    /// Moves a detached mount (an fd from [`crate::idmap::idmapped_tree`], kept
+    /// open by the parent until the spawn returns) onto `target`.
+    Attach {
+        tree: RawFd,
+        target: CString,
+    },
 }
 
 /// Everything the child needs, computed before clone.
@@ -74,6 +80,11 @@ pub struct LaunchPlan {
     /// `/proc/<pid>/uid_map` content, e.g. "0 1000000000 65536\n".
     pub uid_map: String,
     pub gid_map: String,
+    /// The host uid that owns the new user namespace (the euid of the clone).
+    /// Per-uid kernel counts of everything inside (inotify instances, user
+    /// namespaces, ...) are charged to it in the host's user namespace: the
+    /// sandbox's own range base, never host root, which they would exhaust.
+    pub ns_owner: u32,
     /// How long the child may take from release to exec.
     pub exec_timeout: Duration,
 }
@@ -233,12 +244,7 @@ fn spawn_inner(
         exit_signal: libc::SIGCHLD as u64,
         ..Default::default()
     };
-    // SAFETY: cl is a valid clone_args of the size we pass; stack 0 gives fork
-    // semantics, so the child continues on a private copy of this stack.
-    let pid = unsafe { libc::syscall(libc::SYS_clone3, &mut cl as *mut CloneArgs, std::mem::size_of::<CloneArgs>()) };
-    if pid < 0 {
-        return Err(SysError::last("clone3", "sandbox init").into());
-    }
+    let pid = clone_as(plan.ns_owner, &mut cl)?;
     if pid == 0 {
         // In the child. This never returns.
         crate::child::child_main(plan, &cfds, &args);
@@ -256,6 +262,30 @@ fn spawn_inner(
             Err(e)
         }
     }
+}
+
+/// clone3 with `owner` as this thread's euid, so that it owns the new user
+/// namespace ([`LaunchPlan::ns_owner`]). Raw setresuid changes only the
+/// calling thread (glibc's wrapper would change every thread); the real and
+/// saved uids stay 0, so the effective root comes back right after.
+fn clone_as(owner: u32, cl: &mut CloneArgs) -> Result<libc::c_long, SysError> {
+    let keep = -1 as libc::c_int;
+    // SAFETY: raw setresuid of this thread's effective uid only.
+    if unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
+        return Err(SysError::last("seteuid", owner.to_string()));
+    }
+    // SAFETY: cl is a valid clone_args of the size we pass; stack 0 gives fork
+    // semantics, so the child continues on a private copy of this stack.
+    let pid = unsafe { libc::syscall(libc::SYS_clone3, cl as *mut CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    let clone_err = (pid < 0).then(|| SysError::last("clone3", "sandbox init"));
+    if pid == 0 {
+        return Ok(0);
+    }
+    // SAFETY: as above; back to effective root (the saved uid is 0).
+    if unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
+        return Err(SysError::last("seteuid", "0"));
+    }
+    clone_err.map_or(Ok(pid), Err)
 }
 
 fn release_child(

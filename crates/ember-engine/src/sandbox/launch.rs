@@ -223,7 +223,11 @@ pub(crate) fn seed_layer(
     // The prepared upper dir is empty; the restore creates it anew.
     std::fs::remove_dir(&layer.upper).map_err(|e| EngineError::Internal(format!("{}: {e}", layer.upper.display())))?;
     // No more than the sandbox's disk quota is written into its layer.
-    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), ..Default::default() };
+    // Files keep their owner's offset in the id range: the snapshot may
+    // come from a sandbox in another range than this one's.
+    let range = rt.id_range(id);
+    let shift = |x| range.as_ref().map_or(x, |(to, ranges)| ranges.shift(x, *to));
+    let opts = RestoreOptions { max_bytes: Some(spec.resources.disk_bytes), map_id: &shift, ..Default::default() };
     ember_snapshot::restore_layer(store, layer_snapshot, &layer.upper, layer.opaque_xattr, opts)?;
     Ok(())
 }

@@ -10,6 +10,16 @@ pub(crate) fn start_time(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The host id that id 0 of `pid`'s user namespace maps to (its range's
+/// first id), from `/proc/<pid>/uid_map`.
+pub(crate) fn root_host_id(pid: i32) -> Option<u32> {
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
+    map.lines().find_map(|l| {
+        let f: Vec<u32> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        (f.len() == 3 && f[0] == 0).then(|| f[1])
+    })
+}
+
 fn status_field(status: &str, key: &str) -> Option<String> {
     status.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
 }

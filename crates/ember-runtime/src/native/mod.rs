@@ -7,12 +7,15 @@
 //! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
 //! by fd; `GET /ping` over the socket marks it ready.
 pub(crate) mod boundary;
+mod idmapped;
 pub mod rootfs;
 
+use crate::idrange::IdRanges;
 use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer};
 use ember_cgroups::{Cgroups, Limits};
 use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
+use idmapped::Idmapped;
 use rootfs::{cstr, RootfsPlan, ID_RANGE};
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -45,8 +48,12 @@ pub struct NativeConfig {
     pub data_dir: PathBuf,
     /// The static `ember-agent` binary.
     pub agent_path: PathBuf,
-    /// First host uid/gid of the range sandbox ids map to.
+    /// First host uid/gid of the storage range (owner of layers on disk);
+    /// sandboxes get the ranges after it ([`crate::idrange`]).
     pub uid_base: u32,
+    /// How many sandbox ranges (`ember serve --id-ranges`): the cap on
+    /// sandboxes of this class.
+    pub id_ranges: u32,
     /// How long a sandbox init gets from release to exec, and the agent to
     /// answer ([`crate::READY_TIMEOUT`] unless `ember serve --ready-timeout`).
     pub ready_timeout: Duration,
@@ -59,6 +66,7 @@ pub struct NativeRuntime {
     agent_fd: OwnedFd,
     seccomp: Vec<ember_sys::seccomp::BpfProgram>,
     host_template: PathBuf,
+    ranges: Arc<IdRanges>,
 }
 
 impl NativeRuntime {
@@ -74,6 +82,7 @@ impl NativeRuntime {
             source,
         })?;
         Ok(NativeRuntime {
+            ranges: Arc::new(IdRanges::new(cfg.uid_base, cfg.id_ranges)?),
             seccomp: ember_sys::seccomp::default_filters()?,
             agent_fd: agent.into(),
             cfg,
@@ -90,7 +99,14 @@ impl NativeRuntime {
         &self.cgroups
     }
 
-    fn plan(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path, net: Option<&NetJoin>) -> LaunchPlan {
+    fn plan(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        dir: &Path,
+        net: Option<&NetJoin>,
+        ids: &Idmapped,
+    ) -> LaunchPlan {
         let hostname = format!("sbx-{}", id.short());
         // An image brings its own /usr; only the host template borrows the host's.
         let (lowers, binds) = if spec.lower_dirs.is_empty() {
@@ -101,12 +117,14 @@ impl NativeRuntime {
         let rootfs = RootfsPlan {
             sandbox_dir: dir,
             lower_dirs: &lowers,
+            lower_trees: &ids.lowers,
             host_binds: &binds,
             volumes: &spec.volumes,
+            volume_trees: &ids.volumes,
             disk_bytes: spec.resources.disk_bytes,
             hostname: &hostname,
         };
-        let map = format!("0 {} {}\n", self.cfg.uid_base, ID_RANGE);
+        let map = format!("0 {} {}\n", ids.base, ID_RANGE);
         let mut fs_ops = rootfs.ops();
         if let Some(n) = net {
             fs_ops.push(FsOp::WriteFile {
@@ -125,6 +143,7 @@ impl NativeRuntime {
             env: agent_env(spec, &hostname),
             uid_map: map.clone(),
             gid_map: map,
+            ns_owner: ids.base,
             exec_timeout: self.cfg.ready_timeout,
         }
     }
@@ -138,7 +157,9 @@ impl NativeRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
-        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        let trees = idmapped::trees(&self.ranges, &self.host_template, name, spec)?;
+        let base = trees.base;
+        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         // The child's mount plan walks these paths before `pivot_root`, where a
         // symlink in a restored layer would name a host path.
         let mounted: Vec<&str> = spec.volumes.iter().map(|v| v.mount_path.trim_start_matches('/')).collect();
@@ -161,7 +182,7 @@ impl NativeRuntime {
             .open(dir.join("agent.log"))
             .map_err(prep("agent log"))?;
         rootfs::check_image_root(&spec.lower_dirs)?;
-        let plan = self.plan(id, spec, &dir, net);
+        let plan = self.plan(id, spec, &dir, net, &trees.raw());
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
         let setup = |pid| cg.attach(name, pid).map_err(|e| e.to_string());
@@ -170,7 +191,7 @@ impl NativeRuntime {
             Some(n) => spawn_sandbox_in_netns(ember_sys::netns::open(&n.netns)?.as_fd(), &plan, fds, setup),
         }
         .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
-        drop(listener);
+        drop((listener, trees));
         let t_spawn = t0.elapsed();
         crate::ping_agent(&sock, self.cfg.ready_timeout)
             .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
@@ -283,10 +304,12 @@ impl Runtime for NativeRuntime {
             return Err(gone("its init process no longer exists"));
         }
         let pidfd = ember_sys::pidfd::pidfd_open(pid).map_err(|e| gone(&e.to_string()))?;
+        let base = boundary::root_host_id(pid).ok_or_else(|| gone("its uid_map is unreadable"))?;
         // The pid could have been reused between the check and the open.
         if boundary::start_time(pid) != Some(start_time) || !self.cgroups.exists(id.as_str()) {
             return Err(gone("its init process or cgroup no longer exists"));
         }
+        self.ranges.adopt(id.as_str(), base)?;
         let oom = self.cgroups.oom_notifier(id.as_str()).ok();
         Ok(Launched {
             pid,
@@ -350,12 +373,23 @@ impl Runtime for NativeRuntime {
         target: &str,
         readonly: bool,
     ) -> Result<(), RuntimeError> {
-        let _ = id;
-        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
+        let gone = || RuntimeError::Gone { id: id.clone(), message: "it holds no id range".into() };
+        let base = self.ranges.of(id.as_str()).ok_or_else(gone)?;
+        // A sandbox in the storage range sees storage ids as they are (and an
+        // overlay, a task attempt's layer, cannot be idmapped anyway).
+        let userns = (base != self.ranges.storage_base())
+            .then(|| ember_sys::idmap::userns_fd(&self.ranges.storage_map(base)))
+            .transpose()?;
+        let idmap = userns.as_ref().map(|u| u.as_fd());
+        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, (base, base), idmap)?)
     }
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
         (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
+    }
+
+    fn id_range(&self, id: &SandboxId) -> Option<(u32, Arc<IdRanges>)> {
+        Some((self.ranges.of(id.as_str())?, self.ranges.clone()))
     }
 
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
@@ -406,7 +440,11 @@ impl Runtime for NativeRuntime {
             path: dir.clone(),
             source,
         })?;
-        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, self.cfg.uid_base)?;
+        let base = match spec.storage_id_range {
+            true => self.ranges.use_storage(id.as_str()),
+            false => self.ranges.allocate(id.as_str())?,
+        };
+        let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }
 
@@ -416,9 +454,12 @@ impl Runtime for NativeRuntime {
         let dir = self.sandbox_dir(name);
         rootfs::release_layer(&dir.join("mnt"))?;
         match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(RuntimeError::Prepare { what: "remove sandbox dir", path: dir, source }),
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(RuntimeError::Prepare { what: "remove sandbox dir", path: dir, source }),
         }
+        // Freed last: a range is reused only once nothing of its sandbox is left.
+        self.ranges.free(name);
+        Ok(())
     }
 }

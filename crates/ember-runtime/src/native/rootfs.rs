@@ -17,6 +17,7 @@
 use crate::RuntimeError;
 use ember_sys::spawn::FsOp;
 use std::ffi::CString;
+use std::os::fd::RawFd;
 use std::os::unix::fs::{chown, symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -180,10 +181,15 @@ fn chown_tree(dir: &Path, base: u32) -> Result<(), RuntimeError> {
 pub struct RootfsPlan<'a> {
     pub sandbox_dir: &'a Path,
     pub lower_dirs: &'a [PathBuf],
+    /// Idmapped detached trees of `lower_dirs`, in order (or none: the dirs
+    /// are used as they are), attached at `mnt/l<i>` as the overlay's lowers.
+    pub lower_trees: &'a [RawFd],
     /// Host directories bound read-only at the same path (`/usr` for `host`).
     pub host_binds: &'a [PathBuf],
     /// Host directories bound at their mount paths (read-only or not).
     pub volumes: &'a [ember_types::VolumeMount],
+    /// Idmapped detached trees of the volumes' host paths, in order (or none).
+    pub volume_trees: &'a [RawFd],
     pub disk_bytes: u64,
     pub hostname: &'a str,
 }
@@ -205,15 +211,26 @@ impl RootfsPlan<'_> {
     pub fn ops(&self) -> Vec<FsOp> {
         let mnt = self.mnt();
         let root = self.new_root();
-        let lower = self.lower_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+        let mut ops = Vec::new();
+        let lowers: Vec<PathBuf> = if self.lower_trees.is_empty() {
+            self.lower_dirs.to_vec()
+        } else {
+            let attach = |(i, tree): (usize, &RawFd)| {
+                let at = mnt.join(format!("l{i}"));
+                ops.extend([mkdir(&at, 0o755), FsOp::Attach { tree: *tree, target: cstr(&at) }]);
+                at
+            };
+            self.lower_trees.iter().enumerate().map(attach).collect()
+        };
+        let lower = lowers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
         // The tmpfs and upper/work/root exist already: [`prepare_layer`].
-        let mut ops = vec![mount(
+        ops.push(mount(
             "overlay",
             &root,
             "overlay",
             MS_NOSUID,
             &format!("lowerdir={lower},upperdir={}/upper,workdir={}/work,userxattr", mnt.display(), mnt.display()),
-        )];
+        ));
         // An image may lack these; the rest of the plan mounts or writes in them.
         for d in ["proc", "dev", "etc", "tmp"] {
             ops.push(mkdir(root.join(d), if d == "tmp" { 0o1777 } else { 0o755 }));
@@ -222,7 +239,7 @@ impl RootfsPlan<'_> {
             let target = root.join(b.strip_prefix("/").unwrap_or(b));
             ops.push(FsOp::BindReadOnly { source: cstr(b), target: cstr(target) });
         }
-        for v in self.volumes {
+        for (i, v) in self.volumes.iter().enumerate() {
             // mkdir -p of the mount point inside the new root (EEXIST is fine).
             let mut target = root.clone();
             for part in Path::new(&v.mount_path).components().skip(1) {
@@ -230,6 +247,10 @@ impl RootfsPlan<'_> {
                 ops.push(mkdir(&target, 0o755));
             }
             let (source, target) = (cstr(&v.host_path), cstr(&target));
+            if let Some(tree) = self.volume_trees.get(i) {
+                ops.push(FsOp::Attach { tree: *tree, target });
+                continue;
+            }
             ops.push(if v.read_only { FsOp::BindReadOnly { source, target } } else { FsOp::Bind { source, target } });
         }
         ops.push(mount("proc", root.join("proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));

@@ -239,7 +239,7 @@ impl Runtime for OciRuntime {
             let dir = self.dir(id.as_str());
             return slot::attach(&self.cli, id, &dir, source, target, readonly);
         }
-        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0))?)
+        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0), None)?)
     }
 
     fn can_inject_mounts(&self) -> bool {

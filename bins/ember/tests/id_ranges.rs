@@ -1,0 +1,113 @@
+//! One host id range per sandbox: per-uid kernel limits (inotify instances,
+//! here) are not shared between neighbours, and the boundary report names the
+//! range a sandbox's ids map to.
+mod common;
+
+use common::Daemon;
+
+/// Opens inotify instances until the kernel refuses one (or `n` are held),
+/// writes how many it holds to /tmp/held, then keeps them open.
+const HOLD: &str = r#"python3 -c '
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+while held < 128 and libc.inotify_init1(0) >= 0:
+    held += 1
+open("/tmp/held.tmp", "w").write(str(held))
+os.rename("/tmp/held.tmp", "/tmp/held")
+time.sleep(300)
+' >/dev/null 2>&1 &
+while [ ! -e /tmp/held ]; do sleep 0.05; done; cat /tmp/held"#;
+
+/// Opens one inotify instance: "ok", or the errno's name (a python3 script).
+const ONE_HOST: &str = r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+print("ok" if libc.inotify_init1(0) >= 0 else errno.errorcode[ctypes.get_errno()])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neighbour_holding_every_inotify_instance_leaves_this_sandbox_its_own() {
+    let d = Daemon::start();
+    let hog = d.create(|_| {}).await;
+    let other = d.create(|_| {}).await;
+    let (code, held, err) = d.sh(&hog.id, HOLD, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let limit: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .expect("inotify limit")
+        .trim()
+        .parse()
+        .expect("a number");
+    // The hog reached the per-user limit: its neighbour would be refused if it shared the uid.
+    assert_eq!(held.trim().parse::<usize>().ok(), Some(limit.min(128)), "held {held:?}");
+    let (code, out, err) = d.sh(&other.id, &format!("python3 -c '{ONE_HOST}'"), Some(0)).await;
+    assert_eq!((code, out.trim()), (Some(0), "ok"), "{err}");
+    // Nor is host root's count charged: the hog's user namespace is owned by
+    // its range, not by the daemon's uid (systemd, the daemon itself).
+    let host = std::process::Command::new("python3").args(["-c", ONE_HOST]).output().expect("python3 on the host");
+    assert_eq!(String::from_utf8_lossy(&host.stdout).trim(), "ok", "{}", String::from_utf8_lossy(&host.stderr));
+    // The boundary report shows each sandbox's own range.
+    let (a, b) =
+        (d.client.boundary(&hog.id).await.expect("boundary"), d.client.boundary(&other.id).await.expect("boundary"));
+    let range = |m: &str| m.split_whitespace().map(|x| x.parse::<u64>().expect("num")).collect::<Vec<_>>();
+    let (ra, rb) = (range(&a.uid_map), range(&b.uid_map));
+    assert_eq!((ra[0], ra[2], rb[0], rb[2]), (0, 65536, 0, 65536), "{ra:?} {rb:?}");
+    assert!(ra[1].abs_diff(rb[1]) >= 65536, "overlapping ranges {ra:?} {rb:?}");
+    assert_eq!(a.host_uid_of_root, Some(ra[1] as u32));
+}
+
+/// The first host id of a sandbox's range, from its boundary report.
+async fn range_of(d: &Daemon, id: &str) -> u64 {
+    let b = d.client.boundary(id).await.expect("boundary");
+    b.uid_map.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{b:?}"))
+}
+
+/// Owner ids and whether uid 1000 can append, of `path` inside `id`.
+async fn owner_and_append(d: &Daemon, id: &str, path: &str) -> (Option<i32>, String, String) {
+    d.sh(id, &format!("stat -c '%u %g' {path} && echo more >> {path} && tail -n1 {path}"), Some(1000)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_readopts_each_live_sandbox_range() {
+    let mut d = Daemon::start();
+    let old = d.create(|_| {}).await;
+    let before = range_of(&d, &old.id).await;
+    d.kill9();
+    d.spawn();
+    let new = d.create(|_| {}).await;
+    assert_ne!(range_of(&d, &new.id).await, before, "the new sandbox got the adopted one's range");
+    assert_eq!(range_of(&d, &old.id).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restored_into_another_range_keeps_its_owners() {
+    let d = Daemon::start();
+    let src = d.create(|_| {}).await;
+    let (code, _, err) = d.sh(&src.id, "echo mine > /tmp/f && chown 1000:1000 /tmp/f", Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
+    // The source lives on: the restore gets another range.
+    let req = ember_types::api::CreateSandboxRequest { snapshot_id: Some(snap.id.clone()), ..Default::default() };
+    let (restored, _) = d.client.create_sandbox(&req).await.expect("restore");
+    assert_ne!(range_of(&d, &restored.id).await, range_of(&d, &src.id).await);
+    let (code, out, err) = owner_and_append(&d, &restored.id, "/tmp/f").await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_keeps_its_owners_in_every_range_that_mounts_it() {
+    let d = Daemon::start();
+    d.client.create_workspace("ws", "64Mi").await.expect("workspace");
+    let mount = || vec![ember_types::api::WorkspaceMountSpec { name: "ws".into(), ..Default::default() }];
+    let first = d.create(|r| r.workspaces = mount()).await;
+    let (code, _, err) = d.sh(&first.id, "echo one > /workspace/f && chown 1000:1000 /workspace/f", Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let first_range = range_of(&d, &first.id).await;
+    d.client.delete_sandbox(&first.id).await.expect("delete");
+    // A sandbox holding the freed range, so the next one mounts the workspace from another.
+    let _filler = d.create(|_| {}).await;
+    let second = d.create(|r| r.workspaces = mount()).await;
+    assert_ne!(range_of(&d, &second.id).await, first_range);
+    let (code, out, err) = owner_and_append(&d, &second.id, "/workspace/f").await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
