@@ -19,35 +19,102 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum NodeCall {
-    Create { req: Box<CreateSandbox> },
-    Get { id: String },
-    List { states: Vec<SandboxState>, metadata: Vec<(String, String)> },
-    Remove { id: String },
-    Pause { id: String },
-    Resume { id: String },
-    Checkpoint { id: String },
-    Renew { id: String, expires_at_ms: i64 },
-    PatchMetadata { id: String, patch: BTreeMap<String, Option<String>> },
-    Boundary { id: String },
-    Stats { id: String },
-    AgentLog { id: String, max: u64 },
-    EgressPolicy { id: String },
-    PatchEgress { id: String, rules: Vec<NetworkRule> },
-    DeleteEgress { id: String, targets: Vec<String> },
-    EgressEnforced { id: String },
-    NetworkEvents { id: String },
-    NetworkStatus { id: String },
-    SetNetworkPolicy { id: String, policy: EgressPolicy },
-    SnapshotSandbox { id: String, name: Option<String> },
-    SandboxSnapshot { id: String },
-    DeleteSandboxSnapshot { id: String },
-    ListSandboxSnapshots { sandbox_id: Option<String>, name: Option<String>, states: Vec<SandboxSnapshotState> },
-    CreateWorkspace { name: String, size_bytes: u64 },
-    Workspace { name: String },
+    Create {
+        req: Box<CreateSandbox>,
+    },
+    Get {
+        id: String,
+    },
+    List {
+        states: Vec<SandboxState>,
+        metadata: Vec<(String, String)>,
+    },
+    Remove {
+        id: String,
+    },
+    Pause {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
+    Checkpoint {
+        id: String,
+    },
+    Renew {
+        id: String,
+        expires_at_ms: i64,
+    },
+    PatchMetadata {
+        id: String,
+        patch: BTreeMap<String, Option<String>>,
+    },
+    Boundary {
+        id: String,
+    },
+    Stats {
+        id: String,
+    },
+    AgentLog {
+        id: String,
+        max: u64,
+    },
+    EgressPolicy {
+        id: String,
+    },
+    PatchEgress {
+        id: String,
+        rules: Vec<NetworkRule>,
+    },
+    DeleteEgress {
+        id: String,
+        targets: Vec<String>,
+    },
+    EgressEnforced {
+        id: String,
+    },
+    NetworkEvents {
+        id: String,
+    },
+    NetworkStatus {
+        id: String,
+    },
+    SetNetworkPolicy {
+        id: String,
+        policy: EgressPolicy,
+    },
+    SnapshotSandbox {
+        id: String,
+        name: Option<String>,
+    },
+    SandboxSnapshot {
+        id: String,
+    },
+    DeleteSandboxSnapshot {
+        id: String,
+    },
+    ListSandboxSnapshots {
+        sandbox_id: Option<String>,
+        name: Option<String>,
+        states: Vec<SandboxSnapshotState>,
+    },
+    CreateWorkspace {
+        name: String,
+        size_bytes: u64,
+    },
+    Workspace {
+        name: String,
+    },
     ListWorkspaces,
-    RemoveWorkspace { name: String },
+    RemoveWorkspace {
+        name: String,
+    },
     /// A task attempt's log, read on the node that ran the attempt.
-    TaskLog { id: String, attempt: Option<u32>, offset: u64 },
+    TaskLog {
+        id: String,
+        attempt: Option<u32>,
+        offset: u64,
+    },
 }
 
 impl NodeCall {
