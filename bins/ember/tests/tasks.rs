@@ -149,7 +149,7 @@ async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
     assert_eq!(order, want, "strict tier order");
 
     // Aging: a batch task behind a steady stream of interactive work starts
-    // once it has waited two agings (3 s), not after the stream.
+    // once it has waited two agings (3 s), amid the stream, not after it.
     let mut stream = vec![submit(Tier::Interactive, &["sleep", "0.5"]).await];
     while d.client.get_task(&stream[0]).await.unwrap().state != TaskState::Running {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -170,7 +170,10 @@ async fn tiers_run_in_strict_order_under_load_and_aging_lets_batch_through() {
     let after = done.len() - before;
     let waited = b_start - b.submitted_at_ms;
     assert!(before >= 3 && after >= 3, "batch started amid the stream: {before} before, {after} after");
-    assert!((2_900..5_000).contains(&waited), "batch waited {waited} ms; two agings are 3000 ms");
+    // Not before two agings; how long after depends on the machine's load
+    // (the worker slot frees when a 0.2 s task ends), so no upper bound: the
+    // check above is what shows it did not wait for the stream to end.
+    assert!(waited >= 2_900, "batch waited {waited} ms; two agings are 3000 ms");
 }
 
 /// An attempt's log stops at `--task-log-limit` with one marker line, and is
