@@ -98,7 +98,7 @@ fn a_sigkilled_nodes_rebind_sandbox_comes_back_elsewhere_with_its_last_checkpoin
         assert!(!c.snapshot_id.is_empty() && c.epoch >= 1, "{c:?}");
         a.sh(&id, "echo after-checkpoint > /workspace/lost", None).await;
         // B sees A before the kill: its sandbox is routed to A.
-        eventually(Duration::from_secs(20), "b routes to a", || async {
+        eventually(Duration::from_secs(60), "b routes to a", || async {
             b.client.get_sandbox(&id).await.map_err(|e| eprintln!("get {id} through b: {e}")).ok()
         })
         .await;
@@ -124,7 +124,7 @@ fn two_nodes_creating_one_workspace_name_at_once_one_wins() {
     let a = store.node(&urls, "a");
     let b = store.node(&urls, "b");
     runtime().block_on(async {
-        eventually(Duration::from_secs(20), "a sees b", || async {
+        eventually(Duration::from_secs(60), "a sees b", || async {
             a.client.list_workspaces().await.ok()?;
             b.client.list_workspaces().await.ok()
         })
@@ -161,7 +161,7 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_cannot_checkpoint_after_the_reb
         let (code, _, _) = a.sh(&id, "echo checkpointed > /workspace/kept", None).await;
         assert_eq!(code, Some(0));
         a.client.checkpoint_workspace("rb-cut").await.expect("checkpoint on a");
-        eventually(Duration::from_secs(20), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
+        eventually(Duration::from_secs(60), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
         id
     });
     let server = nats.servers[0].name.clone();
