@@ -228,6 +228,10 @@ pub struct ClusterArgs {
     /// Run no sandboxes here: only route calls to the nodes that do.
     #[arg(long, requires = "cluster")]
     pub api_only: bool,
+    /// Checkpoint the workspaces of this node's rebind sandboxes
+    /// (`extensions.restartPolicy: rebind`) this often (`10s`); 0: never.
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = crate::commands::parse_duration)]
+    pub checkpoint_every: std::time::Duration,
 }
 
 /// Egress networking of `ember serve`.

@@ -159,6 +159,7 @@ async fn cluster_plane(
         api_only: c.api_only,
         api_key: api_key.filter(|k| !k.is_empty()),
         prefix: "ember".into(),
+        checkpoint_every: c.checkpoint_every,
     };
     tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
     let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;

@@ -6,9 +6,13 @@
 //! `--api-only` node places a create on a node that runs sandboxes. Tasks
 //! (`cluster/tasks.rs`): one queue for the
 //! cluster, logs read through any node, a SIGKILLed node's tasks re-run.
+//! Rebind (`cluster/rebind.rs`): workspaces claimed once cluster-wide,
+//! checkpointed to a shared store, sessions re-created on a live node.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
+#[path = "cluster/rebind.rs"]
+mod rebind;
 #[path = "cluster/tasks.rs"]
 mod tasks;
 

@@ -18,7 +18,8 @@ fn json<T: Serialize>(v: T) -> Response {
 
 pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Result<Response, ApiError> {
     // A create goes through the cluster's plane, which records where the
-    // sandbox is before answering; every other call runs on this node alone,
+    // sandbox is before answering, and so does a workspace checkpoint (its
+    // commit in the workspace registry); every other call runs on this node alone,
     // so a forwarded call is never forwarded again.
     let e = &st.engine.node_local().unwrap_or_else(|| st.engine.clone());
     Ok(match call {
@@ -51,6 +52,7 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::Workspace { name } => json(e.workspace(&name).await?),
         NodeCall::ListWorkspaces => json(e.list_workspaces().await?),
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
+        NodeCall::CheckpointWorkspace { name } => json(st.engine.checkpoint_workspace(&name).await?),
         NodeCall::TaskLog { id, attempt, offset } => json(TaskLogWire::from(e.task_log(&id, attempt, offset).await?)),
     })
 }

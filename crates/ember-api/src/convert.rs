@@ -120,6 +120,8 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        rebind: restart_policy(req.extensions.as_ref())?,
+        id: None,
         snapshot_id: req.snapshot_id,
         workspaces: req
             .workspaces
@@ -153,6 +155,19 @@ enum Mount {
 
 /// The size of a workspace a `pvc` volume creates without `storage`.
 const DEFAULT_PVC_BYTES: u64 = 1 << 30;
+
+/// `extensions.restartPolicy`: `rebind` re-creates the sandbox on a live
+/// node of a cluster when its node dies (docs/cluster.md); `never` (or none)
+/// is the default.
+fn restart_policy(ext: Option<&std::collections::BTreeMap<String, String>>) -> Result<bool, ApiError> {
+    match ext.and_then(|e| e.get("restartPolicy")).map(String::as_str) {
+        None | Some("never") => Ok(false),
+        Some("rebind") => Ok(true),
+        Some(other) => {
+            Err(ApiError::bad_request(format!("extensions.restartPolicy {other:?}: expected \"rebind\" or \"never\"")))
+        }
+    }
+}
 
 /// `host` volumes bind a host directory under the allow-list; `pvc` volumes
 /// are ember workspaces (`claimName` = workspace name), created on demand

@@ -74,6 +74,7 @@ impl From<EngineError> for ApiError {
             EngineError::CheckpointUnsupported(_) => (S::BAD_REQUEST, "SANDBOX::UNSUPPORTED_RUNTIME"),
             EngineError::Busy { .. } => (S::CONFLICT, "SANDBOX::BUSY"),
             EngineError::NodeUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "CLUSTER::NODE_UNAVAILABLE"),
+            EngineError::WorkspaceFenced { .. } => (S::CONFLICT, "WORKSPACE::FENCED"),
             EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
         };
         if status.is_server_error() {

@@ -134,6 +134,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/pools/{name}", get(pools::get_one).put(pools::resize).delete(pools::remove))
         .route("/workspaces", post(workspaces::create).get(workspaces::list))
         .route("/workspaces/{name}", get(workspaces::get_one).delete(workspaces::remove))
+        .route("/workspaces/{name}/checkpoint", post(workspaces::checkpoint))
         .route("/tasks", post(tasks::submit).get(tasks::list))
         .route("/tasks/{id}", get(tasks::get_one))
         .route("/tasks/{id}/cancel", post(tasks::cancel))

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_engine::WorkspaceStatus;
-use ember_types::api::{CreateWorkspaceRequest, WorkspaceInfo, WorkspaceLease, WorkspaceList};
+use ember_types::api::{CreateWorkspaceRequest, WorkspaceCheckpointInfo, WorkspaceInfo, WorkspaceLease, WorkspaceList};
 
 pub fn info(s: &WorkspaceStatus) -> WorkspaceInfo {
     WorkspaceInfo {
@@ -41,4 +41,14 @@ pub async fn get_one(State(st): State<ApiState>, ApiPath(name): ApiPath<String>)
 pub async fn remove(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
     st.engine.remove_workspace(&name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A synchronous checkpoint: once this answers 200, every byte written in the
+/// workspace before the call is in the snapshot store (off the node on a
+/// cluster's shared store); 409 `WORKSPACE::FENCED` when the caller's node no
+/// longer holds the workspace at its epoch.
+pub async fn checkpoint(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+    let c = st.engine.checkpoint_workspace(&name).await?;
+    Ok(Json(WorkspaceCheckpointInfo { snapshot_id: c.snapshot_id, epoch: c.epoch, at: rfc3339(c.at_ms) })
+        .into_response())
 }

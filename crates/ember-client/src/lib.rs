@@ -263,6 +263,14 @@ impl Client {
         Ok(self.json(Method::GET, &format!("/v1/workspaces/{name}"), None).await?.0)
     }
 
+    /// A synchronous checkpoint of the workspace to the snapshot store.
+    pub async fn checkpoint_workspace(
+        &self,
+        name: &str,
+    ) -> Result<ember_types::api::WorkspaceCheckpointInfo, ClientError> {
+        Ok(self.json(Method::POST, &format!("/v1/workspaces/{name}/checkpoint"), None).await?.0)
+    }
+
     pub async fn delete_workspace(&self, name: &str) -> Result<(), ClientError> {
         let path = format!("/v1/workspaces/{name}");
         let resp = self.send(Method::DELETE, &path, Bytes::new(), None).await?;

@@ -44,6 +44,16 @@ pub struct CreateSandbox {
     /// writable layer and workspaces; the request may set timeout, metadata,
     /// resources, env and entrypoint.
     pub snapshot_id: Option<String>,
+    /// Re-create this sandbox on a live node when its node dies (OpenSandbox
+    /// `extensions.restartPolicy = "rebind"`): a cluster keeps the request;
+    /// on one node it is accepted and changes nothing.
+    #[serde(default)]
+    pub rebind: bool,
+    /// Create under this id: a cluster's rebind of a sandbox whose node died
+    /// (the same id on a new node). Internal: no API request sets it, and it
+    /// never crosses the wire (`serde(skip)`).
+    #[serde(skip)]
+    pub id: Option<ember_types::SandboxId>,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -131,6 +141,11 @@ impl Provisioner {
     /// miss is never an error).
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
+        if let Some(id) = &req.id {
+            if self.sandboxes.entry(id.as_str()).is_ok() {
+                return Err(EngineError::invalid("id", format!("sandbox {id} exists on this node")));
+            }
+        }
         if let Some(sid) = req.snapshot_id.clone() {
             let policy = req.network_policy.clone();
             let rec = self.snapshots.create_from_snapshot(&sid, req).await?;
@@ -141,12 +156,17 @@ impl Provisioner {
         let spec = self.catalog.resolve(&req)?;
         self.workspaces.create_missing_workspaces(&req.workspaces).await?;
         self.workspaces.check_workspaces(&req.workspaces)?;
-        if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+        // A rebind (a fixed id) is a cold start: a warm member has its own id.
+        let pool = match req.id {
+            Some(_) => None,
+            None => self.pools.matching_pool(&spec, req.pool.as_deref())?,
+        };
+        if let Some(pool) = pool {
             if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
                 return self.sandboxes.record_policy(rec, req.network_policy).await;
             }
         }
-        let rec = self.sandboxes.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
+        let rec = self.sandboxes.launch_as(req.id.clone(), spec.clone(), req.image_uri.clone(), t0).await?;
         let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {

@@ -69,6 +69,11 @@ pub enum EngineError {
     /// heartbeat lapsed): retrying later may succeed (503).
     #[error("node {node} is unavailable: {reason}")]
     NodeUnavailable { node: String, reason: String },
+    /// A workspace checkpoint from a node that no longer holds the workspace
+    /// at its epoch (another node took it over): the snapshot is not the
+    /// workspace's checkpoint (409 `WORKSPACE::FENCED`).
+    #[error("workspace {name} is fenced: {detail}")]
+    WorkspaceFenced { name: String, detail: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

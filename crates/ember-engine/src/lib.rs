@@ -36,7 +36,7 @@ mod workspaces;
 
 pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
 pub use snapshots::SnapshotStoreConfig;
-pub use snapshots::{OpKind, SnapshotOp};
+pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};

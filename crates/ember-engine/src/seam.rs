@@ -192,6 +192,13 @@ pub trait ControlPlane: Send + Sync {
         fence: Option<(String, u64)>,
         op: Option<String>,
     ) -> Result<SnapshotSummary, EngineError>;
+    /// A checkpoint of workspace `name`: a synchronous, incremental snapshot
+    /// to the store, fenced by the workspace's lease; once it answers, every
+    /// byte written before the call is in the store. Cluster: on the node
+    /// holding the workspace, and committed as the workspace's last
+    /// checkpoint only while that node still holds it at its epoch (else
+    /// `WorkspaceFenced`).
+    async fn checkpoint_workspace(&self, name: &str) -> Result<crate::WorkspaceCheckpoint, EngineError>;
     /// Snapshots in the store, of one workspace or all. Cluster: the shared
     /// store's list, the same from every node.
     async fn list_snapshots(&self, workspace: Option<String>) -> Result<Vec<SnapshotSummary>, EngineError>;

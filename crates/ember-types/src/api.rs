@@ -388,6 +388,17 @@ pub struct CreateWorkspaceRequest {
     pub size: String,
 }
 
+/// `POST /v1/workspaces/{name}/checkpoint`'s answer: the snapshot now
+/// holding every byte written before the call, the epoch it was committed
+/// at, and when (RFC 3339).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceCheckpointInfo {
+    pub snapshot_id: String,
+    pub epoch: u64,
+    pub at: String,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceLease {

@@ -51,6 +51,16 @@ pub(super) async fn workspaces(api: &Api) {
         .await;
     assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("WORKSPACE::FENCED")));
     assert_eq!(api.req("POST", "/v1/workspaces/{name}/snapshots", &["nope"]).send().await.status, 404);
+    // A checkpoint: the snapshot and the lease's epoch; fenced like a snapshot.
+    let r = api.req("POST", "/v1/workspaces/{name}/checkpoint", &["ws1"]).send().await;
+    assert_eq!(r.status, 200);
+    let epoch = api.req("GET", "/v1/workspaces/{name}", &["ws1"]).send().await.json()["lease"]["epoch"].clone();
+    assert_eq!(r.json()["epoch"], epoch);
+    assert!(r.json()["snapshotId"].as_str().is_some_and(|s| s.starts_with("ws1-")), "{:?}", r.json());
+    assert_eq!(api.req("POST", "/v1/workspaces/{name}/checkpoint", &["nope"]).send().await.status, 404);
+    let body = json!({"template": "host", "extensions": {"restartPolicy": "sometimes"}});
+    let r = api.req("POST", "/v1/sandboxes", &[]).json(body).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (400, Some("SANDBOX::INVALID_PARAMETER")));
     assert_eq!(api.req("GET", "/v1/workspace-snapshots", &[]).send().await.json()["items"][0]["id"], snap.as_str());
     assert_eq!(api.req("GET", "/v1/workspace-snapshots/{id}", &[&snap]).send().await.status, 200);
     let r = api.req("POST", "/v1/workspace-snapshots/{id}/restore", &[&snap]).json(json!({"name": "ws2"})).send().await;

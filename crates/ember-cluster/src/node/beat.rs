@@ -18,8 +18,17 @@ impl ClusterPlane {
         Ok(())
     }
 
+    /// Deletes sandbox `id`'s registry entry if it still names this node (a
+    /// sandbox rebound elsewhere is named by its new node).
     pub(super) async fn unpublish(&self, id: &str) -> Result<(), EngineError> {
-        self.sandboxes.delete(id).await.map_err(|e| registry_error("delete", id, &e))?;
+        let entry = self.sandboxes.entry(id).await.map_err(|e| registry_error("read", id, &e))?;
+        let ours = entry.as_ref().and_then(|e| serde_json::from_slice::<SandboxEntry>(&e.value).ok());
+        if let (Some(e), Some(ours)) = (entry, ours) {
+            if ours.node == self.cfg.name {
+                let deleted = self.sandboxes.delete_expect_revision(id, Some(e.revision)).await;
+                deleted.map_err(|e| registry_error("delete", id, &e))?;
+            }
+        }
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         Ok(())
     }
@@ -54,7 +63,13 @@ impl ClusterPlane {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let sandboxes = if self.cfg.api_only { 0 } else { self.reconcile().await };
+            // A node that cannot renew writes no registry entry: one queued
+            // while cut off would land after its sandbox was rebound.
+            self.rebind_sweep().await;
+            let sandboxes = match self.cfg.api_only || !self.fence.renewed() {
+                true => self.published.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+                false => self.reconcile().await,
+            };
             let info = NodeInfo {
                 name: self.cfg.name.clone(),
                 advertise: self.cfg.advertise.clone(),
@@ -63,8 +78,10 @@ impl ClusterPlane {
                 sandboxes,
             };
             let Ok(value) = serde_json::to_vec(&info) else { continue };
-            if let Err(e) = self.nodes_kv.put(&self.cfg.name, value.into()).await {
-                tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat");
+            let sent = std::time::Instant::now();
+            match self.nodes_kv.put(&self.cfg.name, value.into()).await {
+                Ok(_) => self.fence.renewed_at(sent),
+                Err(e) => tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat"),
             }
         }
     }

@@ -129,6 +129,7 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::CreateWorkspace { .. }
         | C::Workspace { .. }
         | C::RemoveWorkspace { .. }
+        | C::CheckpointWorkspace { .. }
         | C::TaskLog { .. } => None,
         C::Get { id }
         | C::Remove { id }
@@ -209,6 +210,10 @@ fn rebuild(code: &str, message: &str, call: &NodeCall) -> Option<EngineError> {
         "WORKSPACE::NOT_FOUND" => EngineError::Workspace(ember_workspace::WorkspaceError::NotFound(
             between(message, "workspace ", " not found")?.to_string(),
         )),
+        "WORKSPACE::FENCED" => {
+            let (name, detail) = message.strip_prefix("workspace ")?.split_once(" is fenced: ")?;
+            EngineError::WorkspaceFenced { name: name.to_string(), detail: detail.to_string() }
+        }
         "SNAPSHOT::OPERATION_NOT_FOUND" => EngineError::OperationNotFound(
             between(message, "snapshot operation ", " not found (finished ones are kept for 10 minutes)")?.to_string(),
         ),
@@ -237,6 +242,10 @@ mod tests {
             ("WORKSPACE::NOT_FOUND", "workspace e2e-none not found".to_string()),
             ("POOL::ALREADY_EXISTS", "pool py already exists".to_string()),
             ("SNAPSHOT::NOT_FOUND", format!("sandbox snapshot {id} not found")),
+            (
+                "WORKSPACE::FENCED",
+                "workspace w1 is fenced: node a held it at epoch 1; node b holds it at epoch 2".into(),
+            ),
             ("SNAPSHOT::OPERATION_NOT_FOUND", EngineError::OperationNotFound("op-1".into()).to_string()),
         ];
         for (code, message) in cases {

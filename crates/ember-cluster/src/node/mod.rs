@@ -4,21 +4,37 @@
 //!
 //! `registry.rs` the two buckets and liveness, `beat.rs` the heartbeat and
 //! the sandbox registry's reconciler, `plane.rs` the routing,
+//! `workspaces.rs` the workspace registry (holder, epoch, checkpoint),
+//! `rebind.rs` sessions re-created on a live node when theirs dies, and the
+//! freeze of a node that cannot renew,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
+use std::time::Duration;
 
 mod beat;
 mod elsewhere;
 mod forward;
 mod plane;
+mod rebind;
 mod registry;
 mod tasks;
+mod workspaces;
 
 pub use plane::ClusterPlane;
+pub use rebind::{RebindEntry, FREEZE_AFTER};
 pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+pub use workspaces::WorkspaceEntry;
+
+/// The buckets a node works on.
+pub(crate) struct Buckets {
+    pub nodes: async_nats::jetstream::kv::Store,
+    pub sandboxes: async_nats::jetstream::kv::Store,
+    pub workspaces: async_nats::jetstream::kv::Store,
+    pub rebind: async_nats::jetstream::kv::Store,
+}
 
 /// How a node joins the cluster.
 #[derive(Clone, Debug)]
@@ -33,8 +49,12 @@ pub struct NodeConfig {
     pub api_only: bool,
     /// The API key every node of the cluster shares (forwarded calls carry it).
     pub api_key: Option<String>,
-    /// Prefix of the buckets (`<prefix>_nodes`, `<prefix>_sandboxes`).
+    /// Prefix of the buckets (`<prefix>_nodes`, `<prefix>_sandboxes`,
+    /// `<prefix>_workspaces`, `<prefix>_rebind`).
     pub prefix: String,
+    /// How often the workspaces of this node's rebind sandboxes are
+    /// checkpointed (`ember serve --checkpoint-every`); zero: never.
+    pub checkpoint_every: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +86,16 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     let replicas = if cfg.servers.len() >= 3 { 3 } else { 1 };
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
     let sandboxes = registry::open_sandboxes(&js, &cfg.prefix, replicas).await?;
-    let plane = Arc::new(ClusterPlane::new(cfg, local, nodes.clone(), sandboxes));
+    let workspaces = registry::bucket(&js, format!("{}_workspaces", cfg.prefix), replicas, Duration::ZERO).await?;
+    let rebind = registry::bucket(&js, format!("{}_rebind", cfg.prefix), replicas, Duration::ZERO).await?;
+    let buckets = Buckets { nodes: nodes.clone(), sandboxes, workspaces, rebind };
+    let plane = Arc::new(ClusterPlane::new(cfg, local, buckets));
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
     tokio::spawn(plane.clone().beat());
+    tokio::spawn(plane.clone().fence_watch());
+    if !plane.checkpoint_every().is_zero() {
+        tokio::spawn(plane.clone().checkpoint_loop(plane.checkpoint_every()));
+    }
     Ok(plane)
 }

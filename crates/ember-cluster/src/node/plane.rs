@@ -14,7 +14,9 @@
 //! templates, tasks) is this node's own for now (docs/cluster.md says what is
 //! not routed yet).
 use super::forward::Forwarder;
+use super::rebind::Fence;
 use super::registry::{NodeInfo, Nodes, SandboxEntry};
+use super::Buckets;
 use super::NodeConfig;
 use crate::retry::{again, retry, RETRY_BUDGET};
 use async_nats::jetstream::kv;
@@ -24,7 +26,7 @@ use ember_engine::tasks::TaskFilter;
 use ember_engine::templates::Template;
 use ember_engine::{
     AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NodeCall, SandboxRecord,
-    SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceStatus,
+    SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceCheckpoint, WorkspaceStatus,
 };
 use ember_image::{ImageRecord, LayerMeta, PruneReport, PullProgress};
 use ember_snapshot::{GcReport, SnapshotSummary};
@@ -42,6 +44,11 @@ pub struct ClusterPlane {
     pub(super) local: Arc<dyn ControlPlane>,
     pub(super) nodes_kv: kv::Store,
     pub(super) sandboxes: kv::Store,
+    /// `<prefix>_workspaces` (`workspaces.rs`).
+    pub(super) workspaces: kv::Store,
+    /// `<prefix>_rebind` (`rebind.rs`).
+    pub(super) rebind: kv::Store,
+    pub(super) fence: Fence,
     nodes: Arc<Nodes>,
     fwd: Forwarder,
     /// What this node last wrote to the sandbox registry: id → state.
@@ -65,15 +72,23 @@ macro_rules! routed {
 }
 
 impl ClusterPlane {
-    pub(super) fn new(
-        cfg: NodeConfig,
-        local: Arc<dyn ControlPlane>,
-        nodes_kv: kv::Store,
-        sandboxes: kv::Store,
-    ) -> ClusterPlane {
+    pub(super) fn new(cfg: NodeConfig, local: Arc<dyn ControlPlane>, b: Buckets) -> ClusterPlane {
         let fwd = Forwarder::new(cfg.api_key.clone());
         let nodes = Arc::new(Nodes::new(cfg.name.clone()));
-        ClusterPlane { cfg, local, nodes_kv, sandboxes, nodes, fwd, published: Mutex::default() }
+        let Buckets { nodes: nodes_kv, sandboxes, workspaces, rebind } = b;
+        let fence = Fence::default();
+        ClusterPlane {
+            cfg,
+            local,
+            nodes_kv,
+            sandboxes,
+            workspaces,
+            rebind,
+            fence,
+            nodes,
+            fwd,
+            published: Mutex::default(),
+        }
     }
 
     pub(super) fn nodes(&self) -> Arc<Nodes> {
@@ -87,6 +102,10 @@ impl ClusterPlane {
 
     pub fn name(&self) -> &str {
         &self.cfg.name
+    }
+
+    pub(super) fn checkpoint_every(&self) -> Duration {
+        self.cfg.checkpoint_every
     }
 
     pub(super) fn api_only(&self) -> bool {
@@ -201,7 +220,24 @@ impl ControlPlane for ClusterPlane {
             let n = self.place()?;
             return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req) }).await;
         }
-        let rec = self.local.create(req).await?;
+        let claimed = self.claim_new_workspaces(&req).await?;
+        let rebind = req.rebind.then(|| req.clone());
+        let rec = match self.local.create(req).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                for name in claimed {
+                    self.unclaim_workspace(&name).await;
+                }
+                return Err(e);
+            }
+        };
+        if let Some(req) = rebind {
+            // Without its entry no node could rebind it: the create fails.
+            if let Err(e) = self.record_rebind(rec.id.as_str(), &req).await {
+                let _ = self.local.remove(rec.id.as_str()).await;
+                return Err(e);
+            }
+        }
         // The sandbox exists: a registry that takes no write now (an
         // election) gets it from the next reconcile, not the client an error.
         if let Err(e) = self.publish(rec.id.as_str(), rec.state.to_string()).await {
@@ -222,6 +258,7 @@ impl ControlPlane for ClusterPlane {
         match self.owner(id).await? {
             Owner::Here => {
                 self.local.remove(id).await?;
+                self.forget_rebind(id).await;
                 // As after a create: the reconciler deletes what this missed.
                 if let Err(e) = self.unpublish(id).await {
                     tracing::warn!(error = %e, "sandbox registry after a remove; the reconciler retries");
@@ -329,11 +366,21 @@ impl ControlPlane for ClusterPlane {
         if self.find_workspace(&name).await.is_ok() {
             return Err(EngineError::Workspace(ember_workspace::WorkspaceError::Exists(name)));
         }
-        if self.cfg.api_only {
-            let n = self.place()?;
-            return self.forward(&n, &NodeCall::CreateWorkspace { name, size_bytes }).await;
+        let n = match self.cfg.api_only {
+            true => Some(self.place()?),
+            false => None,
+        };
+        // One winner cluster-wide: two nodes creating one name at once both
+        // pass the check above.
+        self.claim_workspace(&name, size_bytes, n.as_ref().map_or(self.name(), |n| n.name.as_str())).await?;
+        let made = match &n {
+            Some(n) => self.forward(n, &NodeCall::CreateWorkspace { name: name.clone(), size_bytes }).await,
+            None => self.local.create_workspace(name.clone(), size_bytes).await,
+        };
+        if made.is_err() {
+            self.unclaim_workspace(&name).await;
         }
-        self.local.create_workspace(name, size_bytes).await
+        made
     }
     async fn list_workspaces(&self) -> Result<Vec<WorkspaceStatus>, EngineError> {
         self.all_workspaces().await
@@ -342,7 +389,12 @@ impl ControlPlane for ClusterPlane {
         Ok(self.find_workspace(name).await?.1)
     }
     async fn remove_workspace(&self, name: &str) -> Result<(), EngineError> {
-        self.remove_workspace_anywhere(name).await
+        self.remove_workspace_anywhere(name).await?;
+        self.unclaim_workspace(name).await;
+        Ok(())
+    }
+    async fn checkpoint_workspace(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+        self.routed_checkpoint(name).await
     }
     async fn snapshot_workspace_op(
         &self,

@@ -24,7 +24,19 @@ impl Sandboxes {
         pool: Option<String>,
         t0: Instant,
     ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(spec, image_uri, pool, t0, None).await
+        self.launch_from(None, spec, image_uri, pool, t0, None).await
+    }
+
+    /// A cold start under `id` if given (a cluster's rebind keeps the id of
+    /// the sandbox it re-creates), else under a new one.
+    pub(crate) async fn launch_as(
+        self: &Arc<Self>,
+        id: Option<SandboxId>,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        t0: Instant,
+    ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(id, spec, image_uri, None, t0, None).await
     }
 
     /// A cold start whose writable layer is first filled from a sandbox
@@ -36,18 +48,19 @@ impl Sandboxes {
         t0: Instant,
         seed: Seed,
     ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(spec, image_uri, None, t0, Some(seed)).await
+        self.launch_from(None, spec, image_uri, None, t0, Some(seed)).await
     }
 
     async fn launch_from(
         self: &Arc<Self>,
+        id: Option<SandboxId>,
         spec: SandboxSpec,
         image_uri: Option<String>,
         pool: Option<String>,
         t0: Instant,
         seed: Option<Seed>,
     ) -> Result<SandboxRecord, EngineError> {
-        let id = SandboxId::from_random(random16());
+        let id = id.unwrap_or_else(|| SandboxId::from_random(random16()));
         let now = now_ms();
         let rec = SandboxRecord {
             id: id.clone(),

@@ -152,6 +152,9 @@ impl ControlPlane for Arc<Engine> {
     ) -> Result<SnapshotSummary, EngineError> {
         self.snapshots.snapshot_workspace_op(name, fence, op).await
     }
+    async fn checkpoint_workspace(&self, name: &str) -> Result<crate::WorkspaceCheckpoint, EngineError> {
+        self.snapshots.checkpoint_workspace(name).await
+    }
     async fn list_snapshots(&self, workspace: Option<String>) -> Result<Vec<SnapshotSummary>, EngineError> {
         self.snapshots.list_snapshots(workspace).await
     }

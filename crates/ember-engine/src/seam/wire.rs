@@ -109,6 +109,11 @@ pub enum NodeCall {
     RemoveWorkspace {
         name: String,
     },
+    /// Runs on the receiving node's cluster plane (which commits the
+    /// checkpoint in the workspace registry).
+    CheckpointWorkspace {
+        name: String,
+    },
     /// A task attempt's log, read on the node that ran the attempt.
     TaskLog {
         id: String,

@@ -1,11 +1,13 @@
 //! Workspace snapshots: consistent (the writer is frozen), fenced (a commit is
 //! accepted only while the lease epoch it started under is current),
 //! content-addressed and incremental in the configured object store.
+mod checkpoint;
 mod gc;
 mod ops;
 mod restore;
 mod sandbox;
 
+pub use checkpoint::WorkspaceCheckpoint;
 pub use ops::{OpKind, SnapshotOp};
 pub use sandbox::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 

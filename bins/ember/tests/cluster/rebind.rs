@@ -1,0 +1,199 @@
+//! Workspaces that survive their node and sessions that rebind: the nodes
+//! share one snapshot store (a directory) and its manifest key; a sandbox
+//! created with `extensions.restartPolicy = "rebind"` comes back on another
+//! node under the same id, its workspace at its last checkpoint, when its
+//! node is SIGKILLed; two nodes creating one workspace name at once: one
+//! wins; a node cut off from NATS freezes its copy, and its checkpoint is
+//! refused once the sandbox was rebound elsewhere.
+use super::common::Daemon;
+use super::{eventually, nats, runtime};
+use ember_client::ClientError;
+use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// A snapshot store and manifest key every node of one test shares.
+struct SharedStore {
+    dir: PathBuf,
+}
+
+impl SharedStore {
+    fn new(test: &str) -> SharedStore {
+        let dir = std::env::temp_dir().join(format!("ember-rebind-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("store")).expect("store dir");
+        ember_snapshot::ManifestKey::load_or_create(&dir.join("snapshot.key")).expect("shared key");
+        SharedStore { dir }
+    }
+
+    /// A node on `servers` (a subset of the cluster's URLs) using this store.
+    fn node(&self, servers: &[String], name: &str) -> Daemon {
+        let urls = servers.join(",");
+        let store = self.dir.join("store");
+        let key = self.dir.join("snapshot.key");
+        Daemon::start_with(&[
+            "--cluster",
+            urls.as_str(),
+            "--node",
+            name,
+            "--snapshot-store",
+            store.to_str().expect("utf-8"),
+            "--snapshot-key-file",
+            key.to_str().expect("utf-8"),
+        ])
+    }
+}
+
+impl Drop for SharedStore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A rebind sandbox mounting workspace `ws` at /workspace.
+fn rebind_request(ws: &str) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: Some("host".into()),
+        extensions: Some(BTreeMap::from([("restartPolicy".to_string(), "rebind".to_string())])),
+        workspaces: vec![WorkspaceMountSpec {
+            name: ws.into(),
+            mount_path: Some("/workspace".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// `cat` of a workspace file in sandbox `id` through `d`, once it answers
+/// (a 503 is retried, as the documented client policy does).
+async fn read_through(d: &Daemon, id: &str, file: &str) -> String {
+    eventually(Duration::from_secs(60), "the sandbox answers", || async {
+        let got = d.client.get_sandbox(id).await;
+        match got {
+            Ok(s) if s.status.state == "Running" => {}
+            Ok(_) => return None,
+            Err(ClientError::Api { status: 503 | 404, .. }) => return None,
+            Err(e) => panic!("get {id}: {e}"),
+        }
+        let (code, out, _) = d.sh(id, &format!("cat /workspace/{file}"), None).await;
+        (code == Some(0)).then_some(out)
+    })
+    .await
+}
+
+#[test]
+fn a_sigkilled_nodes_rebind_sandbox_comes_back_elsewhere_with_its_last_checkpoint() {
+    let nats = nats::NatsCluster::start("rebind-kill", 3);
+    let store = SharedStore::new("kill");
+    let urls = nats.urls();
+    let mut a = store.node(&urls, "a");
+    let b = store.node(&urls, "b");
+    runtime().block_on(async {
+        a.client.create_workspace("rb-kill", "64Mi").await.expect("workspace on a");
+        let id = a.client.create_sandbox(&rebind_request("rb-kill")).await.expect("rebind sandbox on a").0.id;
+        let (code, _, _) = a.sh(&id, "echo before-checkpoint > /workspace/kept", None).await;
+        assert_eq!(code, Some(0));
+        let c = a.client.checkpoint_workspace("rb-kill").await.expect("checkpoint");
+        assert!(!c.snapshot_id.is_empty() && c.epoch >= 1, "{c:?}");
+        a.sh(&id, "echo after-checkpoint > /workspace/lost", None).await;
+        // B sees A before the kill: its sandbox is routed to A.
+        eventually(Duration::from_secs(60), "b routes to a", || async {
+            b.client.get_sandbox(&id).await.map_err(|e| eprintln!("get {id} through b: {e}")).ok()
+        })
+        .await;
+
+        a.kill9();
+        let killed = Instant::now();
+        let kept = read_through(&b, &id, "kept").await;
+        eprintln!("MTTR: sandbox {id} answered on b {:?} after a's SIGKILL", killed.elapsed());
+        assert_eq!(kept, "before-checkpoint\n");
+        let (code, _, _) = b.sh(&id, "test -e /workspace/lost", None).await;
+        assert_eq!(code, Some(1), "bytes after the checkpoint are not there (the snapshot is the checkpoint)");
+        // B holds the workspace at the next epoch and checkpoints it.
+        let again = b.client.checkpoint_workspace("rb-kill").await.expect("checkpoint on b");
+        assert_eq!(again.epoch, c.epoch + 1, "{again:?}");
+    });
+}
+
+#[test]
+fn two_nodes_creating_one_workspace_name_at_once_one_wins() {
+    let nats = nats::NatsCluster::start("ws-claim", 3);
+    let store = SharedStore::new("claim");
+    let urls = nats.urls();
+    let a = store.node(&urls, "a");
+    let b = store.node(&urls, "b");
+    runtime().block_on(async {
+        eventually(Duration::from_secs(60), "a sees b", || async {
+            a.client.list_workspaces().await.ok()?;
+            b.client.list_workspaces().await.ok()
+        })
+        .await;
+        for round in 0..5 {
+            let name = format!("race-{round}");
+            let (on_a, on_b) =
+                tokio::join!(a.client.create_workspace(&name, "16Mi"), b.client.create_workspace(&name, "16Mi"));
+            let won = [&on_a, &on_b].iter().filter(|r| r.is_ok()).count();
+            assert_eq!(won, 1, "round {round}: a {on_a:?}, b {on_b:?}");
+            let lost = if on_a.is_ok() { on_b } else { on_a };
+            let lost = lost.expect_err("the loser");
+            let exists =
+                matches!(&lost, ClientError::Api { status: 409, code, .. } if code == "WORKSPACE::ALREADY_EXISTS");
+            assert!(exists, "{lost:?}");
+        }
+    });
+}
+
+#[test]
+fn a_node_cut_off_from_nats_freezes_its_copy_and_cannot_checkpoint_after_the_rebind() {
+    let nats = nats::NatsCluster::start("rebind-cut", 3);
+    let store = SharedStore::new("cut");
+    let urls = nats.urls();
+    // The first node opens the buckets R3 (all three servers); A talks to
+    // server 0 only, B to servers 1 and 2: stopping server 0 cuts A off.
+    let _c = store.node(&urls, "c");
+    let a = store.node(&urls[..1], "a");
+    let b = store.node(&urls[1..], "b");
+    let rt = runtime();
+    let id = rt.block_on(async {
+        a.client.create_workspace("rb-cut", "64Mi").await.expect("workspace on a");
+        let id = a.client.create_sandbox(&rebind_request("rb-cut")).await.expect("rebind sandbox on a").0.id;
+        let (code, _, _) = a.sh(&id, "echo checkpointed > /workspace/kept", None).await;
+        assert_eq!(code, Some(0));
+        a.client.checkpoint_workspace("rb-cut").await.expect("checkpoint on a");
+        eventually(Duration::from_secs(60), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
+        id
+    });
+    let server = nats.servers[0].name.clone();
+    nats.signal(&server, "STOP");
+    let stopped = Instant::now();
+    rt.block_on(async {
+        // A's own copy is frozen (A answers for it locally) ...
+        eventually(Duration::from_secs(20), "a freezes its copy", || async {
+            let s = a.client.get_sandbox(&id).await.ok()?;
+            (s.status.state == "Paused").then_some(())
+        })
+        .await;
+        eprintln!("a froze its copy {:?} after its NATS server stopped", stopped.elapsed());
+        // ... and the sandbox comes back elsewhere, with its checkpoint.
+        let kept = read_through(&b, &id, "kept").await;
+        assert_eq!(kept, "checkpointed\n");
+        eprintln!("rebound elsewhere {:?} after a was cut off", stopped.elapsed());
+    });
+    nats.signal(&server, "CONT");
+    rt.block_on(async {
+        // A's checkpoint of its stale copy is refused: it no longer holds the
+        // workspace at its epoch.
+        let err = a.client.checkpoint_workspace("rb-cut").await.expect_err("a fenced checkpoint");
+        let fenced = matches!(&err, ClientError::Api { status: 409, code, .. } if code == "WORKSPACE::FENCED");
+        assert!(fenced, "{err:?}");
+        // A removes its copy once it sees the sandbox rebound: one copy left.
+        eventually(Duration::from_secs(30), "a drops its copy", || async {
+            let on_a = std::fs::read_dir(a.data_dir.join("sandboxes")).ok()?;
+            (!on_a.flatten().any(|e| e.file_name().to_string_lossy() == id)).then_some(())
+        })
+        .await;
+        let kept = read_through(&a, &id, "kept").await;
+        assert_eq!(kept, "checkpointed\n");
+    });
+}

@@ -1,0 +1,272 @@
+//! Sessions that rebind (`extensions.restartPolicy = "rebind"`): the bucket
+//! `<prefix>_rebind`, sandbox id → [`RebindEntry`] (the node that runs it,
+//! its create request).
+//!
+//! Each heartbeat a live node reads the bucket ([`ClusterPlane::rebind_sweep`]):
+//! an entry whose node is dead (the node registry's rule) is claimed by a
+//! compare-and-set on its revision (of two survivors one wins) and re-created
+//! here under the same id, each workspace taken over at the next epoch
+//! (`workspaces.rs`) and restored from its last checkpoint; then the sandbox
+//! registry names this node. A node that cannot renew (its heartbeat has not
+//! got through for [`FREEZE_AFTER`], less than the [`DEAD_AFTER`] after which
+//! the others may take it for dead) freezes its rebind sandboxes; once its
+//! beats get through again it thaws those still its own and removes those
+//! rebound elsewhere. So no two live, writable copies of one id.
+use super::plane::ClusterPlane;
+#[cfg(doc)]
+use super::registry::DEAD_AFTER;
+use async_nats::jetstream::kv;
+use ember_engine::{CreateSandbox, EngineError, ListFilter};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A node whose last heartbeat that got through was sent this long ago
+/// freezes its rebind sandboxes. The others judge it dead [`DEAD_AFTER`]
+/// after that beat arrived, which is after it was sent: it is frozen first.
+pub const FREEZE_AFTER: Duration = Duration::from_millis(1000);
+/// How often the freeze is checked.
+const FENCE_TICK: Duration = Duration::from_millis(100);
+
+/// A rebind sandbox as the cluster keeps it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RebindEntry {
+    /// The node that runs it (or is re-creating it).
+    pub node: String,
+    /// Claimed by `node`, not re-created yet.
+    #[serde(default)]
+    pub pending: bool,
+    /// The create request, registry credentials left out.
+    pub req: CreateSandbox,
+}
+
+/// This node's side of the fencing.
+#[derive(Default)]
+pub(super) struct Fence {
+    /// When the last heartbeat that got through was sent.
+    renewed: Mutex<Option<Instant>>,
+    /// Rebind sandboxes the bucket says are this node's, with their
+    /// workspaces.
+    mine: Mutex<HashMap<String, Vec<String>>>,
+    /// Those this node froze because it could not renew.
+    frozen: Mutex<HashSet<String>>,
+    /// Re-creations under way here.
+    inflight: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fence {
+    /// A heartbeat sent at `sent` got through.
+    pub(super) fn renewed_at(&self, sent: Instant) {
+        *lock(&self.renewed) = Some(sent);
+    }
+
+    /// Whether this node's last beat that got through is recent enough to act
+    /// as a live node (claim, publish, keep its rebind sandboxes thawed).
+    pub(super) fn renewed(&self) -> bool {
+        lock(&self.renewed).is_some_and(|t| t.elapsed() < FREEZE_AFTER)
+    }
+}
+
+fn workspace_names(req: &CreateSandbox) -> Vec<String> {
+    req.workspaces.iter().filter(|w| !w.read_only).map(|w| w.name.clone()).collect()
+}
+
+fn rebind_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError {
+    EngineError::Internal(format!("rebind registry: {op} {id}: {e}"))
+}
+
+impl ClusterPlane {
+    /// Keeps a rebind sandbox's create request in the cluster, this node
+    /// its runner (right after its create, before the answer).
+    pub(super) async fn record_rebind(&self, id: &str, req: &CreateSandbox) -> Result<(), EngineError> {
+        let req = CreateSandbox { image_auth: None, id: None, ..req.clone() };
+        let names = workspace_names(&req);
+        let entry = RebindEntry { node: self.name().to_string(), pending: false, req };
+        let value = serde_json::to_vec(&entry).map_err(|e| rebind_error("encode", id, &e))?;
+        self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
+        lock(&self.fence.mine).insert(id.to_string(), names);
+        Ok(())
+    }
+
+    /// After a remove here: drops the entry if it is still this node's.
+    pub(super) async fn forget_rebind(&self, id: &str) {
+        lock(&self.fence.mine).remove(id);
+        if let Ok(Some(e)) = self.rebind.entry(id).await {
+            let ours = serde_json::from_slice::<RebindEntry>(&e.value).is_ok_and(|r| r.node == self.name());
+            if e.operation == kv::Operation::Put && ours {
+                if let Err(err) = self.rebind.delete_expect_revision(id, Some(e.revision)).await {
+                    tracing::warn!(sandbox = %id, error = %err, "rebind registry: delete");
+                }
+            }
+        }
+    }
+
+    async fn rebind_entries(&self) -> Result<Vec<(String, RebindEntry, u64)>, String> {
+        let mut keys = self.rebind.keys().await.map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| e.to_string())?;
+            if let Some(e) = self.rebind.entry(&key).await.map_err(|e| e.to_string())? {
+                if let Ok(r) = serde_json::from_slice::<RebindEntry>(&e.value) {
+                    out.push((key, r, e.revision));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pass over the rebind bucket (each heartbeat, before the
+    /// reconcile): thaw what this node froze and still runs, remove its
+    /// copies rebound elsewhere, finish its pending rebinds, claim those of
+    /// dead nodes. A node that cannot renew does nothing here.
+    pub(super) async fn rebind_sweep(self: &Arc<Self>) {
+        if self.api_only() || !self.fence.renewed() {
+            return;
+        }
+        let entries = match self.rebind_entries().await {
+            Ok(e) => e,
+            Err(e) => return tracing::warn!(error = %e, "rebind registry: read"),
+        };
+        let Ok(list) = self.local().list(&ListFilter::default()).await else { return };
+        let here: HashSet<String> = list.iter().map(|r| r.id.to_string()).collect();
+        let mut mine = HashMap::new();
+        for (id, e, rev) in entries {
+            if e.node == self.name() {
+                mine.insert(id.clone(), workspace_names(&e.req));
+                if lock(&self.fence.frozen).remove(&id) {
+                    if let Err(err) = self.local().resume(&id).await {
+                        tracing::warn!(sandbox = %id, error = %err, "thawing a rebind sandbox after the node renewed");
+                    }
+                }
+                if e.pending && !here.contains(&id) {
+                    self.clone().spawn_rebind(id, e.req);
+                }
+            } else if here.contains(&id) {
+                self.evict(&id).await;
+            } else if self.live_node(&e.node, "").is_err() {
+                let claimed = RebindEntry { node: self.name().to_string(), pending: true, req: e.req };
+                let Ok(value) = serde_json::to_vec(&claimed) else { continue };
+                // Of the survivors, the first write at this revision wins.
+                if self.rebind.update(&id, value.into(), rev).await.is_ok() {
+                    tracing::info!(sandbox = %id, dead = %e.node, "rebinding a dead node's sandbox here");
+                    mine.insert(id.clone(), workspace_names(&claimed.req));
+                    self.clone().spawn_rebind(id, claimed.req);
+                }
+            }
+        }
+        *lock(&self.fence.mine) = mine;
+    }
+
+    /// Removes this node's copy of a sandbox rebound elsewhere (this node
+    /// was cut off or down meanwhile). Its workspaces' copies stay: their
+    /// checkpoints are fenced (`workspaces.rs`).
+    async fn evict(&self, id: &str) {
+        lock(&self.fence.frozen).remove(id);
+        tracing::warn!(sandbox = %id, "rebound on another node: removing this node's copy");
+        if let Err(e) = self.local().remove(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "removing a rebound sandbox's stale copy");
+        }
+    }
+
+    fn spawn_rebind(self: Arc<Self>, id: String, req: CreateSandbox) {
+        if !lock(&self.fence.inflight).insert(id.clone()) {
+            return;
+        }
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            match self.rebind_here(&id, req).await {
+                Ok(()) => tracing::info!(sandbox = %id, took = ?t0.elapsed(), "rebound here"),
+                Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind failed; the next heartbeat retries"),
+            }
+            lock(&self.fence.inflight).remove(&id);
+        });
+    }
+
+    /// Re-creates sandbox `id` here: each workspace taken over at the next
+    /// epoch and restored from its last checkpoint, the sandbox created under
+    /// its id, the sandbox registry pointed here, the entry no longer pending.
+    async fn rebind_here(&self, id: &str, mut req: CreateSandbox) -> Result<(), EngineError> {
+        for w in &req.workspaces {
+            let entry = self.take_workspace(&w.name, w.create_size.unwrap_or(1 << 30)).await?;
+            if self.local().workspace(&w.name).await.is_ok() {
+                // A stale copy of an earlier stay on this node.
+                self.local().remove_workspace(&w.name).await?;
+            }
+            match &entry.checkpoint {
+                Some(snap) => {
+                    self.local().restore_workspace_op(snap, &w.name, Some(entry.size_bytes), None).await?;
+                }
+                None => {
+                    self.local().create_workspace(w.name.clone(), entry.size_bytes).await?;
+                }
+            }
+        }
+        req.id = Some(ember_types::SandboxId::try_from(id.to_string()).map_err(|_| rebind_error("id", id, &"bad"))?);
+        let rec = self.local().create(req.clone()).await?;
+        self.publish(id, rec.state.to_string()).await?;
+        let done =
+            RebindEntry { node: self.name().to_string(), pending: false, req: CreateSandbox { id: None, ..req } };
+        let value = serde_json::to_vec(&done).map_err(|e| rebind_error("encode", id, &e))?;
+        self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
+        Ok(())
+    }
+
+    /// The fence: every [`FENCE_TICK`], if this node has not renewed within
+    /// [`FREEZE_AFTER`], freeze its rebind sandboxes (as a pause does). A
+    /// sandbox its user paused is left as it is (and not thawed after).
+    pub(super) async fn fence_watch(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(FENCE_TICK);
+        loop {
+            tick.tick().await;
+            if self.fence.renewed() {
+                continue;
+            }
+            let todo: Vec<String> = {
+                let frozen = lock(&self.fence.frozen);
+                lock(&self.fence.mine).keys().filter(|id| !frozen.contains(*id)).cloned().collect()
+            };
+            for id in todo {
+                match self.local().pause(&id).await {
+                    Ok(()) => {
+                        tracing::warn!(sandbox = %id, "cannot renew: rebind sandbox frozen");
+                        lock(&self.fence.frozen).insert(id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "cannot renew: freezing a rebind sandbox");
+                        lock(&self.fence.mine).remove(&id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ClusterPlane {
+    /// `ember serve --checkpoint-every`: every `every`, a checkpoint of each
+    /// read-write workspace of this node's rebind sandboxes (while it
+    /// renews; a failure is logged and the next round tries again).
+    pub(super) async fn checkpoint_loop(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if !self.fence.renewed() {
+                continue;
+            }
+            let names: HashSet<String> = lock(&self.fence.mine).values().flatten().cloned().collect();
+            for name in names {
+                if let Err(e) = self.checkpoint_here(&name).await {
+                    tracing::warn!(workspace = %name, error = %e, "periodic checkpoint");
+                }
+            }
+        }
+    }
+}

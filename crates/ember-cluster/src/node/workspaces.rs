@@ -1,0 +1,178 @@
+//! Workspaces in the cluster: the bucket `<prefix>_workspaces`, name →
+//! [`WorkspaceEntry`] (holder node, epoch, last checkpoint, size, created).
+//!
+//! A new name is claimed with a KV `create`: of two nodes creating one name
+//! at once, exactly one wins. Every later write is a compare-and-set on the
+//! entry's revision: a change of holder (a rebind, `epoch + 1`) and the
+//! commit of a checkpoint, which first checks that this node still holds the
+//! workspace at the epoch it read. So a node that lost the workspace (cut off
+//! from NATS, then rebound elsewhere) can take a snapshot but never make it
+//! the workspace's checkpoint: `WORKSPACE::FENCED`.
+use super::plane::ClusterPlane;
+use crate::retry::{again, retry, RETRY_BUDGET};
+use async_nats::jetstream::kv;
+use ember_engine::{CreateSandbox, EngineError, NodeCall, WorkspaceCheckpoint};
+use ember_workspace::WorkspaceError;
+use serde::{Deserialize, Serialize};
+
+/// A workspace as the cluster knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceEntry {
+    /// The node whose disk has the live copy.
+    pub holder: String,
+    /// Counts changes of holder, from 1; each is a compare-and-set on the KV
+    /// revision, which is what fences.
+    pub epoch: u64,
+    /// The snapshot of its last committed checkpoint.
+    pub checkpoint: Option<String>,
+    pub size_bytes: u64,
+    pub created_ms: i64,
+}
+
+fn kv_error(op: &str, name: &str, e: &dyn std::fmt::Display) -> EngineError {
+    EngineError::Internal(format!("workspace registry: {op} {name}: {e}"))
+}
+
+fn fenced(name: &str, me: &str, epoch: u64, now: Option<&WorkspaceEntry>) -> EngineError {
+    let detail = match now {
+        Some(w) => format!("node {me} held it at epoch {epoch}; node {} holds it at epoch {}", w.holder, w.epoch),
+        None => format!("node {me} held it at epoch {epoch}; it is no longer in the cluster's registry"),
+    };
+    EngineError::WorkspaceFenced { name: name.to_string(), detail }
+}
+
+fn not_found(name: &str) -> EngineError {
+    EngineError::Workspace(WorkspaceError::NotFound(name.to_string()))
+}
+
+impl ClusterPlane {
+    /// Workspace `name`'s entry and its revision (`None`: not registered).
+    pub(super) async fn ws_entry(&self, name: &str) -> Result<Option<(WorkspaceEntry, u64)>, EngineError> {
+        let entry = retry(RETRY_BUDGET, "read the workspace registry", name, || async {
+            self.workspaces.entry(name).await.map_err(again)
+        })
+        .await
+        .map_err(|e| kv_error("read", name, &e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| serde_json::from_slice(&e.value).ok().map(|w| (w, e.revision))))
+    }
+
+    /// Claims the new name `name` for node `holder`: one winner cluster-wide;
+    /// the others get `WORKSPACE::ALREADY_EXISTS`.
+    pub(super) async fn claim_workspace(&self, name: &str, size_bytes: u64, holder: &str) -> Result<(), EngineError> {
+        ember_workspace::check_name(name).map_err(EngineError::Workspace)?;
+        let entry = WorkspaceEntry {
+            holder: holder.to_string(),
+            epoch: 1,
+            checkpoint: None,
+            size_bytes,
+            created_ms: ember_engine::record::now_ms(),
+        };
+        let value = serde_json::to_vec(&entry).map_err(|e| kv_error("encode", name, &e))?;
+        match self.workspaces.create(name, value.into()).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                Err(EngineError::Workspace(WorkspaceError::Exists(name.to_string())))
+            }
+            Err(e) => Err(kv_error("claim", name, &e)),
+        }
+    }
+
+    /// Before a create here naming workspaces: those it will make (none
+    /// exists here) are claimed for this node first. Returns the names
+    /// claimed, to drop if the create fails.
+    pub(super) async fn claim_new_workspaces(&self, req: &CreateSandbox) -> Result<Vec<String>, EngineError> {
+        let mut claimed = Vec::new();
+        for w in &req.workspaces {
+            if self.local().workspace(&w.name).await.is_ok() {
+                continue;
+            }
+            let size = w.create_size.unwrap_or(1 << 30);
+            match self.claim_workspace(&w.name, size, self.name()).await {
+                Ok(()) => claimed.push(w.name.clone()),
+                Err(e) => {
+                    for name in &claimed {
+                        self.unclaim_workspace(name).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Drops `name`'s entry (after its removal, or a create that failed after
+    /// the claim); a registry that takes no write now keeps it (logged).
+    pub(super) async fn unclaim_workspace(&self, name: &str) {
+        if let Err(e) = self.workspaces.delete(name).await {
+            tracing::warn!(workspace = %name, error = %e, "workspace registry: delete");
+        }
+    }
+
+    /// Takes `name` over for this node at the next epoch (compare-and-set on
+    /// the revision read): a rebind. Returns the entry as now held. A name
+    /// never registered is claimed.
+    pub(super) async fn take_workspace(&self, name: &str, size_bytes: u64) -> Result<WorkspaceEntry, EngineError> {
+        let Some((mut w, rev)) = self.ws_entry(name).await? else {
+            self.claim_workspace(name, size_bytes, self.name()).await?;
+            return Ok(self.ws_entry(name).await?.ok_or_else(|| not_found(name))?.0);
+        };
+        w.holder = self.name().to_string();
+        w.epoch += 1;
+        let value = serde_json::to_vec(&w).map_err(|e| kv_error("encode", name, &e))?;
+        self.workspaces.update(name, value.into(), rev).await.map_err(|e| kv_error("take over", name, &e))?;
+        Ok(w)
+    }
+
+    /// `POST /v1/workspaces/{name}/checkpoint` on a cluster: where the
+    /// workspace's copy is (this node first, as for sandboxes, else the
+    /// holder the registry names), then committed as its checkpoint at the
+    /// holder's epoch.
+    pub(super) async fn routed_checkpoint(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+        if !self.api_only() && self.local().workspace(name).await.is_ok() {
+            return self.checkpoint_here(name).await;
+        }
+        let (w, _) = self.ws_entry(name).await?.ok_or_else(|| not_found(name))?;
+        if w.holder == self.name() {
+            // The registry names this node, whose disk has no copy.
+            return Err(not_found(name));
+        }
+        let n = self.live_node(&w.holder, &format!("workspace {name} is on it"))?;
+        self.forward(&n, &NodeCall::CheckpointWorkspace { name: name.into() }).await
+    }
+
+    /// The snapshot of this node's copy, then its commit: a compare-and-set
+    /// of the entry's `checkpoint` that holds only while this node is the
+    /// holder at the epoch read before the snapshot.
+    pub(super) async fn checkpoint_here(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+        let me = self.name().to_string();
+        let epoch = match self.ws_entry(name).await? {
+            Some((w, _)) if w.holder == me => w.epoch,
+            Some((w, _)) => return Err(fenced(name, &me, 0, Some(&w))),
+            None => {
+                // Made before the registry knew it (an older node): claim it.
+                let size = self.local().workspace(name).await?.meta.size_bytes;
+                self.claim_workspace(name, size, &me).await?;
+                1
+            }
+        };
+        let snap = self.local().checkpoint_workspace(name).await?;
+        // A concurrent checkpoint of this node moves the revision: read again.
+        for _ in 0..8 {
+            let (mut w, rev) = match self.ws_entry(name).await? {
+                Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
+                now => return Err(fenced(name, &me, epoch, now.as_ref().map(|(w, _)| w))),
+            };
+            w.checkpoint = Some(snap.snapshot_id.clone());
+            let value = serde_json::to_vec(&w).map_err(|e| kv_error("encode", name, &e))?;
+            match self.workspaces.update(name, value.into(), rev).await {
+                Ok(_) => return Ok(WorkspaceCheckpoint { epoch, ..snap }),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(e) => return Err(kv_error("commit the checkpoint of", name, &e)),
+            }
+        }
+        Err(kv_error("commit the checkpoint of", name, &"the entry kept changing"))
+    }
+}
