@@ -11,6 +11,7 @@
 //! state), written by the owning node alone (`reconcile` each heartbeat,
 //! and right after a create through the cluster plane).
 use crate::node::ClusterError;
+use crate::retry;
 use async_nats::jetstream::{self, kv};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -114,16 +115,33 @@ impl Nodes {
 /// that found the bucket another node had just created must not keep the
 /// direct reads it was opened with (seen as a sandbox "not found" through
 /// the non-owner right after its create, one run in a few).
+///
+/// A node starting while the cluster forms (or while a stream elects) gets
+/// timeouts here that pass: each try is retried with the queue's policy
+/// (`retry.rs`), so a start fails only when the bucket stays unreachable for
+/// the whole budget (a node once exited at start on one "request timed out").
 pub(crate) async fn bucket(
     js: &jetstream::Context,
     name: String,
     replicas: usize,
     max_age: Duration,
 ) -> Result<kv::Store, ClusterError> {
-    let fail = |e: &dyn std::fmt::Display| ClusterError::Bucket { name: name.clone(), reason: e.to_string() };
-    if js.get_key_value(name.as_str()).await.is_err() {
+    let open = || async { open_bucket(js, &name, replicas, max_age).await.map_err(retry::again) };
+    retry::retry(retry::RETRY_BUDGET, "open bucket", &name, open)
+        .await
+        .map_err(|e| ClusterError::Bucket { name: name.clone(), reason: e.to_string() })
+}
+
+/// One try of [`bucket`].
+async fn open_bucket(
+    js: &jetstream::Context,
+    name: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<kv::Store, String> {
+    if js.get_key_value(name).await.is_err() {
         let config = kv::Config {
-            bucket: name.clone(),
+            bucket: name.to_string(),
             history: 1,
             max_age,
             storage: jetstream::stream::StorageType::File,
@@ -136,13 +154,13 @@ pub(crate) async fn bucket(
             tracing::debug!(bucket = %name, error = %e, "create bucket");
         }
     }
-    let mut stream = js.get_stream(format!("KV_{name}")).await.map_err(|e| fail(&e))?;
-    let mut config = stream.info().await.map_err(|e| fail(&e))?.config.clone();
+    let mut stream = js.get_stream(format!("KV_{name}")).await.map_err(|e| e.to_string())?;
+    let mut config = stream.info().await.map_err(|e| e.to_string())?.config.clone();
     if config.allow_direct {
         config.allow_direct = false;
-        js.update_stream(config).await.map_err(|e| fail(&e))?;
+        js.update_stream(config).await.map_err(|e| e.to_string())?;
     }
-    js.get_key_value(name.as_str()).await.map_err(|e| fail(&e))
+    js.get_key_value(name).await.map_err(|e| e.to_string())
 }
 
 pub(crate) async fn open_nodes(
