@@ -6,9 +6,12 @@
 //! `--api-only` node places a create on a node that runs sandboxes. Tasks
 //! (`cluster/tasks.rs`): one queue for the
 //! cluster, logs read through any node, a SIGKILLed node's tasks re-run.
+//! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
+#[path = "cluster/snapshots.rs"]
+mod snapshots;
 #[path = "cluster/tasks.rs"]
 mod tasks;
 
@@ -18,9 +21,14 @@ use ember_client::ClientError;
 use ember_client::PtyEvent;
 use std::time::{Duration, Instant};
 
+/// A node of `cluster`: the cluster's manifest key (one file beside the
+/// servers, shared by every node: their snapshots share the cluster's store).
 fn node(cluster: &nats::NatsCluster, name: &str, extra: &[&str]) -> Daemon {
     let urls = cluster.urls().join(",");
-    let mut args = vec!["--cluster", urls.as_str(), "--node", name];
+    let key = cluster.dir.join("snapshot.key");
+    ember_snapshot::ManifestKey::load_or_create(&key).expect("the cluster's manifest key");
+    let key = key.to_str().expect("a UTF-8 temp path");
+    let mut args = vec!["--cluster", urls.as_str(), "--node", name, "--snapshot-key-file", key];
     args.extend_from_slice(extra);
     Daemon::start_with(&args)
 }
