@@ -35,7 +35,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Snapshot { size_mb, forks, work_dir, store } => {
             let s3 = match store.as_deref().map(|s| crate::serve::snapshot_store(Some(s), &work_dir)).transpose()? {
                 Some(ember_engine::SnapshotStoreConfig::S3(c)) => Some(c),
-                Some(ember_engine::SnapshotStoreConfig::Local(_)) => {
+                Some(_) => {
                     anyhow::bail!("--store: expected s3://bucket[/prefix]; the local store lives in --work-dir")
                 }
                 None => None,

@@ -159,7 +159,9 @@ pub struct ServeArgs {
     pub snapshot_gc_interval: String,
     /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
     /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
-    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), or `nats`: the cluster's
+    /// JetStream object store, the default with --cluster (which then needs
+    /// --snapshot-key-file, the same on every node).
     #[arg(long)]
     pub snapshot_store: Option<String>,
     /// The key that signs and verifies snapshot manifests: 64 hex digits in a

@@ -72,7 +72,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         retention,
         max_ttl,
         allowed_host_paths: allowed_host_paths(&args.allow_host_path)?,
-        snapshot_store: snapshot_store(args.snapshot_store.as_deref(), &args.data_dir)?,
+        snapshot_store: cluster_snapshot_store(&args).await?,
         snapshot_key_file: args.snapshot_key_file.clone(),
         snapshot_accept_unsigned: args.snapshot_accept_unsigned,
         snapshot_gc_interval: match args.snapshot_gc_interval.as_str() {
@@ -225,6 +225,38 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// `--snapshot-store` of a cluster node: by default (or `nats`) the
+/// cluster's JetStream object store, bucket `ember_snapshots`, so a snapshot
+/// taken on one node restores on any other; a directory or `s3://...` as
+/// without `--cluster`. Nodes sharing a store must share the manifest key:
+/// without `--snapshot-key-file` each would sign with a key of its own and
+/// refuse the others' snapshots as tampered, so the start is refused.
+async fn cluster_snapshot_store(args: &ServeArgs) -> anyhow::Result<ember_engine::SnapshotStoreConfig> {
+    let flag = args.snapshot_store.as_deref();
+    let servers = &args.cluster.cluster;
+    if servers.is_empty() || flag.is_some_and(|f| f != "nats") {
+        if flag == Some("nats") {
+            bail!("--snapshot-store nats needs --cluster");
+        }
+        return snapshot_store(flag, &args.data_dir);
+    }
+    if args.snapshot_key_file.is_none() {
+        bail!(
+            "--cluster keeps snapshots in the cluster's object store: every node needs the same \
+             --snapshot-key-file (64 hex digits, mode 0600), or give --snapshot-store DIR|s3://..."
+        );
+    }
+    let cfg = ember_cluster::NatsStoreConfig::new(servers.clone());
+    let name = format!("nats bucket {}", cfg.bucket);
+    // Connecting may wait through an election: off the async workers.
+    let bucket = tokio::task::spawn_blocking(move || ember_cluster::NatsBucket::connect(cfg))
+        .await
+        .context("opening the cluster's snapshot store")?
+        .context("--cluster: opening the cluster's snapshot store")?;
+    let open = Arc::new(move |key| Ok(Arc::new(bucket.store(key)) as Arc<dyn ember_snapshot::ObjectStore>));
+    Ok(ember_engine::SnapshotStoreConfig::Opener(ember_engine::StoreOpener { name, open }))
 }
 
 /// `--snapshot-store`: a directory (default `<data-dir>/snapshots`) or

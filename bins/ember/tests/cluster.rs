@@ -8,11 +8,14 @@
 //! cluster, logs read through any node, a SIGKILLed node's tasks re-run.
 //! Rebind (`cluster/rebind.rs`): workspaces claimed once cluster-wide,
 //! checkpointed to a shared store, sessions re-created on a live node.
+//! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
 #[path = "cluster/rebind.rs"]
 mod rebind;
+#[path = "cluster/snapshots.rs"]
+mod snapshots;
 #[path = "cluster/tasks.rs"]
 mod tasks;
 
@@ -22,9 +25,14 @@ use ember_client::ClientError;
 use ember_client::PtyEvent;
 use std::time::{Duration, Instant};
 
+/// A node of `cluster`: the cluster's manifest key (one file beside the
+/// servers, shared by every node: their snapshots share the cluster's store).
 fn node(cluster: &nats::NatsCluster, name: &str, extra: &[&str]) -> Daemon {
     let urls = cluster.urls().join(",");
-    let mut args = vec!["--cluster", urls.as_str(), "--node", name];
+    let key = cluster.dir.join("snapshot.key");
+    ember_snapshot::ManifestKey::load_or_create(&key).expect("the cluster's manifest key");
+    let key = key.to_str().expect("a UTF-8 temp path");
+    let mut args = vec!["--cluster", urls.as_str(), "--node", name, "--snapshot-key-file", key];
     args.extend_from_slice(extra);
     Daemon::start_with(&args)
 }

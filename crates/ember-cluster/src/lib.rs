@@ -8,14 +8,17 @@
 //! Layout: `queue/` (the backend: `mod.rs` the sync API, `ops.rs` the
 //! protocol, `kv.rs` the records and compare-and-set), `bridge.rs` (the
 //! runtime of its own the sync calls run on), `retry.rs` (the retry policy
-//! through a leader election).
+//! through a leader election), `store.rs` ([`NatsStore`]: the snapshot
+//! store on the JetStream object store).
 #![forbid(unsafe_code)]
 
 mod bridge;
 pub mod node;
 pub mod queue;
 mod retry;
+pub mod store;
 
 pub use node::{ClusterPlane, NodeConfig};
 pub use queue::{JetStreamConfig, JetStreamQueue};
 pub use retry::RETRY_BUDGET;
+pub use store::{NatsBucket, NatsStore, NatsStoreConfig};

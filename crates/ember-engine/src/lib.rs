@@ -35,9 +35,9 @@ pub mod tasks;
 mod workspaces;
 
 pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
-pub use snapshots::SnapshotStoreConfig;
 pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
+pub use snapshots::{SnapshotStoreConfig, StoreOpener};
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 

@@ -34,6 +34,18 @@ pub enum StoreError {
     /// The [`S3Store`](crate::S3Store)'s runtime dropped the request (it is shutting down).
     #[error("s3 {op} {key}: the store's runtime stopped")]
     RuntimeStopped { op: &'static str, key: String },
+    /// An object over [`MAX_OBJECT_BYTES`](crate::MAX_OBJECT_BYTES): refused
+    /// before it is written, and before it is read into memory.
+    #[error("object {key} is {size} bytes, over the store's cap of {limit}")]
+    TooLarge { key: String, size: u64, limit: u64 },
+    /// A request to a store implemented outside this crate (the cluster's
+    /// JetStream object store) failed for good: `backend` names it.
+    #[error("{backend} {op} {key}: {reason}")]
+    Backend { backend: &'static str, op: &'static str, key: String, reason: String },
+    /// The store did not answer within its retry budget (a cluster store
+    /// whose servers or leader stayed unreachable).
+    #[error("{backend} {op} {key}: unavailable: {reason}")]
+    Unavailable { backend: &'static str, op: &'static str, key: String, reason: String },
 }
 
 impl StoreError {

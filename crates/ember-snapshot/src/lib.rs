@@ -67,4 +67,8 @@ pub use layer::{layer_marks, restore_layer, scan_marks, snapshot_layer, LayerMar
 pub use manifest::{Chunking, Stats};
 pub use restore::{copy_restored, restore, RestoreInfo, RestoreOptions};
 pub use snapshot::{snapshot, validate_id, Phase, Progress, SnapshotInfo, SnapshotOptions};
-pub use store::{LocalStore, ObjectMeta, ObjectStore, S3Config, S3Store, Staged};
+#[cfg(feature = "testing")]
+pub use store::conformance;
+pub use store::{
+    check_key, check_size, LocalStore, ObjectMeta, ObjectStore, S3Config, S3Store, Staged, MAX_OBJECT_BYTES,
+};

@@ -67,23 +67,36 @@ fn create_bucket(port: u16, bucket: &str) {
     assert!(reply.starts_with("HTTP/1.1 200"), "CreateBucket: {reply}");
 }
 
-#[test]
-fn snapshot_and_restore_through_s3_on_loopback() {
-    let (_server, port) = start();
-    create_bucket(port, "ember-test");
-    let store = S3Store::open(
+/// Bucket `bucket` under `prefix` of the moto server on `port`, with a key of its own.
+fn open(port: u16, bucket: &str, prefix: &str) -> S3Store {
+    create_bucket(port, bucket);
+    S3Store::open(
         S3Config {
             endpoint: format!("http://127.0.0.1:{port}"),
-            bucket: "ember-test".into(),
+            bucket: bucket.into(),
             region: "us-east-1".into(),
             access_key_id: "test".into(),
             secret_access_key: "test".into(),
-            prefix: "snapshots".into(),
+            prefix: prefix.into(),
             allow_http: true,
         },
         ember_snapshot::ManifestKey::ephemeral(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn s3_store_passes_the_store_conformance_suite() {
+    let (_server, port) = start();
+    let store = open(port, "ember-conformance", "snapshots");
+    let tmp = tempfile::tempdir().unwrap();
+    ember_snapshot::conformance::run_all(&store, tmp.path());
+}
+
+#[test]
+fn snapshot_and_restore_through_s3_on_loopback() {
+    let (_server, port) = start();
+    let store = open(port, "ember-test", "snapshots");
     assert!(!store.exists("chunks/none").unwrap());
     assert!(store.get("chunks/none").unwrap_err().is_not_found());
 

@@ -5,23 +5,10 @@ mod common;
 
 use std::fs;
 
+use ember_snapshot::conformance::forge;
 use ember_snapshot::manifest::{EntryKind, Manifest};
-use ember_snapshot::{copy_restored, gc, inspect, restore, snapshot, GcOptions, ObjectStore};
+use ember_snapshot::{copy_restored, gc, inspect, restore, snapshot, GcOptions};
 use ember_snapshot::{RestoreOptions, SnapshotOptions};
-use sha2::{Digest, Sha256};
-
-/// Rewrites snapshot `id`'s manifest in place the way someone with write
-/// access to the store would: `edit` changes the manifest, the envelope's
-/// sha256 is recomputed, its MAC (which needs the key) is left as it was.
-fn forge(store: &dyn ObjectStore, id: &str, edit: impl FnOnce(&mut Manifest)) {
-    let key = format!("manifests/{id}.json");
-    let mut env: serde_json::Value = serde_json::from_slice(&store.get(&key).unwrap()).unwrap();
-    let mut m: Manifest = serde_json::from_value(env["manifest"].take()).unwrap();
-    edit(&mut m);
-    env["sha256"] = hex::encode(Sha256::digest(serde_json::to_vec(&m).unwrap())).into();
-    env["manifest"] = serde_json::to_value(&m).unwrap();
-    store.put(&key, &serde_json::to_vec_pretty(&env).unwrap()).unwrap();
-}
 
 fn two_files(root: &std::path::Path) {
     fs::create_dir_all(root.join("tmp")).unwrap();

@@ -25,6 +25,8 @@ mod lines;
 mod ops;
 mod setup;
 
+pub(crate) use setup::reads_from_leader;
+
 use crate::bridge::Bridge;
 use ember_queue::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
 use ember_types::task::{TaskRecord, TaskSpec};

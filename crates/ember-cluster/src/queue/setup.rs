@@ -83,20 +83,33 @@ pub(crate) async fn bucket(js: &jetstream::Context, cfg: &JetStreamConfig, name:
         js.create_key_value(config).await.map_err(again)
     })
     .await?;
-    // Reads from the stream leader, not "direct" from any replica: a
-    // lagging follower answers an older revision or none at all, and the
-    // queue decides on what it reads (a missing record, a fenced attempt).
-    // The failover test saw both once direct gets were on.
-    let stream_name = store.stream_name.clone();
-    let store = retry(cfg.retry_budget, "bucket reads from its leader", &name, || async {
-        let mut stream = js.get_stream(&stream_name).await.map_err(again)?;
-        let mut config = stream.info().await.map_err(again)?.config.clone();
-        if config.allow_direct {
-            config.allow_direct = false;
-            js.update_stream(config).await.map_err(again)?;
-        }
+    reads_from_leader(js, &store.stream_name, cfg.retry_budget).await?;
+    // Fetched again: the handle keeps the stream's settings it was made with.
+    let store = retry(cfg.retry_budget, "open bucket", &name, || async {
         js.get_key_value(name.as_str()).await.map_err(again)
     })
     .await?;
     Ok(Bucket { store, name, budget: cfg.retry_budget })
+}
+
+/// Turns `stream`'s direct gets off: reads go to the stream leader, not to
+/// any replica. A lagging follower answers an older revision or none at
+/// all, and the queue decides on what it reads (a missing record, a fenced
+/// attempt; the failover test saw both once direct gets were on), as a
+/// restore does (a manifest another node has just written).
+pub(crate) async fn reads_from_leader(
+    js: &jetstream::Context,
+    stream: &str,
+    budget: Duration,
+) -> Result<(), QueueError> {
+    retry(budget, "stream reads from its leader", stream, || async {
+        let mut handle = js.get_stream(stream).await.map_err(again)?;
+        let mut config = handle.info().await.map_err(again)?.config.clone();
+        if config.allow_direct {
+            config.allow_direct = false;
+            js.update_stream(config).await.map_err(again)?;
+        }
+        Ok(())
+    })
+    .await
 }

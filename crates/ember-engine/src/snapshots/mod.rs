@@ -30,6 +30,27 @@ use tokio::sync::Notify;
 pub enum SnapshotStoreConfig {
     Local(std::path::PathBuf),
     S3(ember_snapshot::S3Config),
+    /// A store the engine cannot build itself (the cluster's JetStream
+    /// object store, in `ember-cluster`, which depends on the engine).
+    Opener(StoreOpener),
+}
+
+/// Makes a store given the manifest key the engine loaded (the key stays
+/// the engine's to find: its file, or `<data>/snapshot.key`).
+#[derive(Clone)]
+pub struct StoreOpener {
+    /// What the store is, for logs (`nats bucket ember_snapshots`).
+    pub name: String,
+    #[allow(clippy::type_complexity, reason = "one boxed constructor")]
+    pub open: Arc<
+        dyn Fn(ember_snapshot::ManifestKey) -> Result<Arc<dyn ObjectStore>, ember_snapshot::StoreError> + Send + Sync,
+    >,
+}
+
+impl std::fmt::Debug for StoreOpener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOpener").field("name", &self.name).finish_non_exhaustive()
+    }
 }
 
 /// Opens the configured store with the manifest key: the given key file
@@ -45,6 +66,7 @@ pub(crate) fn open_store(cfg: &crate::EngineConfig) -> Result<Arc<dyn ObjectStor
     Ok(match &cfg.snapshot_store {
         SnapshotStoreConfig::Local(dir) => Arc::new(ember_snapshot::LocalStore::open(dir.clone(), key).map_err(err)?),
         SnapshotStoreConfig::S3(c) => Arc::new(ember_snapshot::S3Store::open(c.clone(), key).map_err(err)?),
+        SnapshotStoreConfig::Opener(o) => (o.open)(key).map_err(err)?,
     })
 }
 

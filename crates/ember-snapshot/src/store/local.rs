@@ -1,10 +1,10 @@
 //! [`LocalStore`]: objects are files under a root directory.
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{check_key, ObjectMeta, ObjectStore, Staged};
+use super::{check_key, check_size, ObjectMeta, ObjectStore, Staged, MAX_OBJECT_BYTES};
 use crate::{ManifestKey, StoreError};
 
 /// A directory as an object store: key `a/b` is the file `<root>/a/b`.
@@ -131,16 +131,24 @@ impl ObjectStore for LocalStore {
 
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         let dest = self.path(key)?;
+        check_size(key, data.len() as u64)?;
         let tmp = self.write_tmp(data, self.fsync)?;
         rename_into(&tmp, &dest)
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.path(key)?;
-        fs::read(&path).map_err(|e| match e.kind() {
+        let mut f = fs::File::open(&path).map_err(|e| match e.kind() {
             ErrorKind::NotFound => StoreError::NotFound { key: key.to_string() },
             _ => io("read", &path)(e),
-        })
+        })?;
+        let size = f.metadata().map_err(io("stat", &path))?.len();
+        check_size(key, size)?;
+        // The file may grow after the stat: read no more than the cap allows.
+        let mut data = Vec::with_capacity(size as usize);
+        (&mut f).take(MAX_OBJECT_BYTES + 1).read_to_end(&mut data).map_err(io("read", &path))?;
+        check_size(key, data.len() as u64)?;
+        Ok(data)
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
@@ -185,6 +193,7 @@ impl ObjectStore for LocalStore {
     /// exists but holds garbage (a later snapshot would reuse it).
     fn put_staged(&self, key: &str, data: &[u8], batch: &Staged) -> Result<(), StoreError> {
         let dest = self.path(key)?;
+        check_size(key, data.len() as u64)?;
         if !self.fsync {
             return self.put(key, data);
         }

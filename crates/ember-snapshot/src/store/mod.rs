@@ -16,6 +16,25 @@ mod s3;
 pub use local::LocalStore;
 pub use s3::{S3Config, S3Store};
 
+#[cfg(feature = "testing")]
+pub mod conformance;
+
+/// The largest object any store writes or reads: a packed chunk is at most
+/// 16 MiB (the chunker's cap) and a manifest of a million entries about
+/// 200 MiB. A put over it is refused (the snapshot fails then, instead of
+/// writing what no restore could read back); a get checks the object's size
+/// before reading it, so a store someone else wrote cannot make a reader
+/// allocate without bound.
+pub const MAX_OBJECT_BYTES: u64 = 256 << 20;
+
+/// [`StoreError::TooLarge`] when `size` is over [`MAX_OBJECT_BYTES`].
+pub fn check_size(key: &str, size: u64) -> Result<(), StoreError> {
+    if size > MAX_OBJECT_BYTES {
+        return Err(StoreError::TooLarge { key: key.to_string(), size, limit: MAX_OBJECT_BYTES });
+    }
+    Ok(())
+}
+
 /// One listed object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -35,8 +54,10 @@ pub trait ObjectStore: Send + Sync {
     fn manifest_key(&self) -> &ManifestKey;
 
     /// Writes `data` under `key`, replacing any object there. Atomic.
+    /// Refuses data over [`MAX_OBJECT_BYTES`] ([`StoreError::TooLarge`]).
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError>;
-    /// Reads the whole object; [`StoreError::NotFound`] when absent.
+    /// Reads the whole object; [`StoreError::NotFound`] when absent,
+    /// [`StoreError::TooLarge`] (before reading it) when over [`MAX_OBJECT_BYTES`].
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
     fn exists(&self, key: &str) -> Result<bool, StoreError>;
     /// Every object whose key starts with `prefix` (a folder such as `chunks/`), in key order.
@@ -98,8 +119,9 @@ impl Drop for Staged {
     }
 }
 
-/// Checks that `key` is relative, `/`-separated plain names (no `.`, `..` or empty parts).
-pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
+/// Checks that `key` is relative, `/`-separated plain names (no `.`, `..` or
+/// empty parts). Public for backends outside this crate.
+pub fn check_key(key: &str) -> Result<(), StoreError> {
     let bad = |reason| Err(StoreError::InvalidKey { key: key.to_string(), reason });
     if key.is_empty() || key.len() > 1024 {
         return bad("empty or longer than 1024 bytes");

@@ -14,7 +14,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStore as _, ObjectStoreExt as _, PutPayload};
 
-use super::{check_key, ObjectMeta, ObjectStore};
+use super::{check_key, check_size, ObjectMeta, ObjectStore};
 use crate::{ManifestKey, StoreError};
 
 /// Where and how to reach the bucket. Input only: validated by [`S3Store::open`].
@@ -119,6 +119,7 @@ impl ObjectStore for S3Store {
 
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key)?;
+        check_size(key, data.len() as u64)?;
         let payload = PutPayload::from(data.to_vec());
         self.run("put", key, |c| async move { c.put(&path, payload).await })?.map_err(s3("put", key))?;
         Ok(())
@@ -126,8 +127,15 @@ impl ObjectStore for S3Store {
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.path(key)?;
-        let bytes = self.run("get", key, |c| async move { c.get(&path).await?.bytes().await })?;
-        Ok(bytes.map_err(s3("get", key))?.to_vec())
+        let owned = key.to_string();
+        // The size the server announces is checked before the body is read.
+        let bytes = self.run("get", key, |c| async move {
+            let got = c.get(&path).await.map_err(s3("get", &owned))?;
+            check_size(&owned, got.meta.size)?;
+            got.bytes().await.map_err(s3("get", &owned))
+        })??;
+        check_size(key, bytes.len() as u64)?;
+        Ok(bytes.to_vec())
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {

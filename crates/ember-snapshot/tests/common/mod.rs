@@ -1,7 +1,7 @@
 //! Shared by the integration tests: trees, comparison, a failing store.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 use std::fs;
-use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{lchown, symlink, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -68,49 +68,8 @@ pub fn mixed_tree(root: &Path) {
     filetime::set_file_times(root.join("a/b/c"), t, t).unwrap();
 }
 
-/// Asserts two trees are equal: kinds, contents, link targets, modes, owners, mtimes.
-pub fn assert_same_tree(a: &Path, b: &Path) {
-    let (ma, mb) = (fs::symlink_metadata(a).unwrap(), fs::symlink_metadata(b).unwrap());
-    let what = a.display();
-    assert_eq!(ma.file_type(), mb.file_type(), "{what}: kind");
-    assert_eq!((ma.uid(), ma.gid()), (mb.uid(), mb.gid()), "{what}: owner");
-    assert_eq!((ma.mtime(), ma.mtime_nsec()), (mb.mtime(), mb.mtime_nsec()), "{what}: mtime");
-    if ma.is_symlink() {
-        assert_eq!(fs::read_link(a).unwrap(), fs::read_link(b).unwrap(), "{what}: target");
-        return;
-    }
-    assert_eq!(ma.mode() & 0o7777, mb.mode() & 0o7777, "{what}: mode");
-    if ma.is_file() {
-        assert!(fs::read(a).unwrap() == fs::read(b).unwrap(), "{what}: content differs");
-    } else if ma.is_dir() {
-        let names = |p: &Path| {
-            let mut v: Vec<_> = fs::read_dir(p)
-                .unwrap()
-                .map(|e| e.unwrap())
-                .filter(|e| !e.file_type().unwrap().is_socket_like())
-                .map(|e| e.file_name())
-                .collect();
-            v.sort();
-            v
-        };
-        let (na, nb) = (names(a), names(b));
-        assert_eq!(na, nb, "{what}: entries");
-        for n in na {
-            assert_same_tree(&a.join(&n), &b.join(&n));
-        }
-    }
-}
-
-trait SocketLike {
-    fn is_socket_like(&self) -> bool;
-}
-
-impl SocketLike for fs::FileType {
-    fn is_socket_like(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt;
-        self.is_socket() || self.is_fifo() || self.is_block_device() || self.is_char_device()
-    }
-}
+#[allow(unused_imports, reason = "each test binary uses a different subset")]
+pub use ember_snapshot::conformance::assert_same_tree;
 
 /// A store that fails every put after the first `allowed` (a crash mid-upload).
 pub struct FailingStore {

@@ -1,0 +1,301 @@
+//! [`NatsStore`]: ember-snapshot's [`ObjectStore`] on the cluster's JetStream
+//! object store, the snapshot store of `ember serve --cluster` by default.
+//!
+//! One bucket (`ember_snapshots`, stream `OBJ_ember_snapshots`, R3 on a
+//! cluster of three servers or more); each store key (`chunks/<sha256>`,
+//! `manifests/<id>.json`, gc's markers) is one object of that name, written
+//! in parts of [`PART`] bytes (under the servers' default 1 MiB message
+//! cap). An object's metadata message is published after its parts, so a
+//! reader sees the whole object or none: the store's atomic put. Reads go to
+//! the stream's leader, never "direct" to a replica: a lagging follower
+//! would answer that a manifest just written on another node is not there.
+//!
+//! The trait is the sync one every store has: each call runs on the
+//! store's own small runtime ([`Bridge`]), and rides out a leader election
+//! with the queue's retry policy (`retry.rs`): a failure that can pass is
+//! tried again, from the start of the call, for up to the budget. Retrying
+//! is safe: a put writes its parts under a new object id each try and
+//! publishes the metadata that names them last, so a try that failed half
+//! way leaves unreachable parts (purged with the object's next put or
+//! delete only if they were named; else they stay until the bucket is
+//! dropped: a cost of a failed try, never a wrong read). No step (one
+//! request, one part of a read, one listed entry) waits longer than
+//! [`STEP`]: a stalled read is tried again rather than hanging the call.
+//!
+//! Every read is bounded: a get takes the object's size from its metadata
+//! and refuses one over the cap before reading a byte, then never reads
+//! more than that size.
+use crate::bridge::Bridge;
+use crate::retry::{again, retry, Step};
+use async_nats::jetstream::{self, object_store};
+use ember_snapshot::{check_key, ManifestKey, ObjectMeta, ObjectStore, StoreError};
+use futures_util::StreamExt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::AsyncReadExt;
+
+/// The bucket `ember serve --cluster` keeps snapshots in.
+pub const DEFAULT_BUCKET: &str = "ember_snapshots";
+/// The size of one part (one NATS message) of an object.
+const PART: usize = 512 << 10;
+/// No step of a call waits longer than this for the cluster.
+const STEP: Duration = Duration::from_secs(5);
+const BACKEND: &str = "nats object store";
+
+/// Where the bucket is. Input only: checked by [`NatsBucket::connect`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsStoreConfig {
+    /// `nats://host:port` of one or more servers of the cluster.
+    pub servers: Vec<String>,
+    /// `[A-Za-z0-9_-]+`.
+    pub bucket: String,
+    /// 3 on a cluster of three servers or more (survives one), else 1.
+    pub replicas: usize,
+    /// How long a call retries through an election.
+    pub retry_budget: Duration,
+    /// The largest object put or read ([`ember_snapshot::MAX_OBJECT_BYTES`];
+    /// lower in tests).
+    pub max_object: u64,
+}
+
+impl NatsStoreConfig {
+    pub fn new(servers: Vec<String>) -> NatsStoreConfig {
+        let replicas = if servers.len() >= 3 { 3 } else { 1 };
+        NatsStoreConfig {
+            servers,
+            bucket: DEFAULT_BUCKET.into(),
+            replicas,
+            retry_budget: crate::RETRY_BUDGET,
+            max_object: ember_snapshot::MAX_OBJECT_BYTES,
+        }
+    }
+}
+
+/// The connection to the bucket. Connecting talks to the cluster (and waits
+/// through an election): do it once, off the async workers; then each
+/// [`NatsStore`] made from it carries the manifest key it signs with.
+#[derive(Clone)]
+pub struct NatsBucket {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bridge: Bridge,
+    store: object_store::ObjectStore,
+    cfg: NatsStoreConfig,
+}
+
+impl NatsBucket {
+    /// Connects, and creates the bucket if it does not exist (an existing
+    /// one is used as it is, but for reads moved to its leader).
+    pub fn connect(cfg: NatsStoreConfig) -> Result<NatsBucket, StoreError> {
+        let name = cfg.bucket.clone();
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            let reason = "a bucket name is [A-Za-z0-9_-]+".to_string();
+            return Err(StoreError::Backend { backend: BACKEND, op: "open", key: name, reason });
+        }
+        let bridge = Bridge::new(&name).map_err(|e| unavailable("open", &name, e))?;
+        let c = cfg.clone();
+        let store = bridge.run("open", &name, open(c)).map_err(|e| unavailable("open", &name, e))?;
+        Ok(NatsBucket { inner: Arc::new(Inner { bridge, store, cfg }) })
+    }
+
+    /// A store on this bucket whose manifests `key` signs and verifies.
+    pub fn store(&self, key: ManifestKey) -> NatsStore {
+        NatsStore { bucket: self.clone(), key }
+    }
+}
+
+async fn open(cfg: NatsStoreConfig) -> Result<object_store::ObjectStore, ember_queue::QueueError> {
+    let budget = cfg.retry_budget;
+    let name = cfg.bucket.clone();
+    let client = retry(budget, "connect", &name, || async {
+        async_nats::ConnectOptions::new().connection_timeout(STEP).connect(cfg.servers.as_slice()).await.map_err(again)
+    })
+    .await?;
+    let js = jetstream::ContextBuilder::new().timeout(STEP).build(client);
+    retry(budget, "create bucket", &name, || async {
+        if js.get_object_store(&name).await.is_ok() {
+            return Ok(());
+        }
+        let config = object_store::Config {
+            bucket: name.clone(),
+            description: Some("ember snapshots: content-addressed chunks and signed manifests".into()),
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: cfg.replicas,
+            ..Default::default()
+        };
+        js.create_object_store(config).await.map(|_| ()).map_err(again)
+    })
+    .await?;
+    crate::queue::reads_from_leader(&js, &format!("OBJ_{name}"), budget).await?;
+    // Fetched again: the handle keeps the stream's settings it was made with.
+    retry(budget, "open bucket", &name, || async { js.get_object_store(&name).await.map_err(again) }).await
+}
+
+fn unavailable(op: &'static str, key: &str, e: ember_queue::QueueError) -> StoreError {
+    StoreError::Unavailable { backend: BACKEND, op, key: key.to_string(), reason: e.to_string() }
+}
+
+/// A definitive answer of the store (a value, or an error no retry changes).
+type Answer<T> = Result<T, StoreError>;
+
+/// The bucket as an [`ObjectStore`] with a manifest key.
+pub struct NatsStore {
+    bucket: NatsBucket,
+    key: ManifestKey,
+}
+
+impl NatsStore {
+    /// Runs one call: `f` once per try, on the bucket's runtime, retried
+    /// through an election for up to the budget.
+    fn call<T, Fut>(
+        &self,
+        op: &'static str,
+        key: &str,
+        f: impl Fn(object_store::ObjectStore, u64) -> Fut + Send + Sync + 'static,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<Answer<T>, Step>> + Send,
+    {
+        let inner = &self.bucket.inner;
+        let (store, budget, max) = (inner.store.clone(), inner.cfg.retry_budget, inner.cfg.max_object);
+        let id = key.to_string();
+        let tries = async move { Ok(retry(budget, op, &id, || f(store.clone(), max)).await) };
+        match inner.bridge.run(op, key, tries) {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) | Err(e) => Err(unavailable(op, key, e)),
+        }
+    }
+}
+
+/// `fut` within [`STEP`], or a failure that can pass.
+async fn step<T>(what: &str, fut: impl Future<Output = T>) -> Result<T, Step> {
+    tokio::time::timeout(STEP, fut).await.map_err(|_| again(format!("{what}: no answer within {STEP:?}")))
+}
+
+fn failed(op: &'static str, key: &str, reason: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend { backend: BACKEND, op, key: key.to_string(), reason: reason.to_string() }
+}
+
+/// Reads object `key` whole: its size checked against `max` before a byte
+/// is read, never more than that size read.
+async fn read(store: object_store::ObjectStore, key: String, max: u64) -> Result<Answer<Vec<u8>>, Step> {
+    let mut object = match step("get", store.get(&key)).await? {
+        Ok(o) => o,
+        Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(Err(StoreError::NotFound { key })),
+        Err(e) => return Err(again(e)),
+    };
+    let size = object.info().size as u64;
+    if size > max {
+        return Ok(Err(StoreError::TooLarge { key, size, limit: max }));
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    loop {
+        let room = (size + 1).saturating_sub(data.len() as u64) as usize;
+        let mut buf = (&mut object).take(room.min(PART) as u64);
+        match step("read", buf.read_buf(&mut data)).await? {
+            Ok(0) => break,
+            Ok(_) if data.len() as u64 > size => {
+                return Ok(Err(failed("get", &key, format!("more than the {size} bytes its metadata says"))));
+            }
+            Ok(_) => {}
+            // The library checks the parts against the object's digest.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Ok(Err(failed("get", &key, e))),
+            Err(e) => return Err(again(e)),
+        }
+    }
+    if data.len() as u64 != size {
+        return Ok(Err(failed("get", &key, format!("{} bytes, its metadata says {size}", data.len()))));
+    }
+    Ok(Ok(data))
+}
+
+impl ObjectStore for NatsStore {
+    fn manifest_key(&self) -> &ManifestKey {
+        &self.key
+    }
+
+    fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        check_key(key)?;
+        if data.len() as u64 > self.bucket.inner.cfg.max_object {
+            let limit = self.bucket.inner.cfg.max_object;
+            return Err(StoreError::TooLarge { key: key.into(), size: data.len() as u64, limit });
+        }
+        let (name, data) = (key.to_string(), bytes::Bytes::copy_from_slice(data));
+        self.call("put", key, move |store, _| {
+            let (name, data) = (name.clone(), data.clone());
+            async move {
+                let meta = object_store::ObjectMetadata { name, chunk_size: Some(PART), ..Default::default() };
+                // Parts and metadata: one request each, so a budget per part.
+                let parts = 2 + data.len() / PART;
+                let put = tokio::time::timeout(STEP * parts as u32, store.put(meta, &mut &data[..])).await;
+                put.map_err(|_| again("put: no answer"))?.map_err(again)?;
+                Ok(Ok(()))
+            }
+        })
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        check_key(key)?;
+        let name = key.to_string();
+        self.call("get", key, move |store, max| read(store, name.clone(), max))
+    }
+
+    fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let name = key.to_string();
+        self.call("info", key, move |store, _| {
+            let name = name.clone();
+            async move {
+                match step("info", store.info(&name)).await? {
+                    Ok(info) => Ok(Ok(!info.deleted)),
+                    Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => Ok(Ok(false)),
+                    Err(e) => Err(again(e)),
+                }
+            }
+        })
+    }
+
+    /// One pass over the bucket's metadata (the last of each object),
+    /// filtered by `prefix`: gc's listing of `chunks/` is one request
+    /// stream, not one request per chunk.
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        let prefix_ = prefix.to_string();
+        let mut out = self.call("list", prefix, move |store, _| {
+            let prefix = prefix_.clone();
+            async move {
+                let mut listing = step("list", store.list()).await?.map_err(again)?;
+                let mut out = Vec::new();
+                while let Some(info) = step("list", listing.next()).await? {
+                    let info = info.map_err(again)?;
+                    if info.name.starts_with(&prefix) {
+                        // A write time is the writer's clock; none is taken as now (kept by gc).
+                        let modified = info.modified.map_or_else(SystemTime::now, SystemTime::from);
+                        out.push(ObjectMeta { key: info.name, size: info.size as u64, modified });
+                    }
+                }
+                Ok(Ok(out))
+            }
+        })?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        check_key(key)?;
+        let name = key.to_string();
+        self.call("delete", key, move |store, _| {
+            let name = name.clone();
+            async move {
+                match step("delete", store.delete(&name)).await? {
+                    Ok(()) => Ok(Ok(())),
+                    Err(e) if e.kind() == object_store::DeleteErrorKind::NotFound => Ok(Ok(())),
+                    Err(e) => Err(again(e)),
+                }
+            }
+        })
+    }
+}
