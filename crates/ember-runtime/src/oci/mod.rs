@@ -105,8 +105,11 @@ impl OciRuntime {
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let trees = self.trees(id, spec)?;
-        // Owned by the range (as a native sandbox's): per-uid counts are its own.
-        let userns = match trees.base == self.cfg.ranges.storage_base() {
+        // Owned by the range (as a native sandbox's): per-uid counts are its
+        // own. crun only: runc 1.1 (Debian 12's) joins such a namespace but
+        // then fails its prlimit of the init with EPERM; it makes its own,
+        // as host root, in the sandbox's range (docs/threat-model.md).
+        let userns = match trees.base == self.cfg.ranges.storage_base() || self.cfg.class != OciClass::Crun {
             true => None,
             false => Some(ember_sys::idmap::userns_fd_owned(&format!("0 {} {ID_RANGE}\n", trees.base), trees.base)?),
         };
