@@ -128,12 +128,12 @@ pub struct ServeArgs {
     #[arg(long, env = "EMBER_AGENT_BIN")]
     pub agent: Option<PathBuf>,
     /// First host uid/gid of the id ranges: the storage range (owner of
-    /// layers and workspaces on disk; the OCI classes' sandboxes), then one
-    /// range of 65,536 ids per native sandbox.
+    /// layers and workspaces on disk; runsc sandboxes), then one range of
+    /// 65,536 ids per native, crun or runc sandbox.
     #[arg(long, default_value_t = 1_000_000_000)]
     pub uid_base: u32,
     /// How many per-sandbox id ranges follow the storage range: the cap on
-    /// native sandboxes at once.
+    /// native, crun and runc sandboxes at once.
     #[arg(long, default_value_t = 4096)]
     pub id_ranges: u32,
     /// How long ended sandboxes stay listed.

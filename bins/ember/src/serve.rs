@@ -40,7 +40,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         .transpose()?;
     // Then, before anything reads or changes the data dir's state: one daemon per data dir.
     let _lock = crate::datadir::lock(&args.data_dir)?;
-    // The OCI classes' sandboxes run in the storage range, native ones in the ranges after it.
+    // runsc sandboxes run in the storage range, native, crun and runc ones in the ranges after it.
     crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     crate::datadir::check_traversable(&args.data_dir, args.uid_base.saturating_add(ember_runtime::idrange::RANGE))?;
     let agent = match args.agent.clone() {
@@ -169,6 +169,7 @@ async fn cluster_plane(
 /// The runtime classes of this daemon: native, and each OCI class whose
 /// binary runs here (the others are listed as unavailable, with the reason).
 fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Path, ready: Duration) -> Runtimes {
+    let ranges = native.id_ranges();
     let mut rts = Runtimes::new(native, "ember's own namespaces, cgroups, seccomp and overlay rootfs");
     for class in OciClass::ALL {
         let boundary = class.kernel_boundary();
@@ -181,6 +182,7 @@ fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Pat
                 data_dir: args.data_dir.clone(),
                 agent_path: agent.to_path_buf(),
                 uid_base: args.uid_base,
+                ranges: ranges.clone(),
                 cgroup_group: group,
                 ready_timeout: ready,
             };

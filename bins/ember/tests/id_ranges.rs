@@ -1,9 +1,24 @@
 //! One host id range per sandbox: per-uid kernel limits (inotify instances,
 //! here) are not shared between neighbours, and the boundary report names the
-//! range a sandbox's ids map to.
+//! range a sandbox's ids map to. On the native class and on the crun and runc
+//! OCI classes, which share one allocator (runsc: docs/threat-model.md).
 mod common;
 
 use common::Daemon;
+use ember_types::api::CreateSandboxRequest;
+
+/// A create of the `host` template in runtime class `class`.
+async fn create_in(
+    d: &Daemon,
+    class: &str,
+    f: impl FnOnce(&mut CreateSandboxRequest),
+) -> ember_types::api::SandboxInfo {
+    d.create(|r| {
+        r.runtime_class = Some(class.into());
+        f(r)
+    })
+    .await
+}
 
 /// Opens inotify instances until the kernel refuses one (or `n` are held),
 /// writes how many it holds to /tmp/held, then keeps them open.
@@ -28,9 +43,18 @@ print("ok" if libc.inotify_init1(0) >= 0 else errno.errorcode[ctypes.get_errno()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_neighbour_holding_every_inotify_instance_leaves_this_sandbox_its_own() {
+    neighbours_hold_their_own_inotify_instances("native").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crun_neighbours_hold_their_own_inotify_instances() {
+    neighbours_hold_their_own_inotify_instances("crun").await;
+}
+
+async fn neighbours_hold_their_own_inotify_instances(class: &str) {
     let d = Daemon::start();
-    let hog = d.create(|_| {}).await;
-    let other = d.create(|_| {}).await;
+    let hog = create_in(&d, class, |_| {}).await;
+    let other = create_in(&d, class, |_| {}).await;
     let (code, held, err) = d.sh(&hog.id, HOLD, Some(0)).await;
     assert_eq!(code, Some(0), "{err}");
     let limit: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
@@ -69,14 +93,34 @@ async fn owner_and_append(d: &Daemon, id: &str, path: &str) -> (Option<i32>, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_daemon_readopts_each_live_sandbox_range() {
+    readopts_each_live_sandbox_range(&["native"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_readopts_crun_and_runc_sandbox_ranges() {
+    readopts_each_live_sandbox_range(&["crun", "runc"]).await;
+}
+
+/// One sandbox per class, a SIGKILLed daemon, a new one: each keeps its
+/// range, and a sandbox created after the restart (in any class: one
+/// allocator) gets none of theirs.
+async fn readopts_each_live_sandbox_range(classes: &[&str]) {
     let mut d = Daemon::start();
-    let old = d.create(|_| {}).await;
-    let before = range_of(&d, &old.id).await;
+    let mut old = Vec::new();
+    for class in classes {
+        let s = create_in(&d, class, |_| {}).await;
+        old.push((range_of(&d, &s.id).await, s));
+    }
     d.kill9();
     d.spawn();
-    let new = d.create(|_| {}).await;
-    assert_ne!(range_of(&d, &new.id).await, before, "the new sandbox got the adopted one's range");
-    assert_eq!(range_of(&d, &old.id).await, before);
+    for class in classes {
+        let new = create_in(&d, class, |_| {}).await;
+        let range = range_of(&d, &new.id).await;
+        assert!(old.iter().all(|(r, _)| *r != range), "the new {class} sandbox got an adopted one's range");
+    }
+    for (before, s) in &old {
+        assert_eq!(range_of(&d, &s.id).await, *before);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,4 +154,65 @@ async fn a_workspace_keeps_its_owners_in_every_range_that_mounts_it() {
     assert_ne!(range_of(&d, &second.id).await, first_range);
     let (code, out, err) = owner_and_append(&d, &second.id, "/workspace/f").await;
     assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_written_from_crun_keeps_its_owners_in_a_native_sandbox() {
+    let d = Daemon::start();
+    d.client.create_workspace("ws", "64Mi").await.expect("workspace");
+    let mount = || vec![ember_types::api::WorkspaceMountSpec { name: "ws".into(), ..Default::default() }];
+    let writer = create_in(&d, "crun", |r| r.workspaces = mount()).await;
+    let script = "echo one > /workspace/f && chown 1000:1000 /workspace/f && stat -c '%u %g' /workspace/f";
+    let (code, out, err) = d.sh(&writer.id, script, Some(0)).await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\n"), "{err}");
+    let writer_range = range_of(&d, &writer.id).await;
+    // `ember serve --uid-base`'s default: the storage range, shared, which
+    // the writer must not be in (the ownership check would prove nothing).
+    assert_ne!(writer_range, 1_000_000_000, "the crun sandbox runs in the shared storage range");
+    d.client.delete_sandbox(&writer.id).await.expect("delete");
+    // A sandbox holding the freed range, so the reader gets another.
+    let _filler = d.create(|_| {}).await;
+    let reader = create_in(&d, "native", |r| r.workspaces = mount()).await;
+    assert_ne!(range_of(&d, &reader.id).await, writer_range);
+    let (code, out, err) = owner_and_append(&d, &reader.id, "/workspace/f").await;
+    assert_eq!((code, out.as_str()), (Some(0), "1000 1000\nmore\n"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_attempt_runs_in_a_range_of_its_own_over_its_workspace_layer() {
+    use ember_types::task::{SubmitTaskRequest, TaskState};
+    let d = Daemon::start();
+    d.client.create_workspace("t", "64Mi").await.expect("workspace");
+    let mount =
+        |read_only| vec![ember_types::api::WorkspaceMountSpec { name: "t".into(), read_only, ..Default::default() }];
+    let seeder = d.create(|r| r.workspaces = mount(false)).await;
+    let seed = "echo seed > /workspace/seed && chown 1000:1000 /workspace/seed";
+    let (code, _, err) = d.sh(&seeder.id, seed, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    d.client.delete_sandbox(&seeder.id).await.expect("delete");
+    // The attempt writes through its own layer (an overlay over the
+    // workspace), committed when it succeeds.
+    let script = "set -- $(head -n1 /proc/self/uid_map) && echo $2 > /workspace/range && \
+                  stat -c '%u %g' /workspace/seed >> /workspace/range && \
+                  echo more >> /workspace/seed && echo new > /workspace/new";
+    let req = SubmitTaskRequest {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        workspace: Some("t".into()),
+        ..Default::default()
+    };
+    let id = d.client.submit_task(&req).await.expect("submit").0.id;
+    let t = d.wait_task(&id, std::time::Duration::from_secs(120), |t| t.state.is_terminal()).await;
+    assert_eq!(t.state, TaskState::Succeeded, "{t:?}");
+    let reader = d.create(|r| r.workspaces = mount(true)).await;
+    let (code, out, err) = d
+        .sh(&reader.id, "cat /workspace/range /workspace/seed; stat -c '%u %g' /workspace/seed /workspace/new", None)
+        .await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let attempt_range: u64 = lines.first().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("{out:?}"));
+    assert_ne!(attempt_range, 1_000_000_000, "the attempt ran in the shared storage range");
+    assert_ne!(attempt_range, range_of(&d, &reader.id).await);
+    // Inside the attempt the seed kept its owner; after the commit what it
+    // wrote is owned as it was inside, for a sandbox of another range.
+    assert_eq!(lines[1..], ["1000 1000", "seed", "more", "1000 1000", "1000 1000"], "{out:?}");
 }

@@ -245,7 +245,7 @@ impl Workspaces {
         let layered = r.layered && !r.read_only;
         let mounted =
             MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch, layered };
-        let res = self.workspace_source(&r.name, id.as_str(), layered).and_then(|src| {
+        let res = self.workspace_source(&r.name, id, class, layered).and_then(|src| {
             self.runtimes
                 .for_class(class)
                 .inject_mount(id, pid, &src, &r.path, r.read_only)
@@ -261,13 +261,26 @@ impl Workspaces {
     }
 
     /// The host path to mount: the workspace, or a fresh layer over it for
-    /// `holder` (after dropping the layers of holders that are gone).
-    fn workspace_source(&self, name: &str, holder: &str, layered: bool) -> Result<std::path::PathBuf, EngineError> {
+    /// `holder` (after dropping the layers of holders that are gone), over
+    /// layers shifted onto the holder's id range if it has one of its own
+    /// (an overlay cannot be idmapped once mounted).
+    fn workspace_source(
+        &self,
+        name: &str,
+        holder: &ember_types::SandboxId,
+        class: &str,
+        layered: bool,
+    ) -> Result<std::path::PathBuf, EngineError> {
         if !layered {
             return Ok(self.store.ensure_mounted(name)?);
         }
         self.store.sweep_layers(name, |h| self.is_alive(h))?;
-        Ok(self.store.open_layer(name, holder)?)
+        let range = self.runtimes.for_class(class).id_range(holder).filter(|(to, r)| *to != r.storage_base());
+        let shift = range.map(|(to, ranges)| {
+            move |src: &std::path::Path, dst: &std::path::Path| ember_runtime::attach_shifted(&ranges, to, src, dst)
+        });
+        let idmap = shift.as_ref().map(|f| f as ember_workspace::Idmap);
+        Ok(self.store.open_layer_mapped(name, holder.as_str(), idmap)?)
     }
 
     /// Releases the leases `holder` still holds (a fenced holder's release is

@@ -126,6 +126,16 @@ impl IdRanges {
         format!("{} {to} {RANGE}\n", self.base)
     }
 
+    /// [`Self::storage_map`] with id 0 kept as 0: the map of a layer the host
+    /// mounts an overlay over (the mounter, host root, writes its work dirs
+    /// through it).
+    pub fn layer_map(&self, to: u32) -> String {
+        match self.base {
+            0 => self.storage_map(to),
+            _ => format!("0 0 1\n{}", self.storage_map(to)),
+        }
+    }
+
     fn host_base(&self, i: u32) -> u32 {
         self.base + i * RANGE
     }

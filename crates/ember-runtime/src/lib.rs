@@ -11,6 +11,7 @@ pub mod native;
 pub mod oci;
 mod registry;
 
+pub use native::idmapped::attach_shifted;
 pub use registry::{ClassInfo, Runtimes};
 
 pub use ember_agent_client::pin_agent_socket;

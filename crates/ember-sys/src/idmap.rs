@@ -4,7 +4,7 @@
 //! An idmap is given as a user namespace: on-disk id `x` reads as the host id
 //! that namespace maps `x` to. Writes through the mount map back the same way.
 use crate::SysError;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 /// A user namespace with `map` as both its uid and gid map (e.g.
@@ -16,12 +16,34 @@ use std::path::Path;
 /// clone of the daemon running meanwhile (another launch's helper, a sandbox
 /// init) inherits a copy of a pipe's write end, and its EOF never comes.
 pub fn userns_fd(map: &str) -> Result<OwnedFd, SysError> {
+    userns_fd_owned(map, 0)
+}
+
+/// [`userns_fd`] for a namespace owned by host uid `owner`, the euid of its
+/// creator: the per-uid kernel counts (inotify instances, processes, user
+/// namespaces) of whatever runs in it are charged, in the host's namespace,
+/// to `owner`, not to host root. An OCI runtime is handed it to join
+/// (`linux.namespaces[].path`): the one it would make would be root's.
+pub fn userns_fd_owned(map: &str, owner: u32) -> Result<OwnedFd, SysError> {
+    let keep = -1 as libc::c_int;
+    // SAFETY: raw setresuid of this thread's effective uid only (glibc's
+    // wrapper would change every thread); real and saved stay 0.
+    if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
+        return Err(SysError::last("seteuid", owner.to_string()));
+    }
     // SAFETY: a raw clone with a null stack has fork semantics; the child
     // only waits for its SIGKILL (no allocation, no locks).
     let pid =
         unsafe { libc::syscall(libc::SYS_clone, (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong, 0, 0, 0, 0) };
-    if pid < 0 {
-        return Err(SysError::last("clone", "idmap user namespace"));
+    let clone_err = (pid < 0).then(|| SysError::last("clone", "idmap user namespace"));
+    if pid != 0 && owner != 0 {
+        // SAFETY: as above; back to effective root (the saved uid is 0).
+        if unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
+            return Err(SysError::last("seteuid", "0"));
+        }
+    }
+    if let Some(e) = clone_err {
+        return Err(e);
     }
     if pid == 0 {
         loop {
@@ -56,4 +78,38 @@ fn write_maps(pid: i32, map: &str) -> Result<OwnedFd, SysError> {
 /// or `move_mount`. Dropping the fd before that unmounts it.
 pub fn idmapped_tree(source: &Path, readonly: bool, userns: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
     crate::inject::detached_copy(source, readonly, Some(userns))
+}
+
+/// Whether `path` is on an overlay, which cannot be idmapped (overlayfs does
+/// not set `FS_ALLOW_IDMAP`: `mount_setattr` is EINVAL).
+pub fn is_overlay(path: &Path) -> Result<bool, SysError> {
+    const OVERLAYFS_SUPER_MAGIC: u64 = 0x794c_7630;
+    let st = rustix::fs::statfs(path).map_err(|e| SysError::new("statfs", path.display().to_string(), e.into()))?;
+    Ok(st.f_type as u64 == OVERLAYFS_SUPER_MAGIC)
+}
+
+/// Attaches a detached tree (from [`idmapped_tree`]) on the directory `dir`
+/// of the host's mount table, given by its fd: for a layer the host mounts an
+/// overlay over, or a volume an OCI runtime binds from a host path (it takes
+/// paths, not fds). `dir` is the daemon's own, opened without following a
+/// symlink, and is not walked again.
+pub fn attach_tree(tree: BorrowedFd<'_>, dir: BorrowedFd<'_>, what: &Path) -> Result<(), SysError> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: both fds are live for the call; "" with the EMPTY_PATH flags
+    // names the fds themselves.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(SysError::last("move_mount idmapped tree", what.display().to_string()));
+    }
+    Ok(())
 }

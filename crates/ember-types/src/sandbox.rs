@@ -67,11 +67,6 @@ pub struct SandboxSpec {
     /// daemon's allow-list).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
-    /// Keep the sandbox in the shared storage id range instead of a range of
-    /// its own: it will mount a task attempt's layer, an overlay, and an
-    /// overlay cannot be idmapped onto another range.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub storage_id_range: bool,
 }
 
 impl SandboxSpec {
@@ -92,7 +87,6 @@ impl SandboxSpec {
             egress: Default::default(),
             lower_dirs: vec![],
             workdir: None,
-            storage_id_range: false,
         }
     }
 }

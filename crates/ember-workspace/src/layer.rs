@@ -9,6 +9,16 @@
 //! sandbox like a plain workspace. `redirect_dir`, `index` and `metacopy` are
 //! off: the upper then holds whole files, whiteouts and opaque dirs only.
 //!
+//! A sandbox in an id range of its own (not the storage range the tree is
+//! owned by) gets the overlay over idmapped layers (`open_layer_mapped`):
+//! the tree and the layer's dir are attached, shifted onto its range, at
+//! `<name>/attempts/<holder>.lower` and `.rw`, the overlay is mounted over
+//! those, and they are detached again (overlayfs keeps private clones of its
+//! layers). The merged view then shows the range's ids, and writes land on
+//! disk in the storage range. The overlay itself cannot be idmapped
+//! (`mount_setattr(MOUNT_ATTR_IDMAP)` on it is EINVAL: overlayfs does not
+//! set `FS_ALLOW_IDMAP`), hence the layers.
+//!
 //! Commit, with the writer frozen: 1. `decide` (the caller checks the lease
 //! epoch and the task lease) under the layer lock; 2. write `commit` (the
 //! intent, naming the task) in the layer's dir; 3. detach the host overlay;
@@ -21,6 +31,14 @@ use crate::{check_name, io, WorkspaceError, WorkspaceStore};
 use std::path::{Path, PathBuf};
 
 const INTENT: &str = "commit";
+
+/// Attaches a copy of the host directory `source` (first argument) at
+/// `target` (second), its ids shifted from the storage range onto a
+/// sandbox's: an idmapped mount, made by the runtime, which owns the
+/// sandbox's range. The map must also keep id 0 as it is: overlayfs makes
+/// its work dirs as the mounter (host root), refused (EOVERFLOW) through a
+/// mount that does not map it, and the overlay then mounts read-only.
+pub type Idmap<'a> = &'a dyn Fn(&Path, &Path) -> std::io::Result<()>;
 
 impl WorkspaceStore {
     fn host_dir(&self, name: &str) -> PathBuf {
@@ -42,6 +60,12 @@ impl WorkspaceStore {
     /// Mounts a fresh layer for `holder` over the workspace and returns the
     /// host path to hand to the sandbox instead of the workspace itself.
     pub fn open_layer(&self, name: &str, holder: &str) -> Result<PathBuf, WorkspaceError> {
+        self.open_layer_mapped(name, holder, None)
+    }
+
+    /// [`WorkspaceStore::open_layer`], over layers shifted by `idmap` if given
+    /// (a holder in an id range of its own; see the module's doc).
+    pub fn open_layer_mapped(&self, name: &str, holder: &str, idmap: Option<Idmap>) -> Result<PathBuf, WorkspaceError> {
         check_name(holder)?;
         let data = self.ensure_mounted(name).map(|_| self.host_dir(name).join("data"))?;
         let _g = self.lock_layers();
@@ -54,18 +78,64 @@ impl WorkspaceStore {
         // The merged root shows the upper root's owner and mode: the tree's.
         let (from, to) = (open(&data)?, open(&upper)?);
         copy_owner_and_mode(&from, &to).map_err(io("chown", &upper))?;
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
-            option_path(&data)?,
-            option_path(&upper)?,
-            option_path(&work)?
-        );
-        let m = merged.to_string_lossy().into_owned();
-        if let Err(e) = run("mount", &["-t", "overlay", "overlay", "-o", &opts, &m], &merged) {
+        let mounted = self.mapped_layers(name, holder, idmap, &dir, &data).and_then(|(lower, rw)| {
+            let (upper, work) = (rw.join("upper"), rw.join("work"));
+            let opts = format!(
+                "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+                option_path(&lower)?,
+                option_path(&upper)?,
+                option_path(&work)?
+            );
+            let m = merged.to_string_lossy().into_owned();
+            run("mount", &["-t", "overlay", "overlay", "-o", &opts, &m], &merged)
+        });
+        let detached = self.detach_mapped(name, holder);
+        if let Err(e) = mounted.and(detached) {
             let _ = self.drop_layer(name, holder);
             return Err(e);
         }
         Ok(merged)
+    }
+
+    /// The overlay's lower dir and the dir holding its upper and work dirs:
+    /// the tree and the layer's dir themselves, or, with `idmap`, their
+    /// shifted copies. The layer's dir is attached first, while nothing is
+    /// mounted below it (its copy is recursive).
+    fn mapped_layers(
+        &self,
+        name: &str,
+        holder: &str,
+        idmap: Option<Idmap>,
+        dir: &Path,
+        data: &Path,
+    ) -> Result<(PathBuf, PathBuf), WorkspaceError> {
+        let Some(idmap) = idmap else { return Ok((data.to_path_buf(), dir.to_path_buf())) };
+        let [lower, rw] = self.mapped_paths(name, holder);
+        for (source, target) in [(dir, &rw), (data, &lower)] {
+            std::fs::create_dir_all(target).map_err(io("mkdir", target))?;
+            idmap(source, target).map_err(io("idmapped mount", target))?;
+        }
+        Ok((lower, rw))
+    }
+
+    /// Where [`Self::mapped_layers`] attaches the shifted tree and layer dir:
+    /// beside the merged dir, outside the workspace's filesystem.
+    fn mapped_paths(&self, name: &str, holder: &str) -> [PathBuf; 2] {
+        let attempts = self.dir(name).join("attempts");
+        [attempts.join(format!("{holder}.lower")), attempts.join(format!("{holder}.rw"))]
+    }
+
+    /// Detaches and removes the shifted copies, if any (the overlay holds
+    /// its own clones of its layers).
+    fn detach_mapped(&self, name: &str, holder: &str) -> Result<(), WorkspaceError> {
+        for p in self.mapped_paths(name, holder) {
+            detach(&p)?;
+            match std::fs::remove_dir(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &p)(e)),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Commits `holder`'s layer into the workspace if `decide()` agrees, else
@@ -191,6 +261,8 @@ impl WorkspaceStore {
         let merged = self.merged_path(name, holder);
         detach(&merged)?;
         let _ = std::fs::remove_dir(&merged);
+        // Before the dir's removal: a copy of it attached below would be walked.
+        self.detach_mapped(name, holder)?;
         let dir = self.layer_dir(name, holder);
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &dir)(e)),

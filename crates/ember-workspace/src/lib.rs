@@ -25,6 +25,7 @@ mod lease;
 mod merge;
 mod volume;
 
+pub use layer::Idmap;
 pub use lease::{Lease, LeaseError, LeaseState};
 pub use volume::{WorkspaceMeta, WorkspaceStore, MAX_SIZE, MIN_SIZE};
 

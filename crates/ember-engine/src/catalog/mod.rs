@@ -155,7 +155,6 @@ impl Catalog {
             lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
             workdir: t.workdir.clone().or(cfg.working_dir),
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
-            storage_id_range: req.workspaces.iter().any(|w| w.layered && !w.read_only),
         })
     }
 

@@ -11,19 +11,18 @@ use std::path::Path;
 /// them in its own mount namespace ([`ember_sys::spawn::FsOp::Attach`]), so the host's table
 /// never has them.
 ///
-/// A volume on a filesystem that cannot be idmapped (EINVAL: an overlay,
-/// e.g. a task attempt's own layer over its workspace) keeps the sandbox
-/// in the storage range with plain mounts, as every sandbox was before
+/// A host volume (`--allow-host-path`) on a filesystem that cannot be
+/// idmapped (EINVAL: an overlay, a FUSE filesystem...) keeps the sandbox in
+/// the storage range with plain mounts, as every sandbox was before
 /// per-sandbox ranges (its user namespace is still not host root's).
-pub(super) fn trees(
+/// Task attempts' layers, overlays too, are not volumes: they are built over
+/// idmapped layers ([`attach_shifted`]) and injected after the launch.
+pub(crate) fn trees(
     ranges: &IdRanges,
     host_template: &Path,
     name: &str,
     spec: &SandboxSpec,
 ) -> Result<Trees, RuntimeError> {
-    if spec.storage_id_range {
-        return Ok(Trees { base: ranges.use_storage(name), lowers: Vec::new(), volumes: Vec::new() });
-    }
     let base = ranges.allocate(name)?;
     let userns = ember_sys::idmap::userns_fd(&ranges.storage_map(base))?;
     let tree = |p: &Path, ro: bool| ember_sys::idmap::idmapped_tree(p, ro, userns.as_fd());
@@ -43,10 +42,11 @@ pub(super) fn trees(
 const EINVAL: i32 = 22;
 
 /// Detached idmapped trees of one launch, open until the child has attached them.
-pub(super) struct Trees {
-    pub(super) base: u32,
-    lowers: Vec<OwnedFd>,
-    volumes: Vec<OwnedFd>,
+pub(crate) struct Trees {
+    pub(crate) base: u32,
+    /// Empty in the storage range: the layers and volumes are used as they are.
+    pub(crate) lowers: Vec<OwnedFd>,
+    pub(crate) volumes: Vec<OwnedFd>,
 }
 
 impl Trees {
@@ -61,4 +61,38 @@ pub(super) struct Idmapped {
     pub(super) base: u32,
     pub(super) lowers: Vec<RawFd>,
     pub(super) volumes: Vec<RawFd>,
+}
+
+/// Mounts `source` (a workspace) at `target` in the running sandbox `id`,
+/// idmapped from the storage range onto the sandbox's own. A sandbox in the
+/// storage range sees storage ids as they are (and an overlay, a task
+/// attempt's layer, cannot be idmapped anyway).
+pub(crate) fn inject(
+    ranges: &IdRanges,
+    id: &ember_types::SandboxId,
+    pid: i32,
+    source: &Path,
+    target: &str,
+    readonly: bool,
+) -> Result<(), RuntimeError> {
+    let gone = || RuntimeError::Gone { id: id.clone(), message: "it holds no id range".into() };
+    let base = ranges.of(id.as_str()).ok_or_else(gone)?;
+    let userns =
+        (base != ranges.storage_base()).then(|| ember_sys::idmap::userns_fd(&ranges.storage_map(base))).transpose()?;
+    // An overlay cannot be idmapped: ember's (a task attempt's layer) is
+    // built over layers already shifted onto the sandbox's range.
+    let idmap = userns.as_ref().filter(|_| !ember_sys::idmap::is_overlay(source).unwrap_or(false)).map(|u| u.as_fd());
+    Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, (base, base), idmap)?)
+}
+
+/// Attaches a copy of the host dir `source` at the host dir `target`, its
+/// ids shifted from the storage range onto the range at `to`, id 0 kept (an
+/// overlay's mounter, host root, makes its work dirs through it): a layer of
+/// a task attempt's overlay (`ember_workspace::Idmap`'s contract).
+pub fn attach_shifted(ranges: &IdRanges, to: u32, source: &Path, target: &Path) -> std::io::Result<()> {
+    let sys = |e: ember_sys::SysError| e.source;
+    let userns = ember_sys::idmap::userns_fd(&ranges.layer_map(to)).map_err(sys)?;
+    let tree = ember_sys::idmap::idmapped_tree(source, false, userns.as_fd()).map_err(sys)?;
+    let dir = ember_sys::beneath::PinnedDir::open(target).map_err(sys)?;
+    ember_sys::idmap::attach_tree(tree.as_fd(), dir.as_fd(), target).map_err(sys)
 }

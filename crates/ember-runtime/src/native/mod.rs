@@ -7,7 +7,7 @@
 //! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
 //! by fd; `GET /ping` over the socket marks it ready.
 pub(crate) mod boundary;
-mod idmapped;
+pub(crate) mod idmapped;
 pub mod rootfs;
 
 use crate::idrange::IdRanges;
@@ -93,6 +93,11 @@ impl NativeRuntime {
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.cfg.data_dir.join("sandboxes").join(id)
+    }
+
+    /// The daemon's id ranges, which the OCI classes share with this one.
+    pub fn id_ranges(&self) -> Arc<IdRanges> {
+        self.ranges.clone()
     }
 
     pub fn cgroups(&self) -> &Arc<dyn Cgroups> {
@@ -373,15 +378,7 @@ impl Runtime for NativeRuntime {
         target: &str,
         readonly: bool,
     ) -> Result<(), RuntimeError> {
-        let gone = || RuntimeError::Gone { id: id.clone(), message: "it holds no id range".into() };
-        let base = self.ranges.of(id.as_str()).ok_or_else(gone)?;
-        // A sandbox in the storage range sees storage ids as they are (and an
-        // overlay, a task attempt's layer, cannot be idmapped anyway).
-        let userns = (base != self.ranges.storage_base())
-            .then(|| ember_sys::idmap::userns_fd(&self.ranges.storage_map(base)))
-            .transpose()?;
-        let idmap = userns.as_ref().map(|u| u.as_fd());
-        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, (base, base), idmap)?)
+        idmapped::inject(&self.ranges, id, pid, source, target, readonly)
     }
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
@@ -440,10 +437,7 @@ impl Runtime for NativeRuntime {
             path: dir.clone(),
             source,
         })?;
-        let base = match spec.storage_id_range {
-            true => self.ranges.use_storage(id.as_str()),
-            false => self.ranges.allocate(id.as_str())?,
-        };
+        let base = self.ranges.allocate(id.as_str())?;
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }

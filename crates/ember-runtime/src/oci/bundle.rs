@@ -99,10 +99,14 @@ pub struct BundleInputs<'a> {
     pub agent: &'a Path,
     /// `/<group>/<id>`, relative to each cgroup hierarchy's root.
     pub cgroups_path: PathBuf,
+    /// The host id of the sandbox's root (its id range's first).
     pub uid_base: u32,
     pub env: Vec<String>,
     /// runsc runs without a user namespace of its own: the Sentry is the boundary.
     pub user_namespace: bool,
+    /// A user namespace the runtime joins instead of making one (as host
+    /// root, which would then own it): one owned by the sandbox's range.
+    pub user_namespace_path: Option<PathBuf>,
     /// Whether the runtime honours a seccomp rule's `errnoRet`. gVisor's
     /// `--oci-seccomp` (2022-12) does not: every errno action gives EPERM, so
     /// `clone3 → ENOSYS` would become EPERM and glibc would not fall back to
@@ -112,6 +116,9 @@ pub struct BundleInputs<'a> {
     pub pids_limit: u64,
     /// The workspace slot bound at [`super::slot::SLOT_DIR`] (runsc only).
     pub workspace_slot: Option<&'a Path>,
+    /// Where each of `spec.volumes` is bound from: its host path, or its
+    /// idmapped copy ([`super::rootfs::attach_trees`]).
+    pub volume_sources: Vec<PathBuf>,
     /// The host runs cgroup v2, which has no swappiness: crun refuses a
     /// config that sets it. No swap is ember's own `memory.swap.max = 0` there.
     pub cgroup_v2: bool,
@@ -178,9 +185,9 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         let opts = ["rbind", "rw", "rslave", "nosuid", "nodev"];
         mounts.push(mount(super::slot::SLOT_DIR, "bind", &s(slot), &opts).map_err(&e)?);
     }
-    for v in &b.spec.volumes {
+    for (v, source) in b.spec.volumes.iter().zip(&b.volume_sources) {
         let rw = if v.read_only { "ro" } else { "rw" };
-        mounts.push(mount(&v.mount_path, "bind", &s(&v.host_path), &["rbind", rw, "nosuid", "nodev"]).map_err(&e)?);
+        mounts.push(mount(&v.mount_path, "bind", &s(source), &["rbind", rw, "nosuid", "nodev"]).map_err(&e)?);
     }
 
     let r = &b.spec.resources;
@@ -207,7 +214,10 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
     }
     let namespaces = ns
         .into_iter()
-        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+        .map(|t| match (&b.user_namespace_path, t) {
+            (Some(p), LinuxNamespaceType::User) => LinuxNamespaceBuilder::default().typ(t).path(p).build(),
+            _ => LinuxNamespaceBuilder::default().typ(t).build(),
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(&e)?;
     let mut linux = LinuxBuilder::default()
@@ -297,6 +307,8 @@ mod tests {
             errno_ret: true,
             pids_limit: spec.resources.pids,
             workspace_slot: None,
+            user_namespace_path: None,
+            volume_sources: vec![],
             cgroup_v2: false,
         };
         let v = serde_json::to_value(build(&inputs).unwrap()).unwrap();

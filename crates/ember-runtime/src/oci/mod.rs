@@ -26,12 +26,14 @@ use exit::read_exit_file;
 pub use exit::EXIT_FILE;
 pub use prepare::{prepare_bundle, BundlePlan, PreparedBundle};
 
+use crate::idrange::IdRanges;
+use crate::native::idmapped::{self, Trees};
 use crate::native::rootfs::{ensure_host_template, ID_RANGE};
 use crate::{LaunchTiming, Launched, Runtime, RuntimeError, WritableLayer};
 use cli::{OciCli, OciCliError};
 use ember_cgroups::{Cgroups, Limits};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,7 +47,12 @@ pub struct OciConfig {
     /// The daemon's `<data-dir>` (the host template is shared with native).
     pub data_dir: PathBuf,
     pub agent_path: PathBuf,
+    /// The storage range's first host id (what the host template is owned by).
     pub uid_base: u32,
+    /// The daemon's id ranges, shared with the native class: each crun or
+    /// runc sandbox gets one of its own; runsc's stay in the storage range
+    /// (docs/threat-model.md says why).
+    pub ranges: Arc<IdRanges>,
     /// The cgroup group the class's sandboxes live in (`<parent>-<class>`).
     pub cgroup_group: String,
     /// How long the agent gets to answer after a start or a restore
@@ -97,6 +104,15 @@ impl OciRuntime {
     /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
+        let trees = self.trees(id, spec)?;
+        // Owned by the range (as a native sandbox's): per-uid counts are its
+        // own. crun only: runc 1.1 (Debian 12's) joins such a namespace but
+        // then fails its prlimit of the init with EPERM; it makes its own,
+        // as host root, in the sandbox's range (docs/threat-model.md).
+        let userns = match trees.base == self.cfg.ranges.storage_base() || self.cfg.class != OciClass::Crun {
+            true => None,
+            false => Some(ember_sys::idmap::userns_fd_owned(&format!("0 {} {ID_RANGE}\n", trees.base), trees.base)?),
+        };
         let prepared = prepare_bundle(&BundlePlan {
             id,
             spec,
@@ -104,7 +120,10 @@ impl OciRuntime {
             host_template: &self.host_template,
             agent: &self.cfg.agent_path,
             cgroups_path: PathBuf::from("/").join(&self.cfg.cgroup_group).join(id.as_str()),
-            uid_base: self.cfg.uid_base,
+            uid_base: trees.base,
+            lower_trees: &trees.lowers,
+            volume_trees: &trees.volumes,
+            userns: userns.as_ref().map(|u| u.as_fd()),
             class: self.cfg.class,
             workspace_slot: slot.as_deref(),
             cgroup_v2: self.cgroups.version() == "v2",
@@ -117,6 +136,19 @@ impl OciRuntime {
         let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
         self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
         Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
+    }
+
+    /// The sandbox's id range and its layers and volumes idmapped onto it
+    /// (as the native class's). runsc stays in the storage range: the
+    /// workload's ids are the Sentry's own and never reach the host kernel,
+    /// whose per-uid counts it does not use (inotify, processes, keys are
+    /// implemented in the Sentry).
+    fn trees(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Trees, RuntimeError> {
+        if self.cfg.class == OciClass::Runsc {
+            let base = self.cfg.ranges.use_storage(id.as_str());
+            return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+        }
+        idmapped::trees(&self.cfg.ranges, &self.host_template, id.as_str(), spec)
     }
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
@@ -203,6 +235,15 @@ impl Runtime for OciRuntime {
         if crate::native::boundary::start_time(pid) != Some(start_time) {
             return Err(gone("its init process was replaced".into()));
         }
+        // The range is the kernel's record: the init's uid_map (gVisor's
+        // sandboxes share the storage range).
+        match self.cfg.class {
+            OciClass::Runsc => _ = self.cfg.ranges.use_storage(id.as_str()),
+            _ => {
+                let base = crate::native::boundary::root_host_id(pid).ok_or_else(|| gone("no uid_map".into()))?;
+                self.cfg.ranges.adopt(id.as_str(), base)?;
+            }
+        }
         self.wake_quiesced_agent(id)?;
         Ok(Launched {
             pid,
@@ -239,7 +280,7 @@ impl Runtime for OciRuntime {
             let dir = self.dir(id.as_str());
             return slot::attach(&self.cli, id, &dir, source, target, readonly);
         }
-        Ok(ember_sys::inject::inject_mount(pid, source, target, readonly, self.host_ids(0, 0), None)?)
+        idmapped::inject(&self.cfg.ranges, id, pid, source, target, readonly)
     }
 
     fn can_inject_mounts(&self) -> bool {
@@ -250,6 +291,10 @@ impl Runtime for OciRuntime {
 
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
         (self.cfg.uid_base + uid.min(ID_RANGE - 1), self.cfg.uid_base + gid.min(ID_RANGE - 1))
+    }
+
+    fn id_range(&self, id: &SandboxId) -> Option<(u32, Arc<IdRanges>)> {
+        Some((self.cfg.ranges.of(id.as_str())?, self.cfg.ranges.clone()))
     }
 
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
@@ -310,7 +355,11 @@ impl Runtime for OciRuntime {
             Ok(s) => {
                 Err(RuntimeError::Gone { id, message: format!("still known to {} as {}", self.class(), s.status) })
             }
-            Err(_) => Ok(()),
+            Err(_) => {
+                // Freed last: a range is reused only once nothing of its sandbox is left.
+                self.cfg.ranges.free(name);
+                Ok(())
+            }
         }
     }
 
@@ -337,6 +386,11 @@ impl Runtime for OciRuntime {
         id: &SandboxId,
         spec: &SandboxSpec,
     ) -> Result<Option<WritableLayer>, RuntimeError> {
+        // The range first: a restore shifts the layer's owners into it.
+        match self.cfg.class {
+            OciClass::Runsc => _ = self.cfg.ranges.use_storage(id.as_str()),
+            _ => _ = self.cfg.ranges.allocate(id.as_str())?,
+        }
         let upper = rootfs::prepare_layer(&self.dir(id.as_str()), spec.resources.disk_bytes)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }

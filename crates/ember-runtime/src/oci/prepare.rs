@@ -7,6 +7,7 @@ use super::{bundle, rootfs, OciClass};
 use crate::RuntimeError;
 use ember_sys::beneath::PinnedDir;
 use ember_types::{SandboxId, SandboxSpec};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Inputs of one sandbox's bundle, under its own `dir`.
@@ -19,7 +20,16 @@ pub struct BundlePlan<'a> {
     pub agent: &'a Path,
     /// `/<group>/<id>`, relative to each cgroup hierarchy's root.
     pub cgroups_path: PathBuf,
+    /// The host id of the sandbox's root: the first of its id range.
     pub uid_base: u32,
+    /// In a range of its own, the lower layers and the volumes as detached
+    /// trees idmapped onto it, in the order of `spec.lower_dirs` (or the host
+    /// template) and `spec.volumes`; empty: used as they are.
+    pub lower_trees: &'a [OwnedFd],
+    pub volume_trees: &'a [OwnedFd],
+    /// A user namespace for the runtime to join, held by the daemon until
+    /// `<rt> create` has joined it ([`ember_sys::idmap::userns_fd_owned`]).
+    pub userns: Option<BorrowedFd<'a>>,
     pub class: OciClass,
     pub workspace_slot: Option<&'a Path>,
     /// The agent gets its listening socket as fd 3 (`<rt> create
@@ -46,7 +56,11 @@ pub fn prepare_bundle(p: &BundlePlan<'_>) -> Result<PreparedBundle, RuntimeError
     // An image brings its own /usr (bundle.rs binds the host's only for `host`).
     crate::native::rootfs::check_image_root(&spec.lower_dirs)?;
     let lowers = if spec.lower_dirs.is_empty() { vec![p.host_template.to_path_buf()] } else { spec.lower_dirs.clone() };
-    let root = rootfs::assemble(p.dir, &lowers, spec.resources.disk_bytes, p.uid_base, &hostname)?;
+    let root = rootfs::assemble(p.dir, &lowers, p.lower_trees, spec.resources.disk_bytes, p.uid_base, &hostname)?;
+    let volume_sources = match p.volume_trees.is_empty() {
+        true => spec.volumes.iter().map(|v| v.host_path.clone()).collect(),
+        false => rootfs::attach_trees(&p.dir.join("mnt"), "v", p.volume_trees)?,
+    };
     // The sandbox writes its socket dir: made and chowned from the sandbox
     // dir's fd, never following what may already be there.
     let sandbox = PinnedDir::open(p.dir)?;
@@ -68,9 +82,12 @@ pub fn prepare_bundle(p: &BundlePlan<'_>) -> Result<PreparedBundle, RuntimeError
         uid_base: p.uid_base,
         env,
         user_namespace: true,
+        // The runtime opens it through the daemon's own fd table.
+        user_namespace_path: p.userns.map(|fd| format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()).into()),
         errno_ret: p.class != OciClass::Runsc,
         pids_limit: p.class.host_pids(spec.resources.pids),
         workspace_slot: p.workspace_slot,
+        volume_sources,
         cgroup_v2: p.cgroup_v2,
     })?;
     let json = serde_json::to_vec_pretty(&config)

@@ -6,12 +6,17 @@
 //! - `<dir>/mnt`        tmpfs (`size=disk_bytes`): the writable layer
 //! - `<dir>/mnt/upper`, `<dir>/mnt/work`  overlay upper and work dirs
 //! - `<dir>/mnt/root`   overlay of the template's lower dirs + upper: `root.path`
+//! - `<dir>/mnt/l<i>`   in a sandbox's own id range, lower dir `i` idmapped
+//!   from the storage range onto it (overlayfs takes idmapped layers); the
+//!   merged root then shows the range's ids
+//! - `<dir>/mnt/v<i>`   likewise volume `i`, which the runtime binds from there
 //!
 //! These mounts are in the host's mount namespace, so [`unmount`] must run on
 //! every destroy and leftover reap. They go through mount(8): this crate has no
 //! unsafe code and the cost (~2 ms) is small beside an OCI runtime's own.
 use crate::RuntimeError;
 use ember_sys::beneath::PinnedDir;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,16 +36,26 @@ fn run(what: &'static str, path: &Path, cmd: &mut Command) -> Result<(), Runtime
 
 /// Mounts the writable tmpfs and the overlay under `dir` and returns the root.
 /// `owner` (the host uid of the sandbox's root) owns the upper layer, so the
-/// merged root is writable by root inside the user namespace.
+/// merged root is writable by root inside the user namespace. `lower_trees`,
+/// if any, are the lowers as detached idmapped trees, used in their place.
 pub fn assemble(
     dir: &Path,
     lowers: &[PathBuf],
+    lower_trees: &[OwnedFd],
     disk_bytes: u64,
     owner: u32,
     hostname: &str,
 ) -> Result<PathBuf, RuntimeError> {
     let mnt = dir.join("mnt");
     let upper = prepare_layer(dir, disk_bytes)?;
+    let attached;
+    let lowers = match lower_trees.is_empty() {
+        true => lowers,
+        false => {
+            attached = attach_trees(&mnt, "l", lower_trees)?;
+            &attached[..]
+        }
+    };
     let (work, root) = (mnt.join("work"), mnt.join("root"));
     // A restored layer is the sandbox's or a snapshot store's content: never
     // followed (its `tmp` is bound by the runtime: bundle.rs).
@@ -59,6 +74,21 @@ pub fn assemble(
     )?;
     ensure_tmp(&root, owner)?;
     Ok(root)
+}
+
+/// Attaches each detached tree at `<mnt>/<prefix><i>` (made on the layer's
+/// tmpfs, which nothing but the daemon has seen yet) and returns those paths.
+/// They go with the tmpfs's lazy unmount ([`unmount`]).
+pub fn attach_trees(mnt: &Path, prefix: &str, trees: &[OwnedFd]) -> Result<Vec<PathBuf>, RuntimeError> {
+    let pinned = PinnedDir::open(mnt)?;
+    let mut out = Vec::with_capacity(trees.len());
+    for (i, tree) in trees.iter().enumerate() {
+        let name = format!("{prefix}{i}");
+        let dir = pinned.ensure_dir(&name, 0o755)?;
+        ember_sys::idmap::attach_tree(tree.as_fd(), dir.as_fd(), dir.path())?;
+        out.push(mnt.join(name));
+    }
+    Ok(out)
 }
 
 /// The sandbox's own `/etc/hostname` and `/etc/hosts`, in the upper layer (a
@@ -113,7 +143,8 @@ pub fn prepare_layer(dir: &Path, disk_bytes: u64) -> Result<PathBuf, RuntimeErro
     Ok(mnt.join("upper"))
 }
 
-/// Unmounts the overlay and the tmpfs under `dir`; what is not mounted is skipped.
+/// Unmounts the overlay and the tmpfs under `dir` (lazily: the idmapped trees
+/// attached in it go with it); what is not mounted is skipped.
 pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
     let mnt = dir.join("mnt");
     for p in [mnt.join("root"), mnt] {
