@@ -116,8 +116,8 @@ pub fn build(
         ("sessions of lost nodes recovered / not", format!("{} / {unrecovered}", rec.len())),
         ("tasks acknowledged / succeeded", format!("{} / {}", tasks.acknowledged, tasks.succeeded)),
         (
-            "tasks lost / duplicated in effect / re-run",
-            format!("{} / {} / {}", tasks.lost, tasks.duplicated, tasks.retried),
+            "tasks lost / unfinished / duplicated in effect / re-run",
+            format!("{} / {} / {} / {}", tasks.lost, tasks.unfinished, tasks.duplicated, tasks.retried),
         ),
         ("records written / acknowledged", format!("{} / {}", sum(&rs, |r| r.written), sum(&rs, |r| r.acked))),
         ("records lost or corrupted, surviving nodes", live_bad.to_string()),
@@ -129,50 +129,8 @@ pub fn build(
     }
     rep.tables.push(t);
 
-    let mut f = Table::new("Faults", &["fault", "at", "MTTD / election"]);
-    for v in &faults.victims {
-        f.row(vec![format!("{} {}", v.mode, v.host), format!("{} ms", v.at_ms), ms(v.mttd_ms)]);
-    }
-    if let Some(l) = &faults.leader {
-        f.row(vec![
-            format!("kill nats-server {} (task stream leader)", l.server),
-            format!("{} ms", l.at_ms),
-            ms(l.elected_ms),
-        ]);
-    }
-    rep.tables.push(f);
-
-    let mut s = Table::new(
-        "Sessions",
-        &[
-            "#",
-            "node",
-            "lost node",
-            "written",
-            "acked",
-            "retries",
-            "errors",
-            "MTTR",
-            "lost (written/acked)",
-            "corrupted",
-        ],
-    );
-    for r in &rs {
-        let m = mttr(r, faults);
-        s.row(vec![
-            r.index.to_string(),
-            r.node.clone(),
-            if m.is_some() { "yes" } else { "" }.into(),
-            r.written.to_string(),
-            r.acked.to_string(),
-            r.retries.to_string(),
-            r.user_errors.to_string(),
-            m.map_or(String::new(), ms),
-            format!("{}/{}", r.written_lost, r.acked_lost),
-            r.corrupted.to_string(),
-        ]);
-    }
-    rep.tables.push(s);
+    rep.tables.push(faults_table(faults));
+    rep.tables.push(sessions_table(&rs, faults));
 
     rep.check("every session opened", opened == rs.len(), format!("{opened} of {}", rs.len()));
     rep.check(
@@ -180,6 +138,7 @@ pub fn build(
         tasks.lost == 0,
         format!("{} lost {:?}", tasks.lost, tasks.lost_ids.iter().take(5).collect::<Vec<_>>()),
     );
+    rep.check("every task ended", tasks.unfinished == 0, format!("{} not ended after the wait", tasks.unfinished));
     rep.check(
         "0 tasks run twice in effect",
         tasks.duplicated == 0,
@@ -230,4 +189,53 @@ pub fn build(
         "loadavg": loadavg(),
     });
     Ok(rep)
+}
+
+fn faults_table(faults: &Faults) -> Table {
+    let mut f = Table::new("Faults", &["fault", "at", "MTTD / election"]);
+    for v in &faults.victims {
+        f.row(vec![format!("{} {}", v.mode, v.host), format!("{} ms", v.at_ms), ms(v.mttd_ms)]);
+    }
+    if let Some(l) = &faults.leader {
+        f.row(vec![
+            format!("kill nats-server {} (task stream leader)", l.server),
+            format!("{} ms", l.at_ms),
+            ms(l.elected_ms),
+        ]);
+    }
+    f
+}
+
+fn sessions_table(rs: &[&SessionResult], faults: &Faults) -> Table {
+    let mut s = Table::new(
+        "Sessions",
+        &[
+            "#",
+            "node",
+            "lost node",
+            "written",
+            "acked",
+            "retries",
+            "errors",
+            "MTTR",
+            "lost (written/acked)",
+            "corrupted",
+        ],
+    );
+    for r in rs {
+        let m = mttr(r, faults);
+        s.row(vec![
+            r.index.to_string(),
+            r.node.clone(),
+            if m.is_some() { "yes" } else { "" }.into(),
+            r.written.to_string(),
+            r.acked.to_string(),
+            r.retries.to_string(),
+            r.user_errors.to_string(),
+            m.map_or(String::new(), ms),
+            format!("{}/{}", r.written_lost, r.acked_lost),
+            r.corrupted.to_string(),
+        ]);
+    }
+    s
 }
