@@ -104,6 +104,12 @@ pub enum Cmd {
     /// The labs: each breaks something, then measures what answers it.
     #[command(subcommand)]
     Lab(crate::lab::LabCmd),
+    /// A local cluster out of network namespaces (up, status, down).
+    #[command(subcommand)]
+    Cluster(crate::cluster::ClusterCmd),
+    /// The chaos drill against a local cluster.
+    #[command(subcommand)]
+    Chaos(crate::chaos::ChaosCmd),
     /// ember's Kubernetes operator (CRDs of group ember.run) for one node.
     Operator(crate::commands::operator::OperatorArgs),
 }

@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod chaos;
 mod cli;
+mod cluster;
 mod commands;
 mod datadir;
 mod lab;

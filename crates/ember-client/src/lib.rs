@@ -7,6 +7,7 @@ mod execd;
 mod images;
 mod multipart;
 mod pty;
+mod raw;
 
 pub use pty::{PtyConnection, PtyEvent};
 

@@ -44,6 +44,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Task(c) => task::run(&client()?, c).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
         Cmd::Lab(c) => crate::lab::run(c, client).await,
+        Cmd::Cluster(c) => crate::cluster::run(c).await,
+        Cmd::Chaos(c) => crate::chaos::run(c).await,
         Cmd::Operator(a) => operator::run(a, cli.api_key.clone()).await,
     }
 }

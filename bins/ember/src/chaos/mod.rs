@@ -1,0 +1,187 @@
+//! `ember chaos run`: the drill of issue 15 against the local cluster of
+//! `ember cluster up` (its state file: it kills by pid and cuts links in the
+//! hosts' namespaces; a remote cluster through a chaos endpoint is not
+//! built). docs/chaos.md says how to run it and what each figure means.
+//!
+//! Layout: `session.rs` (one session's loop under the retry policy),
+//! `faults.rs` (the node kills or cuts, MTTD, the queue leader's kill),
+//! `verify.rs` (records and tasks at the end), `report.rs` (report.json,
+//! report.md, the SVG timeline, through the labs' `LabReport`).
+mod faults;
+mod report;
+mod session;
+mod verify;
+
+use crate::cluster::state::State;
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use session::{Conn, Session, SessionResult, Shared};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum ChaosCmd {
+    /// Run the drill: sessions, node kills, the queue leader's kill; writes
+    /// report.json, report.md and timeline.svg into --out.
+    Run(RunArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct RunArgs {
+    /// The local cluster (`ember cluster up --dir`).
+    #[arg(long, default_value = crate::cluster::DEFAULT_DIR)]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 300)]
+    pub sessions: u32,
+    /// Nodes to kill: a share (`30%`, rounded up) or a count (`2`).
+    #[arg(long, default_value = "30%")]
+    pub kill_nodes: String,
+    /// Then SIGKILL the nats-server leading the task stream.
+    #[arg(long)]
+    pub kill_queue_leader: bool,
+    /// Cut the chosen nodes' links (eth0 down in their namespace) instead of
+    /// killing them.
+    #[arg(long)]
+    pub partition: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output folder (default: chaos-runs/<unix seconds>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Seconds of load before the first fault.
+    #[arg(long, default_value_t = 30)]
+    pub warmup: u64,
+    /// Seconds between the node faults and the leader's kill.
+    #[arg(long, default_value_t = 15)]
+    pub gap: u64,
+    /// Seconds of load after the last fault.
+    #[arg(long, default_value_t = 45)]
+    pub run_on: u64,
+    /// Pause of each session between two records, in ms.
+    #[arg(long, default_value_t = 500)]
+    pub pace_ms: u64,
+}
+
+pub async fn run(cmd: ChaosCmd) -> anyhow::Result<i32> {
+    let ChaosCmd::Run(a) = cmd;
+    let st = State::load(&a.dir)?;
+    let out = a.out.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        PathBuf::from("chaos-runs").join(secs.to_string())
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let report = drill(&st, &a, &out).await?;
+    print!("{}", report.to_text());
+    report.write(&out)?;
+    println!("\nreport: {}", out.join("report.md").display());
+    Ok(if report.invariants.iter().all(|i| i.holds) { 0 } else { 1 })
+}
+
+/// `30%` of `n` rounded up, or a plain count; at most `n - 1` (someone has
+/// to answer).
+pub fn victims_count(spec: &str, n: usize) -> anyhow::Result<usize> {
+    let k = match spec.strip_suffix('%') {
+        Some(p) => {
+            let p: f64 = p.trim().parse().with_context(|| format!("--kill-nodes {spec}"))?;
+            if !(0.0..=100.0).contains(&p) {
+                bail!("--kill-nodes {spec}: a share from 0% to 100%");
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "0 ≤ p·n/100 ≤ n")]
+            let k = (p * n as f64 / 100.0).ceil() as usize;
+            k
+        }
+        None => spec.trim().parse().with_context(|| format!("--kill-nodes {spec}: a count or a share"))?,
+    };
+    if k >= n {
+        bail!("--kill-nodes {spec}: {k} of {n} nodes leaves none to answer");
+    }
+    Ok(k)
+}
+
+/// The whole drill; the report (not yet written).
+pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate::lab::report::LabReport> {
+    let k = victims_count(&a.kill_nodes, st.hosts.len())?;
+    let clients: Vec<_> = st.hosts.iter().map(|h| st.client(h)).collect::<anyhow::Result<_>>()?;
+    let shared = Arc::new(Shared {
+        t0: Instant::now(),
+        stop: false.into(),
+        events: Default::default(),
+        sandboxes: Default::default(),
+    });
+    // Names this run's workspaces and task keys apart from any earlier run's.
+    let run_id = format!("c{:08x}", fastrand::u32(..));
+    println!("chaos: {} sessions over {} nodes, run {run_id}", a.sessions, st.hosts.len());
+    // At most a few creates at once: 2 cores make sandboxes and workspaces.
+    let opening = Arc::new(tokio::sync::Semaphore::new(4));
+    let opened = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..a.sessions {
+        let node = i as usize % st.hosts.len();
+        let r = SessionResult {
+            index: i,
+            node: st.hosts[node].name.clone(),
+            workspace: format!("{run_id}-{i}"),
+            ..Default::default()
+        };
+        let mut s = Session { conn: Conn::new(clients.clone(), node, shared.clone()), r, run: run_id.clone() };
+        let (shared, opening, pace) = (shared.clone(), opening.clone(), Duration::from_millis(a.pace_ms));
+        let done = opened.clone();
+        tasks.push(tokio::spawn(async move {
+            let permit = opening.acquire_owned().await;
+            let opened = s.open().await;
+            drop(permit);
+            done.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = opened {
+                s.r.first_errors.push(format!("open: {e}"));
+                return s;
+            }
+            s.run(&shared, pace).await;
+            s
+        }));
+    }
+    // Warm up once every session is open (or failed to).
+    while opened.load(Ordering::Relaxed) < a.sessions {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("chaos: sessions open after {:?}; warming up {} s", shared.t0.elapsed(), a.warmup);
+    tokio::time::sleep(Duration::from_secs(a.warmup)).await;
+    let faults = faults::run(st, a, k, &shared, &clients).await?;
+    tokio::time::sleep(Duration::from_secs(a.run_on)).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    let stopped_ms = shared.ms(Instant::now());
+    println!("chaos: stopping sessions at {stopped_ms} ms; verifying");
+    let mut sessions = Vec::new();
+    for t in tasks {
+        sessions.push(t.await.context("a session panicked")?);
+    }
+    let tasks = verify::tasks(&clients, &faults, &sessions).await;
+    let sessions = verify::records(sessions).await;
+    report::build(st, a, out, &shared, &faults, &sessions, &tasks, stopped_ms)
+}
+
+/// Lab 7: the drill at a scale (small: what CI runs; full: issue 15's
+/// 300 sessions; the cluster's size is `ember cluster up`'s).
+pub async fn lab(
+    scale: crate::lab::Scale,
+    cluster: &Path,
+    out: &Path,
+) -> anyhow::Result<crate::lab::report::LabReport> {
+    let st = State::load(cluster)?;
+    let small = scale == crate::lab::Scale::Small;
+    let a = RunArgs {
+        dir: cluster.to_path_buf(),
+        sessions: if small { 24 } else { 300 },
+        kill_nodes: "30%".into(),
+        kill_queue_leader: true,
+        partition: false,
+        seed: 1,
+        out: Some(out.to_path_buf()),
+        warmup: if small { 10 } else { 30 },
+        gap: if small { 10 } else { 15 },
+        run_on: if small { 20 } else { 45 },
+        pace_ms: 500,
+    };
+    drill(&st, &a, out).await
+}

@@ -1,0 +1,360 @@
+//! One session of the drill: a long agent loop through the public API,
+//! under the documented retry policy (a 503 or an unreachable node is tried
+//! again after 100 ms, doubling to 1 s, for up to 30 s; an unreachable node
+//! also sends the next try to the next node's URL, as a load balancer
+//! would). A call that still fails is a *user-visible error*.
+//!
+//! The loop: append a checksummed record to /workspace/records by exec,
+//! every few records `POST /v1/workspaces/{name}/checkpoint` (records before
+//! a checkpoint that answered 200 are *acknowledged*), every few records a
+//! task with an idempotency key of its own.
+use bytes::Bytes;
+use ember_client::{Client, ClientError};
+use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
+use ember_types::execd::RunCommandRequest;
+use ember_types::task::SubmitTaskRequest;
+use parking_lot::Mutex;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
+pub const RETRY_FOR: Duration = Duration::from_secs(30);
+/// A checkpoint every this many records, a task every `TASK_EVERY`.
+pub const CHECKPOINT_EVERY: u64 = 4;
+pub const TASK_EVERY: u64 = 3;
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Kind {
+    Ok,
+    /// One failed try that the policy retries.
+    Retry,
+    /// A call that failed after the policy.
+    UserError,
+}
+
+/// What the timeline plots: one per try.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Event {
+    pub at_ms: u64,
+    pub kind: Kind,
+}
+
+/// The drill's shared clock, stop flag and timeline.
+pub struct Shared {
+    pub t0: Instant,
+    pub stop: AtomicBool,
+    pub events: Mutex<Vec<Event>>,
+    /// (node, sandbox id) of every session opened: the faults' MTTD probes.
+    pub sandboxes: Mutex<Vec<(String, String)>>,
+}
+
+impl Shared {
+    pub fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.t0).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn note(&self, kind: Kind) {
+        let at_ms = self.ms(Instant::now());
+        self.events.lock().push(Event { at_ms, kind });
+    }
+}
+
+/// One session's figures, filled by the loop and then by the verification.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionResult {
+    pub index: u32,
+    /// The host it entered by, which holds its workspace and sandbox.
+    pub node: String,
+    pub sandbox: Option<String>,
+    pub workspace: String,
+    /// Highest record seq whose append answered exit 0.
+    pub written: u64,
+    /// Highest record seq a later checkpoint acknowledged.
+    pub acked: u64,
+    /// Seqs whose append failed (they may or may not be in the file).
+    pub unwritten: Vec<u64>,
+    pub checkpoints: u64,
+    /// The checkpoint route is missing on this cluster (rebind not built).
+    pub checkpoint_unsupported: bool,
+    pub fenced: u64,
+    pub calls: u64,
+    pub retries: u64,
+    pub user_errors: u64,
+    pub first_errors: Vec<String>,
+    /// (key, task id) of every task whose submit answered.
+    pub tasks: Vec<(String, String)>,
+    /// (first failure, next success) of the sandbox's calls, ms on the drill's clock.
+    pub outages: Vec<(u64, u64)>,
+    /// Still failing at the end (first failure, ms).
+    pub open_outage: Option<u64>,
+    // Verification.
+    pub readable: bool,
+    pub written_lost: u64,
+    pub acked_lost: u64,
+    pub corrupted: u64,
+}
+
+/// The session's view of the cluster: a client per node, the one in use.
+pub struct Conn {
+    clients: Vec<Client>,
+    cur: usize,
+    shared: Arc<Shared>,
+}
+
+fn retryable(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { status: 503, .. } | ClientError::Connect { .. })
+}
+
+impl Conn {
+    pub fn new(clients: Vec<Client>, first: usize, shared: Arc<Shared>) -> Conn {
+        Conn { cur: first % clients.len().max(1), clients, shared }
+    }
+
+    /// `f` under the retry policy; the time of the first failed try if any.
+    pub async fn call<T, F, Fut>(&mut self, r: &mut SessionResult, f: F) -> (Result<T, ClientError>, Option<Instant>)
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        self.call_expecting(r, |_| false, f).await
+    }
+
+    /// As `call`; an error `expected` accepts is handed back without being
+    /// counted as a user-visible error.
+    pub async fn call_expecting<T, F, Fut>(
+        &mut self,
+        r: &mut SessionResult,
+        expected: impl Fn(&ClientError) -> bool,
+        f: F,
+    ) -> (Result<T, ClientError>, Option<Instant>)
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        r.calls += 1;
+        let (start, mut wait, mut first_fail) = (Instant::now(), BACKOFF_FIRST, None);
+        loop {
+            let res = f(self.clients[self.cur].clone()).await;
+            match res {
+                Ok(v) => {
+                    self.shared.note(Kind::Ok);
+                    return (Ok(v), first_fail);
+                }
+                Err(e) if retryable(&e) && start.elapsed() + wait <= RETRY_FOR => {
+                    first_fail.get_or_insert_with(Instant::now);
+                    r.retries += 1;
+                    self.shared.note(Kind::Retry);
+                    if matches!(e, ClientError::Connect { .. }) {
+                        self.cur = (self.cur + 1) % self.clients.len();
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(BACKOFF_MAX);
+                }
+                Err(e) if expected(&e) => return (Err(e), first_fail),
+                Err(e) => {
+                    self.shared.note(Kind::UserError);
+                    r.user_errors += 1;
+                    if r.first_errors.len() < 3 {
+                        r.first_errors.push(e.to_string());
+                    }
+                    return (Err(e), first_fail.or(Some(Instant::now())));
+                }
+            }
+        }
+    }
+}
+
+/// No checkpoint route on this cluster (rebind not built yet): not a
+/// user-visible error of the drill's making; the report says so.
+fn missing_route(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { status: 404 | 405, code, .. } if !code.starts_with("WORKSPACE::"))
+}
+
+/// `<session> <seq> <payload> <sha256 of the rest, 16 hex>`.
+pub fn record(session: u32, seq: u64) -> String {
+    let body = format!("{session} {seq} p{:016x}", fastrand::u64(..));
+    format!("{body} {}", digest(&body))
+}
+
+fn digest(body: &str) -> String {
+    let d = Sha256::digest(body.as_bytes());
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checks the records file of `session`: the records seen, by seq, and the
+/// count of lines whose checksum (or shape) is wrong.
+pub fn parse_records(session: u32, data: &[u8]) -> (BTreeMap<u64, String>, u64) {
+    let (mut seen, mut bad) = (BTreeMap::new(), 0);
+    for line in String::from_utf8_lossy(data).lines() {
+        let ok = line.rsplit_once(' ').filter(|(body, sum)| digest(body) == *sum).and_then(|(body, _)| {
+            let mut f = body.split(' ');
+            let s = f.next()?.parse::<u32>().ok()?;
+            let q = f.next()?.parse::<u64>().ok()?;
+            (s == session).then_some(q)
+        });
+        match ok {
+            Some(q) => {
+                seen.insert(q, line.to_string());
+            }
+            None => bad += 1,
+        }
+    }
+    (seen, bad)
+}
+
+pub struct Session {
+    pub conn: Conn,
+    pub r: SessionResult,
+    pub run: String,
+}
+
+impl Session {
+    /// Creates the workspace and the rebind sandbox through the entry node.
+    pub async fn open(&mut self) -> Result<(), ClientError> {
+        let ws = self.r.workspace.clone();
+        self.conn
+            .call(&mut self.r, |c| {
+                let ws = ws.clone();
+                async move { c.create_workspace(&ws, "64Mi").await }
+            })
+            .await
+            .0?;
+        let req = CreateSandboxRequest {
+            template: Some("host".into()),
+            extensions: Some(BTreeMap::from([("restartPolicy".into(), "rebind".into())])),
+            workspaces: vec![WorkspaceMountSpec {
+                name: ws,
+                mount_path: Some("/workspace".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let (created, _) = self
+            .conn
+            .call(&mut self.r, |c| {
+                let req = req.clone();
+                async move { c.create_sandbox(&req).await }
+            })
+            .await;
+        let id = created?.0.id;
+        self.conn.shared.sandboxes.lock().push((self.r.node.clone(), id.clone()));
+        self.r.sandbox = Some(id);
+        Ok(())
+    }
+
+    /// The loop, until the drill says stop.
+    pub async fn run(&mut self, shared: &Shared, pace: Duration) {
+        let Some(id) = self.r.sandbox.clone() else { return };
+        let mut seq = 0;
+        while !shared.stop.load(Ordering::Relaxed) {
+            seq += 1;
+            self.append(shared, &id, seq).await;
+            if seq % CHECKPOINT_EVERY == 0 && !self.r.checkpoint_unsupported {
+                self.checkpoint().await;
+            }
+            if seq % TASK_EVERY == 0 {
+                self.submit(seq / TASK_EVERY).await;
+            }
+            tokio::time::sleep(pace).await;
+        }
+    }
+
+    async fn append(&mut self, shared: &Shared, id: &str, seq: u64) {
+        let line = record(self.r.index, seq);
+        let req = RunCommandRequest {
+            command: Some(format!("printf '%s\\n' '{line}' >> /workspace/records")),
+            ..Default::default()
+        };
+        let (res, failed) = self
+            .conn
+            .call(&mut self.r, |c| {
+                let req = req.clone();
+                let id = id.to_string();
+                async move { c.exec(&id, &req, |_| {}).await }
+            })
+            .await;
+        let ok = matches!(&res, Ok(o) if o.exit_code == Some(0));
+        if ok {
+            self.r.written = seq;
+            if let Some(open) = self.r.open_outage.take() {
+                self.r.outages.push((open, shared.ms(Instant::now())));
+            } else if let Some(f) = failed {
+                self.r.outages.push((shared.ms(f), shared.ms(Instant::now())));
+            }
+        } else {
+            self.r.unwritten.push(seq);
+            if let Ok(o) = &res {
+                self.r.user_errors += 1;
+                if self.r.first_errors.len() < 3 {
+                    self.r.first_errors.push(format!("append exited {:?}: {:?}", o.exit_code, o.error));
+                }
+            }
+            let at = failed.unwrap_or_else(Instant::now);
+            self.r.open_outage.get_or_insert(shared.ms(at));
+        }
+    }
+
+    async fn checkpoint(&mut self) {
+        let before = self.r.written;
+        let path = format!("/v1/workspaces/{}/checkpoint", self.r.workspace);
+        let (res, _) = self
+            .conn
+            .call_expecting(&mut self.r, missing_route, |c| {
+                let p = path.clone();
+                async move { c.post_json(&p, Bytes::new()).await }
+            })
+            .await;
+        match res {
+            Ok(_) => {
+                self.r.acked = before;
+                self.r.checkpoints += 1;
+            }
+            Err(ClientError::Api { status: 409, code, .. }) if code == "WORKSPACE::FENCED" => {
+                self.r.fenced += 1;
+            }
+            Err(e) if missing_route(&e) => self.r.checkpoint_unsupported = true,
+            Err(_) => {}
+        }
+    }
+
+    async fn submit(&mut self, k: u64) {
+        let key = format!("{}-{}-{k}", self.run, self.r.index);
+        let req = SubmitTaskRequest {
+            command: vec!["sh".into(), "-c".into(), format!("echo done {key}")],
+            key: Some(key.clone()),
+            reuse_sandbox: Some(true),
+            ..Default::default()
+        };
+        let (res, _) = self
+            .conn
+            .call(&mut self.r, |c| {
+                let req = req.clone();
+                async move { c.submit_task(&req).await }
+            })
+            .await;
+        if let Ok((t, _)) = res {
+            self.r.tasks.push((key, t.id));
+        }
+    }
+
+    /// The records file, under the retry policy.
+    pub async fn read_records(&mut self) -> Option<Bytes> {
+        let id = self.r.sandbox.clone()?;
+        let (res, _) = self
+            .conn
+            .call(&mut self.r, |c| {
+                let id = id.clone();
+                async move { c.download(&id, "/workspace/records").await }
+            })
+            .await;
+        res.ok()
+    }
+}

