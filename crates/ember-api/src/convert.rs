@@ -120,6 +120,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         network_policy: req.network_policy,
         volumes,
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
+        launch: ember_engine::LaunchMode::Any,
         snapshot_id: req.snapshot_id,
         workspaces: req
             .workspaces

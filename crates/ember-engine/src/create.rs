@@ -44,6 +44,24 @@ pub struct CreateSandbox {
     /// writable layer and workspaces; the request may set timeout, metadata,
     /// resources, env and entrypoint.
     pub snapshot_id: Option<String>,
+    /// Warm only, cold only, or either (the default). A cluster sends a warm
+    /// claim to a node with an idle member and, on a miss, a cold create to
+    /// the node it places it on (docs/cluster.md, "Pools on a cluster").
+    #[serde(default)]
+    pub launch: LaunchMode,
+}
+
+/// How a create may start its sandbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchMode {
+    /// A warm claim from a matching pool, else a cold start.
+    #[default]
+    Any,
+    /// A warm claim only: no idle member is `EngineError::PoolEmpty`.
+    Warm,
+    /// A cold start only: no pool is looked at.
+    Cold,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -141,10 +159,15 @@ impl Provisioner {
         let spec = self.catalog.resolve(&req)?;
         self.workspaces.create_missing_workspaces(&req.workspaces).await?;
         self.workspaces.check_workspaces(&req.workspaces)?;
-        if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
-            if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return self.sandboxes.record_policy(rec, req.network_policy).await;
+        if req.launch != LaunchMode::Cold {
+            if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+                if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
+                    return self.sandboxes.record_policy(rec, req.network_policy).await;
+                }
             }
+        }
+        if req.launch == LaunchMode::Warm {
+            return Err(EngineError::PoolEmpty(req.pool.unwrap_or_else(|| spec.template.clone())));
         }
         let rec = self.sandboxes.launch(spec.clone(), req.image_uri.clone(), None, t0).await?;
         let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
