@@ -6,9 +6,13 @@
 //! `--api-only` node places a create on a node that runs sandboxes. Tasks
 //! (`cluster/tasks.rs`): one queue for the
 //! cluster, logs read through any node, a SIGKILLed node's tasks re-run.
+//! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
+//! pulled over NATS queue groups.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
+#[path = "cluster/pools.rs"]
+mod pools;
 #[path = "cluster/tasks.rs"]
 mod tasks;
 

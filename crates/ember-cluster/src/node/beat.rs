@@ -61,6 +61,7 @@ impl ClusterPlane {
                 api_only: self.cfg.api_only,
                 free_memory_bytes: registry::free_memory(),
                 sandboxes,
+                pools: self.desired.loads(),
             };
             let Ok(value) = serde_json::to_vec(&info) else { continue };
             if let Err(e) = self.nodes_kv.put(&self.cfg.name, value.into()).await {

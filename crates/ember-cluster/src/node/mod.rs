@@ -3,22 +3,36 @@
 //! to the node holding the sandbox (docs/cluster.md, "Nodes and routing").
 //!
 //! `registry.rs` the two buckets and liveness, `beat.rs` the heartbeat and
-//! the sandbox registry's reconciler, `plane.rs` the routing,
+//! the sandbox registry's reconciler, `plane.rs` the routing, `pools.rs`
+//! templates and pools as desired state (each node's share planned by
+//! `share.rs`), `claims.rs` warm claims over NATS queue groups,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
+use std::time::Duration;
 
 mod beat;
+mod claims;
 mod elsewhere;
 mod forward;
 mod plane;
+mod pools;
 mod registry;
+pub mod share;
 mod tasks;
 
 pub use plane::ClusterPlane;
-pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+
+/// The key-value buckets of a node: registries and desired state.
+pub(crate) struct Buckets {
+    pub nodes: jetstream::kv::Store,
+    pub sandboxes: jetstream::kv::Store,
+    pub pools: jetstream::kv::Store,
+    pub templates: jetstream::kv::Store,
+}
 
 /// How a node joins the cluster.
 #[derive(Clone, Debug)]
@@ -65,10 +79,19 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     // R3 on a cluster of three servers or more (one may be lost), else R1.
     let replicas = if cfg.servers.len() >= 3 { 3 } else { 1 };
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
-    let sandboxes = registry::open_sandboxes(&js, &cfg.prefix, replicas).await?;
-    let plane = Arc::new(ClusterPlane::new(cfg, local, nodes.clone(), sandboxes));
+    let buckets = Buckets {
+        nodes: nodes.clone(),
+        sandboxes: registry::open_sandboxes(&js, &cfg.prefix, replicas).await?,
+        pools: registry::bucket(&js, format!("{}_pools", cfg.prefix), replicas, Duration::ZERO).await?,
+        templates: registry::bucket(&js, format!("{}_templates", cfg.prefix), replicas, Duration::ZERO).await?,
+    };
+    let plane = Arc::new(ClusterPlane::new(cfg, local, buckets, client));
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
     tokio::spawn(plane.clone().beat());
+    tokio::spawn(plane.clone().converge_loop());
+    if !plane.api_only() {
+        tokio::spawn(plane.clone().subscription_loop());
+    }
     Ok(plane)
 }
