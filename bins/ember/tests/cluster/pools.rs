@@ -26,7 +26,6 @@ async fn wait_spread(d: &Daemon, name: &str, want: &[(&str, u32)]) -> PoolInfo {
             }
         };
         let got: BTreeMap<String, u32> = p.nodes.iter().map(|n| (n.node.clone(), n.idle)).collect();
-        eprintln!("{name}: {:?} idle {} starting {}", got, p.idle, p.starting);
         let settled = p.starting == 0 && got == want && p.idle == want.values().sum::<u32>();
         settled.then_some(p)
     })
