@@ -68,12 +68,11 @@ async fn read_all<T: serde::de::DeserializeOwned>(
     let mut out = BTreeMap::new();
     while let Some(key) = keys.next().await {
         let key = key.map_err(|e| bucket_error(what, &e))?;
-        match store.get(&key).await.map_err(|e| bucket_error(what, &e))? {
-            Some(v) => match serde_json::from_slice(&v) {
+        if let Some(v) = store.get(&key).await.map_err(|e| bucket_error(what, &e))? {
+            match serde_json::from_slice(&v) {
                 Ok(t) => drop(out.insert(key, t)),
                 Err(e) => tracing::warn!(bucket = what, key = %key, error = %e, "unreadable entry"),
-            },
-            None => {}
+            }
         }
     }
     Ok(out)
