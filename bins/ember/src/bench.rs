@@ -1,7 +1,8 @@
 //! `ember bench create`: ember's cold create-to-ready and exec round trip,
 //! measured through the public API like any client, beside crun measured in
 //! the same run on the same machine. `ember bench claim` and `ember bench
-//! density`: warm-pool claims and how many idle sandboxes fit.
+//! density`: warm-pool claims and how many idle sandboxes fit. `ember bench
+//! cluster`: warm claims through every node of a cluster beside one node.
 //!
 //! Exit code: 0 when every ember run succeeded, 1 when some failed (the
 //! figures are printed either way). A missed target is a result, not an error.
@@ -11,6 +12,7 @@ mod claim_report;
 mod class_extra;
 mod class_warm;
 mod classes;
+pub mod cluster;
 mod crun;
 mod density;
 pub(crate) mod ember;
@@ -55,6 +57,10 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
         }
         BenchCmd::Classes { runs, idle, json } => classes::run(client, runs, idle, json).await,
         BenchCmd::Tasks(a) => tasks::run(client, a).await,
+        BenchCmd::Cluster(a) => {
+            let key = <crate::cli::Cli as clap::Parser>::try_parse().ok().and_then(|c| c.api_key);
+            cluster::run(key, a).await
+        }
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await

@@ -538,6 +538,9 @@ pub enum BenchCmd {
     },
     /// Task throughput, submit→start latency, and MTTD after a worker kill.
     Tasks(crate::bench::tasks::TasksArgs),
+    /// Warm claims on a cluster through every node's URL, beside the same
+    /// claims through one node (p50/p99 and claims/s), on a cluster pool of its own.
+    Cluster(crate::bench::cluster::ClusterArgs),
     /// Warm claims with and without egress networking, and the network slot
     /// refill rate (pools of its own; the daemon needs egress networking on).
     Network {

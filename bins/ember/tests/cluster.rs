@@ -9,9 +9,13 @@
 //! Rebind (`cluster/rebind.rs`): workspaces claimed once cluster-wide,
 //! checkpointed to a shared store, sessions re-created on a live node.
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
+//! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
+//! pulled over NATS queue groups.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
+#[path = "cluster/pools.rs"]
+mod pools;
 #[path = "cluster/rebind.rs"]
 mod rebind;
 #[path = "cluster/snapshots.rs"]

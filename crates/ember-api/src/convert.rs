@@ -122,6 +122,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         pool: req.extensions.as_ref().and_then(|e| e.get("poolRef").cloned()),
         rebind: restart_policy(req.extensions.as_ref())?,
         id: None,
+        launch: ember_engine::LaunchMode::Any,
         snapshot_id: req.snapshot_id,
         workspaces: req
             .workspaces

@@ -63,6 +63,7 @@ impl From<EngineError> for ApiError {
             EngineError::Store { .. } => (S::INTERNAL_SERVER_ERROR, "STORE::IO_ERROR"),
             EngineError::PoolNotFound(_) => (S::NOT_FOUND, "POOL::NOT_FOUND"),
             EngineError::PoolExists(_) => (S::CONFLICT, "POOL::ALREADY_EXISTS"),
+            EngineError::PoolEmpty(_) => (S::CONFLICT, "POOL::EMPTY"),
             EngineError::Workspace(w) => workspace_status(w),
             EngineError::Task(t) => task_status(t),
             EngineError::Snapshot(s) => snapshot_status(s),

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ember_engine::pool::plan::Target;
 use ember_engine::pool::{CreatePool, PoolStatus, WINDOW};
-use ember_types::api::{CreatePoolRequest, PoolInfo, PoolList, PoolSizing, ResizePoolRequest};
+use ember_types::api::{CreatePoolRequest, PoolInfo, PoolList, PoolNodeInfo, PoolSizing, ResizePoolRequest};
 
 fn target(v: Option<serde_json::Value>) -> Result<Option<Target>, ApiError> {
     let bad = || ApiError::bad_request("target must be \"auto\" or a number of idle sandboxes");
@@ -50,6 +50,11 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
             window_secs: WINDOW.as_secs(),
         },
         network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
+        nodes: s
+            .nodes
+            .iter()
+            .map(|n| PoolNodeInfo { node: n.node.clone(), target: n.target, idle: n.idle, starting: n.starting })
+            .collect(),
     }
 }
 

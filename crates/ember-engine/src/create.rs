@@ -54,6 +54,24 @@ pub struct CreateSandbox {
     /// never crosses the wire (`serde(skip)`).
     #[serde(skip)]
     pub id: Option<ember_types::SandboxId>,
+    /// Warm only, cold only, or either (the default). A cluster sends a warm
+    /// claim to a node with an idle member and, on a miss, a cold create to
+    /// the node it places it on (docs/cluster.md, "Pools on a cluster").
+    #[serde(default)]
+    pub launch: LaunchMode,
+}
+
+/// How a create may start its sandbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchMode {
+    /// A warm claim from a matching pool, else a cold start.
+    #[default]
+    Any,
+    /// A warm claim only: no idle member is `EngineError::PoolEmpty`.
+    Warm,
+    /// A cold start only: no pool is looked at.
+    Cold,
 }
 
 /// A `host` volume as asked for: validated against the allow-list in
@@ -157,14 +175,15 @@ impl Provisioner {
         self.workspaces.create_missing_workspaces(&req.workspaces).await?;
         self.workspaces.check_workspaces(&req.workspaces)?;
         // A rebind (a fixed id) is a cold start: a warm member has its own id.
-        let pool = match req.id {
-            Some(_) => None,
-            None => self.pools.matching_pool(&spec, req.pool.as_deref())?,
-        };
-        if let Some(pool) = pool {
-            if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
-                return self.sandboxes.record_policy(rec, req.network_policy).await;
+        if req.launch != LaunchMode::Cold && req.id.is_none() {
+            if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+                if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
+                    return self.sandboxes.record_policy(rec, req.network_policy).await;
+                }
             }
+        }
+        if req.launch == LaunchMode::Warm {
+            return Err(EngineError::PoolEmpty(req.pool.unwrap_or_else(|| spec.template.clone())));
         }
         let rec = self.sandboxes.launch_as(req.id.clone(), spec.clone(), req.image_uri.clone(), t0).await?;
         let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {

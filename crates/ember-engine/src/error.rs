@@ -40,6 +40,10 @@ pub enum EngineError {
     PoolNotFound(String),
     #[error("pool {0} already exists")]
     PoolExists(String),
+    /// A warm-only create found no idle member (a cluster's claim; never
+    /// from the public API's create, which then starts cold).
+    #[error("pool {0} has no idle sandbox")]
+    PoolEmpty(String),
     #[error(transparent)]
     Workspace(ember_workspace::WorkspaceError),
     #[error(transparent)]

@@ -41,7 +41,7 @@ pub use snapshots::{SnapshotStoreConfig, StoreOpener};
 
 pub use workspaces::{MountedWorkspace, WorkspaceRequest, WorkspaceStatus};
 
-pub use create::{CreateSandbox, HostVolumeRequest};
+pub use create::{CreateSandbox, HostVolumeRequest, LaunchMode};
 /// Every daemon → agent connection pins the socket first (the API's proxy too).
 pub use ember_agent_client::connect_agent;
 pub use ember_runtime::RuntimeError;

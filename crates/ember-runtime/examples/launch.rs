@@ -33,7 +33,6 @@ fn main() {
         network: NetworkMode::None,
         lower_dirs: vec![],
         workdir: None,
-        storage_id_range: false,
         egress: Default::default(),
     };
     for i in 0..5 {

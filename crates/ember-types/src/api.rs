@@ -358,6 +358,20 @@ pub struct PoolInfo {
     pub sizing: PoolSizing,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// On a cluster: each node's share of the target and its idle and
+    /// starting members (`idle`, `starting` above are their sums).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<PoolNodeInfo>,
+}
+
+/// One node's part of a cluster's pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolNodeInfo {
+    pub node: String,
+    pub target: u32,
+    pub idle: u32,
+    pub starting: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -54,7 +54,7 @@ impl Faults {
 
 /// `k` victims, hosts without a nats-server first (a cut host takes its
 /// server off the JetStream cluster too), in the seed's order.
-fn choose<'a>(st: &'a State, k: usize, seed: u64) -> Vec<&'a Host> {
+fn choose(st: &State, k: usize, seed: u64) -> Vec<&Host> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut plain, mut with_nats): (Vec<&Host>, Vec<&Host>) = st.hosts.iter().partition(|h| h.nats_url.is_none());
     rng.shuffle(&mut plain);

@@ -76,6 +76,7 @@ impl ClusterPlane {
                 api_only: self.cfg.api_only,
                 free_memory_bytes: registry::free_memory(),
                 sandboxes,
+                pools: self.desired.loads(),
             };
             let Ok(value) = serde_json::to_vec(&info) else { continue };
             let sent = std::time::Instant::now();

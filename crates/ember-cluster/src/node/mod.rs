@@ -7,6 +7,8 @@
 //! `workspaces.rs` the workspace registry (holder, epoch, checkpoint),
 //! `rebind.rs` sessions re-created on a live node when theirs dies, and the
 //! freeze of a node that cannot renew,
+//! `pools.rs` templates and pools as desired state (each node's share
+//! planned by `share.rs`), `claims.rs` warm claims over NATS queue groups,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API.
 use async_nats::jetstream;
@@ -15,25 +17,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod beat;
+mod claims;
 mod elsewhere;
 mod forward;
 mod plane;
+mod pools;
 mod rebind;
 mod registry;
+pub mod share;
 mod tasks;
 mod workspaces;
 
 pub use plane::ClusterPlane;
 pub use rebind::{RebindEntry, FREEZE_AFTER};
-pub use registry::{NodeInfo, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
 pub use workspaces::WorkspaceEntry;
 
-/// The buckets a node works on.
+/// The key-value buckets of a node: registries and desired state.
 pub(crate) struct Buckets {
-    pub nodes: async_nats::jetstream::kv::Store,
-    pub sandboxes: async_nats::jetstream::kv::Store,
-    pub workspaces: async_nats::jetstream::kv::Store,
-    pub rebind: async_nats::jetstream::kv::Store,
+    pub nodes: jetstream::kv::Store,
+    pub sandboxes: jetstream::kv::Store,
+    pub workspaces: jetstream::kv::Store,
+    pub rebind: jetstream::kv::Store,
+    pub pools: jetstream::kv::Store,
+    pub templates: jetstream::kv::Store,
 }
 
 /// How a node joins the cluster.
@@ -85,15 +92,24 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     // R3 on a cluster of three servers or more (one may be lost), else R1.
     let replicas = if cfg.servers.len() >= 3 { 3 } else { 1 };
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
-    let sandboxes = registry::open_sandboxes(&js, &cfg.prefix, replicas).await?;
-    let workspaces = registry::bucket(&js, format!("{}_workspaces", cfg.prefix), replicas, Duration::ZERO).await?;
-    let rebind = registry::bucket(&js, format!("{}_rebind", cfg.prefix), replicas, Duration::ZERO).await?;
-    let buckets = Buckets { nodes: nodes.clone(), sandboxes, workspaces, rebind };
-    let plane = Arc::new(ClusterPlane::new(cfg, local, buckets));
+    let bucket = |what: &str| registry::bucket(&js, format!("{}_{what}", cfg.prefix), replicas, Duration::ZERO);
+    let buckets = Buckets {
+        nodes: nodes.clone(),
+        sandboxes: registry::open_sandboxes(&js, &cfg.prefix, replicas).await?,
+        workspaces: bucket("workspaces").await?,
+        rebind: bucket("rebind").await?,
+        pools: bucket("pools").await?,
+        templates: bucket("templates").await?,
+    };
+    let plane = Arc::new(ClusterPlane::new(cfg, local, buckets, client));
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
     tokio::spawn(plane.clone().beat());
     tokio::spawn(plane.clone().fence_watch());
+    tokio::spawn(plane.clone().converge_loop());
+    if !plane.api_only() {
+        tokio::spawn(plane.clone().subscription_loop());
+    }
     if !plane.checkpoint_every().is_zero() {
         tokio::spawn(plane.clone().checkpoint_loop(plane.checkpoint_every()));
     }

@@ -10,14 +10,17 @@
 //! on a live node picked by best-of-two on free memory (a restore on the node
 //! holding its snapshot's record, a sandbox with workspaces where they are;
 //! sandbox snapshot records and workspaces are found by asking the nodes,
-//! `elsewhere.rs`). Everything else (pools, workspace snapshots, images,
-//! templates, tasks) is this node's own for now (docs/cluster.md says what is
-//! not routed yet).
+//! `elsewhere.rs`); a create naming a pool is a warm claim over NATS from a
+//! node with an idle member, else placed cold (`claims.rs`). Pools and
+//! templates are the cluster's desired state (`pools.rs`). Everything else
+//! (workspace snapshots, images, tasks) is this node's own for now
+//! (docs/cluster.md says what is not routed yet).
+use super::claims::Subscriptions;
 use super::forward::Forwarder;
+use super::pools::Desired;
 use super::rebind::Fence;
 use super::registry::{NodeInfo, Nodes, SandboxEntry};
-use super::Buckets;
-use super::NodeConfig;
+use super::{Buckets, NodeConfig};
 use crate::retry::{again, retry, RETRY_BUDGET};
 use async_nats::jetstream::kv;
 use ember_engine::pool::plan::Target;
@@ -25,8 +28,8 @@ use ember_engine::pool::{CreatePool, PoolStatus};
 use ember_engine::tasks::TaskFilter;
 use ember_engine::templates::Template;
 use ember_engine::{
-    AgentRoute, ControlPlane, CreateSandbox, EngineError, ListFilter, NetworkStatus, NodeCall, SandboxRecord,
-    SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceCheckpoint, WorkspaceStatus,
+    AgentRoute, ControlPlane, CreateSandbox, EngineError, LaunchMode, ListFilter, NetworkStatus, NodeCall,
+    SandboxRecord, SandboxSnapshotRecord, SnapshotFilter, SnapshotOp, WorkspaceCheckpoint, WorkspaceStatus,
 };
 use ember_image::{ImageRecord, LayerMeta, PruneReport, PullProgress};
 use ember_snapshot::{GcReport, SnapshotSummary};
@@ -53,6 +56,11 @@ pub struct ClusterPlane {
     fwd: Forwarder,
     /// What this node last wrote to the sandbox registry: id → state.
     pub(super) published: Mutex<HashMap<String, String>>,
+    /// Templates and pools as the cluster's desired state (`pools.rs`).
+    pub(super) desired: Desired,
+    /// Core NATS: warm claims (`claims.rs`).
+    pub(super) nats: async_nats::Client,
+    pub(super) subs: Subscriptions,
 }
 
 /// Where a sandbox call runs.
@@ -72,11 +80,16 @@ macro_rules! routed {
 }
 
 impl ClusterPlane {
-    pub(super) fn new(cfg: NodeConfig, local: Arc<dyn ControlPlane>, b: Buckets) -> ClusterPlane {
+    pub(super) fn new(
+        cfg: NodeConfig,
+        local: Arc<dyn ControlPlane>,
+        buckets: Buckets,
+        nats: async_nats::Client,
+    ) -> ClusterPlane {
         let fwd = Forwarder::new(cfg.api_key.clone());
         let nodes = Arc::new(Nodes::new(cfg.name.clone()));
-        let Buckets { nodes: nodes_kv, sandboxes, workspaces, rebind } = b;
-        let fence = Fence::default();
+        let Buckets { nodes: nodes_kv, sandboxes, workspaces, rebind, pools, templates } = buckets;
+        let desired = Desired::new(pools, templates);
         ClusterPlane {
             cfg,
             local,
@@ -84,10 +97,13 @@ impl ClusterPlane {
             sandboxes,
             workspaces,
             rebind,
-            fence,
+            fence: Fence::default(),
             nodes,
             fwd,
             published: Mutex::default(),
+            desired,
+            nats,
+            subs: Default::default(),
         }
     }
 
@@ -204,22 +220,11 @@ impl ClusterPlane {
     }
 }
 
-pub(super) fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError {
-    EngineError::Internal(format!("sandbox registry: {op} {id}: {e}"))
-}
-
-#[async_trait::async_trait]
-impl ControlPlane for ClusterPlane {
-    async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
-        // A restore runs where the snapshot's record is, a sandbox with
-        // workspaces where they are.
-        if let Some(n) = self.pinned(&req).await? {
-            return self.forward(&n, &NodeCall::Create { req: Box::new(req) }).await;
-        }
-        if self.cfg.api_only {
-            let n = self.place()?;
-            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req) }).await;
-        }
+impl ClusterPlane {
+    /// A create on this node's engine, recorded in the sandbox registry.
+    /// A rebind sandbox's request is kept for its rebind (`rebind.rs`); the
+    /// new workspaces it names are claimed cluster-wide first.
+    async fn create_here(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let claimed = self.claim_new_workspaces(&req).await?;
         let rebind = req.rebind.then(|| req.clone());
         let rec = match self.local.create(req).await {
@@ -244,6 +249,43 @@ impl ControlPlane for ClusterPlane {
             tracing::warn!(error = %e, "sandbox registry after a create; the reconciler retries");
         }
         Ok(rec)
+    }
+}
+
+pub(super) fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError {
+    EngineError::Internal(format!("sandbox registry: {op} {id}: {e}"))
+}
+
+#[async_trait::async_trait]
+impl ControlPlane for ClusterPlane {
+    async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+        // A restore runs where the snapshot's record is, a sandbox with
+        // workspaces where they are.
+        if let Some(n) = self.pinned(&req).await? {
+            return self.forward(&n, &NodeCall::Create { req: Box::new(req) }).await;
+        }
+        // A pool named: a warm claim from whichever node has an idle
+        // member, else a cold create placed on the cluster (`claims.rs`).
+        // With workspaces the claim stays where they are (`pinned`, above:
+        // that node's own pool).
+        let free = req.workspaces.is_empty() && req.snapshot_id.is_none();
+        if let (Some(pool), LaunchMode::Any, true) = (req.pool.clone(), req.launch, free) {
+            self.cluster_pool_status(&pool).await.map(drop)?;
+            if let Some(rec) = self.claim_anywhere(&pool, &req).await? {
+                return Ok(rec);
+            }
+            let req = CreateSandbox { launch: LaunchMode::Cold, ..req };
+            let n = self.place()?;
+            if n.name != self.cfg.name {
+                return self.forward(&n, &NodeCall::Create { req: Box::new(req) }).await;
+            }
+            return self.create_here(req).await;
+        }
+        if self.cfg.api_only {
+            let n = self.place()?;
+            return self.fwd.call(&n.name, &n.advertise, &NodeCall::Create { req: Box::new(req) }).await;
+        }
+        self.create_here(req).await
     }
     async fn get(&self, id: &str) -> Result<SandboxRecord, EngineError> {
         routed!(self, id, self.local.get(id), NodeCall::Get { id: id.into() })
@@ -339,15 +381,15 @@ impl ControlPlane for ClusterPlane {
         self.local.network_stats()
     }
 
-    // Pools, workspaces, snapshots, images, templates and tasks: this node's.
+    // Pools and templates: the cluster's desired state (`pools.rs`).
     async fn create_pool(&self, req: CreatePool) -> Result<PoolStatus, EngineError> {
-        self.local.create_pool(req).await
+        self.create_cluster_pool(req).await
     }
     async fn list_pools(&self) -> Result<Vec<PoolStatus>, EngineError> {
-        self.local.list_pools().await
+        self.cluster_pools().await
     }
     async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
-        self.local.pool_status(name).await
+        self.cluster_pool_status(name).await
     }
     async fn resize_pool(
         &self,
@@ -356,10 +398,10 @@ impl ControlPlane for ClusterPlane {
         max: Option<u32>,
         target: Option<Target>,
     ) -> Result<PoolStatus, EngineError> {
-        self.local.resize_pool(name, min, max, target).await
+        self.resize_cluster_pool(name, min, max, target).await
     }
     async fn remove_pool(&self, name: &str) -> Result<(), EngineError> {
-        self.local.remove_pool(name).await
+        self.remove_cluster_pool(name).await
     }
     async fn create_workspace(&self, name: String, size_bytes: u64) -> Result<WorkspaceStatus, EngineError> {
         // Names are cluster-unique: one on another node is this name taken.
@@ -481,7 +523,7 @@ impl ControlPlane for ClusterPlane {
         self.local.prune_images().await
     }
     async fn create_template(&self, req: TemplateRequest) -> Result<Template, EngineError> {
-        self.local.create_template(req).await
+        self.create_cluster_template(req).await
     }
     async fn templates(&self) -> Result<Vec<Template>, EngineError> {
         self.local.templates().await
@@ -490,7 +532,7 @@ impl ControlPlane for ClusterPlane {
         self.local.template(name).await
     }
     async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
-        self.local.delete_template(name).await
+        self.delete_cluster_template(name).await
     }
     async fn submit_task(&self, req: SubmitTaskRequest) -> Result<(TaskRecord, bool), EngineError> {
         self.local.submit_task(req).await

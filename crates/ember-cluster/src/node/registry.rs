@@ -15,7 +15,7 @@ use crate::retry;
 use async_nats::jetstream::{self, kv};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,19 @@ pub struct NodeInfo {
     pub free_memory_bytes: u64,
     /// Sandboxes it holds (any state).
     pub sandboxes: u64,
+    /// Its part of each cluster pool (`pools.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pools: BTreeMap<String, PoolLoad>,
+}
+
+/// A node's part of one pool, as its heartbeat says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolLoad {
+    pub target: u32,
+    pub idle: u32,
+    pub starting: u32,
+    pub claims: u64,
+    pub misses: u64,
 }
 
 /// Where a sandbox is, as the sandbox registry says.

@@ -27,7 +27,8 @@ pub struct CreatePool {
 /// The most idle sandboxes one pool may hold.
 pub const MAX_POOL: u32 = 10_000;
 
-fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineError> {
+/// Bounds every pool's min, max and fixed target must keep.
+pub fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineError> {
     if min > max || max > MAX_POOL {
         return Err(EngineError::invalid("max", format!("need min <= max <= {MAX_POOL} (min {min}, max {max})")));
     }
@@ -111,6 +112,7 @@ impl Pools {
             misses_window: super::window_count(&pool.misses, now) as u32,
             create_failures: pool.create_failures.load(Ordering::Relaxed),
             idle_memory_bytes,
+            nodes: Vec::new(),
         })
     }
 

@@ -10,7 +10,7 @@ mod driver;
 mod manage;
 pub mod plan;
 
-pub use manage::{CreatePool, MAX_POOL};
+pub use manage::{check_bounds, CreatePool, MAX_POOL};
 pub use plan::Target;
 
 use crate::catalog::Catalog;
@@ -64,6 +64,19 @@ pub struct PoolStatus {
     pub misses_window: u32,
     pub create_failures: u64,
     pub idle_memory_bytes: u64,
+    /// Each node's part of a cluster's pool (empty on a node on its own).
+    pub nodes: Vec<PoolNodeStatus>,
+}
+
+/// One node's part of a cluster's pool: its share of the target, its idle
+/// and starting members (docs/cluster.md, "Pools on a cluster").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolNodeStatus {
+    pub node: String,
+    pub target: u32,
+    pub idle: u32,
+    pub starting: u32,
 }
 
 /// The live state of one pool. std Mutexes: short sections, never held

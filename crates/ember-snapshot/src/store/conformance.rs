@@ -96,7 +96,7 @@ pub fn snapshots(store: &dyn ObjectStore, scratch: &Path) {
 
     delete(store, "conf-one").expect("delete");
     let now = GcOptions { min_age: Duration::ZERO, ..GcOptions::default() };
-    let report = gc(store, now.clone()).expect("gc");
+    let report = gc(store, now).expect("gc");
     assert_eq!((report.manifests, report.chunks_deleted), (1, 0), "conf-two references every chunk");
     store.put("chunks/orphan", b"x").expect("put");
     let young = gc(store, GcOptions::default()).expect("gc");
