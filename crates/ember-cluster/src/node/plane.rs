@@ -341,6 +341,13 @@ impl ControlPlane for ClusterPlane {
     }
     async fn agent_route(&self, id: &str) -> Result<AgentRoute, EngineError> {
         match self.owner(id).await? {
+            // Frozen because this node cannot renew: the sandbox may come
+            // back here (renewed) or elsewhere (rebound), so the client is
+            // told to retry, not that the sandbox is paused.
+            Owner::Here if self.fence.is_frozen(id) => Err(EngineError::NodeUnavailable {
+                node: self.cfg.name.clone(),
+                reason: format!("sandbox {id} is frozen: this node cannot renew its place in the cluster"),
+            }),
             Owner::Here => self.local.agent_route(id).await,
             Owner::Node(n) => {
                 Ok(AgentRoute::Remote { node: n.name, base_url: n.advertise, api_key: self.fwd.api_key() })

@@ -72,6 +72,11 @@ impl Fence {
     pub(super) fn renewed(&self) -> bool {
         lock(&self.renewed).is_some_and(|t| t.elapsed() < FREEZE_AFTER)
     }
+
+    /// This node froze sandbox `id` because it could not renew.
+    pub(super) fn is_frozen(&self, id: &str) -> bool {
+        lock(&self.frozen).contains(id)
+    }
 }
 
 fn workspace_names(req: &CreateSandbox) -> Vec<String> {

@@ -76,7 +76,15 @@ impl ClusterPlane {
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 Err(EngineError::Workspace(WorkspaceError::Exists(name.to_string())))
             }
-            Err(e) => Err(kv_error("claim", name, &e)),
+            // The loser of two creates at once can get the stream's "wrong
+            // last sequence" (10164) as an "other" error instead of
+            // AlreadyExists (async-nats reads the key back after the refused
+            // publish, and that read can fail as well): the name is taken if
+            // the key now holds an entry (the race test's 500, 2 runs in 4).
+            Err(e) => match self.workspaces.get(name).await {
+                Ok(Some(_)) => Err(EngineError::Workspace(WorkspaceError::Exists(name.to_string()))),
+                _ => Err(kv_error("claim", name, &e)),
+            },
         }
     }
 
