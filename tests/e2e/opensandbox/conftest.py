@@ -12,6 +12,7 @@ daemon above as node `worker`, and an `--api-only` node `front` that the SDKs
 talk to, so every call reaches its sandbox through a node that does not own it.
 """
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -85,13 +86,23 @@ def _nats(tag):
     return proc, f"nats://127.0.0.1:{port}", store
 
 
-def _front(tag, nats):
+def _cluster_key(tag) -> Path:
+    """The cluster's manifest key: every node signs and checks the snapshots
+    of the cluster's shared store with it (serve refuses --cluster without)."""
+    key = Path(tempfile.mkdtemp(prefix=f"{tag}-key-")) / "snapshot.key"
+    key.write_text(secrets.token_hex(32) + "\n")
+    os.chmod(key, 0o600)
+    return key
+
+
+def _front(tag, nats, key):
     """The API-only node the SDKs talk to: (process, url, data dir)."""
     data_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-front-"))
     os.chmod(data_dir, 0o755)
     proc = subprocess.Popen(
         [
             _binary("EMBER_BIN", "ember"), "serve", "--cluster", nats[1], "--node", "front", "--api-only",
+            "--snapshot-key-file", str(key),
             "--listen", "127.0.0.1:0",
             "--data-dir", str(data_dir),
             "--cgroup-parent", f"{tag}-front",
@@ -128,7 +139,8 @@ def ember():
     host_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-vol-"))
     os.chmod(host_dir, 0o777)
     nats = _nats(tag) if os.environ.get("EMBER_E2E_NATS_SERVER") else None
-    cluster = ["--cluster", nats[1], "--node", "worker"] if nats else []
+    key = _cluster_key(tag) if nats else None
+    cluster = ["--cluster", nats[1], "--node", "worker", "--snapshot-key-file", str(key)] if nats else []
     proc = subprocess.Popen(
         [
             _binary("EMBER_BIN", "ember"), "serve", *cluster,
@@ -150,7 +162,7 @@ def ember():
         text=True,
     )
     url = _listening(proc)
-    front = _front(tag, nats) if nats else None
+    front = _front(tag, nats, key) if nats else None
     if front:
         url = front[1]
     e = Ember(url=url, domain=url.removeprefix("http://"), host_dir=host_dir, data_dir=data_dir)
