@@ -211,7 +211,9 @@ async fn a_task_attempt_runs_in_a_range_of_its_own_over_its_workspace_layer() {
     let lines: Vec<&str> = out.lines().collect();
     let attempt_range: u64 = lines.first().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("{out:?}"));
     assert_ne!(attempt_range, 1_000_000_000, "the attempt ran in the shared storage range");
-    assert_ne!(attempt_range, range_of(&d, &reader.id).await);
+    // (The reader may get the range the attempt freed: ranges are reused,
+    // so no check that the two differ; the owners below are checked as the
+    // reader sees them either way.)
     // Inside the attempt the seed kept its owner; after the commit what it
     // wrote is owned as it was inside, for a sandbox of another range.
     assert_eq!(lines[1..], ["1000 1000", "seed", "more", "1000 1000", "1000 1000"], "{out:?}");

@@ -23,6 +23,16 @@ pub(crate) fn trees(
     name: &str,
     spec: &SandboxSpec,
 ) -> Result<Trees, RuntimeError> {
+    if spec.volumes.iter().any(|v| !in_storage_range(ranges, &v.host_path)) {
+        // A host volume whose files are the host's own (owned by host users,
+        // not the storage range): through a mount idmapped from the storage
+        // range the sandbox could not create a file in it (EACCES in a 0777
+        // directory owned by root: the OpenSandbox SDK suite's host volume
+        // test). Such a sandbox stays in the storage range with plain
+        // mounts. A workspace or task layer (storage-owned) is idmapped.
+        let base = ranges.use_storage(name);
+        return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+    }
     let base = ranges.allocate(name)?;
     let userns = ember_sys::idmap::userns_fd(&ranges.storage_map(base))?;
     let tree = |p: &Path, ro: bool| ember_sys::idmap::idmapped_tree(p, ro, userns.as_fd());
@@ -36,6 +46,15 @@ pub(crate) fn trees(
     };
     let lowers = if spec.lower_dirs.is_empty() { vec![host_template.to_path_buf()] } else { spec.lower_dirs.clone() };
     Ok(Trees { base, lowers: lowers.iter().map(|l| tree(l, true)).collect::<Result<_, _>>()?, volumes })
+}
+
+/// The volume's root is owned by an id of the storage range (not followed
+/// if it is a symlink; a path that cannot be read counts as not).
+fn in_storage_range(ranges: &IdRanges, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let base = u64::from(ranges.storage_base());
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| (base..base + u64::from(crate::idrange::RANGE)).contains(&u64::from(m.uid())))
 }
 
 /// What `mount_setattr` answers for a filesystem without idmapped mounts.
