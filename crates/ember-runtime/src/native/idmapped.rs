@@ -36,16 +36,20 @@ pub(crate) fn trees(
     let base = ranges.allocate(name)?;
     let userns = ember_sys::idmap::userns_fd(&ranges.storage_map(base))?;
     let tree = |p: &Path, ro: bool| ember_sys::idmap::idmapped_tree(p, ro, userns.as_fd());
-    let volumes = match spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect() {
-        Ok(v) => v,
+    let lowers = if spec.lower_dirs.is_empty() { vec![host_template.to_path_buf()] } else { spec.lower_dirs.clone() };
+    let volumes = spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect::<Result<Vec<_>, _>>();
+    let made = volumes.and_then(|v| Ok((v, lowers.iter().map(|l| tree(l, true)).collect::<Result<Vec<_>, _>>()?)));
+    match made {
+        Ok((volumes, lowers)) => Ok(Trees { base, lowers, volumes }),
+        // A volume or a layer on a filesystem without idmapped mounts (a
+        // tmpfs or initramfs data dir: every create failed in the cgroup v2
+        // guest): the storage range with plain mounts.
         Err(e) if e.source.raw_os_error() == Some(EINVAL) => {
             let base = ranges.use_storage(name);
-            return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+            Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() })
         }
-        Err(e) => return Err(e.into()),
-    };
-    let lowers = if spec.lower_dirs.is_empty() { vec![host_template.to_path_buf()] } else { spec.lower_dirs.clone() };
-    Ok(Trees { base, lowers: lowers.iter().map(|l| tree(l, true)).collect::<Result<_, _>>()?, volumes })
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The volume's root is owned by an id of the storage range (not followed
