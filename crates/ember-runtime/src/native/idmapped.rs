@@ -52,6 +52,16 @@ pub(crate) fn trees(
     }
 }
 
+/// Whether `dir`'s filesystem takes idmapped mounts (a probe: one detached
+/// idmapped tree, dropped at once). A restore seeds its writable layer for
+/// the sandbox's range before the launch: on a filesystem without them the
+/// launch falls back to the storage range, and so must the seeding.
+pub(crate) fn supported(ranges: &IdRanges, dir: &Path) -> bool {
+    let probe = ranges.storage_base().saturating_add(crate::idrange::RANGE);
+    let Ok(userns) = ember_sys::idmap::userns_fd(&ranges.storage_map(probe)) else { return false };
+    ember_sys::idmap::idmapped_tree(dir, true, userns.as_fd()).is_ok()
+}
+
 /// The volume's root is owned by an id of the storage range (not followed
 /// if it is a symlink; a path that cannot be read counts as not).
 fn in_storage_range(ranges: &IdRanges, path: &Path) -> bool {

@@ -437,7 +437,10 @@ impl Runtime for NativeRuntime {
             path: dir.clone(),
             source,
         })?;
-        let base = self.ranges.allocate(id.as_str())?;
+        let base = match idmapped::supported(&self.ranges, &self.host_template) {
+            true => self.ranges.allocate(id.as_str())?,
+            false => self.ranges.use_storage(id.as_str()),
+        };
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
         Ok(Some(WritableLayer { upper, opaque_xattr: rootfs::OPAQUE_XATTR }))
     }
