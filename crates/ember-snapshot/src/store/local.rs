@@ -1,6 +1,7 @@
 //! [`LocalStore`]: objects are files under a root directory.
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -138,7 +139,11 @@ impl ObjectStore for LocalStore {
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.path(key)?;
-        let mut f = fs::File::open(&path).map_err(|e| match e.kind() {
+        // The object itself is never followed if it is a symlink (a store
+        // another party can write); the dirs above it are the store's own.
+        let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+        let open = fs::OpenOptions::new().read(true).custom_flags(nofollow).open(&path);
+        let mut f = open.map_err(|e| match e.kind() {
             ErrorKind::NotFound => StoreError::NotFound { key: key.to_string() },
             _ => io("read", &path)(e),
         })?;
