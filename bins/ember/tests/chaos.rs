@@ -192,9 +192,10 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     assert_eq!(tasks["unfinished"], 0, "{tasks}");
     assert_eq!(tasks["duplicated"], 0, "{tasks}");
     // Records of the sessions whose node lived: every acknowledged one
-    // there, none corrupted. (A record written but not yet checkpointed can
-    // be lost when a live node is taken for dead and its session rebound:
-    // seen when the killed nats-server was the one a node was connected to.)
+    // there, none corrupted. (A record written but not yet checkpointed is
+    // lost if a live node is taken for dead and its session rebound: a node
+    // starved of CPU for 1.5 s looks dead, so that is a timing, not asserted;
+    // the election case is `registry.rs`'s unit tests.)
     let live = &data["records"]["survivors"];
     assert!(live["written"].as_u64().expect("written") > 0, "{live}");
     assert_eq!((&live["ackedLost"], &live["corrupted"]), (&0.into(), &0.into()), "{live}");
@@ -206,15 +207,19 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     assert!(faults["leader"]["server"].is_string(), "the queue leader was killed: {faults}");
 
     // Rebind: the killed node's sessions come back under the same ids,
-    // their workspaces readable and never corrupted. Not asserted, because
-    // the drill does not meet them yet (docs/chaos.md, "What the drill
-    // found"): 0 user-visible errors, every session recovered, and no
-    // acknowledged record lost on the killed node's sessions.
+    // each rebind seen by its session (a checkpoint answered the next
+    // epoch), their workspaces readable at their last checkpoint: no
+    // acknowledged record lost, none corrupted. Not asserted, because they
+    // are timings under the retry policy's 30 s (a loaded CI machine can
+    // take longer): 0 user-visible errors, every session back before the
+    // drill stops (docs/chaos.md has the figures).
     assert_eq!(data["checkpointRoute"], true, "checkpoints answered");
     assert!(data["mttr"]["recovered"].as_u64().expect("recovered") > 0, "{}", data["mttr"]);
     let lost = &data["records"]["lostNodes"];
-    assert_eq!(lost["corrupted"], 0, "{lost}");
+    assert_eq!((&lost["ackedLost"], &lost["corrupted"]), (&0.into(), &0.into()), "{lost}");
     assert_eq!(lost["readable"], lost["sessions"], "{lost}");
+    let rebound = sessions.iter().filter(|s| s["rebindsSeen"].as_u64() > Some(0)).count();
+    assert!(rebound > 0, "a killed node's session saw its workspace's new epoch");
     let _ = std::fs::remove_dir_all(&out);
 
     let down = ember(&["cluster", "down", "--dir", &d]);

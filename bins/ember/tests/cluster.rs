@@ -139,6 +139,10 @@ fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
         let killed = Instant::now();
         let err = a.client.get_sandbox(&on_b).await.expect_err("a just-killed node's sandbox");
         assert_node_unavailable(&err, "b");
+        // So is a request through the agent proxy (it was a 502
+        // `SANDBOX::AGENT_UNREACHABLE`, which no client retries).
+        let err = a.client.download(&on_b, "/etc/hostname").await.expect_err("a file from a just-killed node");
+        assert_node_unavailable(&err, "b");
         eventually(Duration::from_secs(20), "b noticed dead", || async {
             ids(&a).await.filter(|l| l.contains(&on_a) && !l.contains(&on_b))
         })

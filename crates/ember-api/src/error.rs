@@ -4,17 +4,18 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use ember_engine::EngineError;
 use ember_types::api::ErrorBody;
+use std::borrow::Cow;
 
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: Cow<'static, str>,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
+    pub fn new(status: StatusCode, code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        ApiError { status, code: code.into(), message: message.into() }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -44,6 +45,11 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         use StatusCode as S;
+        if let EngineError::Remote { status, code, message, .. } = &e {
+            // Only an error status passes: anything else from a node is its bug.
+            let status = StatusCode::from_u16(*status).ok().filter(|s| s.is_client_error() || s.is_server_error());
+            return ApiError::new(status.unwrap_or(S::BAD_GATEWAY), code.clone(), message.clone());
+        }
         let (status, code) = match &e {
             EngineError::NotFound(_) => (S::NOT_FOUND, "SANDBOX::NOT_FOUND"),
             EngineError::OperationNotFound(_) => (S::NOT_FOUND, "SNAPSHOT::OPERATION_NOT_FOUND"),
@@ -76,7 +82,9 @@ impl From<EngineError> for ApiError {
             EngineError::Busy { .. } => (S::CONFLICT, "SANDBOX::BUSY"),
             EngineError::NodeUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "CLUSTER::NODE_UNAVAILABLE"),
             EngineError::WorkspaceFenced { .. } => (S::CONFLICT, "WORKSPACE::FENCED"),
-            EngineError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR"),
+            EngineError::Internal(_) | EngineError::Remote { .. } => {
+                (S::INTERNAL_SERVER_ERROR, "GENERAL::UNKNOWN_ERROR")
+            }
         };
         if status.is_server_error() {
             tracing::error!(error = %chain(&e), "request failed");

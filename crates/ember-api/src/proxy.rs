@@ -197,9 +197,16 @@ async fn connect(
                     format!("sandbox {id}: node {node} advertises {base_url:?}, not http://host:port"),
                 )
             })?;
-            let s = tokio::net::TcpStream::connect(authority.as_str())
-                .await
-                .map_err(|e| bad_gateway(id, &format!("node {node} ({authority}) connect"), &e))?;
+            // The owning node does not answer: it is down or cut off (its
+            // death not noticed yet), which a retry rides out as the
+            // forwarded calls do (503), not the agent's fault (502).
+            let s = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "CLUSTER::NODE_UNAVAILABLE",
+                    format!("sandbox {id}: node {node} ({authority}) connect: {}", chain(&e)),
+                )
+            })?;
             // The same way in on the owner: its path route (which sets the
             // same policy), or the same sandbox name (the nodes of a cluster
             // share `--sandbox-domain`).

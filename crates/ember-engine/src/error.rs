@@ -78,6 +78,11 @@ pub enum EngineError {
     /// workspace's checkpoint (409 `WORKSPACE::FENCED`).
     #[error("workspace {name} is fenced: {detail}")]
     WorkspaceFenced { name: String, detail: String },
+    /// Another node's error answer whose variant cannot be rebuilt here
+    /// exactly: its status, code and message are passed on unchanged, so a
+    /// call through any node answers what the owner answered.
+    #[error("{message}")]
+    Remote { node: String, status: u16, code: String, message: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -121,6 +121,10 @@ pub fn build(
         ),
         ("records written / acknowledged", format!("{} / {}", sum(&rs, |r| r.written), sum(&rs, |r| r.acked))),
         ("records lost or corrupted, surviving nodes", live_bad.to_string()),
+        (
+            "rebinds seen by sessions / unacknowledged records they took back",
+            format!("{} / {}", sum(&rs, |r| r.rebinds_seen), sum(&rs, |r| r.written_lost - r.acked_lost)),
+        ),
         ("acknowledged records lost or corrupted, all", all_acked_bad.to_string()),
         ("load average at the end", loadavg()),
     ];
@@ -220,6 +224,7 @@ fn sessions_table(rs: &[&SessionResult], faults: &Faults) -> Table {
             "MTTR",
             "lost (written/acked)",
             "corrupted",
+            "slowest call (at)",
         ],
     );
     for r in rs {
@@ -235,6 +240,7 @@ fn sessions_table(rs: &[&SessionResult], faults: &Faults) -> Table {
             m.map_or(String::new(), ms),
             format!("{}/{}", r.written_lost, r.acked_lost),
             r.corrupted.to_string(),
+            r.slowest.as_ref().map_or(String::new(), |(what, at, took)| format!("{what} {took} ms ({at} ms)")),
         ]);
     }
     s

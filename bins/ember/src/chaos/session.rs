@@ -5,9 +5,17 @@
 //! would). A call that still fails is a *user-visible error*.
 //!
 //! The loop: append a checksummed record to /workspace/records by exec,
-//! every few records `POST /v1/workspaces/{name}/checkpoint` (records before
-//! a checkpoint that answered 200 are *acknowledged*), every few records a
-//! task with an idempotency key of its own.
+//! every few records `POST /v1/workspaces/{name}/checkpoint`, every few
+//! records a task with an idempotency key of its own.
+//!
+//! A checkpoint answers the workspace's epoch, which a rebind moves on: the
+//! records appended since the previous checkpoint are *acknowledged* when
+//! this checkpoint answered 200 at that checkpoint's epoch (the copy they
+//! were written to is the one checkpointed). At a new epoch they are not:
+//! they may have gone to the lost node's copy, and the workspace came back
+//! at its last checkpoint (that is what a rebind promises). A client that
+//! counted every 200 as covering its writes saw "acknowledged" records lost
+//! after each rebind (the drill's first runs).
 use bytes::Bytes;
 use ember_client::{Client, ClientError};
 use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
@@ -77,8 +85,20 @@ pub struct SessionResult {
     pub workspace: String,
     /// Highest record seq whose append answered exit 0.
     pub written: u64,
-    /// Highest record seq a later checkpoint acknowledged.
+    /// Records acknowledged by a checkpoint (see the module's docs).
     pub acked: u64,
+    /// The acknowledged seqs: `(after, upto]` ranges.
+    pub acked_ranges: Vec<(u64, u64)>,
+    /// The epoch of the last checkpoint that answered, and the highest seq
+    /// written before it.
+    pub epoch: Option<u64>,
+    pub checkpointed_upto: u64,
+    /// Checkpoints that answered a newer epoch than the one before: the
+    /// workspace was rebound in between.
+    pub rebinds_seen: u64,
+    /// The session's slowest call so far (retries included): what, when it
+    /// started (ms on the drill's clock), how long it took (ms).
+    pub slowest: Option<(String, u64, u64)>,
     /// Seqs whose append failed (they may or may not be in the file).
     pub unwritten: Vec<u64>,
     pub checkpoints: u64,
@@ -102,6 +122,36 @@ pub struct SessionResult {
     pub corrupted: u64,
 }
 
+impl SessionResult {
+    /// A call `what` that started at `at_ms` has taken `took` so far.
+    fn took(&mut self, what: &str, at_ms: u64, took: Duration) {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        if self.slowest.as_ref().is_none_or(|s| s.2 < ms) {
+            self.slowest = Some((what.to_string(), at_ms, ms));
+        }
+    }
+
+    /// A checkpoint answered at `epoch`, taken after seq `upto` was written.
+    /// The workspace was made by this session at epoch 1.
+    pub fn acknowledge(&mut self, epoch: u64, upto: u64) {
+        let prev = self.epoch.unwrap_or(1);
+        if epoch == prev && upto > self.checkpointed_upto {
+            self.acked_ranges.push((self.checkpointed_upto, upto));
+            self.acked += upto - self.checkpointed_upto;
+        }
+        if epoch != prev {
+            self.rebinds_seen += 1;
+        }
+        self.epoch = Some(epoch);
+        self.checkpointed_upto = self.checkpointed_upto.max(upto);
+    }
+
+    /// Whether record `seq` was acknowledged.
+    pub fn is_acked(&self, seq: u64) -> bool {
+        self.acked_ranges.iter().any(|&(after, upto)| seq > after && seq <= upto)
+    }
+}
+
 /// The session's view of the cluster: a client per node, the one in use.
 pub struct Conn {
     clients: Vec<Client>,
@@ -119,12 +169,17 @@ impl Conn {
     }
 
     /// `f` under the retry policy; the time of the first failed try if any.
-    pub async fn call<T, F, Fut>(&mut self, r: &mut SessionResult, f: F) -> (Result<T, ClientError>, Option<Instant>)
+    pub async fn call<T, F, Fut>(
+        &mut self,
+        r: &mut SessionResult,
+        what: &'static str,
+        f: F,
+    ) -> (Result<T, ClientError>, Option<Instant>)
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
-        self.call_expecting(r, |_| false, f).await
+        self.call_expecting(r, what, |_| false, f).await
     }
 
     /// As `call`; an error `expected` accepts is handed back without being
@@ -132,6 +187,7 @@ impl Conn {
     pub async fn call_expecting<T, F, Fut>(
         &mut self,
         r: &mut SessionResult,
+        what: &'static str,
         expected: impl Fn(&ClientError) -> bool,
         f: F,
     ) -> (Result<T, ClientError>, Option<Instant>)
@@ -143,6 +199,7 @@ impl Conn {
         let (start, mut wait, mut first_fail) = (Instant::now(), BACKOFF_FIRST, None);
         loop {
             let res = f(self.clients[self.cur].clone()).await;
+            r.took(what, self.shared.ms(start), start.elapsed());
             match res {
                 Ok(v) => {
                     self.shared.note(Kind::Ok);
@@ -221,7 +278,7 @@ impl Session {
     pub async fn open(&mut self) -> Result<(), ClientError> {
         let ws = self.r.workspace.clone();
         self.conn
-            .call(&mut self.r, |c| {
+            .call(&mut self.r, "create workspace", |c| {
                 let ws = ws.clone();
                 async move { c.create_workspace(&ws, "64Mi").await }
             })
@@ -239,7 +296,7 @@ impl Session {
         };
         let (created, _) = self
             .conn
-            .call(&mut self.r, |c| {
+            .call(&mut self.r, "create sandbox", |c| {
                 let req = req.clone();
                 async move { c.create_sandbox(&req).await }
             })
@@ -275,7 +332,7 @@ impl Session {
         };
         let (res, failed) = self
             .conn
-            .call(&mut self.r, |c| {
+            .call(&mut self.r, "append", |c| {
                 let req = req.clone();
                 let id = id.to_string();
                 async move { c.exec(&id, &req, |_| {}).await }
@@ -284,11 +341,6 @@ impl Session {
         let ok = matches!(&res, Ok(o) if o.exit_code == Some(0));
         if ok {
             self.r.written = seq;
-            if let Some(open) = self.r.open_outage.take() {
-                self.r.outages.push((open, shared.ms(Instant::now())));
-            } else if let Some(f) = failed {
-                self.r.outages.push((shared.ms(f), shared.ms(Instant::now())));
-            }
         } else {
             self.r.unwritten.push(seq);
             if let Ok(o) = &res {
@@ -297,6 +349,24 @@ impl Session {
                     self.r.first_errors.push(format!("append exited {:?}: {:?}", o.exit_code, o.error));
                 }
             }
+        }
+        self.outage(shared, ok, failed);
+    }
+
+    /// Keeps the outages of the session's sandbox and workspace (what MTTR
+    /// measures): a call that needed them (an append, a checkpoint) and
+    /// failed at least once opens one; the next that succeeds closes it. A
+    /// checkpoint that retried through the whole rebind is such a call too
+    /// (without it, sessions whose appends never failed counted as never
+    /// recovered).
+    fn outage(&mut self, shared: &Shared, ok: bool, failed: Option<Instant>) {
+        if ok {
+            if let Some(open) = self.r.open_outage.take() {
+                self.r.outages.push((open, shared.ms(Instant::now())));
+            } else if let Some(f) = failed {
+                self.r.outages.push((shared.ms(f), shared.ms(Instant::now())));
+            }
+        } else {
             let at = failed.unwrap_or_else(Instant::now);
             self.r.open_outage.get_or_insert(shared.ms(at));
         }
@@ -304,18 +374,20 @@ impl Session {
 
     async fn checkpoint(&mut self) {
         let before = self.r.written;
-        let path = format!("/v1/workspaces/{}/checkpoint", self.r.workspace);
-        let (res, _) = self
+        let ws = self.r.workspace.clone();
+        let (res, failed) = self
             .conn
-            .call_expecting(&mut self.r, missing_route, |c| {
-                let p = path.clone();
-                async move { c.post_json(&p, Bytes::new()).await }
+            .call_expecting(&mut self.r, "checkpoint", missing_route, |c| {
+                let ws = ws.clone();
+                async move { c.checkpoint_workspace(&ws).await }
             })
             .await;
+        let shared = self.conn.shared.clone();
+        self.outage(&shared, res.is_ok(), failed);
         match res {
-            Ok(_) => {
-                self.r.acked = before;
+            Ok(c) => {
                 self.r.checkpoints += 1;
+                self.r.acknowledge(c.epoch, before);
             }
             Err(ClientError::Api { status: 409, code, .. }) if code == "WORKSPACE::FENCED" => {
                 self.r.fenced += 1;
@@ -335,7 +407,7 @@ impl Session {
         };
         let (res, _) = self
             .conn
-            .call(&mut self.r, |c| {
+            .call(&mut self.r, "submit task", |c| {
                 let req = req.clone();
                 async move { c.submit_task(&req).await }
             })
@@ -350,11 +422,42 @@ impl Session {
         let id = self.r.sandbox.clone()?;
         let (res, _) = self
             .conn
-            .call(&mut self.r, |c| {
+            .call(&mut self.r, "read records", |c| {
                 let id = id.clone();
                 async move { c.download(&id, "/workspace/records").await }
             })
             .await;
         res.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SessionResult;
+
+    /// Records appended between the last checkpoint before a rebind and the
+    /// first one after it are not acknowledged by that one (it answers the
+    /// new epoch); those before and after are.
+    #[test]
+    fn a_checkpoint_at_a_new_epoch_acknowledges_nothing_written_before_it() {
+        let mut r = SessionResult::default();
+        r.acknowledge(1, 4);
+        r.acknowledge(1, 8);
+        r.acknowledge(2, 12);
+        r.acknowledge(2, 16);
+        assert!((1..=8).all(|q| r.is_acked(q)));
+        assert!((9..=12).all(|q| !r.is_acked(q)));
+        assert!((13..=16).all(|q| r.is_acked(q)));
+        assert!(!r.is_acked(17));
+        assert_eq!((r.acked, r.rebinds_seen, r.epoch), (12, 1, Some(2)));
+    }
+
+    /// Rebound before its first checkpoint: nothing before it is acknowledged.
+    #[test]
+    fn a_first_checkpoint_past_epoch_one_acknowledges_nothing() {
+        let mut r = SessionResult::default();
+        r.acknowledge(2, 4);
+        assert!(!r.is_acked(1));
+        assert_eq!(r.acked, 0);
     }
 }

@@ -127,7 +127,7 @@ fn check(s: &mut Session, data: Option<&[u8]>) {
     };
     r.readable = data.is_some();
     r.corrupted = bad;
-    let missing = |upto: u64| (1..=upto).filter(|q| !unwritten.contains(q) && !seen.contains_key(q)).count() as u64;
-    r.written_lost = missing(r.written);
-    r.acked_lost = missing(r.acked);
+    let lost: Vec<u64> = (1..=r.written).filter(|q| !unwritten.contains(q) && !seen.contains_key(q)).collect();
+    r.written_lost = lost.len() as u64;
+    r.acked_lost = lost.iter().filter(|q| r.is_acked(**q)).count() as u64;
 }

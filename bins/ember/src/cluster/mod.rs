@@ -144,9 +144,10 @@ async fn start(
     // again rather than failing the whole cluster.
     for i in 0..st.hosts.len() {
         for attempt in 1..=3 {
-            st.hosts[i].ember_pid = Some(procs::start_node(&st, &st.hosts[i], agent, serve)?);
+            let mut child = procs::start_node(&st, &st.hosts[i], agent, serve)?;
+            st.hosts[i].ember_pid = Some(child.id());
             st.save()?;
-            match procs::wait_node(&st, &st.hosts[i]).await {
+            match procs::wait_node(&st, &st.hosts[i], &mut child).await {
                 Ok(()) => break,
                 Err(e) if attempt < 3 => eprintln!("ember cluster up: {e:#}; starting it again"),
                 Err(e) => return Err(e),

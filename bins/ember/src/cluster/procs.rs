@@ -8,7 +8,7 @@ use super::state::{Host, State, API_PORT, MONITOR_PORT, NATS_PORT, ROUTE_PORT};
 use anyhow::{bail, Context};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `--nats-server`, else `$EMBER_NATS_SERVER`, else `nats-server` on PATH.
@@ -39,14 +39,13 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 /// `bin args` in `h`'s namespace, detached (own process group, output to
 /// `<host dir>/<log>`); its pid.
-fn spawn_in(h: &Host, bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> anyhow::Result<u32> {
+fn spawn_in(h: &Host, bin: &Path, args: &[String], log: &Path, env: &[(&str, &str)]) -> anyhow::Result<Child> {
     let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone().with_context(|| log.display().to_string())?;
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net=/run/netns/{}", h.netns)).arg("--").arg(bin).args(args);
     cmd.envs(env.iter().copied()).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
-    let child = cmd.spawn().with_context(|| format!("starting {} in {}", bin.display(), h.netns))?;
-    Ok(child.id())
+    cmd.spawn().with_context(|| format!("starting {} in {}", bin.display(), h.netns))
 }
 
 fn host_dir(st: &State, h: &Host) -> PathBuf {
@@ -75,10 +74,11 @@ pub fn start_nats(st: &State, h: &Host, bin: &Path) -> anyhow::Result<u32> {
     let path = dir.join("server.conf");
     std::fs::write(&path, conf).with_context(|| format!("writing {}", path.display()))?;
     let args = vec!["-c".to_string(), path.display().to_string()];
-    spawn_in(h, bin, &args, &host_dir(st, h).join("nats.log"), &[])
+    Ok(spawn_in(h, bin, &args, &host_dir(st, h).join("nats.log"), &[])?.id())
 }
 
-pub fn start_node(st: &State, h: &Host, agent: &Path, extra: &[String]) -> anyhow::Result<u32> {
+/// Starts `h`'s node; its handle is what [`wait_node`] watches.
+pub fn start_node(st: &State, h: &Host, agent: &Path, extra: &[String]) -> anyhow::Result<Child> {
     std::fs::create_dir_all(&h.data_dir).with_context(|| format!("creating {}", h.data_dir.display()))?;
     let me = std::env::current_exe().context("this executable")?;
     // One manifest key for the cluster: every node signs and checks the
@@ -107,16 +107,19 @@ pub fn start_node(st: &State, h: &Host, agent: &Path, extra: &[String]) -> anyho
 
 /// Waits until `h`'s node answers `/health` (bounded: a node that never
 /// comes up fails `up` with its log's tail).
-pub async fn wait_node(st: &State, h: &Host) -> anyhow::Result<()> {
+pub async fn wait_node(st: &State, h: &Host, child: &mut Child) -> anyhow::Result<()> {
     let start = Instant::now();
     while !node_alive(st, h).await {
-        let exited = h.ember_pid.is_none_or(|p| !pid_alive(p, "ember"));
+        // The child's own status, not /proc: right after the spawn its
+        // command line can read empty while nsenter execs ember (taken for an
+        // exit under load, and the node started a second time on the same
+        // data dir while the first ran on, leaked by `down`).
+        let exited = !matches!(child.try_wait(), Ok(None));
         if exited || start.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            let _ = child.wait();
             let log = std::fs::read_to_string(host_dir(st, h).join("ember.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            if let Some(pid) = h.ember_pid {
-                kill_pid(pid, "ember");
-            }
             bail!(
                 "node {} did not come up ({}):\n{}",
                 h.name,

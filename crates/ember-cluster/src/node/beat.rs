@@ -56,19 +56,38 @@ impl ClusterPlane {
         now.len() as u64
     }
 
-    /// The heartbeat: every [`HEARTBEAT`], reconcile the sandbox registry and
-    /// put this node's [`NodeInfo`]. Runs for the process's life.
+    /// The registries' upkeep: every [`HEARTBEAT`], the rebind sweep, then
+    /// the sandbox registry brought in line (the count goes in the next
+    /// heartbeat). Apart from [`ClusterPlane::beat`]: a sweep or a reconcile
+    /// waits on other buckets, whose streams elect leaders of their own, and
+    /// a node whose beat waited behind them was taken for dead by the others.
+    pub(super) async fn upkeep(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.rebind_sweep().await;
+            // A node that cannot renew writes no registry entry: one queued
+            // while cut off would land after its sandbox was rebound.
+            if !self.cfg.api_only && self.fence.renewed() {
+                let n = self.reconcile().await;
+                self.held.store(n, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The heartbeat: every [`HEARTBEAT`], this node's [`NodeInfo`] put in
+    /// the node registry, nothing else on its path. A put that has not
+    /// answered within [`PUT_WAIT`] is given up: the next beat goes out on
+    /// time (while a stream elects a leader, puts wait or fail for seconds).
     pub(super) async fn beat(self: Arc<Self>) {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            // A node that cannot renew writes no registry entry: one queued
-            // while cut off would land after its sandbox was rebound.
-            self.rebind_sweep().await;
-            let sandboxes = match self.cfg.api_only || !self.fence.renewed() {
+            let sandboxes = match self.cfg.api_only {
                 true => self.published.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
-                false => self.reconcile().await,
+                false => self.held.load(std::sync::atomic::Ordering::Relaxed),
             };
             let info = NodeInfo {
                 name: self.cfg.name.clone(),
@@ -80,10 +99,15 @@ impl ClusterPlane {
             };
             let Ok(value) = serde_json::to_vec(&info) else { continue };
             let sent = std::time::Instant::now();
-            match self.nodes_kv.put(&self.cfg.name, value.into()).await {
-                Ok(_) => self.fence.renewed_at(sent),
-                Err(e) => tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat"),
+            match tokio::time::timeout(PUT_WAIT, self.nodes_kv.put(&self.cfg.name, value.into())).await {
+                Ok(Ok(_)) => self.fence.renewed_at(sent),
+                Ok(Err(e)) => tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat"),
+                Err(_) => tracing::warn!(node = %self.cfg.name, "heartbeat: no answer within {PUT_WAIT:?}"),
             }
         }
     }
 }
+
+/// How long a heartbeat's put may wait: past the freeze, a late success
+/// renews nothing anyway.
+const PUT_WAIT: std::time::Duration = super::rebind::FREEZE_AFTER;

@@ -101,7 +101,7 @@ impl Forwarder {
             return serde_json::from_slice(&bytes).map_err(|e| unreachable(format!("unreadable answer: {e}")));
         }
         match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(b) => Err(engine_error(&b.code, b.message, call)),
+            Ok(b) => Err(engine_error(node, status.as_u16(), &b.code, b.message, call)),
             Err(_) => Err(unreachable(format!("{status} without an error body"))),
         }
     }
@@ -157,14 +157,12 @@ fn call_id(call: &NodeCall) -> Option<&str> {
 /// The error the owning node rendered as `{code, message}` (ember-api's
 /// `error.rs`), rebuilt where its variant can be rebuilt exactly — checked:
 /// the rebuilt error must render the very message —, so the client sees the
-/// same code and message. Other errors become `Internal` with the owner's
-/// code at the head of the message (docs/cluster.md).
-pub(crate) fn engine_error(code: &str, message: String, call: &NodeCall) -> EngineError {
+/// same code and message. Other errors pass on as `Remote`: the owner's
+/// status, code and message unchanged (docs/cluster.md).
+pub(crate) fn engine_error(node: &str, status: u16, code: &str, message: String, call: &NodeCall) -> EngineError {
     match rebuild(code, &message, call) {
         Some(e) if e.to_string() == message => e,
-        // Still the caller's mistake (400), in other words.
-        _ if code == "SANDBOX::INVALID_PARAMETER" => EngineError::InvalidRequest { field: "request", message },
-        _ => EngineError::Internal(format!("{code}: {message}")),
+        _ => EngineError::Remote { node: node.to_string(), status, code: code.to_string(), message },
     }
 }
 
@@ -249,14 +247,25 @@ mod tests {
             ("SNAPSHOT::OPERATION_NOT_FOUND", EngineError::OperationNotFound("op-1".into()).to_string()),
         ];
         for (code, message) in cases {
-            let e = engine_error(code, message.clone(), &get);
+            let e = engine_error("b", 409, code, message.clone(), &get);
             assert!(!matches!(e, EngineError::Internal(_)), "{code} rebuilt as Internal");
             assert_eq!(e.to_string(), message, "{code}");
         }
-        // A message that does not parse keeps the owner's text.
-        let e = engine_error("SANDBOX::INVALID_PARAMETER", "invalid request body: x".into(), &get);
-        assert!(matches!(&e, EngineError::InvalidRequest { .. }), "{e:?}");
-        let e = engine_error("WORKSPACE::IN_USE", "workspace w is in use".into(), &get);
-        assert_eq!(e.to_string(), "internal error: WORKSPACE::IN_USE: workspace w is in use");
+        // An error that does not rebuild exactly passes on with the owner's
+        // status, code and message (a 409 WORKSPACE::FENCED of the local lease
+        // guard reached the drill's client as a 500).
+        let cases = [
+            (400, "SANDBOX::INVALID_PARAMETER", "invalid request body: x"),
+            (409, "WORKSPACE::IN_USE", "workspace w is in use"),
+            (409, "WORKSPACE::FENCED", "commit of snapshot w-1 refused: the commit guard returned false"),
+        ];
+        for (status, code, message) in cases {
+            match engine_error("b", status, code, message.into(), &get) {
+                EngineError::Remote { node, status: s, code: c, message: m } => {
+                    assert_eq!((node.as_str(), s, c.as_str(), m.as_str()), ("b", status, code, message));
+                }
+                e => panic!("{code} rebuilt as {e:?}"),
+            }
+        }
     }
 }

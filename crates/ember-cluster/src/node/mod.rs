@@ -105,6 +105,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
     tokio::spawn(plane.clone().beat());
+    tokio::spawn(plane.clone().upkeep());
     tokio::spawn(plane.clone().fence_watch());
     tokio::spawn(plane.clone().converge_loop());
     if !plane.api_only() {

@@ -56,6 +56,8 @@ pub struct ClusterPlane {
     fwd: Forwarder,
     /// What this node last wrote to the sandbox registry: id → state.
     pub(super) published: Mutex<HashMap<String, String>>,
+    /// Sandboxes this node holds, as its last reconcile counted.
+    pub(super) held: std::sync::atomic::AtomicU64,
     /// Templates and pools as the cluster's desired state (`pools.rs`).
     pub(super) desired: Desired,
     /// Core NATS: warm claims (`claims.rs`).
@@ -101,6 +103,7 @@ impl ClusterPlane {
             nodes,
             fwd,
             published: Mutex::default(),
+            held: Default::default(),
             desired,
             nats,
             subs: Default::default(),

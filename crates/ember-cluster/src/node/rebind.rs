@@ -55,6 +55,8 @@ pub(super) struct Fence {
     frozen: Mutex<HashSet<String>>,
     /// Re-creations under way here.
     inflight: Mutex<HashSet<String>>,
+    /// Workspaces taken over here and not restored yet.
+    restoring: Mutex<HashSet<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +78,11 @@ impl Fence {
     /// This node froze sandbox `id` because it could not renew.
     pub(super) fn is_frozen(&self, id: &str) -> bool {
         lock(&self.frozen).contains(id)
+    }
+
+    /// Workspace `name` is being restored here by a rebind.
+    pub(super) fn is_restoring(&self, name: &str) -> bool {
+        lock(&self.restoring).contains(name)
     }
 }
 
@@ -197,7 +204,17 @@ impl ClusterPlane {
     /// Re-creates sandbox `id` here: each workspace taken over at the next
     /// epoch and restored from its last checkpoint, the sandbox created under
     /// its id, the sandbox registry pointed here, the entry no longer pending.
-    async fn rebind_here(&self, id: &str, mut req: CreateSandbox) -> Result<(), EngineError> {
+    async fn rebind_here(&self, id: &str, req: CreateSandbox) -> Result<(), EngineError> {
+        let names: Vec<String> = req.workspaces.iter().map(|w| w.name.clone()).collect();
+        lock(&self.fence.restoring).extend(names.iter().cloned());
+        let done = self.rebind_steps(id, req).await;
+        let mut restoring = lock(&self.fence.restoring);
+        names.iter().for_each(|n| _ = restoring.remove(n));
+        done
+    }
+
+    /// [`Self::rebind_here`]'s steps.
+    async fn rebind_steps(&self, id: &str, mut req: CreateSandbox) -> Result<(), EngineError> {
         for w in &req.workspaces {
             let entry = self.take_workspace(&w.name, w.create_size.unwrap_or(1 << 30)).await?;
             if self.local().workspace(&w.name).await.is_ok() {

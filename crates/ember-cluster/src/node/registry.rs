@@ -63,20 +63,52 @@ pub struct SandboxEntry {
     pub state: String,
 }
 
-/// This node's view of the others: the last heartbeat of each and when it
-/// arrived here.
+/// This node's view of the others: the last heartbeat of each, its KV
+/// revision and when it arrived here.
 ///
-/// A node is dead when its last beat arrived more than [`DEAD_AFTER`] before
-/// this node's own last beat came back through the bucket: silence is
-/// measured against a beat that got through, not against the clock alone.
-/// While the bucket takes no writes (its stream electing a leader, seconds;
-/// this node cut off from NATS) no beat arrives, this node's included, and
-/// nobody is taken for dead: the lists stay whole instead of dropping every
-/// other node's sandboxes. Before this node's first beat came back, the
-/// clock alone judges.
+/// A node is dead when it was silent for [`DEAD_AFTER`] of this node's own
+/// *unbroken* run of beats: its last beat arrived more than `DEAD_AFTER`
+/// before this node's own last beat came back, counting silence only from
+/// the start of that run (the first own beat after a gap longer than
+/// [`OWN_GAP`]). Silence is measured against beats that got through, not
+/// against the clock: while the bucket takes no writes (its stream electing a
+/// leader, seconds; this node cut off from NATS; its watch re-opening) no
+/// beat arrives, this node's included, and nobody is taken for dead. When
+/// the bucket comes back, every live node's next beat lands within a beat or
+/// two, not all at once: without the run's start, the first node whose beat
+/// came back took all the others for dead and rebound their sessions (the
+/// chaos drill's "live node rebound" after the queue leader's SIGKILL).
+/// Before this node's first beat came back, the clock alone judges.
 pub struct Nodes {
     me: String,
-    seen: Mutex<HashMap<String, (NodeInfo, Instant)>>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    nodes: HashMap<String, Beat>,
+    /// When this node's current unbroken run of beats began.
+    run_start: Option<Instant>,
+}
+
+struct Beat {
+    info: NodeInfo,
+    revision: u64,
+    at: Instant,
+}
+
+/// A gap this long between two of this node's own beats coming back breaks
+/// its run: two beats missed.
+pub const OWN_GAP: Duration = Duration::from_millis(1000);
+
+impl Seen {
+    /// How long `at` was before the reference beat, from the run's start.
+    fn silence(&self, me: &str, at: Instant) -> Duration {
+        match (self.nodes.get(me), self.run_start) {
+            (Some(mine), Some(start)) => mine.at.saturating_duration_since(at.max(start)),
+            _ => at.elapsed(),
+        }
+    }
 }
 
 impl Nodes {
@@ -84,27 +116,32 @@ impl Nodes {
         Nodes { me, seen: Mutex::default() }
     }
 
-    fn saw(&self, info: NodeInfo) {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.insert(info.name.clone(), (info, Instant::now()));
+    fn saw(&self, info: NodeInfo, revision: u64) {
+        self.saw_at(info, revision, Instant::now());
     }
 
-    /// How long `at` was before the reference beat (see the type's docs).
-    fn silence(seen: &HashMap<String, (NodeInfo, Instant)>, me: &str, at: Instant) -> Duration {
-        match seen.get(me) {
-            Some((_, mine)) => mine.saturating_duration_since(at),
-            None => at.elapsed(),
+    /// Records heartbeat `info` (KV `revision`) as arrived at `at`. A
+    /// revision already seen (a re-opened watch replays the last value of
+    /// every key) is not an arrival: it would bring a dead node back to life.
+    fn saw_at(&self, info: NodeInfo, revision: u64, at: Instant) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.nodes.get(&info.name).is_some_and(|b| b.revision >= revision) {
+            return;
         }
+        if info.name == self.me {
+            let last = seen.nodes.get(&self.me).map(|b| b.at);
+            if last.is_none_or(|l| at.saturating_duration_since(l) > OWN_GAP) {
+                seen.run_start = Some(at);
+            }
+        }
+        seen.nodes.insert(info.name.clone(), Beat { info, revision, at });
     }
 
     /// The live nodes, by name.
     pub fn live(&self) -> Vec<NodeInfo> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<NodeInfo> = seen
-            .values()
-            .filter(|(_, at)| Self::silence(&seen, &self.me, *at) < DEAD_AFTER)
-            .map(|(i, _)| i.clone())
-            .collect();
+        let mut out: Vec<NodeInfo> =
+            seen.nodes.values().filter(|b| seen.silence(&self.me, b.at) < DEAD_AFTER).map(|b| b.info.clone()).collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
@@ -113,9 +150,9 @@ impl Nodes {
     /// silent at this node's last beat (`None`: never heard of).
     pub fn get(&self, name: &str) -> Result<NodeInfo, Option<Duration>> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        match seen.get(name) {
-            Some((info, at)) if Self::silence(&seen, &self.me, *at) < DEAD_AFTER => Ok(info.clone()),
-            Some((_, at)) => Err(Some(Self::silence(&seen, &self.me, *at))),
+        match seen.nodes.get(name) {
+            Some(b) if seen.silence(&self.me, b.at) < DEAD_AFTER => Ok(b.info.clone()),
+            Some(b) => Err(Some(seen.silence(&self.me, b.at))),
             None => Err(None),
         }
     }
@@ -200,9 +237,9 @@ pub(crate) async fn load_nodes(store: &kv::Store, nodes: &Nodes) -> Result<(), C
     let mut keys = store.keys().await.map_err(|e| fail(&e))?;
     while let Some(key) = keys.next().await {
         let key = key.map_err(|e| fail(&e))?;
-        if let Some(v) = store.get(&key).await.map_err(|e| fail(&e))? {
-            if let Ok(info) = serde_json::from_slice::<NodeInfo>(&v) {
-                nodes.saw(info);
+        if let Some(e) = store.entry(&key).await.map_err(|e| fail(&e))? {
+            if let Ok(info) = serde_json::from_slice::<NodeInfo>(&e.value) {
+                nodes.saw(info, e.revision);
             }
         }
     }
@@ -221,7 +258,7 @@ pub(crate) async fn watch_nodes(store: kv::Store, nodes: Arc<Nodes>) {
                         continue;
                     }
                     match serde_json::from_slice::<NodeInfo>(&entry.value) {
-                        Ok(info) => nodes.saw(info),
+                        Ok(info) => nodes.saw(info, entry.revision),
                         Err(e) => tracing::warn!(key = %entry.key, error = %e, "unreadable node heartbeat"),
                     }
                 }
@@ -239,4 +276,75 @@ pub(crate) fn free_memory() -> u64 {
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            advertise: format!("http://{name}"),
+            api_only: false,
+            free_memory_bytes: 0,
+            sandboxes: 0,
+            pools: BTreeMap::new(),
+        }
+    }
+
+    fn names(n: &Nodes) -> Vec<String> {
+        n.live().into_iter().map(|i| i.name).collect()
+    }
+
+    /// Beats every 500 ms of `who` from `from` ms to `to` ms (revisions
+    /// counted by `rev`).
+    fn beats(n: &Nodes, t0: Instant, rev: &mut u64, who: &[&str], from: u64, to: u64) {
+        for ms in (from..=to).step_by(500) {
+            for w in who {
+                *rev += 1;
+                n.saw_at(info(w), *rev, t0 + Duration::from_millis(ms));
+            }
+        }
+    }
+
+    /// The bucket took no writes for 6 s (an election); this node's beat came
+    /// back 1 s before b's: b is not dead (it was, on the rule without the
+    /// run's start).
+    #[test]
+    fn after_an_election_the_first_beat_back_takes_nobody_for_dead() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 2000);
+        beats(&n, t0, &mut rev, &["a"], 8000, 9000);
+        assert_eq!(names(&n), ["a", "b"]);
+        assert!(n.get("b").is_ok());
+        // Still silent 1.5 s into this node's unbroken run: dead.
+        beats(&n, t0, &mut rev, &["a"], 9500, 9500);
+        assert_eq!(names(&n), ["a"]);
+        assert_eq!(n.get("b").unwrap_err(), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_node_silent_through_this_nodes_beats_is_dead_after_the_bound() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 3000);
+        beats(&n, t0, &mut rev, &["a"], 3500, 4000);
+        assert_eq!(names(&n), ["a", "b"], "1 s of silence");
+        beats(&n, t0, &mut rev, &["a"], 4500, 4500);
+        assert_eq!(names(&n), ["a"], "1.5 s of silence");
+    }
+
+    /// A re-opened watch replays b's last value: b stays dead.
+    #[test]
+    fn a_replayed_heartbeat_is_not_an_arrival() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 1000);
+        let b_rev = rev;
+        beats(&n, t0, &mut rev, &["a"], 1500, 4000);
+        assert_eq!(names(&n), ["a"]);
+        n.saw_at(info("b"), b_rev, t0 + Duration::from_millis(4100));
+        assert_eq!(names(&n), ["a"]);
+        n.saw_at(info("b"), rev + 1, t0 + Duration::from_millis(4200));
+        assert_eq!(names(&n), ["a", "b"]);
+    }
 }

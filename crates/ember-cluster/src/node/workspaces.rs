@@ -134,11 +134,25 @@ impl ClusterPlane {
         Ok(w)
     }
 
+    /// A workspace a rebind is restoring here is neither checkpointed (a
+    /// half-restored copy would become its checkpoint) nor missing (the drill
+    /// saw 404s here): 503, a moment's wait.
+    fn not_restoring(&self, name: &str) -> Result<(), EngineError> {
+        match self.fence.is_restoring(name) {
+            true => Err(EngineError::NodeUnavailable {
+                node: self.name().to_string(),
+                reason: format!("workspace {name} is being restored here from its last checkpoint"),
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// `POST /v1/workspaces/{name}/checkpoint` on a cluster: where the
     /// workspace's copy is (this node first, as for sandboxes, else the
     /// holder the registry names), then committed as its checkpoint at the
     /// holder's epoch.
     pub(super) async fn routed_checkpoint(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+        self.not_restoring(name)?;
         if !self.api_only() && self.local().workspace(name).await.is_ok() {
             return self.checkpoint_here(name).await;
         }
@@ -155,6 +169,7 @@ impl ClusterPlane {
     /// of the entry's `checkpoint` that holds only while this node is the
     /// holder at the epoch read before the snapshot.
     pub(super) async fn checkpoint_here(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+        self.not_restoring(name)?;
         let me = self.name().to_string();
         let epoch = match self.ws_entry(name).await? {
             Some((w, _)) if w.holder == me => w.epoch,
