@@ -51,6 +51,8 @@ pub struct ClusterPlane {
     pub(super) workspaces: kv::Store,
     /// `<prefix>_rebind` (`rebind.rs`).
     pub(super) rebind: kv::Store,
+    /// `rebind` as this node's watch keeps it (the sweep reads it).
+    pub(super) rebind_seen: Arc<super::mirror::Mirror>,
     pub(super) fence: Fence,
     nodes: Arc<Nodes>,
     fwd: Forwarder,
@@ -98,6 +100,7 @@ impl ClusterPlane {
             nodes_kv,
             sandboxes,
             workspaces,
+            rebind_seen: super::mirror::Mirror::spawn(rebind.clone()),
             rebind,
             fence: Fence::default(),
             nodes,

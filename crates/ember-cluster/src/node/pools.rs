@@ -10,6 +10,7 @@
 //! heartbeats), an `--api-only` node none. A pool's status through any node
 //! is the cluster's: the bucket's spec, the nodes' idle and starting counts
 //! from their heartbeats (this node's fresh) and their sums.
+use super::mirror::Mirror;
 use super::plane::ClusterPlane;
 use super::registry::{NodeInfo, PoolLoad, HEARTBEAT};
 use super::share::{shares, NodeLoad};
@@ -27,6 +28,10 @@ use std::sync::{Arc, Mutex};
 pub(super) struct Desired {
     pools: kv::Store,
     templates: kv::Store,
+    /// The two buckets as their watches keep them (the convergence reads
+    /// these; the API reads the buckets, for read-your-writes).
+    pools_seen: Arc<Mirror>,
+    templates_seen: Arc<Mirror>,
     /// One convergence at a time: a round, or a change made through this node.
     turn: tokio::sync::Mutex<()>,
     /// Templates seen in the bucket: one gone from it was deleted through some node.
@@ -38,6 +43,8 @@ pub(super) struct Desired {
 impl Desired {
     pub(super) fn new(pools: kv::Store, templates: kv::Store) -> Desired {
         Desired {
+            pools_seen: Mirror::spawn(pools.clone()),
+            templates_seen: Mirror::spawn(templates.clone()),
             pools,
             templates,
             turn: Default::default(),
@@ -73,6 +80,19 @@ async fn read_all<T: serde::de::DeserializeOwned>(
                 Ok(t) => drop(out.insert(key, t)),
                 Err(e) => tracing::warn!(bucket = what, key = %key, error = %e, "unreadable entry"),
             }
+        }
+    }
+    Ok(out)
+}
+
+/// Every key's value of `m`, decoded, as [`read_all`].
+fn read_mirror<T: serde::de::DeserializeOwned>(m: &Mirror, what: &str) -> Result<BTreeMap<String, T>, EngineError> {
+    let entries = m.entries().ok_or_else(|| bucket_error(what, &"its watch has not caught up yet"))?;
+    let mut out = BTreeMap::new();
+    for (key, v, _) in entries {
+        match serde_json::from_slice(&v) {
+            Ok(t) => drop(out.insert(key, t)),
+            Err(e) => tracing::warn!(bucket = what, key = %key, error = %e, "unreadable entry"),
         }
     }
     Ok(out)
@@ -176,7 +196,7 @@ impl ClusterPlane {
     }
 
     async fn converge_templates(&self) -> Result<(), EngineError> {
-        let want: BTreeMap<String, TemplateRequest> = read_all(&self.desired.templates, "templates").await?;
+        let want: BTreeMap<String, TemplateRequest> = read_mirror(&self.desired.templates_seen, "templates")?;
         let have: BTreeSet<String> = self.local().templates().await?.into_iter().map(|t| t.name).collect();
         for (name, req) in want.iter().filter(|(n, _)| !have.contains(*n)) {
             if let Err(e) = self.local().create_template(req.clone()).await {
@@ -200,7 +220,7 @@ impl ClusterPlane {
     /// Brings this node's pools to its share of the bucket's (the caller
     /// holds the turn).
     async fn converge_pools(&self) -> Result<(), EngineError> {
-        let want: BTreeMap<String, PoolSpec> = read_all(&self.desired.pools, "pools").await?;
+        let want: BTreeMap<String, PoolSpec> = read_mirror(&self.desired.pools_seen, "pools")?;
         let have: BTreeMap<String, PoolStatus> = self.local_pools().await?;
         for name in have.keys().filter(|n| self.api_only() || !want.contains_key(*n)) {
             if let Err(e) = self.local().remove_pool(name).await {

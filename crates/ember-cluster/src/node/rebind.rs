@@ -17,7 +17,6 @@ use super::plane::ClusterPlane;
 use super::registry::DEAD_AFTER;
 use async_nats::jetstream::kv;
 use ember_engine::{CreateSandbox, EngineError, ListFilter};
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -120,18 +119,14 @@ impl ClusterPlane {
         }
     }
 
-    async fn rebind_entries(&self) -> Result<Vec<(String, RebindEntry, u64)>, String> {
-        let mut keys = self.rebind.keys().await.map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| e.to_string())?;
-            if let Some(e) = self.rebind.entry(&key).await.map_err(|e| e.to_string())? {
-                if let Ok(r) = serde_json::from_slice::<RebindEntry>(&e.value) {
-                    out.push((key, r, e.revision));
-                }
-            }
-        }
-        Ok(out)
+    /// The bucket's entries as this node's watch of it has them (a copy:
+    /// every write below is a compare-and-set on the revision read here).
+    fn rebind_entries(&self) -> Result<Vec<(String, RebindEntry, u64)>, String> {
+        let entries = self.rebind_seen.entries().ok_or("its watch has not caught up yet")?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(key, v, rev)| serde_json::from_slice::<RebindEntry>(&v).ok().map(|r| (key, r, rev)))
+            .collect())
     }
 
     /// One pass over the rebind bucket (each heartbeat, before the
@@ -142,7 +137,7 @@ impl ClusterPlane {
         if self.api_only() || !self.fence.renewed() {
             return;
         }
-        let entries = match self.rebind_entries().await {
+        let entries = match self.rebind_entries() {
             Ok(e) => e,
             Err(e) => return tracing::warn!(error = %e, "rebind registry: read"),
         };
@@ -152,10 +147,14 @@ impl ClusterPlane {
         for (id, e, rev) in entries {
             if e.node == self.name() {
                 mine.insert(id.clone(), workspace_names(&e.req));
-                if lock(&self.fence.frozen).remove(&id) {
+                // Resumed first, then no longer counted frozen: while it is
+                // still paused it answers 503, never the 409 of a paused
+                // sandbox (77 user-visible errors of the 300-session drill).
+                if self.fence.is_frozen(&id) {
                     if let Err(err) = self.local().resume(&id).await {
                         tracing::warn!(sandbox = %id, error = %err, "thawing a rebind sandbox after the node renewed");
                     }
+                    lock(&self.fence.frozen).remove(&id);
                 }
                 if e.pending && !here.contains(&id) {
                     self.clone().spawn_rebind(id, e.req);
@@ -255,13 +254,14 @@ impl ClusterPlane {
                 lock(&self.fence.mine).keys().filter(|id| !frozen.contains(*id)).cloned().collect()
             };
             for id in todo {
+                // Counted frozen before the pause starts (calls get a 503,
+                // not the 409 of a paused sandbox, from the first moment).
+                lock(&self.fence.frozen).insert(id.clone());
                 match self.local().pause(&id).await {
-                    Ok(()) => {
-                        tracing::warn!(sandbox = %id, "cannot renew: rebind sandbox frozen");
-                        lock(&self.fence.frozen).insert(id);
-                    }
+                    Ok(()) => tracing::warn!(sandbox = %id, "cannot renew: rebind sandbox frozen"),
                     Err(e) => {
                         tracing::warn!(sandbox = %id, error = %e, "cannot renew: freezing a rebind sandbox");
+                        lock(&self.fence.frozen).remove(&id);
                         lock(&self.fence.mine).remove(&id);
                     }
                 }

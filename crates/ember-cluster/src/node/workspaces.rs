@@ -153,14 +153,20 @@ impl ClusterPlane {
     /// holder's epoch.
     pub(super) async fn routed_checkpoint(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
         self.not_restoring(name)?;
-        if !self.api_only() && self.local().workspace(name).await.is_ok() {
-            return self.checkpoint_here(name).await;
-        }
-        let (w, _) = self.ws_entry(name).await?.ok_or_else(|| not_found(name))?;
-        if w.holder == self.name() {
+        let here = !self.api_only() && self.local().workspace(name).await.is_ok();
+        let entry = self.ws_entry(name).await?;
+        let w = match entry {
+            // Held here, or made before the registry knew it.
+            Some((w, _)) if here && w.holder == self.name() => return self.checkpoint_here(name).await,
+            None if here => return self.checkpoint_here(name).await,
+            None => return Err(not_found(name)),
             // The registry names this node, whose disk has no copy.
-            return Err(not_found(name));
-        }
+            Some((w, _)) if w.holder == self.name() => return Err(not_found(name)),
+            // A copy here is stale (this node was taken for dead, the
+            // workspace rebound): the holder's copy is the workspace (the
+            // stale one answered `FENCED` to checkpoints meant for it).
+            Some((w, _)) => w,
+        };
         let n = self.live_node(&w.holder, &format!("workspace {name} is on it"))?;
         self.forward(&n, &NodeCall::CheckpointWorkspace { name: name.into() }).await
     }

@@ -1,0 +1,110 @@
+//! A bucket kept in memory by one long-lived watch: the rebind sweep and
+//! the pool convergence read it every heartbeat.
+//!
+//! They listed the bucket's keys and read each key, every 500 ms, on every
+//! node. Each listing is an ephemeral JetStream consumer (created, then
+//! deleted: two calls to the meta leader), and each read a request to the
+//! stream's leader: with 10 nodes, 60 consumers a second and one read per
+//! rebind sandbox per node per beat (300 sessions: 6,000 reads a second),
+//! all of it repeated while nothing changed. A watch costs one consumer per
+//! bucket per node and one message per change.
+//!
+//! The copy lags the bucket by the watch's delivery; a writer that acts on
+//! it writes by compare-and-set on the revision it read, so a stale copy
+//! makes a write fail, never a wrong one.
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a broken watch waits before it is opened again.
+const REOPEN_AFTER: Duration = Duration::from_millis(500);
+
+/// The bucket's live keys, their values and revisions.
+pub(super) struct Mirror {
+    bucket: String,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, (Bytes, u64)>,
+    /// The watch delivered the bucket's whole content at least once.
+    synced: bool,
+}
+
+impl Mirror {
+    /// Starts the watch of `store`; the copy is readable once it has caught
+    /// up with the bucket.
+    pub(super) fn spawn(store: kv::Store) -> Arc<Mirror> {
+        let m = Arc::new(Mirror { bucket: store.name.clone(), state: Mutex::default() });
+        tokio::spawn(m.clone().follow(store));
+        m
+    }
+
+    /// Every live key with its value and revision; `None` until the watch
+    /// has delivered the whole bucket once.
+    pub(super) fn entries(&self) -> Option<Vec<(String, Bytes, u64)>> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.synced.then(|| st.entries.iter().map(|(k, (v, r))| (k.clone(), v.clone(), *r)).collect())
+    }
+
+    fn apply(&self, key: String, entry: Option<(Bytes, u64)>, caught_up: bool) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match entry {
+            Some(e) => drop(st.entries.insert(key, e)),
+            None => drop(st.entries.remove(&key)),
+        }
+        st.synced |= caught_up;
+    }
+
+    fn caught_up(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).synced = true;
+    }
+
+    /// Follows the bucket for the process's life, opening the watch again
+    /// when it ends (a lost connection, an election).
+    async fn follow(self: Arc<Self>, store: kv::Store) {
+        loop {
+            if let Err(e) = self.watch(&store).await {
+                tracing::warn!(bucket = %self.bucket, error = %e, "watching a cluster bucket");
+            }
+            tokio::time::sleep(REOPEN_AFTER).await;
+        }
+    }
+
+    async fn watch(&self, store: &kv::Store) -> Result<(), String> {
+        // An empty bucket delivers nothing to say the watch caught up.
+        let mut stream = store.stream.clone();
+        let empty = stream.info().await.map_err(|e| e.to_string())?.state.messages == 0;
+        let mut w = store.watch_with_history(">").await.map_err(|e| e.to_string())?;
+        if empty {
+            self.caught_up();
+        }
+        while let Some(entry) = w.next().await {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let value = (entry.operation == kv::Operation::Put).then(|| (entry.value, entry.revision));
+            self.apply(entry.key, value, entry.delta == 0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_is_read_only_once_caught_up_and_drops_deleted_keys() {
+        let m = Mirror { bucket: "b".into(), state: Mutex::default() };
+        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)), false);
+        assert!(m.entries().is_none(), "history still coming");
+        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)), true);
+        assert_eq!(m.entries().map(|e| e.len()), Some(2));
+        m.apply("x".into(), None, false);
+        let left: Vec<String> = m.entries().unwrap_or_default().into_iter().map(|e| e.0).collect();
+        assert_eq!(left, ["y"]);
+    }
+}
