@@ -3,10 +3,11 @@
 //! created with `extensions.restartPolicy = "rebind"` comes back on another
 //! node under the same id, its workspace at its last checkpoint, when its
 //! node is SIGKILLed; two nodes creating one workspace name at once: one
-//! wins; a node cut off from NATS freezes its copy, and its checkpoint is
-//! refused once the sandbox was rebound elsewhere.
+//! wins; a node cut off from NATS freezes its copy, and a checkpoint asked
+//! of it goes to the new holder once the sandbox was rebound elsewhere;
+//! every node SIGKILLed and started again at once: the cluster converges.
 use super::common::Daemon;
-use super::{eventually, nats, runtime};
+use super::{eventually, ids, nats, runtime};
 use ember_client::ClientError;
 use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
 use std::collections::BTreeMap;
@@ -193,12 +194,66 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_h
         .await;
         assert_eq!(c.epoch, 2, "{c:?}");
         // A removes its copy once it sees the sandbox rebound: one copy left.
-        eventually(Duration::from_secs(30), "a drops its copy", || async {
-            let on_a = std::fs::read_dir(a.data_dir.join("sandboxes")).ok()?;
-            (!on_a.flatten().any(|e| e.file_name().to_string_lossy() == id)).then_some(())
-        })
-        .await;
+        eventually(Duration::from_secs(30), "a drops its copy", || async { (!has_copy(&a, &id)).then_some(()) }).await;
         let kept = read_through(&a, &id, "kept").await;
         assert_eq!(kept, "checkpointed\n");
+    });
+}
+
+/// Whether `d`'s data dir holds a copy of sandbox `id`.
+fn has_copy(d: &Daemon, id: &str) -> bool {
+    let dir = std::fs::read_dir(d.data_dir.join("sandboxes"));
+    dir.is_ok_and(|mut r| r.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy() == id)))
+}
+
+/// Every node SIGKILLed at once and started again at once (a power cut, a
+/// botched roll-out): the cluster converges. Every sandbox is listed and
+/// reached through either node, the rebind session answers under its id
+/// with its checkpoint (on its node, or rebound if one node came back long
+/// after the other), and exactly one copy of it is left.
+#[test]
+fn all_nodes_restarted_at_once_converge() {
+    let nats = nats::NatsCluster::start("restart-all", 3);
+    let store = SharedStore::new("restart-all");
+    let urls = nats.urls();
+    let mut a = store.node(&urls, "a");
+    let mut b = store.node(&urls, "b");
+    let rt = runtime();
+    let all = rt.block_on(async {
+        let plain_a = a.create(|_| {}).await.id;
+        let plain_b = b.create(|_| {}).await.id;
+        a.client.create_workspace("rs-all", "64Mi").await.expect("workspace on a");
+        let session = a.client.create_sandbox(&rebind_request("rs-all")).await.expect("rebind sandbox").0.id;
+        let (code, _, _) = a.sh(&session, "echo kept > /workspace/kept", None).await;
+        assert_eq!(code, Some(0));
+        a.client.checkpoint_workspace("rs-all").await.expect("checkpoint");
+        [plain_a, plain_b, session]
+    });
+    a.kill9();
+    b.kill9();
+    a.spawn();
+    b.spawn();
+    let restarted = Instant::now();
+    rt.block_on(async {
+        for d in [&a, &b] {
+            eventually(Duration::from_secs(60), "every sandbox listed again", || async {
+                let listed = ids(d).await?;
+                all.iter().all(|id| listed.contains(id)).then_some(())
+            })
+            .await;
+        }
+        eprintln!("converged {:?} after the restart", restarted.elapsed());
+        let [plain_a, plain_b, session] = &all;
+        for (through, id) in [(&b, plain_a), (&a, plain_b)] {
+            let (code, out, _) = through.sh(id, "echo reached", None).await;
+            assert_eq!((code, out.as_str()), (Some(0), "reached\n"), "{id} through the other node");
+        }
+        for d in [&a, &b] {
+            assert_eq!(read_through(d, session, "kept").await, "kept\n");
+        }
+        eventually(Duration::from_secs(30), "one copy of the rebind session", || async {
+            (has_copy(&a, session) != has_copy(&b, session)).then_some(())
+        })
+        .await;
     });
 }
