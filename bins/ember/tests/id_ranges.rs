@@ -51,7 +51,17 @@ async fn crun_neighbours_hold_their_own_inotify_instances() {
     neighbours_hold_their_own_inotify_instances("crun").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runc_neighbours_hold_their_own_inotify_instances() {
+    neighbours_hold_their_own_inotify_instances("runc").await;
+}
+
+/// Each test's daemon allocates ranges from the same first one: two of these
+/// tests at once would give their hogs one host range, and so one count.
+static ONE_HOG_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn neighbours_hold_their_own_inotify_instances(class: &str) {
+    let _one = ONE_HOG_AT_A_TIME.lock().await;
     let d = Daemon::start();
     let hog = create_in(&d, class, |_| {}).await;
     let other = create_in(&d, class, |_| {}).await;
@@ -78,6 +88,11 @@ async fn neighbours_hold_their_own_inotify_instances(class: &str) {
     assert_eq!((ra[0], ra[2], rb[0], rb[2]), (0, 65536, 0, 65536), "{ra:?} {rb:?}");
     assert!(ra[1].abs_diff(rb[1]) >= 65536, "overlapping ranges {ra:?} {rb:?}");
     assert_eq!(a.host_uid_of_root, Some(ra[1] as u32));
+    if class != "native" {
+        // The bundle's open-file limit (runc: inherited from the runtime, which the daemon starts with it).
+        let (_, out, err) = d.sh(&other.id, "ulimit -Sn; ulimit -Hn", Some(0)).await;
+        assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["1024", "1024"], "{err}");
+    }
 }
 
 /// The first host id of a sandbox's range, from its boundary report.

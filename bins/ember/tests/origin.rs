@@ -20,14 +20,19 @@ const DOMAIN: &str = "sb.test";
 /// ember-api's `PATH_ROUTE_CSP`, spelled out: the test checks the wire.
 const CSP: &str = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
 
-/// Echoes method, path and body, with a policy of its own the path route must replace.
+/// Echoes method, path and body, with a policy of its own the path route must
+/// replace; `/cookie` echoes the `Cookie` it got and sets one.
 const SERVER: &str = r#"
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
     def reply(self, body):
+        if self.path == "/cookie":
+            body = "cookie=" + str(self.headers.get("Cookie"))
         body = f"{self.command} {self.path} {body}".encode()
         self.send_response(200)
         self.send_header("Content-Security-Policy", "default-src *; report-uri http://collector.test/r")
+        if self.path == "/cookie":
+            self.send_header("Set-Cookie", "session=from-the-sandbox; Path=/")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -41,10 +46,22 @@ http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
 /// One request with `Connection: close` to the daemon at `addr`, naming
 /// `host`; `key` sent as the API key. Returns status, lowercased head, body.
 async fn send(addr: &str, host: &str, req: &str, key: Option<&str>, body: &str) -> (u16, String, String) {
+    send_with(addr, host, req, "", key, body).await
+}
+
+/// [`send`] with `extra` header lines (each ending in `\r\n`).
+async fn send_with(
+    addr: &str,
+    host: &str,
+    req: &str,
+    extra: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let key = key.map(|k| format!("OPEN-SANDBOX-API-KEY: {k}\r\n")).unwrap_or_default();
     let head = format!(
-        "{req} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{key}Content-Length: {}\r\n\r\n{body}",
+        "{req} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{key}{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(head.as_bytes()).await.expect("write");
@@ -138,6 +155,24 @@ async fn path_route_pages_run_as_an_opaque_origin_and_ports_have_origins_of_thei
     };
     assert_eq!(ep(8080).await, own);
     assert_eq!(ep(44772).await, format!("{addr}/v1/sandboxes/{id}/proxy/44772"));
+    drop(d);
+}
+
+/// Every sandbox shares the API's host for cookies on the path route, so
+/// there neither the browser's cookies reach the sandbox nor does a cookie
+/// the sandbox sets reach the browser; a port's own origin keeps both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_path_route_neither_forwards_nor_sets_cookies() {
+    let Fixture { d, addr, id } = fixture().await;
+    let own = format!("8080-{id}.{DOMAIN}:{}", addr.rsplit_once(':').unwrap().1);
+    let cookie = "Cookie: other=from-another-sandbox\r\n";
+    let path = format!("GET /v1/sandboxes/{id}/proxy/8080/cookie");
+    let (status, head, body) = send_with(&addr, &addr, &path, cookie, Some(KEY), "").await;
+    assert_eq!((status, body.as_str()), (200, "GET /cookie cookie=None"), "{head}");
+    assert!(!head.contains("set-cookie"), "{head}");
+    let (status, head, body) = send_with(&addr, &own, "GET /cookie", cookie, Some(KEY), "").await;
+    assert_eq!((status, body.as_str()), (200, "GET /cookie cookie=other=from-another-sandbox"), "{head}");
+    assert!(head.contains("set-cookie: session=from-the-sandbox"), "{head}");
     drop(d);
 }
 

@@ -41,7 +41,10 @@ pub const PATH_ROUTE_CSP: &str = "sandbox allow-scripts allow-forms allow-popups
 /// written for an origin of the page's own, its `report-uri`/`report-to` would
 /// have browsers post reports about the API's origin wherever the sandbox
 /// names, and one policy we set is one we can read. A 101 carries no page.
+/// No `Set-Cookie` passes, 101 included: every sandbox shares the API's host
+/// for cookies, so one would be sent to every other sandbox's path.
 pub async fn on_api_origin(mut resp: Response) -> Response {
+    resp.headers_mut().remove(header::SET_COOKIE);
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         let h = resp.headers_mut();
         h.remove(header::CONTENT_SECURITY_POLICY_REPORT_ONLY);
@@ -120,6 +123,7 @@ async fn forward(
     let route = st.engine.agent_route(&id).await?;
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let on_api_origin = matches!(via, Via::Path);
     let Target { stream, path, host, key } = connect(route, &id, port, rest, &query, via).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -130,6 +134,11 @@ async fn forward(
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
     strip_hop_by_hop(&mut parts.headers, NOT_FORWARDED);
+    if on_api_origin {
+        // The API host's cookies are every sandbox's path's (and the API
+        // user's): none of them is this sandbox's to read.
+        parts.headers.remove(header::COOKIE);
+    }
     parts.headers.insert(header::HOST, host);
     if let Some(key) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
         parts.headers.insert(crate::middleware::API_KEY_HEADER, key);

@@ -69,3 +69,31 @@ fn manifest_without_a_mac_is_refused_unless_the_key_accepts_unsigned() {
     restore(&migrating, "old", &tmp.path().join("out"), RestoreOptions::default()).unwrap();
     assert_eq!(fs::read(tmp.path().join("out/a")).unwrap(), b"mine");
 }
+
+/// A directory of a local store swapped for a symlink (the store is a
+/// directory another party can write) is never followed: not by a get, an
+/// exists, a put (its folder, its rename), a list or gc's walk, a delete.
+#[test]
+fn a_symlinked_directory_in_a_local_store_is_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(outside.join("ab")).unwrap();
+    fs::write(outside.join("ab/cd"), b"host file").unwrap();
+    std::os::unix::fs::symlink(&outside, store.root().join("chunks")).unwrap();
+    use ember_snapshot::ObjectStore;
+    assert!(store.get("chunks/ab/cd").is_err(), "read through the link");
+    assert!(!store.exists("chunks/ab/cd").unwrap_or(false), "seen through the link");
+    assert!(store.put("chunks/zz/new", b"x").is_err(), "written through the link");
+    assert!(!outside.join("zz").exists());
+    let listed = |prefix: &str| store.list(prefix).map(|l| l.len()).unwrap_or(0);
+    assert_eq!((listed("chunks/"), listed("chunks/ab/")), (0, 0), "listed through the link");
+    assert!(store.list_keys("chunks/ab/").unwrap_or_default().is_empty());
+    let _ = store.delete("chunks/ab/cd");
+    assert_eq!(fs::read(outside.join("ab/cd")).unwrap(), b"host file", "deleted through the link");
+    // The store's temp dir swapped for a link: a put writes nothing there.
+    fs::remove_dir(store.root().join(".tmp")).unwrap();
+    std::os::unix::fs::symlink(&outside, store.root().join(".tmp")).unwrap();
+    let _ = store.put("chunks2/x", b"y");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1, "only ab/ in {outside:?}");
+}

@@ -204,6 +204,29 @@ pub fn pass_fd(cmd: &mut Command, fd: OwnedFd, target: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Lowers the command's `RLIMIT_NOFILE` to at most `n` (soft and hard)
+/// before it runs, so its children inherit the limit. Lowering a limit needs
+/// no capability, unlike runc 1.1's prlimit of a container's init from the
+/// host side, which needs CAP_SYS_RESOURCE over the init's user namespace.
+pub fn limit_open_files(cmd: &mut Command, n: u64) -> io::Result<()> {
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into a live, properly aligned struct.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) })?;
+    let max = cur.rlim_max.min(n as libc::rlim_t);
+    let new = libc::rlimit { rlim_cur: max, rlim_max: max };
+    let hook = move || -> io::Result<()> {
+        // SAFETY: setrlimit reads a struct copied into the closure before the
+        // fork; async-signal-safe, no allocation.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) })
+    };
+    // SAFETY: the hook runs between fork and exec and only makes one raw
+    // syscall on memory captured before the fork.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    Ok(())
+}
+
 /// The identity a command runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {

@@ -8,6 +8,7 @@
 //! bind-mounted read-only at [`AGENT_PATH`] and told to listen on
 //! [`SOCKET_DIR`]`/agent.sock`, a directory bound from the host: the daemon
 //! connects to the same socket from outside.
+use super::OPEN_FILES;
 use crate::native::rootfs::ID_RANGE;
 use crate::native::KEEP_CAPS;
 use ember_types::{SandboxId, SandboxSpec};
@@ -89,6 +90,7 @@ pub struct BundleError {
 }
 
 /// Inputs of one sandbox's `config.json`.
+#[derive(Clone)]
 pub struct BundleInputs<'a> {
     pub id: &'a SandboxId,
     pub spec: &'a SandboxSpec,
@@ -107,6 +109,14 @@ pub struct BundleInputs<'a> {
     /// A user namespace the runtime joins instead of making one (as host
     /// root, which would then own it): one owned by the sandbox's range.
     pub user_namespace_path: Option<PathBuf>,
+    /// The bundle sets no `process.rlimits`: the init inherits the runtime's
+    /// (runc, which [`super::cli::OciCli`] starts with
+    /// [`super::OPEN_FILES`]). runc 1.1 applies them with a prlimit of the
+    /// init from the host side, which needs CAP_SYS_RESOURCE over the init's
+    /// user namespace: one owned by the sandbox's range gives host root no
+    /// owner's rights there, and a daemon without that capability (a
+    /// container's root, this CI's) fails "error setting rlimit type 7".
+    pub inherit_rlimits: bool,
     /// Whether the runtime honours a seccomp rule's `errnoRet`. gVisor's
     /// `--oci-seccomp` (2022-12) does not: every errno action gives EPERM, so
     /// `clone3 → ENOSYS` would become EPERM and glibc would not fall back to
@@ -122,6 +132,16 @@ pub struct BundleInputs<'a> {
     /// The host runs cgroup v2, which has no swappiness: crun refuses a
     /// config that sets it. No swap is ember's own `memory.swap.max = 0` there.
     pub cgroup_v2: bool,
+}
+
+/// `RLIMIT_NOFILE` at [`super::OPEN_FILES`], soft and hard.
+fn open_files() -> Result<oci_spec::runtime::PosixRlimit, oci_spec::OciSpecError> {
+    let n = OPEN_FILES;
+    oci_spec::runtime::PosixRlimitBuilder::default()
+        .typ(oci_spec::runtime::PosixRlimitType::RlimitNofile)
+        .soft(n)
+        .hard(n)
+        .build()
 }
 
 fn err(id: &SandboxId) -> impl Fn(oci_spec::OciSpecError) -> BundleError + '_ {
@@ -151,6 +171,7 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         .env(b.env.clone())
         .cwd("/")
         .no_new_privileges(true)
+        .rlimits(if b.inherit_rlimits { Vec::new() } else { vec![open_files().map_err(&e)?] })
         .capabilities(
             oci_spec::runtime::LinuxCapabilitiesBuilder::default()
                 .bounding(caps.clone())
@@ -304,6 +325,7 @@ mod tests {
             uid_base: 1_000_000,
             env: vec!["A=b".into()],
             user_namespace: true,
+            inherit_rlimits: false,
             errno_ret: true,
             pids_limit: spec.resources.pids,
             workspace_slot: None,
@@ -327,6 +349,10 @@ mod tests {
         let usr_bound =
             |v: &serde_json::Value| v["mounts"].as_array().unwrap().iter().any(|m| m["destination"] == "/usr");
         assert!(usr_bound(&v), "the host template borrows the host's /usr");
+        assert_eq!(v["process"]["rlimits"][0]["hard"], OPEN_FILES);
+        let runc =
+            serde_json::to_value(build(&BundleInputs { inherit_rlimits: true, ..inputs.clone() }).unwrap()).unwrap();
+        assert!(runc["process"]["rlimits"].as_array().is_none_or(|r| r.is_empty()), "runc inherits its own");
         let no_userns = BundleInputs { user_namespace: false, ..inputs };
         let v = serde_json::to_value(build(&no_userns).unwrap()).unwrap();
         assert!(v["linux"]["uidMappings"].is_null());

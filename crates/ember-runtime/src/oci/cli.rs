@@ -36,23 +36,36 @@ pub struct OciCli {
     binary: PathBuf,
     root: PathBuf,
     global: Vec<String>,
+    /// `RLIMIT_NOFILE` every run of the runtime starts with (its containers'
+    /// inits inherit it), if set.
+    open_files: Option<u64>,
 }
 
 impl OciCli {
     /// `global` goes before every verb (runsc: `--platform=ptrace --network=none`).
     pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>, global: Vec<String>) -> OciCli {
-        OciCli { binary: binary.into(), root: root.into(), global }
+        OciCli { binary: binary.into(), root: root.into(), global, open_files: None }
+    }
+
+    /// Runs the runtime with `RLIMIT_NOFILE` lowered to `n`, for a bundle
+    /// whose init inherits it ([`super::bundle::BundleInputs::inherit_rlimits`]).
+    pub fn with_open_files(self, n: u64) -> OciCli {
+        OciCli { open_files: Some(n), ..self }
     }
 
     pub fn binary(&self) -> &Path {
         &self.binary
     }
 
-    fn command(&self, verb: &[&str]) -> Command {
+    fn command(&self, verb: &[&str]) -> Result<Command, OciCliError> {
         let mut c = Command::new(&self.binary);
         c.arg("--root").arg(&self.root).args(&self.global).args(verb);
         c.stdin(Stdio::null());
-        c
+        if let Some(n) = self.open_files {
+            ember_sys::process::limit_open_files(&mut c, n)
+                .map_err(|source| OciCliError::Spawn { command: self.line(verb), source })?;
+        }
+        Ok(c)
     }
 
     fn line(&self, verb: &[&str]) -> String {
@@ -67,7 +80,7 @@ impl OciCli {
     fn run(&self, verb: &[&str]) -> Result<Vec<u8>, OciCliError> {
         let command = self.line(verb);
         let out =
-            self.command(verb).output().map_err(|source| OciCliError::Spawn { command: command.clone(), source })?;
+            self.command(verb)?.output().map_err(|source| OciCliError::Spawn { command: command.clone(), source })?;
         if !out.status.success() {
             return Err(OciCliError::Failed {
                 command,
@@ -106,7 +119,7 @@ impl OciCli {
         let spawn = |source| OciCliError::Spawn { command: command.clone(), source };
         let f = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(spawn)?;
         let f2 = f.try_clone().map_err(spawn)?;
-        let mut cmd = self.command(verb);
+        let mut cmd = self.command(verb)?;
         if let Some(fd) = fd3 {
             ember_sys::process::pass_fd(&mut cmd, fd, 3).map_err(spawn)?;
         }

@@ -39,6 +39,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A sandbox's `RLIMIT_NOFILE` (soft and hard), the kernel's default: in
+/// the bundle for crun and runsc, inherited from the runtime for runc
+/// ([`bundle::BundleInputs::inherit_rlimits`]).
+pub const OPEN_FILES: u64 = 1024;
+
 /// Configuration of one OCI class, fixed at daemon start.
 #[derive(Clone, Debug)]
 pub struct OciConfig {
@@ -76,7 +81,10 @@ impl OciRuntime {
         for d in [base.join("state"), base.join("sandboxes")] {
             std::fs::create_dir_all(&d).map_err(|source| RuntimeError::Prepare { what: "oci dir", path: d, source })?;
         }
-        let cli = OciCli::new(&cfg.binary, base.join("state"), cfg.class.global_args());
+        let mut cli = OciCli::new(&cfg.binary, base.join("state"), cfg.class.global_args());
+        if cfg.class == OciClass::Runc {
+            cli = cli.with_open_files(OPEN_FILES);
+        }
         Ok(OciRuntime { cfg, cli, cgroups, host_template, base })
     }
 
@@ -106,10 +114,8 @@ impl OciRuntime {
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let trees = self.trees(id, spec)?;
         // Owned by the range (as a native sandbox's): per-uid counts are its
-        // own. crun only: runc 1.1 (Debian 12's) joins such a namespace but
-        // then fails its prlimit of the init with EPERM; it makes its own,
-        // as host root, in the sandbox's range (docs/threat-model.md).
-        let userns = match trees.base == self.cfg.ranges.storage_base() || self.cfg.class != OciClass::Crun {
+        // own, not host root's. runsc keeps the storage range (see `trees`).
+        let userns = match trees.base == self.cfg.ranges.storage_base() || self.cfg.class == OciClass::Runsc {
             true => None,
             false => Some(ember_sys::idmap::userns_fd_owned(&format!("0 {} {ID_RANGE}\n", trees.base), trees.base)?),
         };

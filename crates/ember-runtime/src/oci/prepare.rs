@@ -84,6 +84,7 @@ pub fn prepare_bundle(p: &BundlePlan<'_>) -> Result<PreparedBundle, RuntimeError
         user_namespace: true,
         // The runtime opens it through the daemon's own fd table.
         user_namespace_path: p.userns.map(|fd| format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()).into()),
+        inherit_rlimits: p.class == OciClass::Runc,
         errno_ret: p.class != OciClass::Runsc,
         pids_limit: p.class.host_pids(spec.resources.pids),
         workspace_slot: p.workspace_slot,

@@ -1,9 +1,15 @@
 //! [`LocalStore`]: objects are files under a root directory.
 use std::fs;
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use ember_sys::beneath::{FileType, PinnedDir};
+use ember_sys::SysError;
+use rustix::fs::AtFlags;
+use rustix::io::Errno;
 
 use super::{check_key, check_size, ObjectMeta, ObjectStore, Staged, MAX_OBJECT_BYTES};
 use crate::{ManifestKey, StoreError};
@@ -12,9 +18,18 @@ use crate::{ManifestKey, StoreError};
 ///
 /// A `put` writes `<root>/.tmp/<unique>`, optionally fsyncs it, then renames it
 /// over the key, so a key is never half-written, even if the process is killed.
+///
+/// The store is a directory another party may write (a shared volume, a
+/// store a sandbox's snapshots fill): every path below the root is resolved
+/// beneath the root's pinned fd without following a symlink
+/// ([`PinnedDir`]: `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`),
+/// the temp dir is held by its own fd from [`LocalStore::open`] on, and a
+/// rename goes from that fd to the key's folder's fd.
 #[derive(Debug)]
 pub struct LocalStore {
     root: PathBuf,
+    dir: PinnedDir,
+    tmp: Arc<PinnedDir>,
     fsync: bool,
     key: ManifestKey,
 }
@@ -26,15 +41,34 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> St
     move |source| StoreError::Io { op, path: path.to_path_buf(), source }
 }
 
+fn sys(e: SysError) -> StoreError {
+    StoreError::Io { op: e.op, path: e.target.into(), source: e.source }
+}
+
+fn errno<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> StoreError + 'a {
+    move |e| StoreError::Io { op, path: path.to_path_buf(), source: e.into() }
+}
+
+fn is(e: &SysError, code: Errno) -> bool {
+    e.source.raw_os_error() == Some(code.raw_os_error())
+}
+
+/// The folder part of `key` (up to its last `/`, `.` for none) and its name.
+fn split(key: &str) -> (&str, &str) {
+    key.rsplit_once('/').unwrap_or((".", key))
+}
+
 impl LocalStore {
     /// Opens (creating if needed) a store rooted at `root`, its manifests
     /// signed and verified with `key`. Puts are fsynced before the rename, so
-    /// a manifest never outlives its chunks across a power loss.
+    /// a manifest never outlives its chunks across a power loss. The root's
+    /// own path is the operator's; it is pinned (its last part not a symlink).
     pub fn open(root: impl Into<PathBuf>, key: ManifestKey) -> Result<Self, StoreError> {
         let root = root.into();
-        let tmp = root.join(".tmp");
-        fs::create_dir_all(&tmp).map_err(io("create", &tmp))?;
-        Ok(LocalStore { root, fsync: true, key })
+        fs::create_dir_all(&root).map_err(io("create", &root))?;
+        let dir = PinnedDir::open(&root).map_err(sys)?;
+        let tmp = Arc::new(dir.ensure_dir(".tmp", 0o755).map_err(sys)?);
+        Ok(LocalStore { root, dir, tmp, fsync: true, key })
     }
 
     /// Turns the fsync before each rename off (tests, benchmarks on throwaway data).
@@ -47,79 +81,114 @@ impl LocalStore {
         &self.root
     }
 
-    fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
-        check_key(key)?;
-        Ok(self.root.join(key))
+    /// The folder `rel` below the root (`.` for the root), opened beneath
+    /// it; `None` if it does not exist.
+    fn folder(&self, rel: &str) -> Result<Option<PinnedDir>, StoreError> {
+        match self.dir.open_dir(rel) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if is(&e, Errno::NOENT) => Ok(None),
+            Err(e) => Err(sys(e)),
+        }
     }
 
-    fn tmp_path(&self) -> PathBuf {
-        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        self.root.join(".tmp").join(format!("{}-{n}", std::process::id()))
+    /// The folder `rel` below the root, made part by part where missing
+    /// (`mkdirat` in the parent's fd; a symlink on the way is ELOOP).
+    fn make_folder(&self, rel: &str) -> Result<PinnedDir, StoreError> {
+        let mut at = self.dir.open_dir(".").map_err(sys)?;
+        for part in rel.split('/').filter(|p| *p != ".") {
+            at = at.ensure_dir(part, 0o755).map_err(sys)?;
+        }
+        Ok(at)
     }
 
     /// The folder `prefix` names (its part up to the last `/`).
-    fn prefix_dir(&self, prefix: &str) -> Result<PathBuf, StoreError> {
-        Ok(match prefix.rfind('/') {
-            Some(i) => {
-                check_key(&prefix[..i])?;
-                self.root.join(&prefix[..i])
-            }
-            None => self.root.clone(),
-        })
+    fn prefix_folder(&self, prefix: &str) -> Result<Option<PinnedDir>, StoreError> {
+        let (folder, _) = split(prefix);
+        if folder != "." {
+            check_key(folder)?;
+        }
+        self.folder(folder)
     }
 
-    /// Writes `data` to a new temp file; fsyncs it if `sync`.
-    fn write_tmp(&self, data: &[u8], sync: bool) -> Result<PathBuf, StoreError> {
-        let tmp = self.tmp_path();
+    /// Writes `data` to a new temp file (its name in the temp dir); fsyncs it if `sync`.
+    fn write_tmp(&self, data: &[u8], sync: bool) -> Result<String, StoreError> {
+        let name = format!("{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let path = self.tmp.path().join(&name);
         let result = (|| {
-            let mut f = fs::File::create(&tmp).map_err(io("create", &tmp))?;
-            f.write_all(data).map_err(io("write", &tmp))?;
+            let mut f = self.tmp.create_file(&name, 0o644).map_err(sys)?;
+            f.write_all(data).map_err(io("write", &path))?;
             if sync {
-                f.sync_all().map_err(io("fsync", &tmp))?;
+                f.sync_all().map_err(io("fsync", &path))?;
             }
             Ok(())
         })();
         match result {
-            Ok(()) => Ok(tmp),
+            Ok(()) => Ok(name),
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
+                let _ = self.tmp.remove_file(&name);
                 Err(e)
             }
         }
     }
 
-    /// Calls `found(key, path, entry)` for every regular file below `dir`, by
-    /// the directory entries' types (no stat unless `found` asks for one).
+    /// Renames the temp file `tmp` over `key`, making its folder; returns
+    /// the folder. Removes the temp file on failure.
+    fn rename_into(&self, tmp: &str, key: &str) -> Result<PinnedDir, StoreError> {
+        let (folder, name) = split(key);
+        let result = self.make_folder(folder).and_then(|dest| {
+            rustix::fs::renameat(&*self.tmp, tmp, &dest, name)
+                .map_err(errno("rename into", &self.root.join(key)))
+                .map(|()| dest)
+        });
+        if result.is_err() {
+            let _ = self.tmp.remove_file(tmp);
+        }
+        result
+    }
+
+    /// Calls `found(key, folder, name)` for every regular file below `dir`
+    /// (the folder `rel`), by the directory entries' types, each folder opened
+    /// beneath its parent: a symlink is neither a file nor a folder here.
     fn walk(
         &self,
-        dir: &Path,
-        found: &mut dyn FnMut(&str, &Path, &fs::DirEntry) -> Result<(), StoreError>,
+        dir: &PinnedDir,
+        rel: &str,
+        found: &mut dyn FnMut(&str, &PinnedDir, &str) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let rd = match fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io("list", dir)(e)),
-        };
-        for entry in rd {
-            let entry = entry.map_err(io("list", dir))?;
-            let path = entry.path();
-            let ft = entry.file_type().map_err(io("stat", &path))?;
-            if ft.is_dir() {
-                self.walk(&path, found)?;
-            } else if ft.is_file() {
-                let Ok(rel) = path.strip_prefix(&self.root) else { continue };
-                let Some(key) = rel.to_str() else { continue };
-                found(key, &path, &entry)?;
+        let path = dir.path().to_path_buf();
+        for entry in rustix::fs::Dir::read_from(dir).map_err(errno("list", &path))? {
+            let entry = entry.map_err(errno("list", &path))?;
+            let Ok(name) = entry.file_name().to_str() else { continue };
+            let key = if rel == "." { name.to_string() } else { format!("{rel}/{name}") };
+            let kind = match entry.file_type() {
+                FileType::Unknown => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| FileType::from_raw_mode(st.st_mode))
+                    .map_err(errno("stat", &path.join(name)))?,
+                k => k,
+            };
+            match kind {
+                FileType::Directory if name != "." && name != ".." => match dir.open_dir(name) {
+                    Ok(sub) => self.walk(&sub, &key, found)?,
+                    // Swapped for a link (or removed) since the listing.
+                    Err(e) if is(&e, Errno::LOOP) || is(&e, Errno::NOENT) || is(&e, Errno::NOTDIR) => {}
+                    Err(e) => return Err(sys(e)),
+                },
+                FileType::RegularFile => found(&key, dir, name)?,
+                _ => {}
             }
         }
         Ok(())
     }
 
-    fn collect(&self, dir: &Path, out: &mut Vec<ObjectMeta>) -> Result<(), StoreError> {
-        self.walk(dir, &mut |key, path, entry| {
-            let meta = entry.metadata().map_err(io("stat", path))?;
-            let modified = meta.modified().map_err(io("stat", path))?;
-            out.push(ObjectMeta { key: key.to_string(), size: meta.len(), modified });
+    fn collect(&self, dir: &PinnedDir, rel: &str, out: &mut Vec<ObjectMeta>) -> Result<(), StoreError> {
+        self.walk(dir, rel, &mut |key, folder, name| {
+            let st = match rustix::fs::statat(folder, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => return Ok(()),
+                Err(e) => return Err(errno("stat", &folder.path().join(name))(e)),
+            };
+            let since = Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+            out.push(ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: UNIX_EPOCH + since });
             Ok(())
         })
     }
@@ -131,21 +200,18 @@ impl ObjectStore for LocalStore {
     }
 
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
-        let dest = self.path(key)?;
+        check_key(key)?;
         check_size(key, data.len() as u64)?;
         let tmp = self.write_tmp(data, self.fsync)?;
-        rename_into(&tmp, &dest)
+        self.rename_into(&tmp, key).map(drop)
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let path = self.path(key)?;
-        // The object itself is never followed if it is a symlink (a store
-        // another party can write); the dirs above it are the store's own.
-        let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
-        let open = fs::OpenOptions::new().read(true).custom_flags(nofollow).open(&path);
-        let mut f = open.map_err(|e| match e.kind() {
-            ErrorKind::NotFound => StoreError::NotFound { key: key.to_string() },
-            _ => io("read", &path)(e),
+        check_key(key)?;
+        let path = self.root.join(key);
+        let mut f = self.dir.open_file(key).map_err(|e| match is(&e, Errno::NOENT) {
+            true => StoreError::NotFound { key: key.to_string() },
+            false => sys(e),
         })?;
         let size = f.metadata().map_err(io("stat", &path))?.len();
         check_size(key, size)?;
@@ -157,38 +223,43 @@ impl ObjectStore for LocalStore {
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
-        let path = self.path(key)?;
-        match fs::symlink_metadata(&path) {
-            Ok(m) => Ok(m.is_file()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(io("stat", &path)(e)),
+        check_key(key)?;
+        match self.dir.kind(key) {
+            Ok(kind) => Ok(kind == Some(FileType::RegularFile)),
+            // A folder on the way that is a file: no such object.
+            Err(e) if is(&e, Errno::NOTDIR) => Ok(false),
+            Err(e) => Err(sys(e)),
         }
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         // Walk the deepest folder the prefix names, then filter by the full prefix.
-        let dir = self.prefix_dir(prefix)?;
         let mut out = Vec::new();
-        self.collect(&dir, &mut out)?;
+        if let Some(dir) = self.prefix_folder(prefix)? {
+            self.collect(&dir, split(prefix).0, &mut out)?;
+        }
         out.retain(|m| m.key.starts_with(prefix) && !m.key.starts_with(".tmp/"));
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
-        let path = self.path(key)?;
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != ErrorKind::NotFound => Err(io("delete", &path)(e)),
-            _ => Ok(()),
+        check_key(key)?;
+        let (folder, name) = split(key);
+        match self.folder(folder)? {
+            Some(dir) => dir.remove_file(name).map_err(sys),
+            None => Ok(()),
         }
     }
 
     fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        self.walk(&self.prefix_dir(prefix)?, &mut |key, _, _| {
-            out.push(key.to_string());
-            Ok(())
-        })?;
+        if let Some(dir) = self.prefix_folder(prefix)? {
+            self.walk(&dir, split(prefix).0, &mut |key, _, _| {
+                out.push(key.to_string());
+                Ok(())
+            })?;
+        }
         out.retain(|k| k.starts_with(prefix) && !k.starts_with(".tmp/"));
         Ok(out)
     }
@@ -197,12 +268,12 @@ impl ObjectStore for LocalStore {
     /// until the batch commits, so a power loss can never leave a chunk that
     /// exists but holds garbage (a later snapshot would reuse it).
     fn put_staged(&self, key: &str, data: &[u8], batch: &Staged) -> Result<(), StoreError> {
-        let dest = self.path(key)?;
+        check_key(key)?;
         check_size(key, data.len() as u64)?;
         if !self.fsync {
             return self.put(key, data);
         }
-        batch.push(self.write_tmp(data, false)?, dest);
+        batch.push(&self.tmp, self.write_tmp(data, false)?, key.to_string());
         Ok(())
     }
 
@@ -211,19 +282,20 @@ impl ObjectStore for LocalStore {
     /// fsync per put here), renames them into place and fsyncs their folders.
     fn commit_staged(&self, batch: &Staged) -> Result<(), StoreError> {
         let files = batch.take();
-        let result = sync_all(&files).and_then(|()| {
-            let mut dirs: Vec<&Path> = Vec::new();
-            for (tmp, dest) in &files {
-                rename_into(tmp, dest)?;
-                if let Some(parent) = dest.parent().filter(|p| !dirs.contains(p)) {
-                    dirs.push(parent);
+        let result = sync_all(&self.tmp, &files).and_then(|()| {
+            let mut folders: Vec<(&str, PinnedDir)> = Vec::new();
+            for (tmp, key) in &files {
+                let dest = self.rename_into(tmp, key)?;
+                let folder = split(key).0;
+                if !folders.iter().any(|(f, _)| *f == folder) {
+                    folders.push((folder, dest));
                 }
             }
-            dirs.into_iter().try_for_each(|d| fs::File::open(d).and_then(|f| f.sync_all()).map_err(io("fsync", d)))
+            folders.iter().try_for_each(|(_, d)| rustix::fs::fsync(d).map_err(errno("fsync", d.path())))
         });
         if result.is_err() {
             for (tmp, _) in &files {
-                let _ = fs::remove_file(tmp);
+                let _ = self.tmp.remove_file(tmp);
             }
         }
         result
@@ -233,7 +305,8 @@ impl ObjectStore for LocalStore {
 /// Concurrent fsyncs: the time goes to waiting on the device, not the CPU.
 const SYNC_THREADS: usize = 8;
 
-fn sync_all(files: &[(PathBuf, PathBuf)]) -> Result<(), StoreError> {
+/// fsyncs the temp files `files` name in `tmp`.
+fn sync_all(tmp: &PinnedDir, files: &[(String, String)]) -> Result<(), StoreError> {
     if files.is_empty() {
         return Ok(());
     }
@@ -243,29 +316,15 @@ fn sync_all(files: &[(PathBuf, PathBuf)]) -> Result<(), StoreError> {
             .chunks(per)
             .map(|part| {
                 s.spawn(move || {
-                    part.iter().try_for_each(|(tmp, _)| {
-                        fs::File::open(tmp).and_then(|f| f.sync_all()).map_err(io("fsync", tmp))
+                    part.iter().try_for_each(|(name, _)| {
+                        let f = tmp.open_file(name).map_err(sys)?;
+                        f.sync_all().map_err(io("fsync", &tmp.path().join(name)))
                     })
                 })
             })
             .collect();
         handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(io("fsync", Path::new("."))(std::io::Error::other("fsync thread panicked"))))
+            h.join().unwrap_or_else(|_| Err(io("fsync", tmp.path())(std::io::Error::other("fsync thread panicked"))))
         })
     })
-}
-
-/// Renames a written temp file over `dest`, creating its folder; removes the temp file on failure.
-fn rename_into(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
-    let result = (|| {
-        if let Some(parent) = dest.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
-        }
-        fs::rename(tmp, dest).map_err(io("rename into", dest))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(tmp);
-    }
-    result
 }

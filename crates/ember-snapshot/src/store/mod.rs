@@ -4,8 +4,9 @@
 //! Keys are relative, `/`-separated paths of plain names, such as
 //! `chunks/<sha256>` and `manifests/<id>.json`. A `put` is atomic: readers see
 //! the whole object or nothing.
+use ember_sys::beneath::PinnedDir;
 use parking_lot::Mutex;
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::{ManifestKey, StoreError};
@@ -90,11 +91,14 @@ pub trait ObjectStore: Send + Sync {
 /// Objects put with [`ObjectStore::put_staged`] and not yet committed: for
 /// [`LocalStore`], temp files written but neither fsynced nor renamed. One
 /// batch per snapshot, so committing one snapshot's batch never races another's.
-/// Dropping an uncommitted batch removes its temp files.
+/// Dropping an uncommitted batch removes its temp files (by name, in the
+/// store's pinned temp dir).
 #[derive(Debug, Default)]
 pub struct Staged {
-    /// (temp file, final path)
-    files: Mutex<Vec<(PathBuf, PathBuf)>>,
+    /// (temp file's name, key)
+    files: Mutex<Vec<(String, String)>>,
+    /// The temp dir they are in (the store's, set by the first push).
+    tmp: std::sync::OnceLock<Arc<PinnedDir>>,
 }
 
 impl Staged {
@@ -102,19 +106,21 @@ impl Staged {
         Staged::default()
     }
 
-    fn push(&self, tmp: PathBuf, dest: PathBuf) {
-        self.files.lock().push((tmp, dest));
+    fn push(&self, tmp_dir: &Arc<PinnedDir>, tmp: String, key: String) {
+        let _ = self.tmp.set(tmp_dir.clone());
+        self.files.lock().push((tmp, key));
     }
 
-    fn take(&self) -> Vec<(PathBuf, PathBuf)> {
+    fn take(&self) -> Vec<(String, String)> {
         std::mem::take(&mut *self.files.lock())
     }
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
+        let Some(dir) = self.tmp.get().cloned() else { return };
         for (tmp, _) in self.take() {
-            let _ = std::fs::remove_file(tmp);
+            let _ = dir.remove_file(&tmp);
         }
     }
 }

@@ -1,0 +1,109 @@
+//! `ember bench`.
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Cold pull+unpack of a >= 100 MB image the bench builds and serves from
+    /// a local registry, and create-to-ready from the cached image beside the
+    /// `host` template. The daemon needs --insecure-registry 127.0.0.1:PORT.
+    Image {
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Image size in MiB.
+        #[arg(long, default_value_t = 128)]
+        size_mib: u64,
+        /// Local registry port (the daemon must list it as insecure).
+        #[arg(long, default_value_t = 5099)]
+        registry_port: u16,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
+    /// the bench builds, beside `tar | zstd -T0 -3` of the same directory. Local, in
+    /// this process (no daemon needed).
+    Snapshot {
+        /// Size of the generated tree in MB.
+        #[arg(long, default_value_t = 500)]
+        size_mb: u64,
+        #[arg(long, default_value_t = 10)]
+        forks: usize,
+        #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
+        work_dir: std::path::PathBuf,
+        /// s3://bucket[/prefix] (an existing bucket; endpoint and credentials
+        /// as for `serve --snapshot-store`) instead of a local store.
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// Per available runtime class (native, runsc, crun, runc), in one run:
+    /// cold create p50/p99, warm claim p50/p99 (a pool of the class), remove,
+    /// exec round trip, 100k stat, idle memory, and the ratio to native.
+    Classes {
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Idle sandboxes per class for the memory-overhead row.
+        #[arg(long, default_value_t = 8)]
+        idle: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cold create-to-ready and exec round trip, beside crun in the same run,
+    /// both timed by this client up to the agent's answer to GET /ping; crun
+    /// runs ember's own bundle, rootfs and agent (scripts/bench-setup.sh
+    /// installs it).
+    Create {
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Skip the crun reference (it needs crun: scripts/bench-setup.sh).
+        #[arg(long)]
+        no_crun: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Warm-pool claims: server and client latency, bursts, time to first
+    /// output and claims/s, beside cold creates, on a pool of its own.
+    Claim {
+        /// Sequential creates per figure (warm claims, claim + echo, cold reference).
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Claims fired at once in each burst.
+        #[arg(long, default_value_t = 100)]
+        concurrency: usize,
+        /// Bursts of --concurrency claims.
+        #[arg(long, default_value_t = 3)]
+        bursts: usize,
+        /// Claims in the claims-per-second figure; the pool is filled to this
+        /// many idle first (0 skips the figure).
+        #[arg(long, default_value_t = 1000)]
+        sustain: usize,
+        /// Concurrent tasks claiming in the claims-per-second figure.
+        #[arg(long, default_value_t = 16)]
+        tasks: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Task throughput, submit→start latency, and MTTD after a worker kill.
+    Tasks(crate::bench::tasks::TasksArgs),
+    /// Warm claims on a cluster through every node's URL, beside the same
+    /// claims through one node (p50/p99 and claims/s), on a cluster pool of its own.
+    Cluster(crate::bench::cluster::ClusterArgs),
+    /// Warm claims with and without egress networking, and the network slot
+    /// refill rate (pools of its own; the daemon needs egress networking on).
+    Network {
+        /// Claims per figure.
+        #[arg(long, default_value_t = 50)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fill a pool with idle sandboxes and report what each costs the host
+    /// (the daemon must run on this host).
+    Density {
+        #[arg(long, default_value_t = 1000)]
+        count: u32,
+        /// Stop filling after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}

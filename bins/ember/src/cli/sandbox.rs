@@ -1,0 +1,192 @@
+//! `ember sandbox`, `ember exec` and `ember attach`: creating and running sandboxes.
+use clap::{Args, Subcommand};
+
+#[derive(Args, Clone, Default)]
+pub struct CreateArgs {
+    #[arg(long)]
+    pub template: Option<String>,
+    /// Restore a sandbox snapshot (`ember sandbox snapshot`): its rootfs
+    /// changes, workspaces (as new copies), template and resources.
+    #[arg(long, conflicts_with_all = ["template", "image"])]
+    pub snapshot: Option<String>,
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Memory limit, e.g. 512Mi.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores, e.g. 1 or 0.5.
+    #[arg(long)]
+    pub cpus: Option<String>,
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Size of the writable layer, e.g. 1Gi.
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// Time to live, e.g. 10m (default: until removed).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Environment variable for every command, K=V (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Metadata label, K=V (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Runtime class: native (default), runsc (gVisor), crun, runc; see `ember runtime ls`.
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Mount a workspace: NAME[:/mount/path][:ro] (repeatable; default path /workspace).
+    #[arg(long = "workspace", value_name = "NAME[:/PATH][:ro]")]
+    pub workspaces: Vec<String>,
+    /// Take read-write workspace leases from live holders, fencing them.
+    #[arg(long)]
+    pub steal: bool,
+    /// `none` (loopback only, the default) or `egress` (outbound through NAT;
+    /// the host, other sandboxes and private ranges stay denied).
+    #[arg(long, value_name = "none|egress")]
+    pub network: Option<String>,
+    /// Allow only these destinations: CIDR, IP, DOMAIN or *.DOMAIN, each with
+    /// an optional :PORT (repeatable; implies --network egress).
+    #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+    pub allow: Vec<String>,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct ExecOpts {
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// uid[:gid] to run as (default: the sandbox's user).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Kill the command after this long, e.g. 30s.
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// Extra environment for this command, K=V (repeatable).
+    #[arg(long = "exec-env", value_name = "K=V")]
+    pub exec_env: Vec<String>,
+}
+
+/// `-i`, `-t` and the detach sequence of `ember exec`.
+#[derive(Args, Clone, Default)]
+pub struct InteractiveOpts {
+    /// Stream stdin to the command (end of input closes its stdin).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run the command on a terminal (needs a terminal on stdin); stdout and
+    /// stderr arrive merged, as on any terminal.
+    #[arg(short, long)]
+    pub tty: bool,
+    /// With -t: keys that leave the session running (`ctrl-<letter>` or a
+    /// character, comma separated; empty: none). Reattach with
+    /// `ember attach ID --session S`.
+    #[arg(long, default_value = "ctrl-p,ctrl-q")]
+    pub detach_keys: String,
+}
+
+#[derive(Args)]
+pub struct AttachArgs {
+    pub id: String,
+    /// A terminal session id, as printed when it was detached.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// With --session: take the session over from a client attached to it.
+    #[arg(long, requires = "session")]
+    pub takeover: bool,
+    /// With --session: keys that leave the session running again.
+    #[arg(long, default_value = "ctrl-p,ctrl-q")]
+    pub detach_keys: String,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub opts: ExecOpts,
+    #[command(flatten)]
+    pub io: InteractiveOpts,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
+pub enum SandboxCmd {
+    /// Create a sandbox and print its id.
+    Create {
+        #[command(flatten)]
+        args: CreateArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only sandboxes in this state (repeatable).
+        #[arg(long)]
+        state: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox, with the boundary actually enforced on it.
+    Inspect {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove sandboxes.
+    Rm { ids: Vec<String> },
+    /// Freeze a Running sandbox.
+    Pause { id: String },
+    /// Save a Running gVisor (runsc) sandbox's processes and memory to disk and
+    /// stop them; `ember sandbox resume ID` restores it.
+    Checkpoint { id: String },
+    /// Thaw a paused sandbox, or restore a checkpointed one.
+    Resume { id: String },
+    /// Show a sandbox's network policy, or replace it while it runs.
+    Policy {
+        id: String,
+        /// Replace the policy with this allow-list (repeatable).
+        #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
+        allow: Vec<String>,
+        /// Replace the policy with open egress (no allow-list).
+        #[arg(long, conflicts_with = "allow")]
+        open: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Blocked connection attempts and DNS queries of a sandbox.
+    Events {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshot a running sandbox (its rootfs changes and read-write
+    /// workspaces) and print the snapshot id; `ember sandbox create
+    /// --snapshot ID` restores it.
+    Snapshot {
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, inspect or remove sandbox snapshots.
+    #[command(subcommand)]
+    Snapshots(SandboxSnapshotCmd),
+}
+
+#[derive(Subcommand)]
+pub enum SandboxSnapshotCmd {
+    /// List sandbox snapshots.
+    Ls {
+        /// Only snapshots of this sandbox.
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox snapshot.
+    Inspect { id: String },
+    /// Remove sandbox snapshots (their chunks go at the next `ember snapshot gc`,
+    /// which the daemon also runs on a schedule and soon after a delete).
+    Rm { ids: Vec<String> },
+}

@@ -1,0 +1,146 @@
+//! `ember serve`: the daemon's flags, its cluster mode and egress networking.
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on; a non-loopback address needs --api-key.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    #[arg(long, env = "EMBER_DATA_DIR", default_value = "/var/lib/ember")]
+    pub data_dir: PathBuf,
+    /// The static agent binary (default: `ember-agent` next to this executable).
+    #[arg(long, env = "EMBER_AGENT_BIN")]
+    pub agent: Option<PathBuf>,
+    /// First host uid/gid of the id ranges: the storage range (owner of
+    /// layers and workspaces on disk; runsc sandboxes), then one range of
+    /// 65,536 ids per native, crun or runc sandbox.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    pub uid_base: u32,
+    /// How many per-sandbox id ranges follow the storage range: the cap on
+    /// native, crun and runc sandboxes at once.
+    #[arg(long, default_value_t = 4096)]
+    pub id_ranges: u32,
+    /// How long ended sandboxes stay listed.
+    #[arg(long, default_value = "10m")]
+    pub retention: String,
+    /// How long a new or restored sandbox's agent gets to answer before the
+    /// create fails. Raise it where sandboxes start slowly (gVisor under
+    /// software emulation, as in scripts/cgroup-v2-guest.sh).
+    #[arg(long, env = "EMBER_READY_TIMEOUT", default_value = "10s")]
+    pub ready_timeout: String,
+    /// Longest TTL a sandbox may ask for; also the TTL of a sandbox created
+    /// without a timeout (without this flag, such a sandbox lives until
+    /// removed). Timeouts are capped at 30 days in any case.
+    #[arg(long)]
+    pub max_ttl: Option<String>,
+    /// Parent cgroup of this daemon's sandboxes; daemons sharing a host need
+    /// different ones.
+    #[arg(long, default_value = "ember")]
+    pub cgroup_parent: String,
+    /// How often unreferenced snapshot chunks are swept (also about a minute
+    /// after a delete); `off`: only by `ember snapshot gc`.
+    #[arg(long, default_value = "1h")]
+    pub snapshot_gc_interval: String,
+    /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
+    /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), or `nats`: the cluster's
+    /// JetStream object store, the default with --cluster (which then needs
+    /// --snapshot-key-file, the same on every node).
+    #[arg(long)]
+    pub snapshot_store: Option<String>,
+    /// The key that signs and verifies snapshot manifests: 64 hex digits in a
+    /// file only its owner can read (default <data-dir>/snapshot.key, made on
+    /// first start). Daemons sharing a snapshot store share this file.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot_key_file: Option<PathBuf>,
+    /// Also accept snapshot manifests without a MAC (written by builds before
+    /// manifests were authenticated), to restore and snapshot them again.
+    /// Anyone who can write the store can then forge one: migrate, then drop it.
+    #[arg(long)]
+    pub snapshot_accept_unsigned: bool,
+    /// host:port put in endpoint answers (default: the request's Host header).
+    #[arg(long)]
+    pub public_host: Option<String>,
+    /// A host name (no port) the API answers to besides IP addresses and
+    /// `localhost` (repeatable); requests naming any other Host get a 421,
+    /// against DNS rebinding. `--public-host`'s name is added.
+    #[arg(long, value_name = "NAME")]
+    pub allowed_host: Vec<String>,
+    /// Give each sandbox port a browser origin of its own: a request whose
+    /// Host is `<port>-<sandbox id>.DOMAIN` goes whole to that port (never to
+    /// the API), and endpoint answers name it for every port but execd's and
+    /// the egress port's. DOMAIN and its names must resolve to this server
+    /// (a wildcard DNS record, e.g. `*.sandbox.example`).
+    #[arg(long, value_name = "DOMAIN")]
+    pub sandbox_domain: Option<String>,
+    /// A registry (host:port) to reach over plain http (repeatable).
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registry: Vec<String>,
+    /// Most bytes an image's layers may decompress to, summed (pulls and
+    /// imports); past it the image is refused with IMAGE::TOO_LARGE.
+    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_UNPACKED_BYTES)]
+    pub max_image_bytes: u64,
+    /// Largest image config blob (and JSON file of an imported OCI layout).
+    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_CONFIG_BYTES)]
+    pub max_image_config_bytes: u64,
+    /// A host directory that `host` volumes may bind (it and everything under
+    /// it); repeatable. Without it, host volumes are refused.
+    #[arg(long, value_name = "DIR")]
+    pub allow_host_path: Vec<PathBuf>,
+    #[command(flatten)]
+    pub tasks: crate::commands::task::TaskFlags,
+    #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Cluster mode of `ember serve` (docs/cluster.md). Without --cluster the
+/// daemon is one node on its own and needs no NATS.
+#[derive(Args, Clone, Default)]
+pub struct ClusterArgs {
+    /// The cluster's NATS servers, comma-separated
+    /// (nats://a:4222,nats://b:4222,nats://c:4222): this daemon becomes a
+    /// node of that cluster.
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub cluster: Vec<String>,
+    /// This node's name, unique in the cluster (letters, digits, - and _).
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub node: Option<String>,
+    /// http://host:port the other nodes reach this node's API at (default:
+    /// the address it listens on).
+    #[arg(long, value_name = "URL", requires = "cluster")]
+    pub advertise: Option<String>,
+    /// Run no sandboxes here: only route calls to the nodes that do.
+    #[arg(long, requires = "cluster")]
+    pub api_only: bool,
+    /// Checkpoint the workspaces of this node's rebind sandboxes
+    /// (`extensions.restartPolicy: rebind`) this often (`10s`); 0: never.
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = crate::commands::parse_duration)]
+    pub checkpoint_every: std::time::Duration,
+}
+
+/// Egress networking of `ember serve`.
+#[derive(Args, Clone)]
+pub struct NetArgs {
+    /// Sandbox address range (/16../28), one /30 per sandbox with egress;
+    /// `none` turns egress networking off. Default 10.203.0.0/16 (off, with a
+    /// warning, when nft or ip is missing).
+    #[arg(long)]
+    pub network_range: Option<String>,
+    /// Names the nftables table and the slots' namespaces and veths; daemons
+    /// sharing a host need different tags.
+    #[arg(long, default_value = "ember")]
+    pub network_tag: String,
+    /// Where the sandboxes' resolver forwards allowed queries, IP[:PORT]
+    /// (default: the first IPv4 nameserver of /etc/resolv.conf).
+    #[arg(long)]
+    pub dns_upstream: Option<String>,
+    /// nflog group of the denied-flow log (one daemon per group).
+    #[arg(long, default_value_t = 4721)]
+    pub nflog_group: u16,
+    /// Network slots kept ready ahead of creates with egress.
+    #[arg(long, default_value_t = 4)]
+    pub network_slots: usize,
+}
