@@ -259,6 +259,27 @@ impl ObjectStore for NatsStore {
         })
     }
 
+    /// One object's metadata (`info`): a snapshot asks it per chunk and for
+    /// the gc lock, never a listing of the whole bucket.
+    fn meta(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        check_key(key)?;
+        let name = key.to_string();
+        self.call("info", key, move |store, _| {
+            let name = name.clone();
+            async move {
+                match step("info", store.info(&name)).await? {
+                    Ok(info) if info.deleted => Ok(Ok(None)),
+                    Ok(info) => {
+                        let modified = info.modified.map_or_else(SystemTime::now, SystemTime::from);
+                        Ok(Ok(Some(ObjectMeta { key: info.name, size: info.size as u64, modified })))
+                    }
+                    Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => Ok(Ok(None)),
+                    Err(e) => Err(again(e)),
+                }
+            }
+        })
+    }
+
     /// One pass over the bucket's metadata (the last of each object),
     /// filtered by `prefix`: gc's listing of `chunks/` is one request
     /// stream, not one request per chunk.

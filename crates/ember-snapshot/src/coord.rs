@@ -32,8 +32,8 @@ fn fresh(modified: SystemTime, stale_after: Duration) -> bool {
 /// Step 1 for a snapshot: announce it, then check for a running gc.
 pub(crate) fn begin_snapshot(store: &dyn ObjectStore, id: &str) -> Result<(), SnapshotError> {
     store.put(&pending_key(id), id.as_bytes())?;
-    let gc = store.list("locks/").map_err(|e| end_after(store, id, e.into()))?;
-    if gc.iter().any(|m| m.key == GC_LOCK && fresh(m.modified, GC_LOCK_STALE)) {
+    let gc = store.meta(GC_LOCK).map_err(|e| end_after(store, id, e.into()))?;
+    if gc.is_some_and(|m| fresh(m.modified, GC_LOCK_STALE)) {
         return Err(end_after(store, id, SnapshotError::GcRunning { key: GC_LOCK.into() }));
     }
     Ok(())

@@ -6,7 +6,7 @@
 //! (a HEAD per chunk on S3). Staged chunks become durable together when the
 //! caller commits the batch, before the manifest is written.
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::{Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -72,7 +72,6 @@ struct Shared<'s> {
     batch: &'s Staged,
     level: i32,
     /// The store's chunks when the snapshot started, with their stored sizes.
-    present: HashMap<[u8; 32], u64>,
     /// Chunks claimed by this snapshot: the first worker to insert a hash handles it.
     seen: Mutex<HashSet<[u8; 32]>>,
     /// Every chunk's hash, by slot.
@@ -104,6 +103,13 @@ impl Shared<'_> {
         }
     }
 
+    /// Chunk `sha`'s stored size if the store has it: one lookup per
+    /// distinct chunk of this snapshot (after its marker is up, so gc cannot
+    /// remove one meanwhile), not a listing of every chunk in the store.
+    fn stored(&self, sha: &[u8; 32]) -> Result<Option<u64>, SnapshotError> {
+        Ok(self.store.meta(&chunk_key(&hex::encode(sha)))?.map(|m| m.size))
+    }
+
     fn handle(&self, job: Job, packer: &mut pack::Packer) -> Result<(), SnapshotError> {
         let len = job.data.len() as u64;
         let sha: [u8; 32] = Sha256::digest(&job.data).into();
@@ -121,7 +127,7 @@ impl Shared<'_> {
             done();
             return Ok(());
         }
-        if let Some(stored) = self.present.get(&sha) {
+        if let Some(stored) = self.stored(&sha)? {
             let mut s = self.stats.lock();
             (s.unique_chunks, s.unique_bytes, s.stored_bytes) =
                 (s.unique_chunks + 1, s.unique_bytes + len, s.stored_bytes + stored);
@@ -148,20 +154,6 @@ impl Shared<'_> {
     }
 }
 
-/// The store's chunks, by hash, with their stored sizes. Listed after the
-/// snapshot's marker is up, so gc cannot remove any of them meanwhile.
-fn present_chunks(store: &dyn ObjectStore) -> Result<HashMap<[u8; 32], u64>, SnapshotError> {
-    let mut out = HashMap::new();
-    for m in store.list("chunks/")? {
-        let mut sha = [0u8; 32];
-        let Some(name) = m.key.strip_prefix("chunks/") else { continue };
-        if hex::decode_to_slice(name, &mut sha).is_ok() {
-            out.insert(sha, m.size);
-        }
-    }
-    Ok(out)
-}
-
 /// Fills in every file entry's chunks and size, staging absent chunks in
 /// `batch` with `threads` workers; `on_chunk` is called on the calling thread
 /// after every chunk read. Returns the stats.
@@ -179,7 +171,6 @@ pub(crate) fn upload(
         store,
         batch,
         level: chunking.zstd_level,
-        present: present_chunks(store)?,
         seen: Mutex::new(HashSet::new()),
         hashes: Mutex::new(Vec::new()),
         stats: Mutex::new(Stats::default()),

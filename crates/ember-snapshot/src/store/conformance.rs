@@ -55,6 +55,12 @@ pub fn objects(store: &dyn ObjectStore) {
     keys.sort();
     assert_eq!(keys, ["t/a", "t/b/c", "t/big"], "list_keys t/");
     assert!(store.list("nothing/").expect("list of an empty folder").is_empty());
+    // One object's metadata by one lookup (a prefix is not an object).
+    let m = store.meta("t/big").expect("meta").expect("t/big is there");
+    assert_eq!((m.key.as_str(), m.size), ("t/big", big.len() as u64), "meta of t/big");
+    assert!(m.modified > std::time::UNIX_EPOCH, "meta has the write time");
+    assert!(store.meta("t/b").expect("meta of a prefix").is_none(), "a prefix is not an object");
+    assert!(store.meta("t/none").expect("meta of an absent key").is_none());
 
     for (key, _) in objects {
         store.delete(key).unwrap_or_else(|e| panic!("delete {key}: {e}"));

@@ -54,6 +54,11 @@ fn is(e: &SysError, code: Errno) -> bool {
 }
 
 /// The folder part of `key` (up to its last `/`, `.` for none) and its name.
+fn meta_of(key: &str, st: &rustix::fs::Stat) -> ObjectMeta {
+    let since = Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+    ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: UNIX_EPOCH + since }
+}
+
 fn split(key: &str) -> (&str, &str) {
     key.rsplit_once('/').unwrap_or((".", key))
 }
@@ -187,8 +192,7 @@ impl LocalStore {
                 Err(Errno::NOENT) => return Ok(()),
                 Err(e) => return Err(errno("stat", &folder.path().join(name))(e)),
             };
-            let since = Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
-            out.push(ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: UNIX_EPOCH + since });
+            out.push(meta_of(key, &st));
             Ok(())
         })
     }
@@ -229,6 +233,22 @@ impl ObjectStore for LocalStore {
             // A folder on the way that is a file: no such object.
             Err(e) if is(&e, Errno::NOTDIR) => Ok(false),
             Err(e) => Err(sys(e)),
+        }
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        check_key(key)?;
+        let (folder, name) = split(key);
+        let dir = match self.dir.open_dir(folder) {
+            Ok(dir) => dir,
+            // No such folder, or a file where a folder would be: no object.
+            Err(e) if is(&e, Errno::NOENT) || is(&e, Errno::NOTDIR) => return Ok(None),
+            Err(e) => return Err(sys(e)),
+        };
+        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => Ok(Some(meta_of(key, &st))),
+            Ok(_) | Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(errno("stat", &dir.path().join(name))(e)),
         }
     }
 

@@ -66,6 +66,17 @@ pub trait ObjectStore: Send + Sync {
     /// Deletes the object; deleting an absent key is not an error.
     fn delete(&self, key: &str) -> Result<(), StoreError>;
 
+    /// The metadata of the object at `key` (`None`: absent), at the cost of
+    /// one lookup. A snapshot asks this per chunk and for the gc lock: a
+    /// listing of the store's folder per snapshot grew with every chunk ever
+    /// stored (on the JetStream object store, a scan of all its metadata per
+    /// checkpoint flooded the cluster's servers in the 300-session drill).
+    /// The default filters a listing of `key`, for stores that have nothing
+    /// cheaper.
+    fn meta(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        Ok(self.list(key)?.into_iter().find(|m| m.key == key))
+    }
+
     /// The keys under `prefix`, in no particular order. A store can answer
     /// this more cheaply than [`list`](Self::list) (no sizes or times).
     fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {

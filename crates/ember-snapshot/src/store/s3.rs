@@ -147,6 +147,15 @@ impl ObjectStore for S3Store {
         }
     }
 
+    fn meta(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        let path = self.path(key)?;
+        match self.run("head", key, |c| async move { c.head(&path).await })? {
+            Ok(m) => Ok(Some(ObjectMeta { key: key.to_string(), size: m.size, modified: m.last_modified.into() })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(s3("head", key)(e)),
+        }
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         // object_store lists by whole path segments: list the folder, filter by the full prefix.
         let folder = prefix.rfind('/').map(|i| &prefix[..i]).unwrap_or("");
