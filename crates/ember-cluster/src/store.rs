@@ -245,18 +245,7 @@ impl ObjectStore for NatsStore {
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
-        check_key(key)?;
-        let name = key.to_string();
-        self.call("info", key, move |store, _| {
-            let name = name.clone();
-            async move {
-                match step("info", store.info(&name)).await? {
-                    Ok(info) => Ok(Ok(!info.deleted)),
-                    Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => Ok(Ok(false)),
-                    Err(e) => Err(again(e)),
-                }
-            }
-        })
+        Ok(self.meta(key)?.is_some())
     }
 
     /// One object's metadata (`info`): a snapshot asks it per chunk and for
