@@ -26,6 +26,8 @@ pub fn userns_fd(map: &str) -> Result<OwnedFd, SysError> {
 /// (`linux.namespaces[].path`): the one it would make would be root's.
 pub fn userns_fd_owned(map: &str, owner: u32) -> Result<OwnedFd, SysError> {
     let keep = -1 as libc::c_int;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: raw setresuid of this thread's effective uid only (glibc's
     // wrapper would change every thread); real and saved stay 0.
     if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
@@ -46,9 +48,18 @@ pub fn userns_fd_owned(map: &str, owner: u32) -> Result<OwnedFd, SysError> {
         return Err(e);
     }
     if pid == 0 {
-        loop {
-            // SAFETY: see above.
-            unsafe { libc::pause() };
+        // Killed with this thread, should the daemon die before it kills the
+        // child (a SIGKILLed node left one pausing forever, reparented to
+        // init); a parent already gone is seen by the pid check.
+        // SAFETY: raw syscalls only, as above.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            loop {
+                libc::pause();
+            }
         }
     }
     let pid = pid as i32;
