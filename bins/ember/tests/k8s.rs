@@ -4,6 +4,8 @@
 //! are served, a SandboxPool keeps that many sandboxes warm on the node and
 //! reports it, the scale subresource scales it, a SandboxClaim is answered
 //! from a warm sandbox and deleting it removes the sandbox (finalizer).
+#[path = "k8s/agent_sandbox.rs"]
+mod agent_sandbox;
 mod common;
 
 use common::Daemon;
@@ -60,12 +62,17 @@ where
     panic!("{what}: never happened; last seen: {last}");
 }
 
+/// ember's CRDs and agent-sandbox's (the operator serves both).
+fn all_crds() -> Vec<CustomResourceDefinition> {
+    ember_operator::crd::all().into_iter().chain(ember_operator::agents::crd::all()).collect()
+}
+
 async fn install_crds(kube: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
-    for crd in ember_operator::crd::all() {
+    for crd in all_crds() {
         crds.create(&PostParams::default(), &crd).await.expect("CRD accepted");
     }
-    for crd in ember_operator::crd::all() {
+    for crd in all_crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         eventually(&format!("CRD {name} Established"), 120, || async {
             let got = crds.get(&name).await.map_err(|e| e.to_string())?;

@@ -34,17 +34,24 @@ pub struct OperatorArgs {
     /// How long a leader that stopped renewing keeps the lease.
     #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
     lease_duration: std::time::Duration,
+    /// Do not serve kubernetes-sigs/agent-sandbox's resources (SandboxWarmPool,
+    /// SandboxClaim of extensions.agents.x-k8s.io): for a cluster without
+    /// their CRDs, or one where agent-sandbox's own controller serves them.
+    #[arg(long)]
+    no_agent_sandbox: bool,
 }
 
 #[derive(Subcommand)]
 enum OperatorCmd {
-    /// Print the CRDs (group ember.run) as YAML, for `kubectl apply -f -`.
+    /// Print the CRDs (group ember.run, and agent-sandbox's agents.x-k8s.io
+    /// and extensions.agents.x-k8s.io) as YAML, for `kubectl apply -f -`.
     Crds,
 }
 
 pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<i32> {
     if let Some(OperatorCmd::Crds) = args.cmd {
         print!("{}", ember_operator::crd::yaml()?);
+        print!("{}", ember_operator::agents::crd::yaml()?);
         return Ok(0);
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
@@ -72,7 +79,14 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
         identity: identity(),
         lease: args.lease_duration,
     });
-    let cfg = ember_operator::Config { kube, ember_url: args.ember_url, api_key, resync: args.resync, leader };
+    let cfg = ember_operator::Config {
+        kube,
+        ember_url: args.ember_url,
+        api_key,
+        resync: args.resync,
+        leader,
+        agent_sandbox: !args.no_agent_sandbox,
+    };
     ember_operator::run(cfg).await?;
     Ok(0)
 }
