@@ -6,6 +6,8 @@
 //! from a warm sandbox and deleting it removes the sandbox (finalizer).
 #[path = "k8s/agent_sandbox.rs"]
 mod agent_sandbox;
+#[path = "k8s/bench.rs"]
+mod bench;
 mod common;
 
 use common::Daemon;

@@ -61,17 +61,7 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
         Some(p) => Some(read_key(p)?),
         None => api_key,
     };
-    ember_operator::tls_provider();
-    let config = match &args.kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("kubeconfig {}", p.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("kubeconfig {}", p.display()))?
-        }
-        None => kube::Config::infer().await.context("no kubeconfig (in-cluster config or $KUBECONFIG)")?,
-    };
-    let kube = kube::Client::try_from(config).context("kubernetes client")?;
+    let kube = kube_client(args.kubeconfig.as_deref()).await?;
     tracing::info!(ember = %args.ember_url, "ember operator running");
     let leader = args.leader_elect.then(|| ember_operator::Leader {
         namespace: args.lease_namespace.clone(),
@@ -89,6 +79,22 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
     };
     ember_operator::run(cfg).await?;
     Ok(0)
+}
+
+/// A client of the API server of `kubeconfig`, else of the in-cluster
+/// config or `$KUBECONFIG`.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    ember_operator::tls_provider();
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", p.display()))?
+        }
+        None => kube::Config::infer().await.context("no kubeconfig (in-cluster config or $KUBECONFIG)")?,
+    };
+    kube::Client::try_from(config).context("kubernetes client")
 }
 
 /// This replica's name in the Lease: the host (the pod's name in a pod) and pid.
