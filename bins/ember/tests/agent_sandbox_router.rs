@@ -11,7 +11,6 @@ use common::Daemon;
 use ember_types::agent_sandbox::{NAMESPACE_KEY, SANDBOX_KEY};
 use serde_json::Value;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A guard against a hang, not a performance threshold.
 const HANG: Duration = Duration::from_secs(120);
@@ -30,24 +29,13 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
 "#;
 
-/// One request with `Connection: close`: status and body.
+/// One request with the router's headers: status and body (dechunked).
 async fn send(addr: &str, req: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    let head = format!(
-        "{req} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    tokio::time::timeout(HANG, s.read_to_end(&mut raw)).await.expect("answer in time").expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {text:?}"));
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head}"));
+    let mut all = vec![format!("Host: {addr}"), "Content-Type: application/json".to_string()];
+    all.extend(headers.iter().map(|(k, v)| format!("{k}: {v}")));
+    let (status, head, body) = common::raw::exchange(addr, req, &all, body, HANG).await;
     // The body may be chunked: the tests read JSON or short text out of it.
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
-    (status, body)
+    (status, if head.contains("transfer-encoding: chunked") { dechunk(&body) } else { body })
 }
 
 fn dechunk(mut s: &str) -> String {
