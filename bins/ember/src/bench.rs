@@ -18,6 +18,7 @@ mod density;
 pub(crate) mod ember;
 pub(crate) mod image;
 pub mod k8s;
+mod k8s_agents;
 mod network;
 mod oci;
 pub(crate) mod pool;

@@ -30,11 +30,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-const POOL: &str = "ember-bench-k8s";
+pub(super) const POOL: &str = "ember-bench-k8s";
 /// The label on the bench's claims, to delete them together.
-const LABEL: &str = "ember.run/bench";
+pub(super) const LABEL: &str = "ember.run/bench";
 /// How long one claim may take to be Ready before it counts as failed.
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct K8sArgs {
@@ -60,15 +60,15 @@ pub struct K8sArgs {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Figure {
+pub(super) struct Figure {
     through: &'static str,
     ready: Summary,
-    cold: usize,
+    pub(super) cold: usize,
     failed: usize,
 }
 
 /// One claim: its sandbox or claim name, and whether it came warm.
-type Claimed = Result<(String, bool), String>;
+pub(super) type Claimed = Result<(String, bool), String>;
 
 pub async fn run(client: &Client, args: K8sArgs) -> anyhow::Result<i32> {
     if args.claims == 0 || args.tasks == 0 {
@@ -139,14 +139,7 @@ async fn figures(
 ) -> anyhow::Result<Vec<Figure>> {
     let claims: Api<SandboxClaim> = Api::namespaced(kube.clone(), &args.namespace);
     // The operator makes the node pool from the SandboxPool: wait for it to be there.
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while client.get_pool(&node.name).await.is_err() {
-        if Instant::now() > deadline {
-            anyhow::bail!("no node pool {} within {READY_TIMEOUT:?}: is `ember operator` running?", node.name);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    node.wait_full(client, idle).await?;
+    wait_filled(client, node, idle).await?;
     let api = claims.clone();
     let k8s = timed(args, move || claim_through_kubernetes(api.clone())).await;
     let gone = delete_claims(&claims).await;
@@ -171,10 +164,15 @@ async fn figures(
     if !left.is_empty() {
         eprintln!("could not remove {} claimed sandboxes: {left:?}", left.len());
     }
-    Ok(vec![figure("kubernetes", k8s), figure("ember API", ember)])
+    let mut out = vec![figure("kubernetes", k8s), figure("ember API", ember)];
+    match super::k8s_agents::run(client, kube, idle, args).await? {
+        Some(f) => out.push(f),
+        None => eprintln!("agent-sandbox: not measured (its CRDs are not installed)"),
+    }
+    Ok(out)
 }
 
-fn figure(through: &'static str, (mut series, outcomes): (Series, Vec<Claimed>)) -> Figure {
+pub(super) fn figure(through: &'static str, (mut series, outcomes): (Series, Vec<Claimed>)) -> Figure {
     let (mut cold, mut failed) = (0, 0);
     for o in outcomes {
         match o {
@@ -191,7 +189,7 @@ fn figure(through: &'static str, (mut series, outcomes): (Series, Vec<Claimed>))
 
 /// `args.claims` claims by `args.tasks` tasks, each timed from before `claim`
 /// is called to its answer: the warm ones' times, and every outcome.
-async fn timed<F, Fut>(args: &K8sArgs, claim: F) -> (Series, Vec<Claimed>)
+pub(super) async fn timed<F, Fut>(args: &K8sArgs, claim: F) -> (Series, Vec<Claimed>)
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Claimed> + Send,
@@ -222,26 +220,41 @@ where
     (series, outcomes)
 }
 
-/// A SandboxClaim of the bench's pool, watched from its create's
-/// resourceVersion until `Ready=True`.
+/// A SandboxClaim of the bench's pool, watched to `Ready=True`.
 async fn claim_through_kubernetes(claims: Api<SandboxClaim>) -> Claimed {
-    let mut c = SandboxClaim::new("", SandboxClaimSpec { pool_ref: POOL.into(), timeout_seconds: None });
-    c.metadata.name = None;
-    c.metadata.generate_name = Some("bench-".into());
-    c.metadata.labels = Some([(LABEL.to_string(), "k8s".to_string())].into());
-    let made = claims.create(&PostParams::default(), &c).await.map_err(|e| format!("create: {e}"))?;
-    let name = made.metadata.name.clone().unwrap_or_default();
-    let rv = made.metadata.resource_version.clone().unwrap_or_default();
-    let wp = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(READY_TIMEOUT.as_secs() as u32);
-    let mut events = claims.watch(&wp, &rv).await.map_err(|e| format!("watch {name}: {e}"))?.boxed();
-    while let Some(ev) = events.try_next().await.map_err(|e| format!("watch {name}: {e}"))? {
-        let (WatchEvent::Added(c) | WatchEvent::Modified(c)) = ev else { continue };
+    let c = SandboxClaim::new("", SandboxClaimSpec { pool_ref: POOL.into(), timeout_seconds: None });
+    create_and_watch(&claims, c, "k8s", |c: SandboxClaim| {
         let st = c.status.unwrap_or_default();
-        if st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True") {
-            return Ok((name, st.launch.as_deref() == Some("warm")));
+        let ready = st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then(|| st.launch.as_deref() == Some("warm"))
+    })
+    .await
+}
+
+/// Creates `obj` under a generated name with the bench's `label`, then
+/// watches it from the create's resourceVersion (as agent-sandbox's client
+/// waits for its claims) until `ready` answers (whether it came warm).
+pub(super) async fn create_and_watch<K, F>(api: &Api<K>, mut obj: K, label: &str, ready: F) -> Claimed
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(K) -> Option<bool>,
+{
+    let meta = obj.meta_mut();
+    meta.name = None;
+    meta.generate_name = Some("bench-".into());
+    meta.labels = Some([(LABEL.to_string(), label.to_string())].into());
+    let made = api.create(&PostParams::default(), &obj).await.map_err(|e| format!("create: {e}"))?;
+    let name = made.meta().name.clone().unwrap_or_default();
+    let rv = made.meta().resource_version.clone().unwrap_or_default();
+    let wp = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(READY_TIMEOUT.as_secs() as u32);
+    let mut events = api.watch(&wp, &rv).await.map_err(|e| format!("watch {name}: {e}"))?.boxed();
+    while let Some(ev) = events.try_next().await.map_err(|e| format!("watch {name}: {e}"))? {
+        let (WatchEvent::Added(o) | WatchEvent::Modified(o)) = ev else { continue };
+        if let Some(warm) = ready(o) {
+            return Ok((name, warm));
         }
     }
-    Err(format!("claim {name} not Ready within {READY_TIMEOUT:?}"))
+    Err(format!("{name} not Ready within {READY_TIMEOUT:?}"))
 }
 
 /// Deletes the bench's claims and waits until their finalizers have removed
@@ -249,26 +262,36 @@ async fn claim_through_kubernetes(claims: Api<SandboxClaim>) -> Claimed {
 async fn delete_claims(claims: &Api<SandboxClaim>) -> anyhow::Result<()> {
     let lp = ListParams::default().labels(&format!("{LABEL}=k8s"));
     claims.delete_collection(&DeleteParams::default(), &lp).await.context("deleting the bench's claims")?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while !claims.list(&lp).await.context("listing the bench's claims")?.items.is_empty() {
-        if Instant::now() > deadline {
-            anyhow::bail!("the bench's claims were not gone within {READY_TIMEOUT:?}: is `ember operator` running?");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+    wait_until("the bench's claims gone", || async { Ok(claims.list(&lp).await?.items.is_empty()) }).await
 }
 
 /// Deletes the bench's SandboxPool and waits until its finalizer has deleted
 /// the node pool and the resource is gone.
 async fn delete_pool(pools: &Api<SandboxPool>) -> anyhow::Result<()> {
     pools.delete(POOL, &DeleteParams::default()).await?;
+    wait_until("the SandboxPool gone", || async { Ok(pools.get_opt(POOL).await?.is_none()) }).await
+}
+
+/// Polls `done` every 100 ms until it holds; fails after [`READY_TIMEOUT`]
+/// naming `what` (these waits are the operator's: it may not be running).
+pub(super) async fn wait_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
     let deadline = Instant::now() + READY_TIMEOUT;
-    while pools.get_opt(POOL).await?.is_some() {
+    while !done().await? {
         if Instant::now() > deadline {
-            anyhow::bail!("SandboxPool {POOL} was not gone within {READY_TIMEOUT:?}: is `ember operator` running?");
+            anyhow::bail!("{what}: not within {READY_TIMEOUT:?}; is `ember operator` running?");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// The node pool the operator makes from a pool resource, there and full.
+pub(super) async fn wait_filled(client: &Client, node: &super::pool::BenchPool, idle: u32) -> anyhow::Result<()> {
+    let what = format!("node pool {}", node.name);
+    wait_until(&what, || async { Ok(client.get_pool(&node.name).await.is_ok()) }).await?;
+    node.wait_full(client, idle).await.map(drop)
 }

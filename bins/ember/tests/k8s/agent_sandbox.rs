@@ -7,8 +7,7 @@
 use super::{eventually, setup, Operator};
 use ember_operator::agents::controller::node_pool;
 use ember_operator::agents::crd::{
-    Blueprint, NameRef, PodTemplate, Sandbox, SandboxClaim, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
-    SandboxWarmPoolSpec,
+    NameRef, Sandbox, SandboxClaim, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool, SandboxWarmPoolSpec,
 };
 use ember_types::agent_sandbox::SANDBOX_KEY;
 use kube::api::{Api, PostParams};
@@ -41,14 +40,7 @@ fn client(kubeconfig: &std::path::Path, args: &[&str]) -> String {
 async fn warm_pool(kube: &kube::Client, daemon: &crate::common::Daemon) -> String {
     let templates: Api<SandboxTemplate> = Api::namespaced(kube.clone(), "default");
     let pod = serde_json::json!({"containers": [{"name": "python-runtime", "image": "python-runtime-sandbox:latest"}]});
-    let spec = SandboxTemplateSpec {
-        blueprint: Blueprint { pod_template: PodTemplate { spec: pod, ..Default::default() }, ..Default::default() },
-        network_policy: None,
-        network_policy_management: None,
-        env_vars_injection_policy: None,
-        volume_claim_templates_policy: None,
-    };
-    let mut t = SandboxTemplate::new("python", spec);
+    let mut t = SandboxTemplate::new("python", SandboxTemplateSpec::of_pod(pod));
     // The image names no ember template here: the annotation does.
     t.metadata.annotations = Some([("ember.run/template".to_string(), "host".to_string())].into());
     templates.create(&PostParams::default(), &t).await.expect("SandboxTemplate accepted");

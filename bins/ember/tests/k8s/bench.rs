@@ -1,6 +1,7 @@
 //! `ember bench k8s` end to end against the live API server, a real node and
-//! `ember operator`: both figures complete with every claim answered, the
-//! Kubernetes ones through a SandboxClaim watched to Ready. The claim count
+//! `ember operator`: the three figures complete with every claim answered,
+//! the Kubernetes ones through a SandboxClaim (ember's, then agent-sandbox's)
+//! watched to Ready, and the bench removes everything it made. The claim count
 //! is `EMBER_BENCH_K8S_CLAIMS` (default 10; the figures docs/kubernetes.md
 //! reports come from this test run with more).
 use super::{setup, Operator};
@@ -23,7 +24,7 @@ async fn bench_k8s_times_claims_through_kubernetes_and_through_ember() {
     let got: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     let figs = got["figures"].as_array().expect("figures");
     let through: Vec<&str> = figs.iter().filter_map(|f| f["through"].as_str()).collect();
-    assert_eq!(through, ["kubernetes", "ember API"], "{got}");
+    assert_eq!(through, ["kubernetes", "ember API", "agent-sandbox"], "{got}");
     for f in figs {
         assert_eq!(f["failed"], 0, "{f}");
         let answered = f["ready"]["samples"].as_u64().unwrap_or(0) + f["cold"].as_u64().unwrap_or(0);
@@ -33,4 +34,6 @@ async fn bench_k8s_times_claims_through_kubernetes_and_through_ember() {
     // The bench removed what it made: no pool left on the node.
     let pools = daemon.client.list_pools().await.expect("pools");
     assert!(pools.is_empty(), "{pools:?}");
+    let left = daemon.client.list_sandboxes("").await.expect("sandboxes");
+    assert!(left.iter().all(|s| s.status.state == "Terminated"), "{left:?}");
 }

@@ -138,6 +138,22 @@ pub struct SandboxTemplateSpec {
     pub volume_claim_templates_policy: Option<String>,
 }
 
+impl SandboxTemplateSpec {
+    /// A template of `pod` (a PodSpec) alone.
+    pub fn of_pod(pod: serde_json::Value) -> SandboxTemplateSpec {
+        SandboxTemplateSpec {
+            blueprint: Blueprint {
+                pod_template: PodTemplate { spec: pod, ..Default::default() },
+                ..Default::default()
+            },
+            network_policy: None,
+            network_policy_management: None,
+            env_vars_injection_policy: None,
+            volume_claim_templates_policy: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct NameRef {
     pub name: String,

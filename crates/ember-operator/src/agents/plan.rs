@@ -127,20 +127,10 @@ pub fn timeout_secs(shutdown_time: Option<&str>, now: Timestamp) -> Result<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agents::crd::{Blueprint, NameRef, PodTemplate, SandboxTemplateSpec, SandboxWarmPoolSpec};
+    use crate::agents::crd::{NameRef, SandboxTemplateSpec, SandboxWarmPoolSpec};
 
     fn template(pod: serde_json::Value, annotation: Option<&str>) -> SandboxTemplate {
-        let spec = SandboxTemplateSpec {
-            blueprint: Blueprint {
-                pod_template: PodTemplate { spec: pod, ..Default::default() },
-                ..Default::default()
-            },
-            network_policy: None,
-            network_policy_management: None,
-            env_vars_injection_policy: None,
-            volume_claim_templates_policy: None,
-        };
-        let mut t = SandboxTemplate::new("t", spec);
+        let mut t = SandboxTemplate::new("t", SandboxTemplateSpec::of_pod(pod));
         t.metadata.annotations = annotation.map(|a| [(TEMPLATE_ANNOTATION.to_string(), a.to_string())].into());
         t
     }
