@@ -99,3 +99,38 @@ async fn agent_sandboxs_python_client_claims_and_runs_commands_through_ember() {
     })
     .await;
 }
+
+/// A warm pool made before its SandboxTemplate (or in the same apply) is
+/// served once the template exists, with a resync of an hour: only the
+/// template's watch can wake it, and it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pool_made_before_its_template_fills_once_the_template_exists() {
+    let (server, kube, daemon) = setup().await;
+    let _op = Operator::start(&server.kubeconfig, &daemon.url, &["--resync", "1h"]);
+    let pools: Api<SandboxWarmPool> = Api::namespaced(kube.clone(), "default");
+    let spec = SandboxWarmPoolSpec {
+        replicas: Some(1),
+        sandbox_template_ref: NameRef { name: "late".into() },
+        update_strategy: None,
+    };
+    pools.create(&PostParams::default(), &SandboxWarmPool::new("early", spec)).await.expect("warm pool accepted");
+    eventually("the warm pool waiting for its template", 240, || async {
+        let st = pools.get_status("early").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        let waiting = st.conditions.iter().any(|c| c.reason == "TemplateNotFound");
+        waiting.then_some(()).ok_or_else(|| format!("{st:?}"))
+    })
+    .await;
+    let templates: Api<SandboxTemplate> = Api::namespaced(kube.clone(), "default");
+    let pod = serde_json::json!({"containers": [{"name": "c", "image": "host"}]});
+    templates
+        .create(&PostParams::default(), &SandboxTemplate::new("late", SandboxTemplateSpec::of_pod(pod)))
+        .await
+        .expect("template");
+    eventually("the warm pool served", 240, || async {
+        let st = pools.get_status("early").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        (st.ready_replicas == 1).then_some(()).ok_or_else(|| format!("{st:?}"))
+    })
+    .await;
+    let p = daemon.client.get_pool(&node_pool("default", "early")).await.expect("the node pool");
+    assert_eq!((p.template.as_str(), p.idle), ("host", 1));
+}

@@ -38,7 +38,21 @@ pub fn node_pool(namespace: &str, name: &str) -> String {
 }
 
 pub(crate) async fn run(kube: kube::Client, ctx: Arc<Ctx>) {
-    let pools = Controller::new(Api::<SandboxWarmPool>::all(kube.clone()), watcher::Config::default())
+    let pools = Controller::new(Api::<SandboxWarmPool>::all(kube.clone()), watcher::Config::default());
+    // A warm pool waiting for its template (made before it, or in the same
+    // apply) is woken by the template's changes, not left until the resync;
+    // a template's change reaches the pools made from it.
+    let pool_store = pools.store();
+    let templates = Api::<SandboxTemplate>::all(kube.clone());
+    let pools = pools
+        .watches(templates, watcher::Config::default(), move |t: SandboxTemplate| {
+            let (ns, name) = (t.namespace(), t.name_any());
+            let made_from = pool_store
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == ns && p.spec.sandbox_template_ref.name == name);
+            made_from.map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
+        })
         .shutdown_on_signal()
         .run(reconcile_pool, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxWarmPool", r) });
