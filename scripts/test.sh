@@ -37,6 +37,14 @@ echo "== Kubernetes test binaries (scripts/kube-test-env.sh)"
 # etcd, kube-apiserver and helm for the operator's tests (docs/kubernetes.md):
 # EMBER_ETCD, EMBER_KUBE_APISERVER, EMBER_HELM. Built once per machine.
 eval "$(scripts/kube-test-env.sh)"
+# kubernetes-sigs/agent-sandbox's Python client, unchanged, against ember
+# (bins/ember/tests/k8s/agent_sandbox.rs).
+as_venv="${CARGO_TARGET_DIR:-$PWD/target}/agent-sandbox-venv"
+if ! "$as_venv/bin/python" -c 'import k8s_agent_sandbox' 2>/dev/null; then
+  python3 -m venv "$as_venv"
+  "$as_venv/bin/pip" install -q --disable-pip-version-check k8s-agent-sandbox==1.0.8
+fi
+export EMBER_AGENT_SANDBOX_PYTHON="$as_venv/bin/python"
 
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads 2

@@ -17,6 +17,8 @@ mod crun;
 mod density;
 pub(crate) mod ember;
 pub(crate) mod image;
+pub mod k8s;
+mod k8s_agents;
 mod network;
 mod oci;
 pub(crate) mod pool;
@@ -61,6 +63,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let key = <crate::cli::Cli as clap::Parser>::try_parse().ok().and_then(|c| c.api_key);
             cluster::run(key, a).await
         }
+        BenchCmd::K8s(a) => k8s::run(client, a).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await

@@ -4,6 +4,10 @@
 //! are served, a SandboxPool keeps that many sandboxes warm on the node and
 //! reports it, the scale subresource scales it, a SandboxClaim is answered
 //! from a warm sandbox and deleting it removes the sandbox (finalizer).
+#[path = "k8s/agent_sandbox.rs"]
+mod agent_sandbox;
+#[path = "k8s/bench.rs"]
+mod bench;
 mod common;
 
 use common::Daemon;
@@ -60,12 +64,17 @@ where
     panic!("{what}: never happened; last seen: {last}");
 }
 
+/// ember's CRDs and agent-sandbox's (the operator serves both).
+fn all_crds() -> Vec<CustomResourceDefinition> {
+    ember_operator::crd::all().into_iter().chain(ember_operator::agents::crd::all()).collect()
+}
+
 async fn install_crds(kube: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
-    for crd in ember_operator::crd::all() {
+    for crd in all_crds() {
         crds.create(&PostParams::default(), &crd).await.expect("CRD accepted");
     }
-    for crd in ember_operator::crd::all() {
+    for crd in all_crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         eventually(&format!("CRD {name} Established"), 120, || async {
             let got = crds.get(&name).await.map_err(|e| e.to_string())?;
@@ -275,47 +284,65 @@ async fn a_restarted_operator_adopts_the_claims_sandbox_instead_of_claiming_agai
     assert_eq!(labelled, [made[0].clone()]);
 }
 
-/// Every object the chart renders (CRDs included) is accepted by the live
-/// API server in a server-side dry run: schema, defaults and validation as a
-/// real `kubectl apply --dry-run=server` would check them (nothing is run:
-/// there is no kubelet here).
+/// Every object the chart renders (CRDs included), with the node DaemonSet,
+/// the NetworkPolicy, the PodSecurity-labelled namespace and a pool, is
+/// accepted by the live API server in a server-side dry run: schema, defaults
+/// and validation as a real `kubectl apply --dry-run=server` would check them
+/// (nothing is run: there is no kubelet here). What the rest needs to exist
+/// first (the CRDs, the namespace) is created for real, as helm would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_objects_pass_a_server_side_dry_run() {
     use kube::api::{DynamicObject, GroupVersionKind};
     let helm = std::env::var_os("EMBER_HELM")
         .unwrap_or_else(|| panic!("EMBER_HELM is not set: run `eval \"$(scripts/kube-test-env.sh)\"` first"));
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/ember");
+    let values =
+        ["podSecurity.createNamespace=true", "pools[0].name=py", "pools[0].template=host", "pools[0].replicas=2"];
     let out = Command::new(helm)
-        .args(["template", "ember", "--include-crds", "--namespace", "default", "--set", "operator.apiKeySecret=k"])
+        .args(["template", "ember", "--include-crds", "--namespace", "ember-system"])
+        .args(values.iter().flat_map(|v| ["--set", v]))
         .arg(&chart)
         .output()
         .expect("helm runs");
     assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+        if !value.is_null() {
+            objects.push(serde_yaml::from_value::<DynamicObject>(value).expect("a Kubernetes object"));
+        }
+    }
+    let first = |o: &DynamicObject| {
+        o.types.as_ref().is_some_and(|t| t.kind == "CustomResourceDefinition" || t.kind == "Namespace")
+    };
 
     let server = ember_operator::testing::ApiServer::start().await;
     let kube = server.client().await;
-    let discovery = kube::discovery::Discovery::new(kube.clone()).run().await.expect("discovery");
-    let dry = PostParams { dry_run: true, ..Default::default() };
     let mut kinds = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(doc).expect("a YAML document");
-        if value.is_null() {
-            continue;
+    for pass in [true, false] {
+        let discovery = kube::discovery::Discovery::new(kube.clone()).run().await.expect("discovery");
+        let params = PostParams { dry_run: !pass, ..Default::default() };
+        for obj in objects.iter().filter(|o| first(o) == pass) {
+            let types = obj.types.clone().expect("apiVersion and kind");
+            let gvk = GroupVersionKind::try_from(&types).expect("group/version");
+            let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap_or_else(|| panic!("{types:?} is not served"));
+            let api: Api<DynamicObject> = match caps.scope {
+                kube::discovery::Scope::Namespaced => Api::namespaced_with(kube.clone(), "ember-system", &ar),
+                kube::discovery::Scope::Cluster => Api::all_with(kube.clone(), &ar),
+            };
+            if let Err(e) = api.create(&params, obj).await {
+                panic!("{} {} refused: {e}", types.kind, obj.metadata.name.clone().unwrap_or_default());
+            }
+            kinds.push(types.kind);
         }
-        let obj: DynamicObject = serde_yaml::from_value(value).expect("a Kubernetes object");
-        let types = obj.types.clone().expect("apiVersion and kind");
-        let gvk = GroupVersionKind::try_from(&types).expect("group/version");
-        let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap_or_else(|| panic!("{types:?} is not served"));
-        let api: Api<DynamicObject> = match caps.scope {
-            kube::discovery::Scope::Namespaced => Api::namespaced_with(kube.clone(), "default", &ar),
-            kube::discovery::Scope::Cluster => Api::all_with(kube.clone(), &ar),
-        };
-        if let Err(e) = api.create(&dry, &obj).await {
-            panic!("{} {} refused: {e}", types.kind, obj.metadata.name.unwrap_or_default());
+        if pass {
+            wait_established(&kube).await;
         }
-        kinds.push(types.kind);
     }
+    let ns = kube::Api::<ember_operator::k8s_openapi::api::core::v1::Namespace>::all(kube.clone());
+    let labels = ns.get("ember-system").await.expect("the namespace").metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("privileged"));
     kinds.sort();
     kinds.dedup();
     assert_eq!(
@@ -324,12 +351,36 @@ async fn the_charts_objects_pass_a_server_side_dry_run() {
             "ClusterRole",
             "ClusterRoleBinding",
             "CustomResourceDefinition",
+            "DaemonSet",
             "Deployment",
+            "Namespace",
+            "NetworkPolicy",
             "Role",
             "RoleBinding",
+            "SandboxPool",
+            "Service",
             "ServiceAccount"
         ]
     );
+}
+
+/// Every CRD on the server Established (served).
+async fn wait_established(kube: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
+    eventually("every CRD Established", 120, || async {
+        let list = crds.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let pending: Vec<String> = list
+            .items
+            .iter()
+            .filter(|c| {
+                let conds = c.status.as_ref().and_then(|s| s.conditions.as_ref());
+                !conds.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+            })
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        pending.is_empty().then_some(()).ok_or_else(|| format!("{pending:?}"))
+    })
+    .await;
 }
 
 /// A claim made before its pool (or with it, in one `kubectl apply`) is

@@ -9,7 +9,6 @@ use common::Daemon;
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -58,19 +57,10 @@ async fn send_with(
     key: Option<&str>,
     body: &str,
 ) -> (u16, String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let key = key.map(|k| format!("OPEN-SANDBOX-API-KEY: {k}\r\n")).unwrap_or_default();
-    let head = format!(
-        "{req} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{key}{extra}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    tokio::time::timeout(HANG, s.read_to_end(&mut raw)).await.expect("answer in time").expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {text:?}"));
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head}"));
-    (status, head.to_ascii_lowercase(), body.to_string())
+    let mut headers = vec![format!("Host: {host}")];
+    headers.extend(key.map(|k| format!("OPEN-SANDBOX-API-KEY: {k}")));
+    headers.extend(extra.split("\r\n").filter(|l| !l.is_empty()).map(str::to_string));
+    common::raw::exchange(addr, req, &headers, body, HANG).await
 }
 
 fn csp_values(head: &str) -> Vec<&str> {

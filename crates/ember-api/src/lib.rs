@@ -14,6 +14,7 @@
 //! route a cluster's nodes forward calls through).
 #![forbid(unsafe_code)]
 
+mod agent_sandbox;
 mod body;
 mod cluster;
 mod convert;
@@ -160,6 +161,9 @@ pub fn router(state: ApiState) -> Router {
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::auth))
+        // A request with `X-Sandbox-ID` is agent-sandbox's router's, whatever
+        // its path; it checks the API key itself, as the sandbox origins do.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), agent_sandbox::dispatch))
         // After the `Host` check, before the API-key rule that exempts
         // `/health`: under a sandbox's name every path is the sandbox's.
         .layer(axum::middleware::from_fn_with_state(state.clone(), origin::dispatch))

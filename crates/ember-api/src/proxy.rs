@@ -95,6 +95,18 @@ pub async fn forward_host(st: ApiState, id: String, port: u16, host: &str, req: 
     forward(State(st), id, port, rest, req, Via::Host(host)).await.into_response()
 }
 
+/// A request of the sandbox-router (`agent_sandbox.rs`): `rest` to `port`,
+/// routed as the path route is (this node's agent, or the owner's).
+pub(crate) async fn forward_path(
+    st: ApiState,
+    id: String,
+    port: u16,
+    rest: String,
+    req: Request,
+) -> Result<Response, ApiError> {
+    forward(State(st), id, port, rest, req, Via::Path).await
+}
+
 fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", "no such route")
 }

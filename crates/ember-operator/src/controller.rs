@@ -24,7 +24,7 @@ use std::time::Duration;
 pub const POOL_FINALIZER: &str = "ember.run/pool";
 /// Removes the sandbox of a deleted SandboxClaim.
 pub const CLAIM_FINALIZER: &str = "ember.run/claim";
-const MANAGER: &str = "ember-operator";
+pub(crate) const MANAGER: &str = "ember-operator";
 
 pub struct Config {
     pub kube: kube::Client,
@@ -35,6 +35,8 @@ pub struct Config {
     pub resync: Duration,
     /// Reconcile only while holding this Lease (several replicas, one leader).
     pub leader: Option<Leader>,
+    /// Also serve kubernetes-sigs/agent-sandbox's resources (`agents/`).
+    pub agent_sandbox: bool,
 }
 
 /// The Lease replicas elect their leader on (`lease.rs`).
@@ -46,11 +48,11 @@ pub struct Leader {
     pub lease: Duration,
 }
 
-struct Ctx {
-    kube: kube::Client,
-    ember: Ember,
-    ember_url: String,
-    resync: Duration,
+pub(crate) struct Ctx {
+    pub(crate) kube: kube::Client,
+    pub(crate) ember: Ember,
+    pub(crate) ember_url: String,
+    pub(crate) resync: Duration,
 }
 
 /// Runs both controllers until SIGINT/SIGTERM; with a `leader` Lease, only
@@ -73,6 +75,12 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
     let ember = Ember::new(&cfg.ember_url, cfg.api_key.clone())
         .map_err(|source| Error::Ember { url: cfg.ember_url.clone(), source })?;
     let ctx = Arc::new(Ctx { kube: cfg.kube.clone(), ember, ember_url: cfg.ember_url, resync: cfg.resync });
+    let (agents_kube, agents_ctx) = (cfg.kube.clone(), ctx.clone());
+    let agents = async move {
+        if cfg.agent_sandbox {
+            crate::agents::controller::run(agents_kube, agents_ctx).await
+        }
+    };
     let pools = Controller::new(Api::<SandboxPool>::all(cfg.kube.clone()), watcher::Config::default())
         .shutdown_on_signal()
         .run(reconcile_pool, retry, ctx.clone())
@@ -82,7 +90,7 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
     // is woken by the pool's changes, not left until the next resync.
     let store = claims.store();
     let claims = claims
-        .watches(Api::<SandboxPool>::all(cfg.kube), watcher::Config::default(), move |p: SandboxPool| {
+        .watches(Api::<SandboxPool>::all(cfg.kube.clone()), watcher::Config::default(), move |p: SandboxPool| {
             let (ns, name) = (p.namespace(), p.name_any());
             let waiting = store.state().into_iter().filter(|c| c.namespace() == ns && c.spec.pool_ref == name);
             waiting.map(|c| ObjectRef::from_obj(&*c)).collect::<Vec<_>>()
@@ -90,32 +98,32 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
         .shutdown_on_signal()
         .run(reconcile_claim, retry, ctx)
         .for_each(|r| async move { log("SandboxClaim", r) });
-    tokio::join!(pools, claims);
+    tokio::join!(pools, claims, agents);
     Ok(())
 }
 
-fn log<T: std::fmt::Debug, E: std::fmt::Display>(kind: &str, r: Result<T, E>) {
+pub(crate) fn log<T: std::fmt::Debug, E: std::fmt::Display>(kind: &str, r: Result<T, E>) {
     match r {
         Ok(o) => tracing::debug!(kind, "reconciled {o:?}"),
         Err(e) => tracing::warn!(kind, "reconcile failed: {e}"),
     }
 }
 
-fn retry<K>(_: Arc<K>, e: &Error, _: Arc<Ctx>) -> Action {
+pub(crate) fn retry<K>(_: Arc<K>, e: &Error, _: Arc<Ctx>) -> Action {
     tracing::warn!("retrying after: {e}");
     Action::requeue(Duration::from_secs(2))
 }
 
-fn now() -> String {
+pub(crate) fn now() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
-fn ember_err(ctx: &Ctx) -> impl Fn(ClientError) -> Error + '_ {
+pub(crate) fn ember_err(ctx: &Ctx) -> impl Fn(ClientError) -> Error + '_ {
     move |source| Error::Ember { url: ctx.ember_url.clone(), source }
 }
 
 /// The node's answer, with 404 as `None`.
-fn found<T>(r: Result<T, ClientError>) -> Result<Option<T>, ClientError> {
+pub(crate) fn found<T>(r: Result<T, ClientError>) -> Result<Option<T>, ClientError> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(ClientError::Api { status: 404, .. }) => Ok(None),
@@ -125,19 +133,19 @@ fn found<T>(r: Result<T, ClientError>) -> Result<Option<T>, ClientError> {
 
 /// A 4xx from the node: the request itself is wrong (no such template,
 /// bounds refused); retrying it unchanged cannot help, the status says why.
-fn refused(e: &ClientError) -> Option<String> {
+pub(crate) fn refused(e: &ClientError) -> Option<String> {
     match e {
         ClientError::Api { status: 400..=499, code, message } => Some(format!("{code}: {message}")),
         _ => None,
     }
 }
 
-async fn labelled(ctx: &Ctx, key: &str, value: &str) -> Result<Vec<SandboxInfo>, Error> {
+pub(crate) async fn labelled(ctx: &Ctx, key: &str, value: &str) -> Result<Vec<SandboxInfo>, Error> {
     let q = query([("metadata", query([(key, value)]).as_str())]);
     ctx.ember.list_sandboxes(&q).await.map_err(ember_err(ctx))
 }
 
-async fn patch_status<K>(api: &Api<K>, name: &str, status: impl serde::Serialize) -> Result<(), Error>
+pub(crate) async fn patch_status<K>(api: &Api<K>, name: &str, status: impl serde::Serialize) -> Result<(), Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -146,7 +154,7 @@ where
     Ok(())
 }
 
-fn finalizer_err<E: std::fmt::Display>(obj: &str) -> impl Fn(E) -> Error + '_ {
+pub(crate) fn finalizer_err<E: std::fmt::Display>(obj: &str) -> impl Fn(E) -> Error + '_ {
     move |e| Error::Finalizer(obj.to_string(), e.to_string())
 }
 
@@ -157,24 +165,32 @@ async fn reconcile_pool(obj: Arc<SandboxPool>, ctx: Arc<Ctx>) -> Result<Action, 
     finalizer(&api, POOL_FINALIZER, obj, |event| async {
         match event {
             Event::Apply(p) => apply_pool(&p, &ns, &api, &ctx).await,
-            Event::Cleanup(p) => {
-                let node = node_pool_name(&ns, &p.name_any());
-                step_pool(&ctx, pool::plan(None, get_pool(&ctx, &node).await?.as_ref()))
-                    .await
-                    .map_err(ember_err(&ctx))?;
-                Ok(Action::await_change())
-            }
+            Event::Cleanup(p) => delete_node_pool(&ctx, &node_pool_name(&ns, &p.name_any())).await,
         }
     })
     .await
     .map_err(finalizer_err(&key))
 }
 
-async fn get_pool(ctx: &Ctx, node: &str) -> Result<Option<PoolInfo>, Error> {
+/// A deleted pool resource's cleanup: its node pool deleted (if still there).
+pub(crate) async fn delete_node_pool(ctx: &Ctx, node: &str) -> Result<Action, Error> {
+    step_pool(ctx, pool::plan(None, get_pool(ctx, node).await?.as_ref())).await.map_err(ember_err(ctx))?;
+    Ok(Action::await_change())
+}
+
+/// A deleted claim's cleanup: every node sandbox labelled with its uid removed.
+pub(crate) async fn remove_claimed(ctx: &Ctx, uid: &str) -> Result<(), Error> {
+    for id in claim::plan_cleanup(&labelled(ctx, CLAIM_KEY, uid).await?) {
+        found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(ctx))?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn get_pool(ctx: &Ctx, node: &str) -> Result<Option<PoolInfo>, Error> {
     found(ctx.ember.get_pool(node).await).map_err(ember_err(ctx))
 }
 
-async fn step_pool(ctx: &Ctx, action: pool::Action) -> Result<(), ClientError> {
+pub(crate) async fn step_pool(ctx: &Ctx, action: pool::Action) -> Result<(), ClientError> {
     match action {
         pool::Action::Create(req) => ctx.ember.create_pool(&req).await.map(drop),
         pool::Action::Resize { name, req } => ctx.ember.resize_pool(&name, &req).await.map(drop),
@@ -220,10 +236,7 @@ async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action
         match event {
             Event::Apply(c) => apply_claim(&c, &ns, &api, &ctx).await,
             Event::Cleanup(c) => {
-                let uid = c.uid().unwrap_or_default();
-                for id in claim::plan_cleanup(&labelled(&ctx, CLAIM_KEY, &uid).await?) {
-                    found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(&ctx))?;
-                }
+                remove_claimed(&ctx, &c.uid().unwrap_or_default()).await?;
                 Ok(Action::await_change())
             }
         }
@@ -232,22 +245,30 @@ async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action
     .map_err(finalizer_err(&key))
 }
 
-async fn apply_claim(c: &SandboxClaim, ns: &str, api: &Api<SandboxClaim>, ctx: &Ctx) -> Result<Action, Error> {
-    let name = c.name_any();
-    let uid = c.uid().ok_or_else(|| Error::Invalid {
+/// A claim's uid (the label its node sandbox carries).
+pub(crate) fn claim_uid(c: &impl ResourceExt, ns: &str) -> Result<String, Error> {
+    c.uid().ok_or_else(|| Error::Invalid {
         kind: "SandboxClaim",
         namespace: ns.into(),
-        name: name.clone(),
+        name: c.name_any(),
         message: "no uid".into(),
-    })?;
+    })
+}
+
+/// Keeps the claim's sandbox, removes the extra ones a repeated claim made.
+pub(crate) async fn keep_bound(ctx: &Ctx, keep: &str, remove: Vec<String>) -> Result<Option<SandboxInfo>, Error> {
+    for id in remove {
+        found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(ctx))?;
+    }
+    found(ctx.ember.get_sandbox(keep).await).map_err(ember_err(ctx))
+}
+
+async fn apply_claim(c: &SandboxClaim, ns: &str, api: &Api<SandboxClaim>, ctx: &Ctx) -> Result<Action, Error> {
+    let name = c.name_any();
+    let uid = claim_uid(c, ns)?;
     let mut error = None;
     let bound = match claim::plan_apply(&labelled(ctx, CLAIM_KEY, &uid).await?) {
-        Apply::Bound { keep, remove } => {
-            for id in remove {
-                found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(ctx))?;
-            }
-            found(ctx.ember.get_sandbox(&keep).await).map_err(ember_err(ctx))?
-        }
+        Apply::Bound { keep, remove } => keep_bound(ctx, &keep, remove).await?,
         Apply::Claim => match claim_one(c, ns, &uid, ctx).await {
             Ok(s) => Some(s),
             Err(e) => {

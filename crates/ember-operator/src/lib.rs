@@ -4,6 +4,7 @@
 //! pool (`pool.rs`), SandboxClaim → a sandbox claimed from it (`claim.rs`).
 //! Each reconciler is a pure plan (observed + desired → one action) with the
 //! IO around it in `controller.rs`; `run` starts them. See docs/kubernetes.md.
+pub mod agents;
 pub mod claim;
 pub mod conditions;
 pub mod controller;
@@ -48,7 +49,13 @@ pub fn tls_provider() {
 /// of the whole so two resources never share a pool. Kubernetes names are
 /// already lowercase; dots (allowed there) become dashes.
 pub fn node_pool_name(namespace: &str, name: &str) -> String {
-    let plain = format!("k8s-{namespace}-{name}").replace('.', "-");
+    node_pool_name_prefixed("k8s", namespace, name)
+}
+
+/// `<prefix>-<namespace>-<name>`, fitted to ember's pool names as
+/// [`node_pool_name`] is (each kind of resource its own prefix).
+pub fn node_pool_name_prefixed(prefix: &str, namespace: &str, name: &str) -> String {
+    let plain = format!("{prefix}-{namespace}-{name}").replace('.', "-");
     if plain.len() <= 63 {
         return plain;
     }

@@ -33,12 +33,37 @@ fn the_chart_lints_clean() {
 
 #[test]
 fn the_chart_renders_the_operator_with_and_without_an_api_key() {
-    let plain = run(&["template", "ember"]);
+    let plain = run(&["template", "ember", "--set", "apiKeySecret=", "--set", "node.enabled=false"]);
     assert!(plain.contains("kind: Deployment") && !plain.contains("api-key-file"), "{plain}");
     assert!(plain.contains("--leader-elect") && plain.contains("resources: [\"leases\"]"), "{plain}");
-    let keyed = run(&["template", "ember", "--set", "operator.apiKeySecret=ember-key"]);
+    let keyed = run(&["template", "ember", "--set", "apiKeySecret=", "--set", "operator.apiKeySecret=ember-key"]);
     assert!(
         keyed.contains("--api-key-file=/var/run/ember/apiKey") && keyed.contains("secretName: ember-key"),
         "{keyed}"
     );
+}
+
+#[test]
+fn the_node_daemonset_runs_serve_cluster_privileged_with_the_key_and_nats() {
+    let out = run(&["template", "ember", "--set", "nats.url=nats://n1:4222"]);
+    for want in [
+        "kind: DaemonSet",
+        "privileged: true",
+        "- --cluster=nats://n1:4222",
+        "- --advertise=http://$(POD_IP):8080",
+        "- --snapshot-key-file=/var/run/ember-snapshot/key",
+        "name: EMBER_API_KEY",
+        "kind: NetworkPolicy",
+        "--ember-url=http://ember.default.svc:8080",
+    ] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    // Without a key the nodes could not listen: the render says so.
+    let keyless = Command::new(helm())
+        .args(["template", "ember", "--set", "apiKeySecret="])
+        .arg(chart())
+        .output()
+        .expect("helm runs");
+    let err = String::from_utf8_lossy(&keyless.stderr);
+    assert!(!keyless.status.success() && err.contains("apiKeySecret"), "{err}");
 }

@@ -4,21 +4,29 @@
 //! (or `ember operator crds > deploy/helm/ember/crds/ember.run.yaml`).
 use std::path::PathBuf;
 
-fn chart_crds() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/ember/crds/ember.run.yaml")
+fn chart_crds(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/ember/crds").join(file)
 }
 
 #[test]
 fn chart_crds_match_the_rust_types() {
-    let generated = ember_operator::crd::yaml().expect("CRDs serialize");
-    let path = chart_crds();
+    check(ember_operator::crd::yaml().expect("CRDs serialize"), "ember.run.yaml");
+}
+
+#[test]
+fn chart_agent_sandbox_crds_match_the_rust_types() {
+    check(ember_operator::agents::crd::yaml().expect("CRDs serialize"), "agents.x-k8s.io.yaml");
+}
+
+fn check(generated: String, file: &str) {
+    let path = chart_crds(file);
     if std::env::var_os("EMBER_UPDATE_CRDS").is_some() {
         std::fs::write(&path, &generated).expect("write the chart's CRDs");
     }
     let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         checked_in == generated,
-        "{} differs from the CRDs derived from crates/ember-operator/src/crd.rs: regenerate it with \
+        "{} differs from the CRDs derived from crates/ember-operator/src: regenerate it with \
          `EMBER_UPDATE_CRDS=1 cargo test -p ember-operator --test crds`",
         path.display()
     );

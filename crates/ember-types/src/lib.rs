@@ -7,6 +7,7 @@
 //! agent, the engine and the clients can all use it.
 #![forbid(unsafe_code)]
 
+pub mod agent_sandbox;
 pub mod api;
 pub mod execd;
 pub mod id;

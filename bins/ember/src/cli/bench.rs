@@ -86,6 +86,10 @@ pub enum BenchCmd {
     /// Warm claims on a cluster through every node's URL, beside the same
     /// claims through one node (p50/p99 and claims/s), on a cluster pool of its own.
     Cluster(crate::bench::cluster::ClusterArgs),
+    /// Claim -> Ready through the Kubernetes API (a SandboxClaim watched to
+    /// Ready, answered by a running `ember operator`) beside the same claims
+    /// through ember's API, from one SandboxPool (p50/p99 side by side).
+    K8s(crate::bench::k8s::K8sArgs),
     /// Warm claims with and without egress networking, and the network slot
     /// refill rate (pools of its own; the daemon needs egress networking on).
     Network {

@@ -34,17 +34,24 @@ pub struct OperatorArgs {
     /// How long a leader that stopped renewing keeps the lease.
     #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
     lease_duration: std::time::Duration,
+    /// Do not serve kubernetes-sigs/agent-sandbox's resources (SandboxWarmPool,
+    /// SandboxClaim of extensions.agents.x-k8s.io): for a cluster without
+    /// their CRDs, or one where agent-sandbox's own controller serves them.
+    #[arg(long)]
+    no_agent_sandbox: bool,
 }
 
 #[derive(Subcommand)]
 enum OperatorCmd {
-    /// Print the CRDs (group ember.run) as YAML, for `kubectl apply -f -`.
+    /// Print the CRDs (group ember.run, and agent-sandbox's agents.x-k8s.io
+    /// and extensions.agents.x-k8s.io) as YAML, for `kubectl apply -f -`.
     Crds,
 }
 
 pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<i32> {
     if let Some(OperatorCmd::Crds) = args.cmd {
         print!("{}", ember_operator::crd::yaml()?);
+        print!("{}", ember_operator::agents::crd::yaml()?);
         return Ok(0);
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
@@ -54,8 +61,31 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
         Some(p) => Some(read_key(p)?),
         None => api_key,
     };
+    let kube = kube_client(args.kubeconfig.as_deref()).await?;
+    tracing::info!(ember = %args.ember_url, "ember operator running");
+    let leader = args.leader_elect.then(|| ember_operator::Leader {
+        namespace: args.lease_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity(),
+        lease: args.lease_duration,
+    });
+    let cfg = ember_operator::Config {
+        kube,
+        ember_url: args.ember_url,
+        api_key,
+        resync: args.resync,
+        leader,
+        agent_sandbox: !args.no_agent_sandbox,
+    };
+    ember_operator::run(cfg).await?;
+    Ok(0)
+}
+
+/// A client of the API server of `kubeconfig`, else of the in-cluster
+/// config or `$KUBECONFIG`.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     ember_operator::tls_provider();
-    let config = match &args.kubeconfig {
+    let config = match kubeconfig {
         Some(p) => {
             let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("kubeconfig {}", p.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -64,17 +94,7 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
         }
         None => kube::Config::infer().await.context("no kubeconfig (in-cluster config or $KUBECONFIG)")?,
     };
-    let kube = kube::Client::try_from(config).context("kubernetes client")?;
-    tracing::info!(ember = %args.ember_url, "ember operator running");
-    let leader = args.leader_elect.then(|| ember_operator::Leader {
-        namespace: args.lease_namespace.clone(),
-        name: args.lease_name.clone(),
-        identity: identity(),
-        lease: args.lease_duration,
-    });
-    let cfg = ember_operator::Config { kube, ember_url: args.ember_url, api_key, resync: args.resync, leader };
-    ember_operator::run(cfg).await?;
-    Ok(0)
+    kube::Client::try_from(config).context("kubernetes client")
 }
 
 /// This replica's name in the Lease: the host (the pod's name in a pod) and pid.

@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 pub mod internet;
+pub mod raw;
 
 use ember_client::Client;
 use ember_types::api::{CreateSandboxRequest, ResourcesSpec, SandboxInfo};

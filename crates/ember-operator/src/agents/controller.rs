@@ -1,0 +1,266 @@
+//! The IO around `plan.rs`: kube-runtime controllers for SandboxWarmPool and
+//! SandboxClaim (agent-sandbox's), level-triggered and requeued as ember's
+//! own are (`crate::controller`), with finalizers: deleting a warm pool
+//! deletes its ember pool, deleting a claim removes its ember sandbox and its
+//! Sandbox resource (no garbage collector runs for the owner reference
+//! where only an API server does).
+use super::crd::{Blueprint, PodTemplate, Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate, SandboxWarmPool};
+use super::plan;
+use crate::claim::{self, Apply, CLAIM_KEY, POOL_KEY};
+use crate::controller::{
+    claim_uid, delete_node_pool, ember_err, finalizer_err, get_pool, keep_bound, labelled, log, now, patch_status,
+    refused, remove_claimed, retry, step_pool, Ctx, CLAIM_FINALIZER,
+};
+use crate::crd::Condition;
+use crate::{pool, Error};
+use ember_types::agent_sandbox::{NAMESPACE_KEY, SANDBOX_KEY};
+use ember_types::api::{CreateSandboxRequest, SandboxInfo};
+use futures_util::StreamExt;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Deletes the ember pool of a deleted SandboxWarmPool.
+pub const WARM_POOL_FINALIZER: &str = "ember.run/warm-pool";
+/// agent-sandbox's label naming the claim a Sandbox answers.
+const CLAIM_UID_LABEL: &str = "agents.x-k8s.io/claim-uid";
+
+/// The ember pool a SandboxWarmPool drives: `swp-<namespace>-<name>`, apart
+/// from ember's own SandboxPools' `k8s-…` of the same name.
+pub fn node_pool(namespace: &str, name: &str) -> String {
+    crate::node_pool_name_prefixed("swp", namespace, name)
+}
+
+pub(crate) async fn run(kube: kube::Client, ctx: Arc<Ctx>) {
+    let pools = Controller::new(Api::<SandboxWarmPool>::all(kube.clone()), watcher::Config::default());
+    // A warm pool waiting for its template (made before it, or in the same
+    // apply) is woken by the template's changes, not left until the resync;
+    // a template's change reaches the pools made from it.
+    let pool_store = pools.store();
+    let templates = Api::<SandboxTemplate>::all(kube.clone());
+    let pools = pools
+        .watches(templates, watcher::Config::default(), move |t: SandboxTemplate| {
+            let (ns, name) = (t.namespace(), t.name_any());
+            let made_from = pool_store
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == ns && p.spec.sandbox_template_ref.name == name);
+            made_from.map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile_pool, retry, ctx.clone())
+        .for_each(|r| async move { log("SandboxWarmPool", r) });
+    let claims = Controller::new(Api::<SandboxClaim>::all(kube.clone()), watcher::Config::default());
+    // A claim waiting for its warm pool is woken by the pool's changes.
+    let store = claims.store();
+    let claims = claims
+        .watches(Api::<SandboxWarmPool>::all(kube), watcher::Config::default(), move |p: SandboxWarmPool| {
+            let (ns, name) = (p.namespace(), p.name_any());
+            let waiting =
+                store.state().into_iter().filter(|c| c.namespace() == ns && c.spec.warm_pool_ref.name == name);
+            waiting.map(|c| ObjectRef::from_obj(&*c)).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile_claim, retry, ctx)
+        .for_each(|r| async move { log("agent-sandbox SandboxClaim", r) });
+    tokio::join!(pools, claims);
+}
+
+async fn reconcile_pool(obj: Arc<SandboxWarmPool>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = obj.namespace().unwrap_or_default();
+    let api: Api<SandboxWarmPool> = Api::namespaced(ctx.kube.clone(), &ns);
+    let key = format!("SandboxWarmPool {ns}/{}", obj.name_any());
+    finalizer(&api, WARM_POOL_FINALIZER, obj, |event| async {
+        match event {
+            Event::Apply(p) => apply_pool(&p, &ns, &api, &ctx).await,
+            Event::Cleanup(p) => delete_node_pool(&ctx, &node_pool(&ns, &p.name_any())).await,
+        }
+    })
+    .await
+    .map_err(finalizer_err(&key))
+}
+
+/// Writes why the warm pool is not served, and waits for a change or the resync.
+async fn refuse_pool(
+    p: &SandboxWarmPool,
+    api: &Api<SandboxWarmPool>,
+    ctx: &Ctx,
+    reason: &str,
+    why: String,
+) -> Result<Action, Error> {
+    let status = plan::pool_refused(p.status.as_ref(), reason, why, &now());
+    if p.status.as_ref() != Some(&status) {
+        patch_status(api, &p.name_any(), &status).await?;
+    }
+    Ok(Action::requeue(ctx.resync))
+}
+
+async fn apply_pool(p: &SandboxWarmPool, ns: &str, api: &Api<SandboxWarmPool>, ctx: &Ctx) -> Result<Action, Error> {
+    let node = node_pool(ns, &p.name_any());
+    let templates: Api<SandboxTemplate> = Api::namespaced(ctx.kube.clone(), ns);
+    let tref = &p.spec.sandbox_template_ref.name;
+    let Some(template) = templates.get_opt(tref).await? else {
+        return refuse_pool(p, api, ctx, "TemplateNotFound", format!("no SandboxTemplate {ns}/{tref}")).await;
+    };
+    let desired = match plan::desired(node.clone(), p, &template) {
+        Ok(d) => d,
+        Err(why) => return refuse_pool(p, api, ctx, "InvalidConfiguration", why).await,
+    };
+    let action = pool::plan(Some(&desired), get_pool(ctx, &node).await?.as_ref());
+    let replaced = matches!(action, pool::Action::Delete(_));
+    if let Err(e) = step_pool(ctx, action).await {
+        let Some(why) = refused(&e) else { return Err(ember_err(ctx)(e)) };
+        return refuse_pool(p, api, ctx, "NodeRefused", why).await;
+    }
+    if replaced {
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    let Some(observed) = get_pool(ctx, &node).await? else { return Ok(Action::requeue(Duration::from_secs(1))) };
+    let status = plan::pool_status(&observed, p.metadata.generation, format!("{POOL_KEY}={node}"));
+    let settled = observed.idle >= observed.sizing.target && observed.starting == 0;
+    if p.status.as_ref() != Some(&status) {
+        patch_status(api, &p.name_any(), &status).await?;
+    }
+    Ok(Action::requeue(if settled { ctx.resync } else { Duration::from_millis(500) }))
+}
+
+async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = obj.namespace().unwrap_or_default();
+    let api: Api<SandboxClaim> = Api::namespaced(ctx.kube.clone(), &ns);
+    let key = format!("agent-sandbox SandboxClaim {ns}/{}", obj.name_any());
+    finalizer(&api, CLAIM_FINALIZER, obj, |event| async {
+        match event {
+            Event::Apply(c) => apply_claim(&c, &ns, &api, &ctx).await,
+            Event::Cleanup(c) => {
+                remove_claimed(&ctx, &c.uid().unwrap_or_default()).await?;
+                let sandboxes: Api<Sandbox> = Api::namespaced(ctx.kube.clone(), &ns);
+                match sandboxes.delete(&c.name_any(), &DeleteParams::default()).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    r => drop(r?),
+                }
+                Ok(Action::await_change())
+            }
+        }
+    })
+    .await
+    .map_err(finalizer_err(&key))
+}
+
+/// Why no sandbox was claimed.
+enum NotClaimed {
+    /// Not yet: the warm pool's ember pool is still being made.
+    Pending,
+    /// Never as asked: the reason and message for the claim's status.
+    Refused(&'static str, String),
+}
+
+async fn apply_claim(c: &SandboxClaim, ns: &str, api: &Api<SandboxClaim>, ctx: &Ctx) -> Result<Action, Error> {
+    let name = c.name_any();
+    let uid = claim_uid(c, ns)?;
+    let mut error = None;
+    let bound = match claim::plan_apply(&labelled(ctx, CLAIM_KEY, &uid).await?) {
+        Apply::Bound { keep, remove } => keep_bound(ctx, &keep, remove).await?,
+        Apply::Claim => match claim_one(c, ns, &uid, ctx).await? {
+            Ok(s) => Some(s),
+            Err(NotClaimed::Pending) => None,
+            Err(NotClaimed::Refused(reason, why)) => {
+                error = Some((reason, why));
+                None
+            }
+        },
+    };
+    let ready = plan::ready(bound.as_ref(), error.as_ref().map(|(r, w)| (*r, w.as_str())));
+    if let Some(s) = &bound {
+        // Before the claim says Ready, the Sandbox it names exists.
+        ensure_sandbox(c, ns, &uid, s, ready.clone(), ctx).await?;
+    }
+    let status =
+        plan::claim_status(c.status.as_ref(), &name, ready.clone(), bound.is_some(), c.metadata.generation, &now());
+    if c.status.as_ref() != Some(&status) {
+        patch_status(api, &name, &status).await?;
+    }
+    Ok(Action::requeue(if ready.is_true() || error.is_some() { ctx.resync } else { Duration::from_millis(500) }))
+}
+
+/// Claims a sandbox from the warm pool's ember pool: an idle one when it has
+/// one, else one started cold. The sandbox's metadata names the claim (found
+/// again by it) and the Sandbox resource (the router finds it by that).
+async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<Result<SandboxInfo, NotClaimed>, Error> {
+    let pool_name = &c.spec.warm_pool_ref.name;
+    let pools: Api<SandboxWarmPool> = Api::namespaced(ctx.kube.clone(), ns);
+    if pools.get_opt(pool_name).await?.is_none() {
+        return Ok(Err(NotClaimed::Refused("WarmPoolNotFound", format!("no SandboxWarmPool {ns}/{pool_name}"))));
+    }
+    let node = node_pool(ns, pool_name);
+    let Some(pool) = get_pool(ctx, &node).await? else { return Ok(Err(NotClaimed::Pending)) };
+    let shutdown = c.spec.lifecycle.as_ref().and_then(|l| l.shutdown_time.as_deref());
+    let timeout = match plan::timeout_secs(shutdown, k8s_openapi::jiff::Timestamp::now()) {
+        Ok(t) => t,
+        Err(why) => return Ok(Err(NotClaimed::Refused("InvalidConfiguration", why))),
+    };
+    let metadata = BTreeMap::from([
+        (CLAIM_KEY.into(), uid.into()),
+        (POOL_KEY.into(), node.clone()),
+        (NAMESPACE_KEY.into(), ns.into()),
+        (SANDBOX_KEY.into(), c.name_any()),
+    ]);
+    let req = CreateSandboxRequest {
+        template: Some(pool.template.clone()),
+        runtime_class: Some(pool.runtime_class.clone()),
+        timeout,
+        metadata: Some(metadata),
+        extensions: Some(BTreeMap::from([("poolRef".into(), node)])),
+        ..Default::default()
+    };
+    match ctx.ember.create_sandbox(&req).await {
+        Ok((s, _)) => Ok(Ok(s)),
+        Err(e) => match refused(&e) {
+            Some(why) => Ok(Err(NotClaimed::Refused("InvalidConfiguration", why))),
+            None => Err(ember_err(ctx)(e)),
+        },
+    }
+}
+
+/// The Sandbox resource of the claim's name, owned by the claim, its Ready
+/// condition the claim's.
+async fn ensure_sandbox(
+    c: &SandboxClaim,
+    ns: &str,
+    uid: &str,
+    s: &SandboxInfo,
+    ready: Condition,
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let api: Api<Sandbox> = Api::namespaced(ctx.kube.clone(), ns);
+    let name = c.name_any();
+    let existing = match api.get_opt(&name).await? {
+        Some(sb) => sb,
+        None => {
+            let template = PodTemplate {
+                spec: serde_json::json!({}),
+                metadata: c.spec.additional_pod_metadata.clone().unwrap_or_default(),
+            };
+            let spec = SandboxSpec {
+                blueprint: Blueprint { pod_template: template, ..Default::default() },
+                lifecycle: c.spec.lifecycle.clone().unwrap_or_default(),
+                operating_mode: None,
+            };
+            let mut sb = Sandbox::new(&name, spec);
+            sb.metadata.annotations = Some(BTreeMap::from([(plan::SANDBOX_ID_ANNOTATION.into(), s.id.clone())]));
+            sb.metadata.labels = Some(BTreeMap::from([(CLAIM_UID_LABEL.into(), uid.into())]));
+            sb.metadata.owner_references = c.controller_owner_ref(&()).map(|o| vec![o]);
+            api.create(&PostParams::default(), &sb).await?
+        }
+    };
+    let status = plan::sandbox_status(existing.status.as_ref(), ready, &now());
+    if existing.status.as_ref() != Some(&status) {
+        patch_status(&api, &name, &status).await?;
+    }
+    Ok(())
+}
