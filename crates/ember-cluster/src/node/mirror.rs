@@ -85,7 +85,7 @@ impl Mirror {
         }
         while let Some(entry) = w.next().await {
             let entry = entry.map_err(|e| e.to_string())?;
-            let value = (entry.operation == kv::Operation::Put).then(|| (entry.value, entry.revision));
+            let value = (entry.operation == kv::Operation::Put).then_some((entry.value, entry.revision));
             self.apply(entry.key, value, entry.delta == 0);
         }
         Ok(())
