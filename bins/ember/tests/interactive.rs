@@ -123,6 +123,18 @@ async fn exec_it_on_a_real_terminal_echoes_resizes_and_passes_the_exit_code() {
     // Raw mode: ctrl-c reaches the sandbox's shell (the local CLI lives on).
     t.line("sleep 600");
     t.wait_bottom(&format!("{PROMPT} sleep 600"));
+    // The echo comes back before bash has started the job: a ctrl-c in
+    // between did not interrupt sleep (CI once waited for the prompt in
+    // vain). Once sleep runs, it holds the terminal's foreground group.
+    let start = Instant::now();
+    while !d
+        .procs(&sb.id)
+        .iter()
+        .any(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep"))
+    {
+        assert!(start.elapsed() < HANG, "sleep never ran in the sandbox");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     t.tmux(&["send-keys", "-t", "t", "C-c"]);
     t.wait_bottom(PROMPT);
     t.run("echo after-interrupt", "after-interrupt");
