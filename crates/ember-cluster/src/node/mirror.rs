@@ -51,6 +51,13 @@ impl Mirror {
         st.synced.then(|| st.entries.iter().map(|(k, (v, r))| (k.clone(), v.clone(), *r)).collect())
     }
 
+    /// Key `key`'s value as the copy has it (`None` if absent or not
+    /// caught up yet).
+    pub(super) fn get(&self, key: &str) -> Option<Bytes> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.entries.get(key).map(|(v, _)| v.clone())
+    }
+
     fn apply(&self, key: String, entry: Option<(Bytes, u64)>, caught_up: bool) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match entry {

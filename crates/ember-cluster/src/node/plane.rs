@@ -173,13 +173,30 @@ impl ClusterPlane {
         .await
         .map_err(|e| registry_error("read", id, &e))?;
         let Some(entry) = entry.and_then(|b| serde_json::from_slice::<SandboxEntry>(&b).ok()) else {
-            return Err(EngineError::NotFound(id.to_string()));
+            return Err(self.not_here(id));
         };
         if entry.node == self.cfg.name {
-            // The registry lags a removal here.
-            return Err(EngineError::NotFound(id.to_string()));
+            // The registry lags a removal here, or a rebind elsewhere.
+            return Err(self.not_here(id));
         }
         self.live_node(&entry.node, &format!("sandbox {id} is on it")).map(Owner::Node)
+    }
+
+    /// Sandbox `id` is not on this node and the sandbox registry names no
+    /// other: gone (404), unless it is a rebind sandbox that another node
+    /// is re-creating (its copy here was just removed, or this node is its
+    /// old one): then a 503, which clients retry, until the new copy is
+    /// published (the drill's clients read 404 there and gave up).
+    fn not_here(&self, id: &str) -> EngineError {
+        let entry =
+            self.rebind_seen.get(id).and_then(|v| serde_json::from_slice::<super::rebind::RebindEntry>(&v).ok());
+        match super::rebind::recreating(&self.cfg.name, entry.as_ref()) {
+            Some(node) => EngineError::NodeUnavailable {
+                node: node.to_string(),
+                reason: format!("sandbox {id} is being re-created on it"),
+            },
+            None => EngineError::NotFound(id.to_string()),
+        }
     }
 
     /// Node `name` if it is live, else `NodeUnavailable` saying `what`.

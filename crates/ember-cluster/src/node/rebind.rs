@@ -56,6 +56,28 @@ pub(super) struct Fence {
     inflight: Mutex<HashSet<String>>,
     /// Workspaces taken over here and not restored yet.
     restoring: Mutex<HashSet<String>>,
+    /// Held across one freeze (counted frozen, then paused) or one thaw
+    /// (resumed, then no longer counted): a thaw never runs between the two
+    /// steps of a freeze, where its resume would find the sandbox still
+    /// running and the pause that follows would leave it paused for good.
+    ops: tokio::sync::Mutex<()>,
+    /// Rebinds under way here at once (see [`REBINDS_AT_ONCE`]).
+    rebinds: RebindSlots,
+}
+
+/// How many rebinds one node runs at once. A node that took over a dead
+/// node's 30 sessions restored all 30 at once: 24 s each on the 300-session
+/// drill, and its own heartbeats starved for 13 s behind them, so the others
+/// took it for dead too and the failure spread. In turn, the first sessions
+/// are back in the time of one restore.
+pub const REBINDS_AT_ONCE: usize = 2;
+
+struct RebindSlots(tokio::sync::Semaphore);
+
+impl Default for RebindSlots {
+    fn default() -> Self {
+        RebindSlots(tokio::sync::Semaphore::new(REBINDS_AT_ONCE))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -83,6 +105,14 @@ impl Fence {
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
     }
+}
+
+/// The node re-creating a rebind sandbox that node `me` has no copy of
+/// and the sandbox registry names no other node for: the entry's, when it
+/// is another node's or still pending; `None` when the sandbox is gone
+/// (no entry, or this node's and done: it was removed here).
+pub(super) fn recreating<'a>(me: &str, entry: Option<&'a RebindEntry>) -> Option<&'a str> {
+    entry.filter(|e| e.node != me || e.pending).map(|e| e.node.as_str())
 }
 
 fn workspace_names(req: &CreateSandbox) -> Vec<String> {
@@ -151,10 +181,7 @@ impl ClusterPlane {
                 // still paused it answers 503, never the 409 of a paused
                 // sandbox (77 user-visible errors of the 300-session drill).
                 if self.fence.is_frozen(&id) {
-                    if let Err(err) = self.local().resume(&id).await {
-                        tracing::warn!(sandbox = %id, error = %err, "thawing a rebind sandbox after the node renewed");
-                    }
-                    lock(&self.fence.frozen).remove(&id);
+                    self.thaw(&id).await;
                 }
                 if e.pending && !here.contains(&id) {
                     self.clone().spawn_rebind(id, e.req);
@@ -175,6 +202,28 @@ impl ClusterPlane {
         *lock(&self.fence.mine) = mine;
     }
 
+    /// Thaws a rebind sandbox this node froze. It stays counted frozen (its
+    /// calls answered 503) until the resume succeeds or it is found not
+    /// paused: a failed resume is retried by the next sweep, never forgotten
+    /// with the sandbox left paused (2 sessions of a 300-session drill).
+    async fn thaw(&self, id: &str) {
+        let _op = self.fence.ops.lock().await;
+        if !self.fence.is_frozen(id) {
+            return;
+        }
+        let thawed = match self.local().resume(id).await {
+            Ok(()) => true,
+            Err(EngineError::NotFound(_)) => true,
+            Err(err) => {
+                tracing::warn!(sandbox = %id, error = %err, "thawing a rebind sandbox after the node renewed");
+                self.local().get(id).await.is_ok_and(|r| r.state != ember_types::SandboxState::Paused)
+            }
+        };
+        if thawed {
+            lock(&self.fence.frozen).remove(id);
+        }
+    }
+
     /// Removes this node's copy of a sandbox rebound elsewhere (this node
     /// was cut off or down meanwhile). Its workspaces' copies stay: their
     /// checkpoints are fenced (`workspaces.rs`).
@@ -192,10 +241,12 @@ impl ClusterPlane {
         }
         tokio::spawn(async move {
             let t0 = Instant::now();
+            let slot = self.fence.rebinds.0.acquire().await;
             match self.rebind_here(&id, req).await {
                 Ok(()) => tracing::info!(sandbox = %id, took = ?t0.elapsed(), "rebound here"),
                 Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind failed; the next heartbeat retries"),
             }
+            drop(slot);
             lock(&self.fence.inflight).remove(&id);
         });
     }
@@ -254,6 +305,12 @@ impl ClusterPlane {
                 lock(&self.fence.mine).keys().filter(|id| !frozen.contains(*id)).cloned().collect()
             };
             for id in todo {
+                // Renewed meanwhile (a pass over many sandboxes on a loaded
+                // node takes seconds): the rest stays running.
+                if self.fence.renewed() {
+                    break;
+                }
+                let _op = self.fence.ops.lock().await;
                 // Counted frozen before the pause starts (calls get a 503,
                 // not the 409 of a paused sandbox, from the first moment).
                 lock(&self.fence.frozen).insert(id.clone());
@@ -290,5 +347,26 @@ impl ClusterPlane {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(node: &str, pending: bool) -> RebindEntry {
+        RebindEntry { node: node.into(), pending, req: CreateSandbox::default() }
+    }
+
+    #[test]
+    fn a_sandbox_moving_to_another_node_is_unavailable_not_gone() {
+        // Rebound elsewhere while this node's copy was removed: 503 there.
+        assert_eq!(recreating("a", Some(&entry("b", false))), Some("b"));
+        assert_eq!(recreating("a", Some(&entry("b", true))), Some("b"));
+        // Claimed here, not created yet.
+        assert_eq!(recreating("a", Some(&entry("a", true))), Some("a"));
+        // This node's and done, yet not here: removed. No entry: gone.
+        assert_eq!(recreating("a", Some(&entry("a", false))), None);
+        assert_eq!(recreating("a", None), None);
     }
 }
