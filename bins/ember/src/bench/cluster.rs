@@ -35,6 +35,10 @@ pub struct ClusterArgs {
     /// only when refills lag).
     #[arg(long)]
     pub idle: Option<u32>,
+    /// An embedded (`ember serve` without `--cluster`) daemon's URL: the
+    /// same claims against it, as the single-node figure of the same run.
+    #[arg(long)]
+    pub single: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -68,8 +72,17 @@ pub async fn run(api_key: Option<String>, args: ClusterArgs) -> anyhow::Result<i
     let bench = BenchPool::create(first, "cluster", idle).await?;
     let res = pool::interruptible(figures(&clients, &bench, idle, &args)).await;
     let removed = bench.remove(first).await;
-    let figs = res?;
+    let mut figs = res?;
     removed?;
+    if let Some(url) = &args.single {
+        let single = Client::new(url, api_key.clone()).with_context(|| format!("client of {url}"))?;
+        pool::check_no_pool(&single).await?;
+        let bench = BenchPool::create(&single, "single", idle).await?;
+        let res = pool::interruptible(figure(&single, &bench, idle, "embedded", &[single.clone()], &args)).await;
+        let removed = bench.remove(&single).await;
+        figs.push(res?);
+        removed?;
+    }
     if args.json {
         println!(
             "{}",
@@ -88,6 +101,12 @@ pub async fn run(api_key: Option<String>, args: ClusterArgs) -> anyhow::Result<i
             "{:<12} {:>10} {:>10} {:>6} {:>7} {:>10}",
             "through", "warm p50", "warm p99", "cold", "failed", "claims/s"
         );
+        if let (Some(c), Some(e)) = (figs.first(), figs.iter().find(|f| f.through == "embedded")) {
+            println!(
+                "the cluster's claims/s are {:.0}% of the embedded node's (through every URL, same claims)",
+                100.0 * c.claims_per_sec / e.claims_per_sec.max(1e-9)
+            );
+        }
         for f in &figs {
             let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}ms"));
             println!(
@@ -107,15 +126,28 @@ pub async fn run(api_key: Option<String>, args: ClusterArgs) -> anyhow::Result<i
 async fn figures(clients: &[Client], bench: &BenchPool, idle: u32, args: &ClusterArgs) -> anyhow::Result<Vec<Figure>> {
     let mut out = Vec::new();
     for (label, targets) in [("cluster", clients.to_vec()), ("one node", vec![clients[0].clone()])] {
-        bench.wait_full(&clients[0], idle).await?;
-        let (fig, ids) = claims(&bench.name, &targets, args).await;
-        out.push(Figure { through: label.into(), ..fig });
-        let left = pool::remove_all(&clients[0], ids).await;
-        if !left.is_empty() {
-            eprintln!("could not remove {} claimed sandboxes: {left:?}", left.len());
-        }
+        out.push(figure(&clients[0], bench, idle, label, &targets, args).await?);
     }
     Ok(out)
+}
+
+/// One figure: `bench`'s pool full and quiet (seen through `admin`), the
+/// claims through `targets`, then the claimed sandboxes removed, untimed.
+async fn figure(
+    admin: &Client,
+    bench: &BenchPool,
+    idle: u32,
+    label: &str,
+    targets: &[Client],
+    args: &ClusterArgs,
+) -> anyhow::Result<Figure> {
+    bench.wait_full(admin, idle).await?;
+    let (fig, ids) = claims(&bench.name, targets, args).await;
+    let left = pool::remove_all(admin, ids).await;
+    if !left.is_empty() {
+        eprintln!("could not remove {} claimed sandboxes: {left:?}", left.len());
+    }
+    Ok(Figure { through: label.into(), ..fig })
 }
 
 /// `args.claims` claims from `pool` by `args.tasks` tasks, each sending its

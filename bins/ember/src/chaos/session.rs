@@ -164,6 +164,11 @@ fn retryable(e: &ClientError) -> bool {
 }
 
 impl Conn {
+    /// The node this session enters by now.
+    fn entry(&self) -> &Client {
+        &self.clients[self.cur]
+    }
+
     pub fn new(clients: Vec<Client>, first: usize, shared: Arc<Shared>) -> Conn {
         Conn { cur: first % clients.len().max(1), clients, shared }
     }
@@ -324,18 +329,52 @@ impl Session {
         }
     }
 
+    /// What the sandbox looks like from inside after a failed append (who
+    /// runs, who owns the records), for the report: one try, short.
+    async fn look(&self, id: &str) -> String {
+        let req = RunCommandRequest {
+            command: Some(
+                "id -u; cat /proc/self/uid_map; ls -lnd /workspace /workspace/records; mount | grep workspace".into(),
+            ),
+            ..Default::default()
+        };
+        let mut out = String::new();
+        let c = self.conn.entry();
+        let res = c.exec(id, &req, |ev| {
+            if out.len() < 400 {
+                out.push_str(ev.text.as_deref().unwrap_or_default());
+            }
+        });
+        match res.await {
+            Ok(_) => out.split_whitespace().collect::<Vec<_>>().join(" "),
+            Err(e) => format!("(look failed: {e})"),
+        }
+    }
+
     async fn append(&mut self, shared: &Shared, id: &str, seq: u64) {
         let line = record(self.r.index, seq);
         let req = RunCommandRequest {
             command: Some(format!("printf '%s\\n' '{line}' >> /workspace/records")),
             ..Default::default()
         };
+        // The last try's stderr, kept short: what a failed append said.
+        let stderr = Arc::new(parking_lot::Mutex::new(String::new()));
         let (res, failed) = self
             .conn
             .call(&mut self.r, "append", |c| {
                 let req = req.clone();
                 let id = id.to_string();
-                async move { c.exec(&id, &req, |_| {}).await }
+                let stderr = stderr.clone();
+                stderr.lock().clear();
+                async move {
+                    c.exec(&id, &req, |ev| {
+                        let mut e = stderr.lock();
+                        if ev.kind == "stderr" && e.len() < 200 {
+                            e.push_str(ev.text.as_deref().unwrap_or_default());
+                        }
+                    })
+                    .await
+                }
             })
             .await;
         let ok = matches!(&res, Ok(o) if o.exit_code == Some(0));
@@ -346,7 +385,9 @@ impl Session {
             if let Ok(o) = &res {
                 self.r.user_errors += 1;
                 if self.r.first_errors.len() < 3 {
-                    self.r.first_errors.push(format!("append exited {:?}: {:?}", o.exit_code, o.error));
+                    let said = stderr.lock().trim().to_string();
+                    let seen = self.look(id).await;
+                    self.r.first_errors.push(format!("append exited {:?}: {:?} {said}; {seen}", o.exit_code, o.error));
                 }
             }
         }

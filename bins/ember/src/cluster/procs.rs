@@ -101,7 +101,9 @@ pub fn start_node(st: &State, h: &Host, agent: &Path, extra: &[String]) -> anyho
     args.extend(flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]));
     args.extend(extra.iter().cloned());
     // The key by environment, not on a command line every user can read.
-    let env = [("EMBER_API_KEY", st.api_key.as_str()), ("EMBER_LOG", "warn")];
+    // The nodes log warnings unless `ember cluster up` was given a filter.
+    let log = std::env::var("EMBER_LOG").unwrap_or_else(|_| "warn".into());
+    let env = [("EMBER_API_KEY", st.api_key.as_str()), ("EMBER_LOG", log.as_str())];
     spawn_in(h, &me, &args, &host_dir(st, h).join("ember.log"), &env)
 }
 

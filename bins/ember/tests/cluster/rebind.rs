@@ -109,6 +109,10 @@ fn a_sigkilled_nodes_rebind_sandbox_comes_back_elsewhere_with_its_last_checkpoin
         let kept = read_through(&b, &id, "kept").await;
         eprintln!("MTTR: sandbox {id} answered on b {:?} after a's SIGKILL", killed.elapsed());
         assert_eq!(kept, "before-checkpoint\n");
+        // The restored files are the sandbox user's to write (the drill's
+        // sessions appended to theirs after a rebind: "Permission denied").
+        let (code, out, err) = b.sh(&id, "echo appended >> /workspace/kept && id && ls -ln /workspace", None).await;
+        assert_eq!(code, Some(0), "append after the rebind: {out} {err}");
         let (code, _, _) = b.sh(&id, "test -e /workspace/lost", None).await;
         assert_eq!(code, Some(1), "bytes after the checkpoint are not there (the snapshot is the checkpoint)");
         // B holds the workspace at the next epoch and checkpoints it.
