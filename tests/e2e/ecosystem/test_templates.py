@@ -12,6 +12,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
+
 from opensandbox.config.connection_sync import ConnectionConfigSync
 from opensandbox.sync.sandbox import SandboxSync
 from websockets.sync.client import connect
@@ -27,18 +29,17 @@ def _create(ember, template):
         return r.json()["id"]
 
 
-def _until_served(ember, sid, port, path):
+def _until_served(c, sid, url, headers=None):
     """The entrypoint starts its servers after the create answers: polls
-    (a bounded number of times) until the proxied port answers 200."""
-    with ember.http() as c:
-        for _ in range(300):
-            r = c.get(f"/v1/sandboxes/{sid}/proxy/{port}{path}")
-            if r.status_code == 200:
-                return r
-            state = c.get(f"/v1/sandboxes/{sid}").json()["status"]["state"]
-            assert state == "Running", f"the {port} server's sandbox is {state}"
-            time.sleep(0.1)
-        raise AssertionError(f"port {port} never answered {path}: last {r.status_code} {r.text[:300]}")
+    (a bounded number of times) until `url` answers 200."""
+    for _ in range(300):
+        r = c.get(url, headers=headers or {})
+        if r.status_code == 200:
+            return r
+        state = c.get(f"/v1/sandboxes/{sid}").json()["status"]["state"]
+        assert state == "Running", f"the sandbox behind {url} is {state}"
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never answered: last {r.status_code} {r.text[:300]}")
 
 
 def test_browser_template_driven_over_cdp(ember, node_dir):
@@ -48,7 +49,8 @@ def test_browser_template_driven_over_cdp(ember, node_dir):
     sid = sb.id
     sb.close()
     try:
-        version = _until_served(ember, sid, 9222, "/json/version").json()
+        with ember.http() as c:
+            version = _until_served(c, sid, f"/v1/sandboxes/{sid}/proxy/9222/json/version").json()
         assert version["Browser"].startswith(("Chrome/", "HeadlessChrome/")), version
         SCREENS.mkdir(parents=True, exist_ok=True)
         shot = SCREENS / "browser.png"
@@ -86,7 +88,8 @@ class _Rfb:
 def test_desktop_template_vnc_handshake(ember):
     sid = _create(ember, "desktop")
     try:
-        page = _until_served(ember, sid, 6080, "/vnc.html")
+        with ember.http() as c:
+            page = _until_served(c, sid, f"/v1/sandboxes/{sid}/proxy/6080/vnc.html")
         assert "noVNC" in page.text
         ws_url = ember.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/proxy/6080/websockify"
         with connect(ws_url, subprotocols=["binary"], max_size=None) as ws:
@@ -108,6 +111,29 @@ def test_desktop_template_vnc_handshake(ember):
     finally:
         with ember.http() as c:
             c.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_desktop_in_novnc_on_its_own_origin(domain_ember, node_dir):
+    """noVNC's page in a real browser: on the port's own origin
+    (`--sandbox-domain`), not the path route, whose opaque origin refuses
+    noVNC's ES modules (docs/templates.md)."""
+    with httpx.Client(base_url=domain_ember, timeout=30) as c:
+        r = c.post("/v1/sandboxes", json={"image": {"uri": "desktop"}, "timeout": 600})
+        assert r.status_code == 202, r.text
+        sid = r.json()["id"]
+        endpoint = c.get(f"/v1/sandboxes/{sid}/endpoints/6080").json()["endpoint"]
+        assert endpoint.startswith(f"6080-{sid}.localhost:"), endpoint
+        _until_served(c, sid, "/vnc.html", headers={"Host": endpoint})
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run(
+        ["node", str(HERE / "novnc_page.mjs"), f"http://{endpoint}", str(SCREENS / "desktop-novnc.png")],
+        env={**os.environ, "EMBER_NODE_DIR": str(node_dir)},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["status"].startswith("Connected"), got
+    assert got["canvas"] == [1280, 800] and got["errors"] == [], got
 
 
 def test_bundled_templates_are_listed(ember):
