@@ -95,7 +95,7 @@ test("background command: status, logs, interrupt; sessions", async () => {
   });
 });
 
-test("files: write, read, info, search, replace, move, delete", async () => {
+test("files: write, read (ranges, lines), info, permissions, list, search, replace, move, delete", async () => {
   await withSandbox(async (sb) => {
     const f = sb.files;
     await f.createDirectories([{ path: "/tmp/ts/dir", mode: 755 }]);
@@ -116,14 +116,27 @@ test("files: write, read, info, search, replace, move, delete", async () => {
     assert.equal(await f.readFile("/tmp/ts/moved.txt"), "alpha\ngamma\n");
     await f.deleteFiles(["/tmp/ts/moved.txt"]);
     await assert.rejects(f.readFile("/tmp/ts/moved.txt"), SandboxException);
+    // Partial reads: a byte range (the Range header), and execd's lines
+    // (offset = first line, 1-based; limit = how many).
+    await f.writeFiles([{ path: "/tmp/ts/dir/digits", data: "0123456789\nl2\nl3\nl4\n" }]);
+    assert.equal(await f.readFile("/tmp/ts/dir/digits", { range: "bytes=2-4" }), "234");
+    assert.equal(await f.readFile("/tmp/ts/dir/digits", { offset: 2, limit: 2 }), "l2\nl3\n");
+    await f.setPermissions([{ path: "/tmp/ts/dir/digits", mode: 600 }]);
+    assert.equal((await f.getFileInfo(["/tmp/ts/dir/digits"]))["/tmp/ts/dir/digits"].mode, 600);
+    await f.createDirectories([{ path: "/tmp/ts/dir/deeper/deepest", mode: 755 }]);
+    const one = await f.listDirectory({ path: "/tmp/ts/dir" });
+    assert.deepEqual(one.map((e) => e.path), ["/tmp/ts/dir/b.bin", "/tmp/ts/dir/deeper", "/tmp/ts/dir/digits"]);
+    const two = await f.listDirectory({ path: "/tmp/ts/dir", depth: 2 });
+    assert.ok(two.some((e) => e.path === "/tmp/ts/dir/deeper/deepest"), JSON.stringify(two.map((e) => e.path)));
     await f.deleteDirectories(["/tmp/ts/dir"]);
     const ls = await sb.commands.run("ls -A /tmp/ts");
     assert.equal(stdout(ls), "");
   });
 });
 
-test("metrics, endpoints, list, renew, pause/resume, kill", async () => {
-  await withSandbox(async (sb) => {
+test("metrics, endpoints, list, metadata, egress policy, runStream, renew, pause/resume, kill", async () => {
+  await withSandbox(
+    async (sb) => {
     const m = await sb.getMetrics();
     assert.ok(m.memoryTotalMiB > 0, `memory total ${m.memoryTotalMiB}`);
     assert.ok(m.cpuCount > 0, `cpu count ${m.cpuCount}`);
@@ -147,10 +160,24 @@ test("metrics, endpoints, list, renew, pause/resume, kill", async () => {
     } finally {
       await manager.close();
     }
+    const patched = await sb.patchMetadata({ added: "yes", suite: null });
+    assert.equal(patched.metadata.added, "yes");
+    assert.equal(patched.metadata.suite, undefined);
+    // Port 18080, answered by the daemon from the sandbox's record.
+    const policy = await sb.getEgressPolicy();
+    assert.equal(typeof policy.defaultAction, "string", JSON.stringify(policy));
+
+    // runStream: the raw execd events, in order.
+    const kinds = [];
+    for await (const ev of sb.commands.runStream("echo streamed")) kinds.push(ev.type);
+    assert.ok(kinds.includes("stdout") && kinds.at(-1) === "execution_complete", kinds.join(","));
+
     await sb.renew(1200);
     const info = await sb.getInfo();
     assert.ok(info.expiresAt.getTime() - Date.now() > 900_000, `expiresAt ${info.expiresAt}`);
-  });
+    },
+    { metadata: { suite: "ts" } },
+  );
 
   // pause/resume: resume() hands back a new instance (the old one's transport is closed).
   const sb = await Sandbox.create({ connectionConfig: config(), image: "host", timeoutSeconds: 600 });
