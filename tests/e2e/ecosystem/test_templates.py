@@ -85,6 +85,35 @@ class _Rfb:
         return out
 
 
+def test_browser_from_a_warm_pool(ember):
+    """A pool's idle members run no entrypoint; the claim binds it: a warm
+    `browser` claimed through the SDK (`poolRef`) starts its Chromium."""
+    with ember.http() as c:
+        r = c.post("/v1/pools", json={"name": "browsers", "template": "browser", "min": 1, "max": 1, "target": 1})
+        assert r.status_code in (200, 201), r.text
+        try:
+            for _ in range(300):
+                if c.get("/v1/pools/browsers").json()["idle"] >= 1:
+                    break
+                time.sleep(0.1)
+            sb = SandboxSync.create(
+                "browser",
+                connection_config=ConnectionConfigSync(domain=ember.domain),
+                timeout=timedelta(minutes=10),
+                extensions={"poolRef": "browsers"},
+            )
+            sid = sb.id
+            sb.close()
+            try:
+                assert c.get(f"/v1/sandboxes/{sid}").json()["launch"]["kind"] == "warm"
+                version = _until_served(c, sid, f"/v1/sandboxes/{sid}/proxy/9222/json/version").json()
+                assert "webSocketDebuggerUrl" in version
+            finally:
+                c.delete(f"/v1/sandboxes/{sid}")
+        finally:
+            c.delete("/v1/pools/browsers")
+
+
 def test_desktop_template_vnc_handshake(ember):
     sid = _create(ember, "desktop")
     try:
