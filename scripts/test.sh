@@ -91,4 +91,24 @@ set -e
 if [[ $code -eq 0 ]]; then
   code=$cluster_code
 fi
+# The rest of the OpenSandbox ecosystem, pinned, from npm and PyPI
+# (tests/e2e/ecosystem): the TypeScript SDK, opensandbox-cli, the
+# langchain-opensandbox backend, and playwright-core for the `browser` template.
+echo "== OpenSandbox ecosystem end-to-end"
+eco_venv="$target/eco-venv"
+if ! "$eco_venv/bin/python" -c 'import opensandbox_cli, langchain_opensandbox, pytest' 2>/dev/null; then
+  python3 -m venv "$eco_venv"
+  "$eco_venv/bin/pip" install -q opensandbox==1.1.1 opensandbox-cli==1.1.1 langchain-opensandbox==0.1.0 pytest
+fi
+export EMBER_NODE_DIR="$target/eco-node"
+mkdir -p "$EMBER_NODE_DIR"
+[[ -f "$EMBER_NODE_DIR/package.json" ]] || echo '{"private": true}' >"$EMBER_NODE_DIR/package.json"
+(cd "$EMBER_NODE_DIR" && npm install --no-audit --no-fund --silent @alibaba-group/opensandbox@0.1.11 playwright-core@1.65.1)
+set +e
+"$eco_venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e/ecosystem
+eco_code=$?
+set -e
+if [[ $code -eq 0 ]]; then
+  code=$eco_code
+fi
 exit $code

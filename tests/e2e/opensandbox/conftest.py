@@ -127,6 +127,22 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", p], capture_output=True)
 
 
+def stop_daemon(proc, tag) -> None:
+    """SIGTERM (then SIGKILL) to a daemon, and its cgroup parent `tag`
+    removed, deepest first (its sandboxes were removed through the API)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for root in Path("/sys/fs/cgroup").glob(f"*/{tag}"):
+        for d in sorted(root.glob("**/"), key=lambda p: -len(p.parts)):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="session")
 def ember():
     if os.geteuid() != 0:
@@ -175,17 +191,7 @@ def ember():
                 for s in c.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]:
                     c.delete(f"/v1/sandboxes/{s['id']}")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            for root in Path("/sys/fs/cgroup").glob(f"*/{tag}"):
-                for d in sorted(root.glob("**/"), key=lambda p: -len(p.parts)):
-                    try:
-                        d.rmdir()
-                    except OSError:
-                        pass
+            stop_daemon(proc, tag)
             # A native sandbox's writable layer is a host tmpfs (idle pool
             # members were not listed above); a workspace is a loop-mounted
             # image (fs/) with its tree bound at mnt/: every mount under the

@@ -7,6 +7,7 @@
 //!
 //! Layout: `mod.rs` (the service, spec resolution), `templates.rs`,
 //! `images.rs` (image commands).
+mod bundled;
 mod images;
 pub mod templates;
 
@@ -62,7 +63,8 @@ impl Catalog {
         let name = req.template.clone().or_else(|| req.image_uri.clone()).unwrap_or_else(|| "host".into());
         match self.template(&name) {
             Ok(t) => Ok(t),
-            Err(e) if req.template.is_some() => Err(e),
+            // A bundled template the host cannot run is that error, not an image name.
+            Err(e) if req.template.is_some() || !matches!(e, EngineError::UnknownTemplate(_)) => Err(e),
             Err(_) => {
                 let image = ember_image::ImageStore::normalize(&name)?;
                 Ok(Template {
@@ -123,7 +125,12 @@ impl Catalog {
                 u.and_then(templates::numeric_user).map_or(UserSpec::SANDBOX, |(uid, gid)| UserSpec { uid, gid })
             }
         };
-        let entrypoint = if !req.entrypoint.is_empty() {
+        // The OpenSandbox SDKs send `tail -f /dev/null` when their caller
+        // names no entrypoint (it keeps a container alive upstream): that
+        // default gives way to a template's own entrypoint, or
+        // `Sandbox.create("browser")` would start no browser.
+        let sdk_default = req.entrypoint == ["tail", "-f", "/dev/null"] && t.entrypoint.is_some();
+        let entrypoint = if !req.entrypoint.is_empty() && !sdk_default {
             req.entrypoint.clone()
         } else if let Some(ep) = &t.entrypoint {
             ep.clone()

@@ -15,7 +15,13 @@ use std::path::{Path, PathBuf};
 /// A template as the engine keeps it: the wire shape, validated.
 pub type Template = TemplateInfo;
 
+/// The built-in template `name`: `host`, or one of the bundled ones
+/// (`browser`, `desktop`, bundled.rs).
 pub fn builtin(name: &str) -> Option<Template> {
+    super::bundled::template(name).or_else(|| host(name))
+}
+
+fn host(name: &str) -> Option<Template> {
     (name == "host").then(|| Template {
         name: "host".into(),
         builtin: true,
@@ -98,11 +104,17 @@ pub(crate) fn numeric_user(user: &str) -> Option<(u32, u32)> {
 impl Catalog {
     /// The built-in or stored template `name`.
     pub fn template(&self, name: &str) -> Result<Template, EngineError> {
-        builtin(name).or_else(|| self.templates.get(name)).ok_or_else(|| EngineError::UnknownTemplate(name.into()))
+        let t = builtin(name).or_else(|| self.templates.get(name));
+        let t = t.ok_or_else(|| EngineError::UnknownTemplate(name.into()))?;
+        if t.builtin {
+            super::bundled::check_host(name)?;
+        }
+        Ok(t)
     }
 
     pub fn templates(&self) -> Vec<Template> {
         let mut all = vec![builtin("host").expect("host is built in")];
+        all.extend(super::bundled::NAMES.iter().filter_map(|n| builtin(n)));
         all.extend(self.templates.list());
         all
     }
