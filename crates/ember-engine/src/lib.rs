@@ -29,6 +29,7 @@ pub mod pool;
 pub mod record;
 mod sandbox;
 mod seam;
+mod secrets;
 mod snapshots;
 mod store;
 pub mod tasks;

@@ -34,6 +34,7 @@ fn main() {
         lower_dirs: vec![],
         workdir: None,
         egress: Default::default(),
+        secret_names: vec![],
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

@@ -95,6 +95,10 @@ pub struct CreateSandboxRequest {
     /// with everything else denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Files `/run/secrets/<name>` (mode 0400, the sandbox user's) on a tmpfs;
+    /// never stored, never in the environment (`crate::secrets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<crate::secrets::Secrets>,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress
@@ -237,6 +241,9 @@ pub struct SandboxInfo {
     /// optional `snapshotId`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// Names of its secrets (the values are never returned).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// A workspace mounted in a sandbox.

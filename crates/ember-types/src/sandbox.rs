@@ -67,6 +67,10 @@ pub struct SandboxSpec {
     /// daemon's allow-list).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// Names of the secrets the create asked for (`/run/secrets/<name>`),
+    /// never their values. A boot-time entrypoint waits until they are written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_names: Vec<String>,
 }
 
 impl SandboxSpec {
@@ -87,6 +91,7 @@ impl SandboxSpec {
             egress: Default::default(),
             lower_dirs: vec![],
             workdir: None,
+            secret_names: vec![],
         }
     }
 }

@@ -60,6 +60,9 @@ impl Snapshots {
             spec.entrypoint = req.entrypoint.clone();
         }
         spec.ttl_secs = self.catalog.ttl(req.ttl_secs)?;
+        // The snapshot's own secrets were never in it: only this request's.
+        req.secrets.validate().map_err(|e| EngineError::invalid("secrets", e.to_string()))?;
+        spec.secret_names = req.secrets.names();
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",
