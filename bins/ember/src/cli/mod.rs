@@ -126,6 +126,9 @@ pub enum Cmd {
     Chaos(crate::chaos::ChaosCmd),
     /// ember's Kubernetes operator (CRDs of group ember.run) for one node.
     Operator(crate::commands::operator::OperatorArgs),
+    /// Remove everything `ember serve` made on the host (sandboxes, cgroups,
+    /// mounts, the egress network, the data dir) once no daemon runs.
+    Uninstall(crate::commands::uninstall::UninstallArgs),
 }
 
 #[derive(Subcommand)]
