@@ -35,6 +35,7 @@ pub struct ClusterArgs {
     /// only when refills lag).
     #[arg(long)]
     pub idle: Option<u32>,
+    /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
