@@ -126,6 +126,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         launch: ember_engine::LaunchMode::Any,
         snapshot_id: req.snapshot_id,
         secrets: req.secrets.unwrap_or_default(),
+        auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
         workspaces: req
             .workspaces
             .into_iter()

@@ -64,6 +64,9 @@ pub struct CreateSandbox {
     /// wire between nodes: a create forwarded to another node carries none).
     #[serde(skip)]
     pub secrets: ember_types::secrets::Secrets,
+    /// Idle auto-pause after this many seconds (docs/auto-pause.md).
+    #[serde(default)]
+    pub auto_pause_secs: Option<u64>,
 }
 
 /// How a create may start its sandbox.

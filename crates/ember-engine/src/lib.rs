@@ -19,6 +19,7 @@
 //! Records on disk: `store.rs`, `record.rs`.
 #![forbid(unsafe_code)]
 
+mod autopause;
 mod catalog;
 pub use catalog::templates;
 mod create;

@@ -35,6 +35,7 @@ fn main() {
         workdir: None,
         egress: Default::default(),
         secret_names: vec![],
+        auto_pause_secs: None,
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

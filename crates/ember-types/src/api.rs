@@ -99,6 +99,17 @@ pub struct CreateSandboxRequest {
     /// never stored, never in the environment (`crate::secrets`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets: Option<crate::secrets::Secrets>,
+    /// Idle auto-pause: frozen after `afterSeconds` without proxy traffic,
+    /// thawed by the next proxy call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<AutoPause>,
+}
+
+/// `autoPause` of a create request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoPause {
+    pub after_seconds: u64,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress

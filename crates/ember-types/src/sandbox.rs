@@ -71,6 +71,10 @@ pub struct SandboxSpec {
     /// never their values. A boot-time entrypoint waits until they are written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_names: Vec<String>,
+    /// Frozen after this many seconds without proxy traffic, thawed by the
+    /// next proxy call (`autoPause.afterSeconds`; docs/auto-pause.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
 }
 
 impl SandboxSpec {
@@ -92,6 +96,7 @@ impl SandboxSpec {
             lower_dirs: vec![],
             workdir: None,
             secret_names: vec![],
+            auto_pause_secs: None,
         }
     }
 }

@@ -109,6 +109,16 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Idle auto-pause: an exec on an auto-paused sandbox (thaw + command)
+    /// beside the same exec on a running one, p50/p99, in the same run.
+    Autopause {
+        /// Rounds: wait for the pause, then one exec on each sandbox.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Fill a pool with idle sandboxes and report what each costs the host
     /// (the daemon must run on this host).
     Density {

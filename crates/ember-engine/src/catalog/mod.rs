@@ -157,6 +157,7 @@ impl Catalog {
             workdir: t.workdir.clone().or(cfg.working_dir),
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
             secret_names: req.secrets.names(),
+            auto_pause_secs: crate::autopause::check(req.auto_pause_secs)?,
         })
     }
 
