@@ -32,6 +32,8 @@ pub struct Binding {
     /// The running entrypoint (boot-time or claim-time); lifecycle awaits it.
     entry: Mutex<Option<JoinHandle<ExitKind>>>,
     entry_set: Notify,
+    /// Opened once the secrets are written (`crate::secrets`).
+    pub secrets: crate::secrets::Gate,
 }
 
 impl std::fmt::Debug for Binding {
@@ -71,6 +73,9 @@ pub struct ClaimRequest {
     pub gid: Option<u32>,
     #[serde(default)]
     pub entrypoint: Vec<String>,
+    /// Written to `/run/secrets` before the entrypoint starts.
+    #[serde(default)]
+    pub secrets: ember_types::secrets::Secrets,
 }
 
 /// `POST /ember/v1/claim`: binds once; a second claim is a 409.
@@ -92,6 +97,14 @@ pub async fn claim(State(app): State<App>, JsonBody(req): JsonBody<ClaimRequest>
             b.identity = Some(Identity { uid, gid: req.gid });
         }
     }
+    if !req.secrets.is_empty() {
+        let (owner, secrets) = (crate::secrets::owner(&app), req.secrets);
+        let dir = std::path::Path::new(ember_types::secrets::SECRETS_DIR);
+        tokio::task::spawn_blocking(move || crate::secrets::write_all(dir, &secrets, owner))
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::RuntimeError, e.to_string()))??;
+    }
+    app.config.binding.secrets.open();
     if !req.entrypoint.is_empty() {
         let h = crate::lifecycle::start_entrypoint(&app, req.entrypoint);
         app.config.binding.set_entrypoint(h);

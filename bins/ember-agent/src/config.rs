@@ -31,6 +31,9 @@ pub struct AgentConfig {
     pub default_identity: Option<Identity>,
     /// argv started at boot; its exit ends the agent.
     pub entrypoint: Option<Vec<String>>,
+    /// `EMBER_AGENT_AWAIT_SECRETS=1`: the boot entrypoint starts once the
+    /// daemon has delivered the sandbox's secrets (`POST /ember/v1/secrets`).
+    pub await_secrets: bool,
     pub memory_limit_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
     /// Pause between a command's final event and the end of its stream.
@@ -89,6 +92,7 @@ impl AgentConfig {
             Some(v) => Some(parse_entrypoint(&v)?),
             None => None,
         };
+        let await_secrets = var("EMBER_AGENT_AWAIT_SECRETS").is_some_and(|v| v == "1");
         let opt_u64 = |name: &'static str| var(name).map(|v| parse_var::<u64>(name, &v)).transpose();
         let memory_limit_bytes = opt_u64("EMBER_AGENT_MEMORY_LIMIT_BYTES")?.filter(|b| *b > 0);
         let cpu_millis = opt_u64("EMBER_AGENT_CPU_MILLIS")?.filter(|m| *m > 0);
@@ -101,6 +105,7 @@ impl AgentConfig {
             is_pid1,
             default_identity,
             entrypoint,
+            await_secrets,
             memory_limit_bytes,
             cpu_millis,
             grace,

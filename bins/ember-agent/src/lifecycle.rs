@@ -53,7 +53,16 @@ pub async fn run(config: AgentConfig) -> i32 {
     let reaper = app.reaper.clone();
     tokio::spawn(async move { reaper.run(sigchld).await });
     if let Some(argv) = app.config.entrypoint.clone() {
-        app.config.binding.set_entrypoint(start_entrypoint(&app, argv));
+        if app.config.await_secrets {
+            // Its create asked for secrets: they are written before it runs.
+            let app = app.clone();
+            tokio::spawn(async move {
+                app.config.binding.secrets.opened().await;
+                app.config.binding.set_entrypoint(start_entrypoint(&app, argv));
+            });
+        } else {
+            app.config.binding.set_entrypoint(start_entrypoint(&app, argv));
+        }
     }
     let binding = app.config.binding.clone();
     let entry_exit = binding.entrypoint_exit();

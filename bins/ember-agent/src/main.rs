@@ -27,6 +27,7 @@ mod pty;
 mod query;
 mod quiesce;
 mod reaper;
+mod secrets;
 mod server;
 mod sessions;
 mod stream;

@@ -46,6 +46,7 @@ pub fn router(app: App) -> Router {
         .route("/proxy/{port}", any(proxy::proxy_root))
         .route("/proxy/{port}/{*rest}", any(proxy::proxy))
         .route("/ember/v1/claim", post(crate::claim::claim))
+        .route("/ember/v1/secrets", post(crate::secrets::deliver))
         .route("/ember/v1/quiesce", post(crate::quiesce::quiesce))
         .merge(file_routes())
         // The same file routes with a filesystem identity (protocol §3.4):

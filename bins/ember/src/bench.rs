@@ -6,6 +6,7 @@
 //!
 //! Exit code: 0 when every ember run succeeded, 1 when some failed (the
 //! figures are printed either way). A missed target is a result, not an error.
+mod autopause;
 mod checkpoint;
 mod claim;
 mod claim_report;
@@ -65,6 +66,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
         }
         BenchCmd::K8s(a) => k8s::run(client, a).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
+        BenchCmd::Autopause { runs, json } => autopause::run(client, runs, json).await,
         BenchCmd::Density { count, timeout, json } => {
             density::run(client, count, std::time::Duration::from_secs(timeout), json).await
         }

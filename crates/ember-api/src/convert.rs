@@ -65,6 +65,7 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             .collect(),
         network: (r.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
         snapshot_id: r.snapshot_id.clone(),
+        secrets: r.spec.secret_names.clone(),
     }
 }
 
@@ -124,6 +125,8 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         id: None,
         launch: ember_engine::LaunchMode::Any,
         snapshot_id: req.snapshot_id,
+        secrets: req.secrets.unwrap_or_default(),
+        auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
         workspaces: req
             .workspaces
             .into_iter()

@@ -59,6 +59,14 @@ pub struct CreateSandbox {
     /// the node it places it on (docs/cluster.md, "Pools on a cluster").
     #[serde(default)]
     pub launch: LaunchMode,
+    /// Secret files for `/run/secrets`: held in memory for this call only,
+    /// so never serialized (not into a cluster's rebind bucket, nor onto the
+    /// wire between nodes: a create forwarded to another node carries none).
+    #[serde(skip)]
+    pub secrets: ember_types::secrets::Secrets,
+    /// Idle auto-pause after this many seconds (docs/auto-pause.md).
+    #[serde(default)]
+    pub auto_pause_secs: Option<u64>,
 }
 
 /// How a create may start its sandbox.
@@ -166,7 +174,9 @@ impl Provisioner {
         }
         if let Some(sid) = req.snapshot_id.clone() {
             let policy = req.network_policy.clone();
+            let secrets = req.secrets.clone();
             let rec = self.snapshots.create_from_snapshot(&sid, req).await?;
+            let rec = crate::secrets::deliver_or_remove(&self.sandboxes, rec, &secrets).await?;
             self.sandboxes.observe_launch(&rec.spec, "cold", rec.launch.as_ref().map_or(0, |l| l.micros));
             return self.sandboxes.record_policy(rec, policy).await;
         }
@@ -177,7 +187,7 @@ impl Provisioner {
         // A rebind (a fixed id) is a cold start: a warm member has its own id.
         if req.launch != LaunchMode::Cold && req.id.is_none() {
             if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
-                if let Some(rec) = self.pools.claim(&pool, &spec, req.image_uri.clone(), &req.workspaces, t0).await? {
+                if let Some(rec) = self.pools.claim(&pool, &spec, &req, t0).await? {
                     return self.sandboxes.record_policy(rec, req.network_policy).await;
                 }
             }
@@ -186,6 +196,7 @@ impl Provisioner {
             return Err(EngineError::PoolEmpty(req.pool.unwrap_or_else(|| spec.template.clone())));
         }
         let rec = self.sandboxes.launch_as(req.id.clone(), spec.clone(), req.image_uri.clone(), t0).await?;
+        let rec = crate::secrets::deliver_or_remove(&self.sandboxes, rec, &req.secrets).await?;
         let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
             Ok(mounted) if mounted.is_empty() => rec,
             Ok(mounted) => {

@@ -19,6 +19,7 @@
 //! Records on disk: `store.rs`, `record.rs`.
 #![forbid(unsafe_code)]
 
+mod autopause;
 mod catalog;
 pub use catalog::templates;
 mod create;
@@ -29,6 +30,7 @@ pub mod pool;
 pub mod record;
 mod sandbox;
 mod seam;
+mod secrets;
 mod snapshots;
 mod store;
 pub mod tasks;

@@ -97,6 +97,7 @@ fn sandbox(id: &str, created: &str, state: &str) -> SandboxInfo {
         workspaces: Vec::new(),
         network: None,
         snapshot_id: None,
+        secrets: Vec::new(),
     }
 }
 

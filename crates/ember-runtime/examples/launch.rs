@@ -34,6 +34,8 @@ fn main() {
         lower_dirs: vec![],
         workdir: None,
         egress: Default::default(),
+        secret_names: vec![],
+        auto_pause_secs: None,
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

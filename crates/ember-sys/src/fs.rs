@@ -102,6 +102,15 @@ pub fn unmount_detach(target: &Path) -> Result<bool, SysError> {
     Ok(true)
 }
 
+/// Whether `path` is the root of, or lies on, a tmpfs (memory only: what
+/// is written there never reaches a disk, a layer or a snapshot).
+pub fn is_tmpfs(path: &Path) -> Result<bool, SysError> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let st = rustix::fs::statfs(path).map_err(|e| SysError::new("statfs", path.display().to_string(), e.into()))?;
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    Ok(st.f_type as i64 == TMPFS_MAGIC)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

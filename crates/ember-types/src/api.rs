@@ -95,6 +95,21 @@ pub struct CreateSandboxRequest {
     /// with everything else denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Files `/run/secrets/<name>` (mode 0400, the sandbox user's) on a tmpfs;
+    /// never stored, never in the environment (`crate::secrets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<crate::secrets::Secrets>,
+    /// Idle auto-pause: frozen after `afterSeconds` without proxy traffic,
+    /// thawed by the next proxy call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<AutoPause>,
+}
+
+/// `autoPause` of a create request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoPause {
+    pub after_seconds: u64,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress
@@ -237,6 +252,9 @@ pub struct SandboxInfo {
     /// optional `snapshotId`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// Names of its secrets (the values are never returned).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// A workspace mounted in a sandbox.

@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod quantity;
 pub mod sandbox;
 pub mod sandbox_snapshot;
+pub mod secrets;
 pub mod stats;
 pub mod task;
 

@@ -67,6 +67,14 @@ pub struct SandboxSpec {
     /// daemon's allow-list).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// Names of the secrets the create asked for (`/run/secrets/<name>`),
+    /// never their values. A boot-time entrypoint waits until they are written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_names: Vec<String>,
+    /// Frozen after this many seconds without proxy traffic, thawed by the
+    /// next proxy call (`autoPause.afterSeconds`; docs/auto-pause.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
 }
 
 impl SandboxSpec {
@@ -87,6 +95,8 @@ impl SandboxSpec {
             egress: Default::default(),
             lower_dirs: vec![],
             workdir: None,
+            secret_names: vec![],
+            auto_pause_secs: None,
         }
     }
 }

@@ -39,6 +39,7 @@ pub struct ClusterArgs {
     /// same claims against it, as the single-node figure of the same run.
     #[arg(long)]
     pub single: Option<String>,
+    /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }

@@ -137,7 +137,7 @@ impl<'a> EmberBench<'a> {
 }
 
 /// One command to completion; anything but exit code 0 is a failure.
-async fn exec_once(client: &Client, id: &str, req: &RunCommandRequest) -> anyhow::Result<()> {
+pub(crate) async fn exec_once(client: &Client, id: &str, req: &RunCommandRequest) -> anyhow::Result<()> {
     let out = client.exec(id, req, |_| {}).await?;
     if let Some(e) = out.error {
         anyhow::bail!("command did not start: {e}");

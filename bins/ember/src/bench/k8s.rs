@@ -54,6 +54,7 @@ pub struct K8sArgs {
     /// when refills lag).
     #[arg(long)]
     pub idle: Option<u32>,
+    /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }

@@ -33,6 +33,7 @@ pub struct RunArgs {
     /// The local cluster (`ember cluster up --dir`).
     #[arg(long, default_value = crate::cluster::DEFAULT_DIR)]
     pub dir: PathBuf,
+    /// Agent sessions to run through the drill.
     #[arg(long, default_value_t = 300)]
     pub sessions: u32,
     /// Nodes to kill: a share (`30%`, rounded up) or a count (`2`).
@@ -45,6 +46,7 @@ pub struct RunArgs {
     /// killing them.
     #[arg(long)]
     pub partition: bool,
+    /// Seed of the drill's random choices (victims, timings).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Output folder (default: chaos-runs/<unix seconds>).

@@ -7,6 +7,7 @@ pub enum BenchCmd {
     /// a local registry, and create-to-ready from the cached image beside the
     /// `host` template. The daemon needs --insecure-registry 127.0.0.1:PORT.
     Image {
+        /// Measured runs.
         #[arg(long, default_value_t = 20)]
         runs: usize,
         /// Image size in MiB.
@@ -15,6 +16,7 @@ pub enum BenchCmd {
         /// Local registry port (the daemon must list it as insecure).
         #[arg(long, default_value_t = 5099)]
         registry_port: u16,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -25,8 +27,10 @@ pub enum BenchCmd {
         /// Size of the generated tree in MB.
         #[arg(long, default_value_t = 500)]
         size_mb: u64,
+        /// Forks of the restored tree.
         #[arg(long, default_value_t = 10)]
         forks: usize,
+        /// Where the tree and the local store are made.
         #[arg(long, default_value = "/var/tmp/ember-bench-snapshot")]
         work_dir: std::path::PathBuf,
         /// s3://bucket[/prefix] (an existing bucket; endpoint and credentials
@@ -38,11 +42,13 @@ pub enum BenchCmd {
     /// cold create p50/p99, warm claim p50/p99 (a pool of the class), remove,
     /// exec round trip, 100k stat, idle memory, and the ratio to native.
     Classes {
+        /// Measured runs.
         #[arg(long, default_value_t = 20)]
         runs: usize,
         /// Idle sandboxes per class for the memory-overhead row.
         #[arg(long, default_value_t = 8)]
         idle: usize,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -51,11 +57,13 @@ pub enum BenchCmd {
     /// runs ember's own bundle, rootfs and agent (scripts/bench-setup.sh
     /// installs it).
     Create {
+        /// Measured runs.
         #[arg(long, default_value_t = 100)]
         runs: usize,
         /// Skip the crun reference (it needs crun: scripts/bench-setup.sh).
         #[arg(long)]
         no_crun: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -78,6 +86,7 @@ pub enum BenchCmd {
         /// Concurrent tasks claiming in the claims-per-second figure.
         #[arg(long, default_value_t = 16)]
         tasks: usize,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -96,17 +105,30 @@ pub enum BenchCmd {
         /// Claims per figure.
         #[arg(long, default_value_t = 50)]
         runs: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Idle auto-pause: an exec on an auto-paused sandbox (thaw + command)
+    /// beside the same exec on a running one, p50/p99, in the same run.
+    Autopause {
+        /// Rounds: wait for the pause, then one exec on each sandbox.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Fill a pool with idle sandboxes and report what each costs the host
     /// (the daemon must run on this host).
     Density {
+        /// Sandboxes to start.
         #[arg(long, default_value_t = 1000)]
         count: u32,
         /// Stop filling after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },

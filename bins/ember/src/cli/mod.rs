@@ -46,6 +46,7 @@ pub enum Cmd {
     /// An interactive shell (bash, else sh) on a terminal in a sandbox, as
     /// the sandbox's user: `ember exec -it` without a command.
     Shell {
+        /// The sandbox's id.
         id: String,
         /// Keys that leave the session running (reattach: `ember attach ID --session S`).
         #[arg(long, default_value = "ctrl-p,ctrl-q")]
@@ -61,6 +62,7 @@ pub enum Cmd {
     /// The sandbox's agent keeps the last 8 MiB of it, so it survives daemon
     /// restarts while the sandbox runs.
     Logs {
+        /// The sandbox's id.
         id: String,
         /// Keep printing new output until the entrypoint exits.
         #[arg(short, long)]
@@ -72,6 +74,7 @@ pub enum Cmd {
     /// Live cpu, memory, pids and block IO of a sandbox, from its cgroup (a
     /// line a second; CPU % is of one core).
     Stats {
+        /// The sandbox's id.
         id: String,
         /// Print one line and exit.
         #[arg(long)]
@@ -81,13 +84,19 @@ pub enum Cmd {
         json: bool,
     },
     /// Copy a file into or out of a sandbox (`ID:/path` names the sandbox side).
-    Cp { src: String, dst: String },
+    Cp {
+        /// Source: a local path, or ID:/path in a sandbox.
+        src: String,
+        /// Destination: a local path, or ID:/path in a sandbox.
+        dst: String,
+    },
     /// Create a sandbox, run one command in it, remove it.
     Run {
         #[command(flatten)]
         create: CreateArgs,
         #[command(flatten)]
         exec: ExecOpts,
+        /// The command and its arguments (after --).
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
@@ -126,12 +135,16 @@ pub enum Cmd {
     Chaos(crate::chaos::ChaosCmd),
     /// ember's Kubernetes operator (CRDs of group ember.run) for one node.
     Operator(crate::commands::operator::OperatorArgs),
+    /// Remove everything `ember serve` made on the host (sandboxes, cgroups,
+    /// mounts, the egress network, the data dir) once no daemon runs.
+    Uninstall(crate::commands::uninstall::UninstallArgs),
 }
 
 #[derive(Subcommand)]
 pub enum RuntimeCmd {
     /// Each runtime class, its kernel boundary and whether it is available here.
     Ls {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -5,24 +5,31 @@ use clap::Subcommand;
 pub enum PoolCmd {
     /// Keep sandboxes of a template started ahead of demand.
     Create {
+        /// Template of the pool's sandboxes.
         #[arg(long)]
         template: String,
         /// Pool name (default: the template's).
         #[arg(long)]
         name: Option<String>,
+        /// Idle sandboxes kept at least.
         #[arg(long, default_value_t = 0)]
         min: u32,
+        /// Sandboxes (idle and claimed) at most.
         #[arg(long)]
         max: u32,
         /// `auto` (sized from demand) or an idle count.
         #[arg(long, default_value = "auto")]
         target: String,
+        /// Memory limit, e.g. 512Mi (default: the template's).
         #[arg(long)]
         memory: Option<String>,
+        /// CPU limit in cores, e.g. 1 or 0.5 (default: the template's).
         #[arg(long)]
         cpus: Option<String>,
+        /// Process limit (default: the template's).
         #[arg(long)]
         pids: Option<u64>,
+        /// Writable layer size, e.g. 1Gi (default: the template's).
         #[arg(long)]
         disk: Option<String>,
         /// Network of the pool's sandboxes: none or egress.
@@ -31,28 +38,42 @@ pub enum PoolCmd {
         /// Allow-list of the pool's sandboxes (repeatable; implies egress).
         #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
         allow: Vec<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// List the pools.
     Ls {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Show a pool and the arithmetic behind its target.
     Inspect {
+        /// The pool's name.
         name: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Change a pool's min, max or target.
     Resize {
+        /// The pool's name.
         name: String,
+        /// New minimum (default: unchanged).
         #[arg(long)]
         min: Option<u32>,
+        /// New maximum (default: unchanged).
         #[arg(long)]
         max: Option<u32>,
+        /// New target: auto or an idle count (default: unchanged).
         #[arg(long)]
         target: Option<String>,
     },
     /// Remove a pool and its idle sandboxes.
-    Rm { names: Vec<String> },
+    Rm {
+        /// Pools to remove (at least one).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }

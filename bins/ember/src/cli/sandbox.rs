@@ -3,12 +3,14 @@ use clap::{Args, Subcommand};
 
 #[derive(Args, Clone, Default)]
 pub struct CreateArgs {
+    /// Template to use (default: host).
     #[arg(long)]
     pub template: Option<String>,
     /// Restore a sandbox snapshot (`ember sandbox snapshot`): its rootfs
     /// changes, workspaces (as new copies), template and resources.
     #[arg(long, conflicts_with_all = ["template", "image"])]
     pub snapshot: Option<String>,
+    /// An image reference instead of a template (pulled if missing).
     #[arg(long)]
     pub image: Option<String>,
     /// Memory limit, e.g. 512Mi.
@@ -17,6 +19,7 @@ pub struct CreateArgs {
     /// CPU limit in cores, e.g. 1 or 0.5.
     #[arg(long)]
     pub cpus: Option<String>,
+    /// Process limit (default: the template's).
     #[arg(long)]
     pub pids: Option<u64>,
     /// Size of the writable layer, e.g. 1Gi.
@@ -85,6 +88,7 @@ pub struct InteractiveOpts {
 
 #[derive(Args)]
 pub struct AttachArgs {
+    /// The sandbox's id.
     pub id: String,
     /// A terminal session id, as printed when it was detached.
     #[arg(long)]
@@ -99,11 +103,13 @@ pub struct AttachArgs {
 
 #[derive(Args)]
 pub struct ExecArgs {
+    /// The sandbox's id.
     pub id: String,
     #[command(flatten)]
     pub opts: ExecOpts,
     #[command(flatten)]
     pub io: InteractiveOpts,
+    /// The command and its arguments (after --).
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }
@@ -115,6 +121,7 @@ pub enum SandboxCmd {
     Create {
         #[command(flatten)]
         args: CreateArgs,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -123,26 +130,46 @@ pub enum SandboxCmd {
         /// Only sandboxes in this state (repeatable).
         #[arg(long)]
         state: Vec<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Print only the ids, one a line (for scripts: `ember sandbox rm $(ember sandbox ls -q)`).
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
     },
     /// Show a sandbox, with the boundary actually enforced on it.
     Inspect {
+        /// The sandbox's id.
         id: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Remove sandboxes.
-    Rm { ids: Vec<String> },
+    Rm {
+        /// Sandboxes to remove (at least one).
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Freeze a Running sandbox.
-    Pause { id: String },
+    Pause {
+        /// The sandbox's id.
+        id: String,
+    },
     /// Save a Running gVisor (runsc) sandbox's processes and memory to disk and
     /// stop them; `ember sandbox resume ID` restores it.
-    Checkpoint { id: String },
+    Checkpoint {
+        /// The sandbox's id.
+        id: String,
+    },
     /// Thaw a paused sandbox, or restore a checkpointed one.
-    Resume { id: String },
+    Resume {
+        /// The sandbox's id.
+        id: String,
+    },
     /// Show a sandbox's network policy, or replace it while it runs.
     Policy {
+        /// The sandbox's id.
         id: String,
         /// Replace the policy with this allow-list (repeatable).
         #[arg(long = "allow", value_name = "CIDR|DOMAIN[:PORT]")]
@@ -150,12 +177,15 @@ pub enum SandboxCmd {
         /// Replace the policy with open egress (no allow-list).
         #[arg(long, conflicts_with = "allow")]
         open: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Blocked connection attempts and DNS queries of a sandbox.
     Events {
+        /// The sandbox's id.
         id: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -163,9 +193,12 @@ pub enum SandboxCmd {
     /// workspaces) and print the snapshot id; `ember sandbox create
     /// --snapshot ID` restores it.
     Snapshot {
+        /// The sandbox's id.
         id: String,
+        /// A name for the snapshot (default: none).
         #[arg(long)]
         name: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -181,12 +214,20 @@ pub enum SandboxSnapshotCmd {
         /// Only snapshots of this sandbox.
         #[arg(long)]
         sandbox: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Show a sandbox snapshot.
-    Inspect { id: String },
+    Inspect {
+        /// The sandbox snapshot's id.
+        id: String,
+    },
     /// Remove sandbox snapshots (their chunks go at the next `ember snapshot gc`,
     /// which the daemon also runs on a schedule and soon after a delete).
-    Rm { ids: Vec<String> },
+    Rm {
+        /// Sandbox snapshots to delete (at least one).
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
 }

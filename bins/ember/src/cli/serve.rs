@@ -7,6 +7,7 @@ pub struct ServeArgs {
     /// Address to listen on; a non-loopback address needs --api-key.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
+    /// Where records, layers, workspaces and snapshots live (docs/operations.md).
     #[arg(long, env = "EMBER_DATA_DIR", default_value = "/var/lib/ember")]
     pub data_dir: PathBuf,
     /// The static agent binary (default: `ember-agent` next to this executable).

@@ -5,47 +5,68 @@ use clap::Subcommand;
 pub enum WorkspaceCmd {
     /// Create a workspace with a size quota.
     Create {
+        /// The workspace's name.
         name: String,
+        /// Size (quota), e.g. 1Gi.
         #[arg(long, default_value = "1Gi")]
         size: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// List the workspaces.
     Ls {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Show one workspace.
     Inspect {
+        /// The workspace's name.
         name: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Delete workspaces and their data (refused while a sandbox writes them).
-    Rm { names: Vec<String> },
+    Rm {
+        /// Workspaces to delete (at least one).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
     /// Snapshot a workspace into the snapshot store; prints the snapshot id.
     Snapshot {
+        /// The workspace to snapshot.
         name: String,
         /// Commit only while this sandbox holds the writer lease at --epoch.
         #[arg(long, requires = "epoch")]
         holder: Option<String>,
+        /// Fencing epoch of the lease holder snapshotting (default: none, the workspace must be unleased).
         #[arg(long, requires = "holder")]
         epoch: Option<u64>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// A new workspace from a snapshot (every chunk verified).
     Restore {
+        /// The workspace snapshot's id.
         snapshot: String,
+        /// Name of the new workspace (default: the snapshot's workspace).
         #[arg(long)]
         name: String,
+        /// Size (quota), e.g. 1Gi (default: the snapshot's).
         #[arg(long)]
         size: Option<String>,
     },
     /// N new workspaces <prefix>-1..N from one snapshot.
     Fork {
+        /// The workspace snapshot's id.
         snapshot: String,
+        /// How many copies.
         #[arg(long)]
         count: u32,
+        /// Names of the copies: PREFIX-1, PREFIX-2, ...
         #[arg(long)]
         prefix: String,
     },
@@ -53,18 +74,27 @@ pub enum WorkspaceCmd {
 
 #[derive(Subcommand)]
 pub enum SnapshotCmd {
+    /// List the workspace snapshots.
     Ls {
+        /// Only this workspace's snapshots (default: all).
         #[arg(long)]
         workspace: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Show one workspace snapshot.
     Inspect {
+        /// The snapshot's id.
         id: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Delete workspace snapshots.
     Rm {
+        /// Snapshots to delete (at least one).
+        #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Reclaim storage: delete every chunk that no snapshot (workspace or
@@ -76,6 +106,7 @@ pub enum SnapshotCmd {
         /// daemon's default is 10m).
         #[arg(long)]
         min_age: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },

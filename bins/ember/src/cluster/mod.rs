@@ -32,14 +32,17 @@ pub enum ClusterCmd {
     /// Each host: its node, pids, whether it is alive, its API URL; and the
     /// nats-server leading the task stream.
     Status {
+        /// The local cluster's state dir (`ember cluster up --dir`).
         #[arg(long, default_value = DEFAULT_DIR)]
         dir: PathBuf,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Stop everything `up` made: processes, sandboxes (cgroups), mounts,
     /// namespaces, veths, the bridge, the state dir.
     Down {
+        /// The local cluster's state dir (`ember cluster up --dir`).
         #[arg(long, default_value = DEFAULT_DIR)]
         dir: PathBuf,
     },
@@ -47,6 +50,7 @@ pub enum ClusterCmd {
 
 #[derive(Args)]
 pub struct UpArgs {
+    /// Nodes (`ember serve --cluster`), each in a network namespace of its own.
     #[arg(long, default_value_t = 4)]
     pub nodes: u32,
     /// How many hosts also run a nats-server (a JetStream cluster of K).

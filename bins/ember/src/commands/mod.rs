@@ -10,6 +10,7 @@ mod sandbox;
 mod snapshot_progress;
 mod stats;
 pub mod task;
+pub mod uninstall;
 mod workspace;
 
 use crate::cli::{Cli, Cmd, ExecOpts};
@@ -47,6 +48,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cluster(c) => crate::cluster::run(c).await,
         Cmd::Chaos(c) => crate::chaos::run(c).await,
         Cmd::Operator(a) => operator::run(a, cli.api_key.clone()).await,
+        Cmd::Uninstall(a) => uninstall::run(a),
     }
 }
 

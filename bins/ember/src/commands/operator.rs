@@ -29,6 +29,7 @@ pub struct OperatorArgs {
     /// The Lease's namespace (in a pod: its own, from POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// The Lease's name (one per operator deployment).
     #[arg(long, default_value = "ember-operator")]
     lease_name: String,
     /// How long a leader that stopped renewing keeps the lease.

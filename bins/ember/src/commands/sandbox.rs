@@ -60,10 +60,12 @@ pub async fn run(client: &Client, cmd: SandboxCmd) -> anyhow::Result<i32> {
                 );
             }
         }
-        SandboxCmd::Ls { state, json } => {
+        SandboxCmd::Ls { state, json, quiet } => {
             let q = ember_client::query(state.iter().map(|s| ("state", s.as_str())));
             let list = client.list_sandboxes(&q).await?;
-            if json {
+            if quiet {
+                list.iter().for_each(|s| println!("{}", s.id));
+            } else if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 print_table(&list);

@@ -10,6 +10,7 @@ use std::io::Write;
 pub enum TaskCmd {
     /// Queue a command; prints the task id (the existing one for a known --key).
     Submit {
+        /// Template of the attempts' sandboxes (default: host).
         #[arg(long)]
         template: Option<String>,
         /// Mounted read-write at /workspace for each attempt.
@@ -43,36 +44,50 @@ pub enum TaskCmd {
         /// template left (its processes killed, its files kept); no workspace.
         #[arg(long)]
         reuse_sandbox: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// The command and its arguments (after --).
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
     /// List tasks.
     Ls {
+        /// Only tasks in this state (repeatable; default: all).
         #[arg(long)]
         state: Vec<String>,
+        /// Only tasks of this tier (repeatable; default: all).
         #[arg(long)]
         tier: Vec<String>,
+        /// Only tasks on this workspace (default: all).
         #[arg(long)]
         workspace: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Show a task with every transition and attempt.
     Inspect {
+        /// The task's id.
         id: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Cancel tasks: queued ones never run, a running attempt is stopped.
     Cancel {
+        /// Tasks to cancel (at least one).
+        #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Print an attempt's output (default: the latest); -f follows it live.
     Logs {
+        /// The task's id.
         id: String,
+        /// Keep printing new output until the attempt ends.
         #[arg(short, long)]
         follow: bool,
+        /// The attempt's number (default: the latest).
         #[arg(long)]
         attempt: Option<u32>,
         /// Start at this byte of the log (resume a follow that was cut).
@@ -99,6 +114,7 @@ pub struct TaskFlags {
     /// Cap on running tasks of a tier, TIER=N (repeatable).
     #[arg(long = "task-cap", value_name = "TIER=N")]
     pub task_caps: Vec<String>,
+    /// Default attempts of a task before it is dead-lettered.
     #[arg(long, default_value_t = 3)]
     pub task_attempts: u32,
     /// Cap on running tasks per tenant: N for every tenant, TENANT=N for one

@@ -42,7 +42,9 @@ pub enum LabCmd {
     /// Run lab N: its baseline, then ember, side by side; prints the tables and
     /// writes report.md, report.json and SVG charts into the output folder.
     Run {
+        /// The lab's number (`ember lab ls`).
         n: u32,
+        /// How big the run is.
         #[arg(long, value_enum, default_value_t = Scale::Small)]
         scale: Scale,
         /// Output folder (default: lab-runs/0N-<name>-<unix seconds>).
@@ -58,7 +60,10 @@ pub enum LabCmd {
     },
     /// Render every run under DIR (each a folder with report.json) as one
     /// Markdown page, DIR/index.md.
-    Report { dir: PathBuf },
+    Report {
+        /// The folder holding the runs.
+        dir: PathBuf,
+    },
     /// Lab 1's shared worker process (started by `ember lab run 1`).
     #[command(hide = true)]
     SharedWorker(worker::WorkerArgs),

@@ -34,6 +34,8 @@ pub struct Daemon {
     pub group: String,
     pub client: Client,
     extra: Vec<String>,
+    /// Where the daemon's stderr goes, at debug level (`start_logging`).
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -43,6 +45,15 @@ impl Daemon {
 
     /// A daemon with extra `ember serve` flags.
     pub fn start_with(extra: &[&str]) -> Daemon {
+        Self::start_inner(extra, None)
+    }
+
+    /// A daemon logging at debug level to the file `log` (appended across restarts).
+    pub fn start_logging(extra: &[&str], log: &Path) -> Daemon {
+        Self::start_inner(extra, Some(log.to_path_buf()))
+    }
+
+    fn start_inner(extra: &[&str], log: Option<PathBuf>) -> Daemon {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("ember-test-{}-{n}", std::process::id());
         let data_dir = std::env::temp_dir().join(&tag);
@@ -54,6 +65,7 @@ impl Daemon {
             group: tag,
             client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            log,
         };
         // Egress networking changes the host (a table, namespaces, an address
         // on lo): only tests that ask for it, with a range and tag of their own.
@@ -68,6 +80,10 @@ impl Daemon {
     pub fn spawn(&mut self) {
         let mut cmd = serve_command(&self.data_dir, &self.group, &self.extra);
         cmd.stderr(Stdio::inherit());
+        if let Some(log) = &self.log {
+            let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("daemon log file");
+            cmd.stderr(f).env("EMBER_LOG", "debug");
+        }
         let mut child = cmd.spawn().expect("ember serve starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();

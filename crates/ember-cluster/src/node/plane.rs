@@ -275,6 +275,22 @@ impl ClusterPlane {
     }
 }
 
+impl ClusterPlane {
+    /// Secrets never cross the wire (`CreateSandbox::secrets` is not
+    /// serialized), so a create carrying them runs here or is refused, never
+    /// forwarded and started without them.
+    async fn create_with_secrets(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+        if self.cfg.api_only || self.pinned(&req).await?.is_some() {
+            return Err(EngineError::invalid(
+                "secrets",
+                "a create with secrets runs on the node that receives it: send it to a node that runs sandboxes \
+                 (and holds the request's workspaces or snapshot)",
+            ));
+        }
+        self.create_here(req).await
+    }
+}
+
 pub(super) fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> EngineError {
     EngineError::Internal(format!("sandbox registry: {op} {id}: {e}"))
 }
@@ -282,6 +298,9 @@ pub(super) fn registry_error(op: &str, id: &str, e: &dyn std::fmt::Display) -> E
 #[async_trait::async_trait]
 impl ControlPlane for ClusterPlane {
     async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
+        if !req.secrets.is_empty() {
+            return self.create_with_secrets(req).await;
+        }
         // A restore runs where the snapshot's record is, a sandbox with
         // workspaces where they are.
         if let Some(n) = self.pinned(&req).await? {

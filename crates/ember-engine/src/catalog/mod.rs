@@ -103,6 +103,7 @@ impl Catalog {
             return Err(EngineError::invalid("runtimeClass", why));
         }
         check_env(req.env.keys())?;
+        req.secrets.validate().map_err(|e| EngineError::invalid("secrets", e.to_string()))?;
         if !req.workspaces.is_empty() && !self.runtimes.for_class(&class).can_inject_mounts() {
             return Err(EngineError::invalid(
                 "workspaces",
@@ -162,6 +163,8 @@ impl Catalog {
             lower_dirs: image.as_ref().map(|i| self.images.lower_dirs(i)).unwrap_or_default(),
             workdir: t.workdir.clone().or(cfg.working_dir),
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
+            secret_names: req.secrets.names(),
+            auto_pause_secs: crate::autopause::check(req.auto_pause_secs)?,
         })
     }
 

@@ -26,10 +26,10 @@ impl Pools {
         self: &Arc<Self>,
         pool: &Arc<Pool>,
         spec: &SandboxSpec,
-        image_uri: Option<String>,
-        workspaces: &[crate::WorkspaceRequest],
+        req: &crate::CreateSandbox,
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
+        let (image_uri, workspaces) = (&req.image_uri, &req.workspaces[..]);
         while let Some(id) = pool.pop_idle() {
             let Ok(entry) = self.sandboxes.entry(id.as_str()) else { continue };
             let r = entry.snapshot();
@@ -55,6 +55,8 @@ impl Pools {
                 "uid": spec.user.uid,
                 "gid": spec.user.gid,
                 "entrypoint": spec.entrypoint,
+                // Written before the entrypoint starts; never stored here.
+                "secrets": req.secrets,
             });
             if let Err(e) = bind(&entry.agent_socket, &body).await {
                 self.workspaces.release_leases(id.as_str(), &mounted);

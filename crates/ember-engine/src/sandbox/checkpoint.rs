@@ -10,7 +10,7 @@
 //! A checkpointed sandbox keeps its TTL running: it holds its disk image,
 //! cgroups and rootfs until it expires or is removed. A sandbox with
 //! workspaces is refused (400): what its leases do across a checkpoint is
-//! not decided yet.
+//! not decided yet; so is one with secrets (its image would hold them).
 use super::{Command, Sandboxes};
 use crate::{EngineError, SandboxRecord};
 use ember_runtime::{Launched, RuntimeError};
@@ -26,6 +26,11 @@ impl Sandboxes {
         // Leases and the workspace slot across a checkpoint are not designed yet.
         if !r.workspaces.is_empty() {
             return Err(EngineError::invalid("workspaces", "a sandbox with workspaces cannot be checkpointed yet"));
+        }
+        // The image holds the sandbox's memory, its secrets' tmpfs included,
+        // and secrets are never written to disk (docs/secrets.md).
+        if !r.spec.secret_names.is_empty() {
+            return Err(EngineError::invalid("secrets", "a sandbox with secrets cannot be checkpointed"));
         }
         e.ask(Command::Checkpoint).await.map(drop)
     }

@@ -112,6 +112,8 @@ pub(crate) struct Entry {
     record: Mutex<SandboxRecord>,
     pub agent_socket: PathBuf,
     tx: mpsc::Sender<Msg>,
+    /// Proxy traffic, for idle auto-pause (`crate::autopause`).
+    pub(crate) idle: crate::autopause::Idle,
 }
 
 impl Entry {
@@ -245,7 +247,8 @@ impl Sandboxes {
     fn publish(self: &Arc<Self>, rec: SandboxRecord, agent_socket: PathBuf, live: Option<Launched>) -> Arc<Entry> {
         let (tx, rx) = mpsc::channel(8);
         let id: SandboxId = rec.id.clone();
-        let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx });
+        let idle = crate::autopause::Idle::default();
+        let entry = Arc::new(Entry { record: Mutex::new(rec), agent_socket, tx, idle });
         self.registry.insert(id, entry.clone());
         monitor::spawn(self.clone(), entry.clone(), live, rx);
         entry

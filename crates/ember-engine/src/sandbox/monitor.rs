@@ -69,6 +69,10 @@ impl Monitor {
                 _ = sleep_opt(deadline) => {
                     self.entry.snapshot().expires_at_ms.filter(|ms| *ms <= now_ms()).map(|_| TerminationReason::Expired)
                 }
+                _ = sleep_opt(crate::autopause::deadline(&rec, &self.entry.idle)) => {
+                    self.auto_pause().await;
+                    None
+                }
                 m = rx.recv() => match m {
                     Some(Msg { cmd, reply }) => {
                         let res = self.handle(cmd).await;
@@ -101,6 +105,19 @@ impl Monitor {
             Command::Edit(edit) => self.edit(edit),
             Command::Stop(reason) => self.stop(reason).await,
             Command::Remove => self.remove().await,
+        }
+    }
+
+    /// Idle long enough without proxy traffic: the user's freeze, marked
+    /// ours so that the next proxy call thaws it (`crate::autopause`).
+    async fn auto_pause(&mut self) {
+        if !self.entry.idle.claim_pause(&self.entry.snapshot()) {
+            return;
+        }
+        if let Err(e) = self.pause().await {
+            // Not now (a snapshot's freeze, say): try again a whole period later.
+            self.entry.idle.touch();
+            tracing::debug!(sandbox = %self.entry.snapshot().id, error = %e, "auto-pause refused");
         }
     }
 

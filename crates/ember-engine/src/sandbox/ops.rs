@@ -103,6 +103,19 @@ impl Sandboxes {
     }
 
     /// The agent's socket, for exec and file traffic; only while Running.
+    /// A proxy call to the sandbox: it counts as traffic, and thaws the
+    /// sandbox first if auto-pause froze it (`crate::autopause`).
+    pub async fn touch(&self, id: &str) -> Result<(), EngineError> {
+        let e = self.visible(id)?;
+        if e.idle.touch() {
+            match e.ask(Command::Resume).await {
+                Ok(_) | Err(EngineError::NotPaused { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
     pub fn agent_socket(&self, id: &str) -> Result<PathBuf, EngineError> {
         let e = self.visible(id)?;
         let r = e.snapshot();

@@ -70,6 +70,7 @@ impl ControlPlane for Arc<Engine> {
         self.sandboxes.agent_log(id, max).await
     }
     async fn agent_route(&self, id: &str) -> Result<AgentRoute, EngineError> {
+        self.sandboxes.touch(id).await?;
         Ok(AgentRoute::Local { socket: self.sandboxes.agent_socket(id)? })
     }
 

@@ -60,6 +60,10 @@ impl Snapshots {
             spec.entrypoint = req.entrypoint.clone();
         }
         spec.ttl_secs = self.catalog.ttl(req.ttl_secs)?;
+        // The snapshot's own secrets were never in it: only this request's.
+        req.secrets.validate().map_err(|e| EngineError::invalid("secrets", e.to_string()))?;
+        spec.secret_names = req.secrets.names();
+        spec.auto_pause_secs = crate::autopause::check(req.auto_pause_secs)?;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",

@@ -254,6 +254,10 @@ pub(crate) fn agent_env(spec: &SandboxSpec, hostname: &str) -> Vec<CString> {
     if !spec.entrypoint.is_empty() {
         let ep = serde_json::to_string(&spec.entrypoint).unwrap_or_default();
         env.push(format!("EMBER_AGENT_ENTRYPOINT={ep}"));
+        if !spec.secret_names.is_empty() {
+            // The names only: the values come over the socket once it is up.
+            env.push("EMBER_AGENT_AWAIT_SECRETS=1".to_string());
+        }
     }
     if !spec.env.contains_key("EXECD_ENVS") {
         // The file the SDK's `commands.set_env` appends to; the agent creates

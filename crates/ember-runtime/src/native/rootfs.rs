@@ -256,6 +256,7 @@ impl RootfsPlan<'_> {
         ops.push(mount("proc", root.join("proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
         ops.extend(mask_proc(&root));
         ops.extend(dev_ops(&root.join("dev")));
+        ops.extend(secrets_ops(&root));
         let hn = self.hostname;
         ops.push(write(root.join("etc/hostname"), format!("{hn}\n").into_bytes(), 0o644));
         ops.push(write(
@@ -330,6 +331,20 @@ fn mask_proc(root: &Path) -> Vec<FsOp> {
     ops
 }
 
+/// `/run/secrets`: a small tmpfs in the sandbox's own mount namespace (so
+/// outside the writable layer, its snapshots and the host's view of the data
+/// dir), written by the agent when the create or claim brings secrets.
+fn secrets_ops(root: &Path) -> Vec<FsOp> {
+    use ember_types::secrets::{MAX_SECRETS, SECRETS_DIR, TMPFS_BYTES};
+    let dir = root.join(SECRETS_DIR.trim_start_matches('/'));
+    let data = format!("size={TMPFS_BYTES},nr_inodes={},mode=0755", MAX_SECRETS + 1);
+    vec![
+        mkdir(root.join("run"), 0o755),
+        mkdir(&dir, 0o755),
+        mount("tmpfs", &dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, &data),
+    ]
+}
+
 /// A minimal `/dev`: device nodes cannot be created in a user namespace, so the
 /// host's harmless ones are bound onto empty files.
 fn dev_ops(dev: &Path) -> Vec<FsOp> {
@@ -375,7 +390,7 @@ fn write(p: impl AsRef<Path>, contents: Vec<u8>, mode: u32) -> FsOp {
 /// Paths under a writable layer's root that the launch mounts on or writes
 /// into from the host's side of the root (before `pivot_root`, or on the
 /// host for the OCI classes).
-const LAYER_PATHS: [&str; 4] = ["etc", "proc", "dev", "tmp"];
+const LAYER_PATHS: [&str; 6] = ["etc", "proc", "dev", "tmp", "run", "run/secrets"];
 
 /// Refuses a writable layer (`upper`) in which one of [`LAYER_PATHS`], or a
 /// path in `also` (relative, e.g. a volume's mount path), is or goes through
@@ -393,13 +408,13 @@ pub fn check_layer_root(upper: &Path, also: &[&str]) -> Result<(), RuntimeError>
     Ok(())
 }
 
-/// Refuses an image whose `/etc`, `/proc` or `/dev` is not a directory: the
+/// Refuses an image in which one of [`LAYER_PATHS`] is not a directory: the
 /// mount plan writes and mounts there before `pivot_root`, and a symlink would
 /// point those at host paths. The top-most layer that has the name decides
 /// (layers are immutable; a restored upper dir is checked by [`check_layer_root`]).
 pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    for name in ["etc", "proc", "dev", "tmp"] {
+    for name in LAYER_PATHS {
         for l in lower_dirs {
             let p = l.join(name);
             match std::fs::symlink_metadata(&p) {
@@ -408,7 +423,7 @@ pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
                 Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => break, // whiteout
                 Ok(_) => {
                     return Err(RuntimeError::Prepare {
-                        what: "image root (/etc, /proc, /dev and /tmp must be directories)",
+                        what: "image root (/etc, /proc, /dev, /tmp, /run and /run/secrets must be directories)",
                         path: p,
                         source: std::io::ErrorKind::InvalidInput.into(),
                     })

@@ -193,6 +193,11 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         mount(AGENT_PATH, "bind", &s(b.agent), &["bind", "ro", "nosuid", "nodev"]).map_err(&e)?,
         mount(SOCKET_DIR, "bind", &s(b.socket_dir), &["bind", "rw", "nosuid", "nodev", "noexec"]).map_err(&e)?,
     ];
+    // The secrets' tmpfs, as the native class mounts it (`native::rootfs`):
+    // in the container's mount namespace only, written by the agent.
+    let (size, inodes) = (ember_types::secrets::TMPFS_BYTES, ember_types::secrets::MAX_SECRETS + 1);
+    let opts = ["nosuid", "nodev", "noexec", "mode=755", &format!("size={size}"), &format!("nr_inodes={inodes}")];
+    mounts.push(mount(ember_types::secrets::SECRETS_DIR, "tmpfs", "tmpfs", &opts).map_err(&e)?);
     // /tmp stays on the writable layer, under the disk quota: without a /tmp
     // mount in the spec gVisor mounts its own unbounded tmpfs there (memory,
     // only the memory limit stops it). For crun/runc the bind changes nothing.
