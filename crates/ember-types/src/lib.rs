@@ -21,6 +21,7 @@ pub mod sandbox;
 pub mod sandbox_snapshot;
 pub mod stats;
 pub mod task;
+pub mod tenant;
 
 pub use api::ResourcesSpec;
 pub use id::{IdError, SandboxId};
