@@ -32,7 +32,11 @@ pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let mut f = ListFilter::default();
     let mut paging = Paging::default();
     let mut any_state = false;
@@ -57,6 +61,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
         }
     }
     let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f).await? };
+    let all = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::Sandbox, all, |r| r.id.as_str());
     let (items, pagination) = paging.cut(&all, sandbox_info);
     Ok(Json(SandboxList { items, pagination }).into_response())
 }

@@ -1,0 +1,168 @@
+//! Multi-tenancy against a real daemon (docs/tenancy.md): tenant keys,
+//! isolation over every documented route, quotas under concurrent creates,
+//! the audit log. Real sandboxes, real processes.
+mod common;
+#[path = "tenants/isolation.rs"]
+mod isolation;
+
+use common::Daemon;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const ADMIN: &str = "admin-secret";
+/// Guards against a daemon that never answers; no threshold.
+const HANG: Duration = Duration::from_secs(120);
+
+/// One call with `key`; (status, JSON body or `Null`).
+async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let addr = d.url.trim_start_matches("http://");
+    let mut headers = vec![format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {key}")];
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    if !body.is_empty() {
+        headers.push("Content-Type: application/json".into());
+    }
+    let (status, _, text) = common::raw::exchange(addr, &format!("{method} {path}"), &headers, &body, HANG).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// A tenant with `quotas` and one key of it.
+async fn tenant(d: &Daemon, name: &str, quotas: Value) -> String {
+    let (s, b) = call(d, ADMIN, "POST", "/v1/tenants", Some(json!({"name": name, "quotas": quotas}))).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = call(d, ADMIN, "POST", &format!("/v1/tenants/{name}/keys"), None).await;
+    assert_eq!(s, 201, "{b}");
+    b["key"].as_str().expect("key").to_string()
+}
+
+async fn create_sandbox(d: &Daemon, key: &str, extra: Value) -> (u16, Value) {
+    let mut body = json!({"template": "host"});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    call(d, key, "POST", "/v1/sandboxes", Some(body)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_hashed_shown_once_revocable_and_survive_a_restart() {
+    let mut d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "acme", json!({})).await;
+    assert_eq!(call(&d, &key, "GET", "/v1/sandboxes", None).await.0, 200);
+    // The admin's routes are not a tenant's.
+    assert_eq!(call(&d, &key, "GET", "/v1/tenants", None).await.0, 403);
+    let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/acme", None).await;
+    let prefix = t["keys"][0]["prefix"].as_str().expect("prefix").to_string();
+    assert!(key.starts_with(&prefix) && key.len() > prefix.len() + 16, "{key} / {prefix}");
+    let stored = std::fs::read_to_string(d.data_dir.join("tenants/tenants.json")).expect("tenant record");
+    assert!(stored.contains(&prefix) && !stored.contains(&key), "the key itself is stored: {stored}");
+    // Durable: a SIGKILLed daemon comes back with the tenant and its key.
+    d.kill9();
+    d.spawn();
+    assert_eq!(call(&d, &key, "GET", "/v1/sandboxes", None).await.0, 200);
+    assert_eq!(call(&d, ADMIN, "DELETE", &format!("/v1/tenants/acme/keys/{prefix}"), None).await.0, 204);
+    let (s, b) = call(&d, &key, "GET", "/v1/sandboxes", None).await;
+    assert_eq!((s, b["code"].as_str()), (401, Some("INVALID_API_KEY")));
+    assert_eq!(call(&d, ADMIN, "DELETE", "/v1/tenants/acme", None).await.0, 204);
+    assert_eq!(call(&d, ADMIN, "GET", "/v1/tenants/acme", None).await.0, 404);
+}
+
+/// k = 3 running sandboxes, 8 creates at once: exactly 3 pass, the others
+/// are 429 `QUOTA::EXCEEDED` naming the quota, its limit and the use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_take_exactly_the_quota() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "q", json!({"runningSandboxes": 3})).await;
+    let creates = (0..8).map(|_| create_sandbox(&d, &key, json!({})));
+    let answers = futures_util::future::join_all(creates).await;
+    let ok: Vec<_> = answers.iter().filter(|(s, _)| *s == 202).collect();
+    let refused: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!((ok.len(), refused.len()), (3, 5), "{answers:?}");
+    for (_, b) in &refused {
+        let m = b["message"].as_str().unwrap_or("");
+        assert_eq!(b["code"], "QUOTA::EXCEEDED");
+        assert!(m.contains("runningSandboxes") && m.contains("limit 3") && m.contains("in use 3"), "{m}");
+    }
+    let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/q", None).await;
+    assert_eq!(t["usage"]["runningSandboxes"], 3, "{t}");
+    let addr = d.url.trim_start_matches("http://");
+    let h = [format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {ADMIN}")];
+    let (_, _, text) = common::raw::exchange(addr, "GET /metrics", &h, "", HANG).await;
+    assert!(text.contains("ember_tenant_running_sandboxes{tenant=\"q\"} 3"), "{text}");
+    // A removed sandbox gives its slot back.
+    let id = ok[0].1["id"].as_str().expect("id");
+    assert_eq!(call(&d, &key, "DELETE", &format!("/v1/sandboxes/{id}"), None).await.0, 204);
+    assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 202);
+    assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_cpu_and_pool_quotas_refuse_what_goes_over() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let q = json!({"memoryBytes": 1u64 << 30, "cpuMillis": 1500, "poolSize": 2});
+    let key = tenant(&d, "m", q).await;
+    let small = json!({"resourceLimits": {"memory": "512Mi", "cpu": "500m"}});
+    assert_eq!(create_sandbox(&d, &key, small).await.0, 202);
+    let (s, b) = create_sandbox(&d, &key, json!({"resourceLimits": {"memory": "768Mi", "cpu": "500m"}})).await;
+    assert_eq!(s, 429, "{b}");
+    assert!(b["message"].as_str().unwrap_or("").contains("memoryBytes"), "{b}");
+    let (s, b) = create_sandbox(&d, &key, json!({"resourceLimits": {"memory": "256Mi", "cpu": "1500m"}})).await;
+    assert_eq!(s, 429, "{b}");
+    assert!(b["message"].as_str().unwrap_or("").contains("cpuMillis"), "{b}");
+    let pool = |max: u32| json!({"name": "mp", "template": "host", "min": 0, "max": max, "target": 0});
+    let (s, b) = call(&d, &key, "POST", "/v1/pools", Some(pool(3))).await;
+    assert_eq!((s, b["code"].as_str()), (429, Some("QUOTA::EXCEEDED")), "{b}");
+    assert_eq!(call(&d, &key, "POST", "/v1/pools", Some(pool(2))).await.0, 201);
+    let (s, b) = call(&d, &key, "PUT", "/v1/pools/mp", Some(json!({"max": 4}))).await;
+    assert!(s == 429 && b["message"].as_str().unwrap_or("").contains("poolSize"), "{s} {b}");
+    // The admin (the default tenant) has no quota.
+    assert_eq!(call(&d, ADMIN, "PUT", "/v1/pools/mp", Some(json!({"max": 4}))).await.0, 200);
+    assert_eq!(call(&d, ADMIN, "DELETE", "/v1/pools/mp", None).await.0, 204);
+}
+
+/// A scripted session's calls all land in the audit log with tenant, key
+/// prefix, source and request id; an env value given on create is nowhere
+/// in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_has_every_call_and_no_secret() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "aud", json!({})).await;
+    let prefix = key.rsplit_once('_').map(|(p, _)| p.to_string()).expect("prefix");
+    let secret = "hunter2-the-env-value";
+    let (s, b) = create_sandbox(&d, &key, json!({"env": {"TOKEN": secret}})).await;
+    assert_eq!(s, 202, "{b}");
+    let id = b["id"].as_str().expect("id").to_string();
+    let exec = json!({"command": "echo audited-argv"});
+    let (s, _) = call(&d, &key, "POST", &format!("/v1/sandboxes/{id}/proxy/44772/command"), Some(exec)).await;
+    assert_eq!(s, 200);
+    let tk = ember_client::Client::new(&d.url, Some(key.clone())).expect("client");
+    tk.upload(&id, "/tmp/audited.txt", bytes::Bytes::from_static(b"x"), 0o644).await.expect("upload");
+    assert_eq!(call(&d, &key, "POST", &format!("/v1/sandboxes/{id}/pause"), None).await.0, 202);
+    assert_eq!(call(&d, &key, "POST", &format!("/v1/sandboxes/{id}/resume"), None).await.0, 202);
+    assert_eq!(call(&d, &key, "DELETE", &format!("/v1/sandboxes/{id}"), None).await.0, 204);
+    // Refused calls are recorded too.
+    assert_eq!(call(&d, &key, "POST", "/v1/images/prune", None).await.0, 403);
+
+    let (s, b) = call(&d, ADMIN, "GET", "/v1/audit?tenant=aud", None).await;
+    assert_eq!(s, 200, "{b}");
+    let recs = b["items"].as_array().cloned().unwrap_or_default();
+    let actions: Vec<&str> = recs.iter().filter_map(|r| r["action"].as_str()).collect();
+    let want =
+        ["sandbox.create", "exec", "file.write", "sandbox.pause", "sandbox.resume", "sandbox.delete", "images.post"];
+    assert_eq!(actions, want, "{recs:#?}");
+    for r in &recs {
+        assert_eq!((r["tenant"].as_str(), r["key"].as_str()), (Some("aud"), Some(prefix.as_str())), "{r}");
+        assert!(r["source"].as_str().is_some_and(|s| s.starts_with("127.0.0.1:")), "{r}");
+        assert!(!r["requestId"].as_str().unwrap_or("").is_empty(), "{r}");
+    }
+    assert_eq!(recs[1]["argv"], "echo audited-argv");
+    assert_eq!((recs[0]["outcome"].as_str(), recs[6]["outcome"].as_str()), (Some("ok"), Some("denied")));
+    let log = std::fs::read_to_string(d.data_dir.join("audit/audit.jsonl")).expect("audit file");
+    assert!(!log.contains(secret), "the env value reached the audit log");
+    assert!(log.contains("audited-argv"));
+    // `ember audit` reads the same records.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--url", &d.url, "--api-key", ADMIN, "audit", "--tenant", "aud", "--since", "1h"])
+        .output()
+        .expect("ember audit");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.lines().count() == want.len() && text.contains("exec"), "{text}");
+}
