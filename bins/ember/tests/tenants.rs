@@ -95,9 +95,10 @@ async fn concurrent_creates_take_exactly_the_quota() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_cpu_and_pool_quotas_refuse_what_goes_over() {
+async fn memory_cpu_pool_workspace_and_task_quotas_refuse_what_goes_over() {
     let d = Daemon::start_with(&["--api-key", ADMIN]);
-    let q = json!({"memoryBytes": 1u64 << 30, "cpuMillis": 1500, "poolSize": 2});
+    let q =
+        json!({"memoryBytes": 1u64 << 30, "cpuMillis": 1500, "poolSize": 2, "workspaceBytes": 64u64 << 20, "tasks": 1});
     let key = tenant(&d, "m", q).await;
     let small = json!({"resourceLimits": {"memory": "512Mi", "cpu": "500m"}});
     assert_eq!(create_sandbox(&d, &key, small).await.0, 202);
@@ -113,6 +114,19 @@ async fn memory_cpu_and_pool_quotas_refuse_what_goes_over() {
     assert_eq!(call(&d, &key, "POST", "/v1/pools", Some(pool(2))).await.0, 201);
     let (s, b) = call(&d, &key, "PUT", "/v1/pools/mp", Some(json!({"max": 4}))).await;
     assert!(s == 429 && b["message"].as_str().unwrap_or("").contains("poolSize"), "{s} {b}");
+    let ws = |name: &str, size: &str| json!({"name": name, "size": size});
+    assert_eq!(call(&d, &key, "POST", "/v1/workspaces", Some(ws("w1", "48Mi"))).await.0, 201);
+    let (s, b) = call(&d, &key, "POST", "/v1/workspaces", Some(ws("w2", "32Mi"))).await;
+    assert!(s == 429 && b["message"].as_str().unwrap_or("").contains("workspaceBytes"), "{s} {b}");
+    let task = json!({"command": ["sleep", "600"]});
+    let (s, t) = call(&d, &key, "POST", "/v1/tasks", Some(task.clone())).await;
+    assert_eq!(s, 201, "{t}");
+    let (s, b) = call(&d, &key, "POST", "/v1/tasks", Some(task)).await;
+    assert!(s == 429 && b["message"].as_str().unwrap_or("").contains("tasks"), "{s} {b}");
+    let (_, t2) = call(&d, ADMIN, "GET", "/v1/tenants/m", None).await;
+    assert_eq!((t2["usage"]["workspaceBytes"].as_u64(), t2["usage"]["tasks"].as_u64()), (Some(48 << 20), Some(1)));
+    let tid = t["id"].as_str().expect("task id");
+    assert_eq!(call(&d, &key, "POST", &format!("/v1/tasks/{tid}/cancel"), None).await.0, 200);
     // The admin (the default tenant) has no quota.
     assert_eq!(call(&d, ADMIN, "PUT", "/v1/pools/mp", Some(json!({"max": 4}))).await.0, 200);
     assert_eq!(call(&d, ADMIN, "DELETE", "/v1/pools/mp", None).await.0, 204);
@@ -165,4 +179,33 @@ async fn the_audit_log_has_every_call_and_no_secret() {
         .expect("ember audit");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.lines().count() == want.len() && text.contains("exec"), "{text}");
+}
+
+/// `ember tenant ...` drives the same routes: create with quotas, a key
+/// printed once, inspect with usage, key ls/revoke, rm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_commands_drive_the_api() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let ember = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["--url", &d.url, "--api-key", ADMIN])
+            .args(args)
+            .output()
+            .expect("ember runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "ember {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    assert_eq!(ember(&["tenant", "create", "cli", "--max-sandboxes", "2", "--max-memory", "1Gi"]).trim(), "cli");
+    let key = ember(&["tenant", "key", "create", "cli"]).trim().to_string();
+    assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 202);
+    let inspect = ember(&["tenant", "inspect", "cli"]);
+    assert!(inspect.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["sandboxes", "1", "2"]), "{inspect}");
+    assert!(ember(&["tenant", "ls"]).contains("cli"));
+    let prefix = ember(&["tenant", "key", "ls", "cli"]).trim().to_string();
+    assert!(key.starts_with(&prefix), "{key} {prefix}");
+    ember(&["tenant", "key", "revoke", "cli", &prefix]);
+    assert_eq!(call(&d, &key, "GET", "/v1/sandboxes", None).await.0, 401);
+    ember(&["tenant", "rm", "cli"]);
+    assert!(!ember(&["tenant", "ls"]).contains("cli"));
 }

@@ -23,6 +23,12 @@ pub struct Quotas {
     /// Sum of the tenant's warm pools' sizes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_size: Option<u64>,
+    /// Sizes of the tenant's workspaces, summed, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<u64>,
+    /// The tenant's tasks not finished (queued, leased, running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<u64>,
     /// Sandbox creates per second (a token bucket of that size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creates_per_second: Option<u32>,
@@ -36,6 +42,8 @@ pub struct Usage {
     pub memory_bytes: u64,
     pub cpu_millis: u64,
     pub pool_size: u64,
+    pub workspace_bytes: u64,
+    pub tasks: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -60,6 +60,12 @@ pub struct QuotaArgs {
     /// Maximum sizes of the tenant's warm pools, summed.
     #[arg(long)]
     max_pool_size: Option<u64>,
+    /// Sizes of the tenant's workspaces, summed, e.g. 10Gi.
+    #[arg(long)]
+    max_workspace_bytes: Option<String>,
+    /// Tasks not finished (queued, leased, running).
+    #[arg(long)]
+    max_tasks: Option<u64>,
     /// Sandbox creates per second.
     #[arg(long)]
     creates_per_second: Option<u32>,
@@ -72,6 +78,8 @@ impl QuotaArgs {
             memory_bytes: self.max_memory.as_deref().map(ember_types::parse_memory_bytes).transpose()?,
             cpu_millis: self.max_cpus.as_deref().map(ember_types::parse_cpu_millis).transpose()?,
             pool_size: self.max_pool_size,
+            workspace_bytes: self.max_workspace_bytes.as_deref().map(ember_types::parse_memory_bytes).transpose()?,
+            tasks: self.max_tasks,
             creates_per_second: self.creates_per_second,
         })
     }
@@ -100,6 +108,8 @@ fn print_inspect(t: &TenantInfo) {
     println!("  {:<20} {:>14} {:>14}", "memory bytes", u.memory_bytes, limit(q.memory_bytes));
     println!("  {:<20} {:>14} {:>14}", "cpu millis", u.cpu_millis, limit(q.cpu_millis));
     println!("  {:<20} {:>14} {:>14}", "pool size", u.pool_size, limit(q.pool_size));
+    println!("  {:<20} {:>14} {:>14}", "workspace bytes", u.workspace_bytes, limit(q.workspace_bytes));
+    println!("  {:<20} {:>14} {:>14}", "tasks", u.tasks, limit(q.tasks));
     println!("  {:<20} {:>14} {:>14}", "creates per second", "-", limit(q.creates_per_second.map(u64::from)));
     for k in &t.keys {
         println!("  key {}", k.prefix);

@@ -51,6 +51,19 @@ pub(crate) async fn usage(st: &ApiState, tenant: &str) -> Result<Usage, EngineEr
             }
         }
     }
+    let workspaces: HashSet<String> = st.tenants.owned(Kind::Workspace, tenant).into_iter().collect();
+    if !workspaces.is_empty() {
+        for w in st.engine.list_workspaces().await? {
+            if workspaces.contains(&w.meta.name) {
+                u.workspace_bytes += w.meta.size_bytes;
+            }
+        }
+    }
+    let tasks: HashSet<String> = st.tenants.owned(Kind::Task, tenant).into_iter().collect();
+    if !tasks.is_empty() {
+        let all = st.engine.list_tasks(&Default::default()).await?;
+        u.tasks = all.iter().filter(|t| tasks.contains(&t.id) && !t.state.is_terminal()).count() as u64;
+    }
     let pools: HashSet<String> = st.tenants.owned(Kind::Pool, tenant).into_iter().collect();
     if !pools.is_empty() {
         for p in st.engine.list_pools().await? {
@@ -78,6 +91,12 @@ async fn demand(st: &ApiState, route: &Route, body: &Value) -> Result<Demand, Ap
     Ok(match &route.scope {
         Scope::Create(Kind::Sandbox) => sandbox_demand(body),
         Scope::Create(Kind::Pool) => Demand { pool_size: max, ..Default::default() },
+        Scope::Create(Kind::Workspace) => {
+            let size = body["size"].as_str().and_then(|s| ember_types::parse_memory_bytes(s).ok());
+            // An unreadable size is the handler's 400; reserve nothing for it.
+            Demand { workspace_bytes: size.unwrap_or(0), ..Default::default() }
+        }
+        Scope::Create(Kind::Task) => Demand { tasks: 1, ..Default::default() },
         Scope::Object(Kind::Pool, name) => {
             let now = u64::from(st.engine.pool_status(name).await?.spec.max);
             Demand { pool_size: max.saturating_sub(now), ..Default::default() }
@@ -88,7 +107,7 @@ async fn demand(st: &ApiState, route: &Route, body: &Value) -> Result<Demand, Ap
 
 fn needs_demand(route: &Route) -> bool {
     match &route.scope {
-        Scope::Create(k) => matches!(k, Kind::Sandbox | Kind::Pool),
+        Scope::Create(k) => matches!(k, Kind::Sandbox | Kind::Pool | Kind::Workspace | Kind::Task),
         Scope::Object(Kind::Pool, _) => route.method == Method::PUT && route.tail.is_empty(),
         _ => false,
     }
