@@ -209,3 +209,65 @@ async fn the_tenant_commands_drive_the_api() {
     ember(&["tenant", "rm", "cli"]);
     assert!(!ember(&["tenant", "ls"]).contains("cli"));
 }
+
+async fn exec(d: &Daemon, cred: (&str, &str), id: &str) -> u16 {
+    let addr = d.url.trim_start_matches("http://");
+    let body = json!({"command": "true"}).to_string();
+    let h = [format!("Host: {addr}"), format!("{}: {}", cred.0, cred.1), "Content-Type: application/json".into()];
+    let req = format!("POST /v1/sandboxes/{id}/proxy/44772/command");
+    common::raw::exchange(addr, &req, &h, &body, HANG).await.0
+}
+
+/// A scoped token opens its sandbox's proxy route within its scope, nothing
+/// else; it dies with its sandbox and at its expiry. `secureAccess: true`
+/// puts one in the endpoint answer, and that header alone opens execd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_tokens_open_one_sandbox_within_their_scope_until_they_die() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "tok", json!({})).await;
+    let one = create_sandbox(&d, &key, json!({})).await.1["id"].as_str().expect("id").to_string();
+    let two = create_sandbox(&d, &key, json!({})).await.1["id"].as_str().expect("id").to_string();
+    let mint = |scope: &'static str, ttl: u64| {
+        let body = json!({"scope": scope, "ttlSeconds": ttl});
+        let path = format!("/v1/sandboxes/{one}/tokens");
+        let (d, key) = (&d, key.clone());
+        async move {
+            let (s, b) = call(d, &key, "POST", &path, Some(body)).await;
+            assert_eq!(s, 201, "{b}");
+            b["token"].as_str().expect("token").to_string()
+        }
+    };
+    let exec_only = mint("exec", 600).await;
+    assert_eq!(exec(&d, ("OPEN-SANDBOX-API-KEY", &exec_only), &one).await, 200);
+    assert_eq!(exec(&d, ("Authorization", &format!("Bearer {exec_only}")), &one).await, 200);
+    assert_eq!(exec(&d, ("OPEN-SANDBOX-API-KEY", &exec_only), &two).await, 404, "another sandbox");
+    let files = |t: &str| {
+        let c = ember_client::Client::new(&d.url, Some(t.to_string())).expect("client");
+        let id = one.clone();
+        async move { c.upload(&id, "/tmp/t.txt", bytes::Bytes::from_static(b"x"), 0o644).await.map_err(|e| e.to_string()) }
+    };
+    assert!(files(&exec_only).await.is_err_and(|e| e.contains("403")), "an exec token wrote a file");
+    assert_eq!(call(&d, &exec_only, "GET", "/v1/sandboxes", None).await.0, 403);
+    assert_eq!(call(&d, &exec_only, "POST", &format!("/v1/sandboxes/{one}/pause"), None).await.0, 403);
+    assert_eq!(call(&d, &exec_only, "POST", &format!("/v1/sandboxes/{one}/tokens"), None).await.0, 403);
+    let files_only = mint("files", 600).await;
+    files(&files_only).await.expect("a files token writes a file");
+    assert_eq!(exec(&d, ("OPEN-SANDBOX-API-KEY", &files_only), &one).await, 403);
+    // Expiry: a one-second token, used after its second.
+    let short = mint("all", 1).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(exec(&d, ("OPEN-SANDBOX-API-KEY", &short), &one).await, 401);
+    // The sandbox's end ends its tokens.
+    assert_eq!(call(&d, &key, "DELETE", &format!("/v1/sandboxes/{one}"), None).await.0, 204);
+    assert_eq!(exec(&d, ("OPEN-SANDBOX-API-KEY", &exec_only), &one).await, 401);
+
+    // secureAccess: the endpoint answer's header alone reaches execd.
+    let (s, b) = create_sandbox(&d, &key, json!({"secureAccess": true})).await;
+    assert_eq!(s, 202, "{b}");
+    let sec = b["id"].as_str().expect("id").to_string();
+    let (_, ep) = call(&d, &key, "GET", &format!("/v1/sandboxes/{sec}/endpoints/44772"), None).await;
+    let token = ep["headers"]["OpenSandbox-Secure-Access"].as_str().expect("secure-access header").to_string();
+    assert_eq!(exec(&d, ("OpenSandbox-Secure-Access", &token), &sec).await, 200);
+    assert_eq!(exec(&d, ("X-Nothing", "x"), &sec).await, 401);
+    assert_eq!(exec(&d, ("OpenSandbox-Secure-Access", &token), &two).await, 404);
+}

@@ -35,6 +35,7 @@ mod system;
 mod tasks;
 mod tenancy;
 mod tenants;
+mod tokens;
 mod workspaces;
 
 pub use tenancy::Principal;
@@ -162,7 +163,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/tenants/{name}", get(tenants::get_one).delete(tenants::remove))
         .route("/tenants/{name}/keys", post(tenants::create_key).get(tenants::keys))
         .route("/tenants/{name}/keys/{prefix}", delete(tenants::revoke_key))
-        .route("/audit", get(tenants::audit));
+        .route("/audit", get(tenants::audit))
+        .route("/sandboxes/{id}/tokens", post(tokens::create));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())

@@ -7,8 +7,12 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use ember_engine::tenants::TOKEN_PREFIX;
 
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
+/// Where OpenSandbox's SDKs send a `secureAccess` sandbox's token (the
+/// endpoint answer's headers): a scoped token here (`tokens.rs`).
+pub const SECURE_ACCESS_HEADER: &str = "opensandbox-secure-access";
 
 /// Echoes the client's `X-Request-ID`, or generates one, on every response.
 pub async fn request_id(mut req: Request, next: Next) -> Response {
@@ -107,6 +111,20 @@ fn given_key(h: &axum::http::HeaderMap) -> Option<&str> {
 /// Who presents the request's key: a tenant whose key it is, else the admin
 /// when it is the configured key (or none is configured); else the 401.
 pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Principal, Response> {
+    // A scoped token, as a key or in OpenSandbox's secure-access header.
+    let secure = h.get(SECURE_ACCESS_HEADER).and_then(|v| v.to_str().ok());
+    // A key given is the credential; the header counts only without one.
+    let token = match given_key(h) {
+        Some(k) => Some(k).filter(|k| k.starts_with(TOKEN_PREFIX)),
+        None => secure,
+    };
+    if let Some(t) = token {
+        return match st.tenants.token(t) {
+            Some(g) => Ok(Principal::Scoped(g)),
+            None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the token is unknown or expired")
+                .into_response()),
+        };
+    }
     if let Some((name, key)) = given_key(h).and_then(|k| st.tenants.resolve(k)) {
         return Ok(Principal::Tenant { name, key });
     }

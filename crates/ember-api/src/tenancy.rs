@@ -29,6 +29,8 @@ pub enum Principal {
     Admin { key: &'static str },
     /// A tenant key: `key` is its prefix.
     Tenant { name: String, key: String },
+    /// A scoped token: one sandbox's proxy route (`tokens.rs`).
+    Scoped(ember_engine::tenants::Grant),
 }
 
 impl Principal {
@@ -37,6 +39,7 @@ impl Principal {
         match self {
             Principal::Admin { .. } => DEFAULT_TENANT,
             Principal::Tenant { name, .. } => name,
+            Principal::Scoped(g) => &g.tenant,
         }
     }
 
@@ -44,6 +47,7 @@ impl Principal {
         match self {
             Principal::Admin { key } => key,
             Principal::Tenant { key, .. } => key,
+            Principal::Scoped(g) => &g.prefix,
         }
     }
 
@@ -52,6 +56,7 @@ impl Principal {
         match self {
             Principal::Admin { .. } => None,
             Principal::Tenant { name, .. } => Some(name),
+            Principal::Scoped(g) => Some(&g.tenant),
         }
     }
 }
@@ -98,6 +103,9 @@ pub async fn guard(State(st): State<ApiState>, req: Request, next: Next) -> Resp
 }
 
 async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request, next: Next) -> Response {
+    if let Principal::Scoped(g) = p {
+        return scoped(st, g, route, req, next).await;
+    }
     let Some(tenant) = p.tenant_key() else {
         let resp = next.run(req).await;
         forget_deleted(st, route, &resp);
@@ -117,10 +125,41 @@ async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request,
     }
 }
 
+/// A scoped token: its sandbox's proxy route, within its scope, while the
+/// sandbox has not ended; another sandbox is a 404, anything else a 403.
+async fn scoped(
+    st: &ApiState,
+    g: &ember_engine::tenants::Grant,
+    route: &route::Route,
+    req: Request,
+    next: Next,
+) -> Response {
+    let denied =
+        || ApiError::new(StatusCode::FORBIDDEN, "TOKEN::OUT_OF_SCOPE", "outside this token's scope").into_response();
+    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return denied() };
+    if *id != g.sandbox {
+        return not_found(Kind::Sandbox, id);
+    }
+    if !crate::tokens::allows(g, &route.tail) {
+        return denied();
+    }
+    match st.engine.get(id).await {
+        Ok(r) if !r.state.is_terminal() => next.run(req).await,
+        _ => {
+            st.tenants.drop_tokens(id);
+            let msg = format!("sandbox {id} has ended: its tokens with it");
+            ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response()
+        }
+    }
+}
+
 /// A deleted object's owner entry goes with it (a name may be reused).
 fn forget_deleted(st: &ApiState, route: &route::Route, resp: &Response) {
     if let (Scope::Object(kind, id), true) = (&route.scope, route.method == Method::DELETE && route.tail.is_empty()) {
         if resp.status().is_success() {
+            if *kind == Kind::Sandbox {
+                st.tenants.drop_tokens(id);
+            }
             if let Err(e) = st.tenants.set_owner(*kind, id, DEFAULT_TENANT) {
                 tracing::warn!(error = %e, %id, "dropping a deleted object's owner");
             }

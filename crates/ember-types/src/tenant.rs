@@ -119,3 +119,36 @@ pub struct KeyList {
 pub struct AuditList {
     pub items: Vec<AuditRecord>,
 }
+
+/// What a scoped token opens on its sandbox's proxy route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenScope {
+    /// Every port of the sandbox, every path.
+    #[default]
+    All,
+    /// execd's commands, sessions, PTYs and code contexts (and `/ping`).
+    Exec,
+    /// execd's file and directory routes (and `/ping`).
+    Files,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateTokenRequest {
+    /// Lifetime; default 900 s, at most 86,400 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default)]
+    pub scope: TokenScope,
+}
+
+/// A scoped token, shown once.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScopedToken {
+    pub token: String,
+    pub sandbox_id: String,
+    pub scope: TokenScope,
+    pub expires_at_ms: i64,
+}

@@ -10,9 +10,11 @@
 //! nothing is written and the daemon behaves as a single-key one.
 mod audit;
 mod quota;
+mod tokens;
 
 pub use audit::Audit;
 pub use quota::{Demand, Reservation};
+pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TTL_SECS, TOKEN_PREFIX};
 
 use crate::record::now_ms;
 use crate::store::Store;
@@ -83,6 +85,10 @@ struct State {
     tenants: BTreeMap<String, TenantRecord>,
     /// `<kind>/<id>` → tenant, for objects a tenant key created.
     owners: BTreeMap<String, String>,
+    /// Sandboxes created with OpenSandbox's `secureAccess: true`: their
+    /// endpoint answers carry a scoped token.
+    #[serde(default)]
+    secure: std::collections::BTreeSet<String>,
 }
 
 pub struct Tenants {
@@ -90,6 +96,8 @@ pub struct Tenants {
     state: Mutex<State>,
     quota: quota::Admission,
     audit: Audit,
+    /// sha256 of a scoped token → what it grants (`tokens.rs`).
+    tokens: Mutex<std::collections::HashMap<String, Grant>>,
 }
 
 const RECORD: &str = "tenants";
@@ -125,7 +133,13 @@ impl Tenants {
             }
         };
         let audit = Audit::open(&data_dir.join("audit"))?;
-        Ok(Tenants { store, state: Mutex::new(state), quota: quota::Admission::default(), audit })
+        Ok(Tenants {
+            store,
+            state: Mutex::new(state),
+            quota: quota::Admission::default(),
+            audit,
+            tokens: Mutex::default(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -245,6 +259,18 @@ impl Tenants {
             .filter(|(_, t)| *t == tenant)
             .filter_map(|(k, _)| k.strip_prefix(&pre).map(str::to_string))
             .collect()
+    }
+
+    /// Marks `sandbox` as created with `secureAccess: true`.
+    pub fn set_secure(&self, sandbox: &str) -> Result<(), TenantError> {
+        self.update(|st| {
+            st.secure.insert(sandbox.to_string());
+            Ok(())
+        })
+    }
+
+    pub fn is_secure(&self, sandbox: &str) -> bool {
+        self.lock().secure.contains(sandbox)
     }
 
     pub fn audit(&self) -> &Audit {
