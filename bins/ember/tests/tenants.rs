@@ -4,6 +4,8 @@
 mod common;
 #[path = "tenants/isolation.rs"]
 mod isolation;
+#[path = "common/schema.rs"]
+mod schema;
 
 use common::Daemon;
 use serde_json::{json, Value};
@@ -12,6 +14,20 @@ use std::time::Duration;
 const ADMIN: &str = "admin-secret";
 /// Guards against a daemon that never answers; no threshold.
 const HANG: Duration = Duration::from_secs(120);
+
+fn load_doc() -> Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api/openapi.yaml");
+    serde_yaml::from_str(&std::fs::read_to_string(p).expect("openapi.yaml")).expect("YAML")
+}
+
+/// `v` is what docs/api/openapi.yaml's schema `name` says, every key declared.
+fn conforms(name: &str, v: &Value) {
+    let doc = load_doc();
+    let schema = json!({"$ref": format!("#/components/schemas/{name}")});
+    if let Err(e) = schema::Validator::strict(&doc).validate(&schema, v) {
+        panic!("{name}: {e:?}\n{v:#}");
+    }
+}
 
 /// One call with `key`; (status, JSON body or `Null`).
 async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -31,6 +47,7 @@ async fn tenant(d: &Daemon, name: &str, quotas: Value) -> String {
     assert_eq!(s, 201, "{b}");
     let (s, b) = call(d, ADMIN, "POST", &format!("/v1/tenants/{name}/keys"), None).await;
     assert_eq!(s, 201, "{b}");
+    conforms("CreatedKey", &b);
     b["key"].as_str().expect("key").to_string()
 }
 
@@ -50,6 +67,9 @@ async fn keys_are_hashed_shown_once_revocable_and_survive_a_restart() {
     // The admin's routes are not a tenant's.
     assert_eq!(call(&d, &key, "GET", "/v1/tenants", None).await.0, 403);
     let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/acme", None).await;
+    conforms("TenantInfo", &t);
+    conforms("TenantList", &call(&d, ADMIN, "GET", "/v1/tenants", None).await.1);
+    conforms("KeyList", &call(&d, ADMIN, "GET", "/v1/tenants/acme/keys", None).await.1);
     let prefix = t["keys"][0]["prefix"].as_str().expect("prefix").to_string();
     assert!(key.starts_with(&prefix) && key.len() > prefix.len() + 16, "{key} / {prefix}");
     let stored = std::fs::read_to_string(d.data_dir.join("tenants/tenants.json")).expect("tenant record");
@@ -77,6 +97,7 @@ async fn concurrent_creates_take_exactly_the_quota() {
     let refused: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
     assert_eq!((ok.len(), refused.len()), (3, 5), "{answers:?}");
     for (_, b) in &refused {
+        conforms("ErrorBody", b);
         let m = b["message"].as_str().unwrap_or("");
         assert_eq!(b["code"], "QUOTA::EXCEEDED");
         assert!(m.contains("runningSandboxes") && m.contains("limit 3") && m.contains("in use 3"), "{m}");
@@ -157,6 +178,7 @@ async fn the_audit_log_has_every_call_and_no_secret() {
 
     let (s, b) = call(&d, ADMIN, "GET", "/v1/audit?tenant=aud", None).await;
     assert_eq!(s, 200, "{b}");
+    conforms("AuditList", &b);
     let recs = b["items"].as_array().cloned().unwrap_or_default();
     let actions: Vec<&str> = recs.iter().filter_map(|r| r["action"].as_str()).collect();
     let want =
@@ -234,6 +256,7 @@ async fn scoped_tokens_open_one_sandbox_within_their_scope_until_they_die() {
         async move {
             let (s, b) = call(d, &key, "POST", &path, Some(body)).await;
             assert_eq!(s, 201, "{b}");
+            conforms("ScopedToken", &b);
             b["token"].as_str().expect("token").to_string()
         }
     };

@@ -1,15 +1,10 @@
 //! Tenant B against tenant A's objects on every operation of the OpenAPI
 //! document: 404 (or 403), never an answer from the object; A reaches its
 //! own, the admin sees all, and B's lists hold none of A's.
-use super::{call, create_sandbox, tenant, ADMIN};
+use super::{call, create_sandbox, load_doc, tenant, ADMIN};
 use crate::common::Daemon;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-
-fn load_doc() -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api/openapi.yaml");
-    serde_yaml::from_str(&std::fs::read_to_string(p).expect("openapi.yaml")).expect("YAML")
-}
 
 /// The collections whose `/{x}` names one object, and the object of A's each names.
 fn owner_path(path: &str, objs: &BTreeMap<&'static str, String>) -> Option<String> {
