@@ -294,3 +294,48 @@ async fn scoped_tokens_open_one_sandbox_within_their_scope_until_they_die() {
     assert_eq!(exec(&d, ("X-Nothing", "x"), &sec).await, 401);
     assert_eq!(exec(&d, ("OpenSandbox-Secure-Access", &token), &two).await, 404);
 }
+
+/// One request on `s` (kept alive), its answer read by its Content-Length;
+/// `None` when the daemon closed the connection instead.
+async fn on_conn(s: &mut tokio::net::TcpStream, addr: &str, key: &str, req: &str, body: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!(
+        "{req} HTTP/1.1\r\nHost: {addr}\r\nOPEN-SANDBOX-API-KEY: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.ok()?;
+    // The body after the head, as httpx (h11) writes them: a daemon that
+    // answers without reading it has answered by now, and closes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(body.as_bytes()).await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some((h, rest)) = text.split_once("\r\n\r\n") {
+            let len = h.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ")?.parse().ok());
+            if rest.len() >= len.unwrap_or(0) {
+                return h.split(' ').nth(1)?.parse().ok();
+            }
+        }
+        match tokio::time::timeout(HANG, s.read(&mut buf)).await.expect("answer in time") {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A refusal of the guard reads the request's body first, as the router's
+/// own fallbacks do: else the connection is closed under a keep-alive client
+/// (httpx then fails its next request: "Server disconnected").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_leaves_the_connection_usable() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "ka", json!({})).await;
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let body = json!({"name": "x"}).to_string();
+    assert_eq!(on_conn(&mut s, &addr, &key, "POST /v1/sandboxes/nope/snapshots", &body).await, Some(404));
+    assert_eq!(on_conn(&mut s, &addr, &key, "POST /v1/images/prune", &body).await, Some(403));
+    assert_eq!(on_conn(&mut s, &addr, &key, "GET /v1/sandboxes", "").await, Some(200), "the connection was closed");
+}

@@ -90,6 +90,17 @@ fn forbidden() -> Response {
     ApiError::new(StatusCode::FORBIDDEN, "TENANT::FORBIDDEN", "this route needs the admin key").into_response()
 }
 
+/// The most of a refused request's body read before its answer.
+const DRAIN_LIMIT: usize = 2 << 20;
+
+/// A refusal answered before any handler: the request's body is read first
+/// (bounded), as the router's own fallbacks do. Answering with it unread
+/// closes the connection, and a keep-alive client's next request on it fails.
+async fn refuse(req: Request, resp: Response) -> Response {
+    let _ = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT).await;
+    resp
+}
+
 /// Ownership, quotas and the audit record of every API request.
 pub async fn guard(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let p = principal_of(&req);
@@ -113,8 +124,8 @@ async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request,
     };
     match &route.scope {
         Scope::Open => next.run(req).await,
-        Scope::AdminOnly => forbidden(),
-        Scope::Object(kind, id) if st.tenants.owner(*kind, id) != tenant => not_found(*kind, id),
+        Scope::AdminOnly => refuse(req, forbidden()).await,
+        Scope::Object(kind, id) if st.tenants.owner(*kind, id) != tenant => refuse(req, not_found(*kind, id)).await,
         Scope::Object(..) | Scope::Create(_) => match quota::run(st, tenant, route, req, next).await {
             Ok(resp) => {
                 forget_deleted(st, route, &resp);
@@ -136,19 +147,19 @@ async fn scoped(
 ) -> Response {
     let denied =
         || ApiError::new(StatusCode::FORBIDDEN, "TOKEN::OUT_OF_SCOPE", "outside this token's scope").into_response();
-    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return denied() };
+    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return refuse(req, denied()).await };
     if *id != g.sandbox {
-        return not_found(Kind::Sandbox, id);
+        return refuse(req, not_found(Kind::Sandbox, id)).await;
     }
     if !crate::tokens::allows(g, &route.tail) {
-        return denied();
+        return refuse(req, denied()).await;
     }
     match st.engine.get(id).await {
         Ok(r) if !r.state.is_terminal() => next.run(req).await,
         _ => {
             st.tenants.drop_tokens(id);
             let msg = format!("sandbox {id} has ended: its tokens with it");
-            ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response()
+            refuse(req, ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response()).await
         }
     }
 }
