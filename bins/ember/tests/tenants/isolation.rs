@@ -108,6 +108,30 @@ async fn tenant_b_gets_nothing_of_tenant_a_on_any_documented_operation() {
         assert!(all.to_string().contains(id.as_str()), "the admin's list of {coll} lacks {id}");
         assert!(!theirs.to_string().contains(id.as_str()), "B's list of {coll} shows A's {id}: {theirs}");
     }
+    // Nor through a create's body: A's workspace, snapshot and pool named
+    // by B are as unknown as on their own routes.
+    for (extra, what) in [
+        (json!({"workspaces": [{"name": "wa"}]}), "A's workspace mounted"),
+        (
+            json!({"volumes": [{"name": "v", "mountPath": "/mnt/v", "pvc": {"claimName": "wa"}}]}),
+            "A's workspace as a pvc",
+        ),
+        (json!({"extensions": {"poolRef": "pa"}}), "A's pool claimed"),
+    ] {
+        let (s, ans) = create_sandbox(&d, &b, extra).await;
+        assert_eq!(s, 404, "tenant B, {what}: {ans}");
+    }
+    let restore = json!({"snapshotId": objs["snapshots"]});
+    let (s, ans) = call(&d, &b, "POST", "/v1/sandboxes", Some(restore)).await;
+    assert_eq!(s, 404, "tenant B restored A's snapshot: {ans}");
+    let (s, ans) = call(&d, &b, "POST", "/v1/tasks", Some(json!({"command": ["true"], "workspace": "wa"}))).await;
+    assert_eq!(s, 404, "tenant B, a task on A's workspace: {ans}");
+    // A workspace a create makes (a new pvc claim) is the creator's.
+    let vol = json!([{"name": "v", "mountPath": "/mnt/v", "pvc": {"claimName": "wb", "storage": "32Mi"}}]);
+    let (s, ans) = create_sandbox(&d, &b, json!({"volumes": vol})).await;
+    assert_eq!(s, 202, "{ans}");
+    assert_eq!(call(&d, &b, "GET", "/v1/workspaces/wb", None).await.0, 200);
+    assert_eq!(call(&d, &a, "GET", "/v1/workspaces/wb", None).await.0, 404);
     let (_, state) = call(&d, &a, "GET", &format!("/v1/sandboxes/{sandbox}"), None).await;
     assert_eq!(state["status"]["state"], "Running", "B's calls changed A's sandbox: {state}");
 }

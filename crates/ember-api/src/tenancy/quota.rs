@@ -105,6 +105,65 @@ async fn demand(st: &ApiState, route: &Route, body: &Value) -> Result<Demand, Ap
     })
 }
 
+/// The objects a create's body names: its workspaces (mounted, or the
+/// task's), the snapshot it restores, the pool it claims from.
+fn references(route: &Route, body: &Value) -> Vec<(Kind, String)> {
+    let mut out = Vec::new();
+    let mut add = |k: Kind, v: &Value| {
+        if let Some(s) = v.as_str() {
+            out.push((k, s.to_string()));
+        }
+    };
+    match route.scope {
+        Scope::Create(Kind::Sandbox) => {
+            for w in body["workspaces"].as_array().into_iter().flatten() {
+                add(Kind::Workspace, &w["name"]);
+            }
+            for v in body["volumes"].as_array().into_iter().flatten() {
+                add(Kind::Workspace, &v["pvc"]["claimName"]);
+            }
+            add(Kind::SandboxSnapshot, &body["snapshotId"]);
+            add(Kind::Pool, &body["extensions"]["poolRef"]);
+        }
+        Scope::Create(Kind::Task) => add(Kind::Workspace, &body["workspace"]),
+        _ => {}
+    }
+    out
+}
+
+async fn exists(st: &ApiState, kind: Kind, name: &str) -> bool {
+    match kind {
+        Kind::Workspace => st.engine.workspace(name).await.is_ok(),
+        Kind::SandboxSnapshot => st.engine.sandbox_snapshot(name).await.is_ok(),
+        Kind::Pool => st.engine.pool_status(name).await.is_ok(),
+        _ => false,
+    }
+}
+
+/// Another tenant's object named in a create's body is a 404, as its own
+/// route would be. Returns the workspaces that do not exist yet: the create
+/// makes them (a `pvc` volume's), and they become the tenant's.
+async fn check_references(st: &ApiState, tenant: &str, route: &Route, body: &Value) -> Result<Vec<String>, ApiError> {
+    let mut new = Vec::new();
+    for (kind, name) in references(route, body) {
+        if st.tenants.owner(kind, &name) == tenant {
+            continue;
+        }
+        if exists(st, kind, &name).await {
+            let (code, what) = match kind {
+                Kind::Workspace => ("WORKSPACE::NOT_FOUND", "workspace"),
+                Kind::Pool => ("POOL::NOT_FOUND", "pool"),
+                _ => ("SNAPSHOT::NOT_FOUND", "snapshot"),
+            };
+            return Err(ApiError::new(StatusCode::NOT_FOUND, code, format!("{what} {name} not found")));
+        }
+        if kind == Kind::Workspace {
+            new.push(name);
+        }
+    }
+    Ok(new)
+}
+
 fn needs_demand(route: &Route) -> bool {
     match &route.scope {
         Scope::Create(k) => matches!(k, Kind::Sandbox | Kind::Pool | Kind::Workspace | Kind::Task),
@@ -130,21 +189,27 @@ pub(super) async fn run(
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let (req, demand) = if needs_demand(route) {
+    let (req, demand, new_workspaces) = if needs_demand(route) {
         let (parts, body) = req.into_parts();
         let bytes = to_bytes(body, MAX_BODY)
             .await
             .map_err(|e| ApiError::bad_request(format!("request body unreadable or over {MAX_BODY} bytes: {e}")))?;
         let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (Request::from_parts(parts, Body::from(bytes)), demand(st, route, &v).await?)
+        let new = check_references(st, tenant, route, &v).await?;
+        (Request::from_parts(parts, Body::from(bytes)), demand(st, route, &v).await?, new)
     } else {
-        (req, Demand::default())
+        (req, Demand::default(), Vec::new())
     };
     let reservation = match demand == Demand::default() {
         true => None,
         false => Some(st.tenants.admit(tenant, demand, || usage(st, tenant)).await.map_err(tenant_error)?),
     };
     let resp = next.run(req).await;
+    if resp.status().is_success() {
+        for w in &new_workspaces {
+            st.tenants.set_owner(Kind::Workspace, w, tenant).map_err(tenant_error)?;
+        }
+    }
     let Some(kind) = route.creates.filter(|_| resp.status().is_success()) else { return Ok(resp) };
     let (parts, body) = resp.into_parts();
     let bytes = to_bytes(body, MAX_ANSWER).await.map_err(|e| {
