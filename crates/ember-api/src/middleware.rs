@@ -94,7 +94,7 @@ pub async fn auth(State(st): State<ApiState>, mut req: Request, next: Next) -> R
         return next.run(req).await;
     }
     match principal(&st, req.headers()) {
-        Err(refused) => refused,
+        Err(refused) => *refused,
         Ok(p) => {
             req.extensions_mut().insert(p);
             next.run(req).await
@@ -110,7 +110,7 @@ fn given_key(h: &axum::http::HeaderMap) -> Option<&str> {
 
 /// Who presents the request's key: a tenant whose key it is, else the admin
 /// when it is the configured key (or none is configured); else the 401.
-pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Principal, Response> {
+pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Principal, Box<Response>> {
     // A scoped token, as a key or in OpenSandbox's secure-access header.
     let secure = h.get(SECURE_ACCESS_HEADER).and_then(|v| v.to_str().ok());
     // A key given is the credential; the header counts only without one.
@@ -121,15 +121,17 @@ pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Prin
     if let Some(t) = token {
         return match st.tenants.token(t) {
             Some(g) => Ok(Principal::Scoped(g)),
-            None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the token is unknown or expired")
-                .into_response()),
+            None => Err(Box::new(
+                ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the token is unknown or expired")
+                    .into_response(),
+            )),
         };
     }
     if let Some((name, key)) = given_key(h).and_then(|k| st.tenants.resolve(k)) {
         return Ok(Principal::Tenant { name, key });
     }
     match key_refusal(&st.cfg, h) {
-        Some(refused) => Err(refused),
+        Some(refused) => Err(Box::new(refused)),
         None if st.cfg.api_key.is_some() => Ok(Principal::Admin { key: "admin" }),
         None => Ok(Principal::Admin { key: "none" }),
     }

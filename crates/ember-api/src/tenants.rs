@@ -81,6 +81,9 @@ pub async fn audit(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<
     Ok(Json(AuditList { items }))
 }
 
+/// A gauge's name, help and figure.
+type Series = (&'static str, &'static str, fn(&ember_types::tenant::Usage) -> u64);
+
 /// `ember_tenant_*` gauges, one series per tenant, for `/metrics`.
 pub(crate) async fn metrics_text(st: &ApiState) -> String {
     let mut out = String::new();
@@ -94,7 +97,7 @@ pub(crate) async fn metrics_text(st: &ApiState) -> String {
             rows.push((t.name.clone(), u));
         }
     }
-    let series: [(&str, &str, fn(&ember_types::tenant::Usage) -> u64); 6] = [
+    let series: [Series; 6] = [
         ("ember_tenant_running_sandboxes", "Sandboxes of the tenant that have not ended.", |u| u.running_sandboxes),
         ("ember_tenant_memory_bytes", "Memory limits of those sandboxes, summed.", |u| u.memory_bytes),
         ("ember_tenant_cpu_millis", "Cpu limits of those sandboxes, summed, in thousandths.", |u| u.cpu_millis),

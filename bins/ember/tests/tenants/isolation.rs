@@ -3,7 +3,7 @@
 //! own, the admin sees all, and B's lists hold none of A's.
 use super::{call, create_sandbox, load_doc, tenant, ADMIN};
 use crate::common::Daemon;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 
 /// The collections whose `/{x}` names one object, and the object of A's each names.
