@@ -111,4 +111,13 @@ set -e
 if [[ $code -eq 0 ]]; then
   code=$eco_code
 fi
+# The same suite under a tenant's key (docs/tenancy.md).
+echo "== OpenSandbox SDK end-to-end under a tenant key"
+set +e
+EMBER_E2E_TENANT=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e/opensandbox
+tenant_code=$?
+set -e
+if [[ $code -eq 0 ]]; then
+  code=$tenant_code
+fi
 exit $code

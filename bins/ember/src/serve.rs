@@ -90,9 +90,11 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     println!("ember listening on http://{local}");
     let engine: Arc<dyn ember_engine::ControlPlane> = Arc::new(engine);
     let engine = cluster_plane(&args.cluster, engine, local, api_key.clone()).await?;
+    let tenants = Arc::new(ember_engine::Tenants::open(&args.data_dir).context("tenants")?);
     let state = ApiState {
         // The API sees the engine only through the seam.
         engine,
+        tenants,
         cfg: Arc::new(ApiConfig {
             api_key: api_key.filter(|k| !k.is_empty()),
             allowed_hosts: args.allowed_host,

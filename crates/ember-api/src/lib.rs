@@ -33,11 +33,16 @@ mod sandboxes;
 mod snapshots;
 mod system;
 mod tasks;
+mod tenancy;
+mod tenants;
+mod tokens;
 mod workspaces;
+
+pub use tenancy::Principal;
 
 use axum::extract::{FromRequest, Request};
 use axum::middleware::map_response;
-use axum::routing::{any, get, patch, post};
+use axum::routing::{any, delete, get, patch, post};
 use axum::Router;
 use ember_engine::ControlPlane;
 use error::ApiError;
@@ -67,6 +72,8 @@ pub struct ApiState {
     /// engine through this alone (`bins/ember/tests/architecture.rs`).
     pub engine: Arc<dyn ControlPlane>,
     pub cfg: Arc<ApiConfig>,
+    /// Tenants, their keys and objects, quotas, the audit log (`tenancy.rs`).
+    pub tenants: Arc<ember_engine::Tenants>,
 }
 
 /// A JSON body whose rejection is a `{code, message}` 400, not axum's plain text.
@@ -151,7 +158,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/sandboxes/{id}/network", get(network::get_policy).put(network::put_policy))
         .route("/sandboxes/{id}/network/events", get(network::events))
         .route("/network", get(network::node))
-        .route("/cluster/call", post(cluster::call));
+        .route("/cluster/call", post(cluster::call))
+        .route("/tenants", post(tenants::create).get(tenants::list))
+        .route("/tenants/{name}", get(tenants::get_one).delete(tenants::remove))
+        .route("/tenants/{name}/keys", post(tenants::create_key).get(tenants::keys))
+        .route("/tenants/{name}/keys/{prefix}", delete(tenants::revoke_key))
+        .route("/audit", get(tenants::audit))
+        .route("/sandboxes/{id}/tokens", post(tokens::create));
     Router::new()
         .nest("/v1", v1)
         .merge(lifecycle())
@@ -160,6 +173,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(system::metrics))
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), tenancy::guard))
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::auth))
         // A request with `X-Sandbox-ID` is agent-sandbox's router's, whatever
         // its path; it checks the API key itself, as the sandbox origins do.
@@ -184,5 +198,7 @@ pub async fn serve(
     let listener = listener.tap_io(|s| {
         let _ = s.set_nodelay(true);
     });
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    // The peer's address goes into the audit log.
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -1,21 +1,28 @@
 //! Cross-cutting request handling: `X-Request-ID` echo, the `Host` check and
 //! API-key auth.
 use crate::error::ApiError;
+use crate::tenancy::Principal;
 use crate::ApiState;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use ember_engine::tenants::TOKEN_PREFIX;
 
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
+/// Where OpenSandbox's SDKs send a `secureAccess` sandbox's token (the
+/// endpoint answer's headers): a scoped token here (`tokens.rs`).
+pub const SECURE_ACCESS_HEADER: &str = "opensandbox-secure-access";
 
 /// Echoes the client's `X-Request-ID`, or generates one, on every response.
-pub async fn request_id(req: Request, next: Next) -> Response {
+pub async fn request_id(mut req: Request, next: Next) -> Response {
     let id = req
         .headers()
         .get("x-request-id")
         .cloned()
         .unwrap_or_else(|| HeaderValue::from_str(&random_hex()).unwrap_or(HeaderValue::from_static("0")));
+    // The audit log (`tenancy.rs`) names the request by it too.
+    req.headers_mut().insert("x-request-id", id.clone());
     let mut resp = next.run(req).await;
     resp.headers_mut().insert("x-request-id", id);
     resp
@@ -78,28 +85,65 @@ fn host_allowed(host: &str, cfg: &crate::ApiConfig) -> bool {
 }
 
 /// When an API key is configured, every route but `/health` and `/version` needs
-/// it, in `OPEN-SANDBOX-API-KEY` or `Authorization: Bearer`.
-pub async fn auth(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+/// it, in `OPEN-SANDBOX-API-KEY` or `Authorization: Bearer`. A tenant's key
+/// (`ember tenant key create`) passes too, as that tenant. The caller goes
+/// into the request's extensions as a [`Principal`] for `tenancy::guard`.
+pub async fn auth(State(st): State<ApiState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" || path == "/version" {
         return next.run(req).await;
     }
-    match key_refusal(&st.cfg, req.headers()) {
-        Some(refused) => refused,
-        None => next.run(req).await,
+    match principal(&st, req.headers()) {
+        Err(refused) => *refused,
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+    }
+}
+
+fn given_key(h: &axum::http::HeaderMap) -> Option<&str> {
+    h.get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")))
+}
+
+/// Who presents the request's key: a tenant whose key it is, else the admin
+/// when it is the configured key (or none is configured); else the 401.
+pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Principal, Box<Response>> {
+    // A scoped token, as a key or in OpenSandbox's secure-access header.
+    let secure = h.get(SECURE_ACCESS_HEADER).and_then(|v| v.to_str().ok());
+    // A key given is the credential; the header counts only without one.
+    let token = match given_key(h) {
+        Some(k) => Some(k).filter(|k| k.starts_with(TOKEN_PREFIX)),
+        None => secure,
+    };
+    if let Some(t) = token {
+        return match st.tenants.token(t) {
+            Some(g) => Ok(Principal::Scoped(g)),
+            None => Err(Box::new(
+                ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "the token is unknown or expired")
+                    .into_response(),
+            )),
+        };
+    }
+    if let Some((name, key)) = given_key(h).and_then(|k| st.tenants.resolve(k)) {
+        return Ok(Principal::Tenant { name, key });
+    }
+    match key_refusal(&st.cfg, h) {
+        Some(refused) => Err(Box::new(refused)),
+        None if st.cfg.api_key.is_some() => Ok(Principal::Admin { key: "admin" }),
+        None => Ok(Principal::Admin { key: "none" }),
     }
 }
 
 /// The 401 of a request without the configured key; `None` when it may pass
 /// (the key is right, or none is configured). The API's routes and the
-/// sandbox origins (`origin.rs`) share it.
+/// sandbox origins (`origin.rs`) share it: a tenant key does not open a
+/// sandbox origin (docs/tenancy.md).
 pub(crate) fn key_refusal(cfg: &crate::ApiConfig, h: &axum::http::HeaderMap) -> Option<Response> {
     let key = cfg.api_key.as_deref()?;
-    let given = h
-        .get(API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")));
-    match given {
+    match given_key(h) {
         None => Some(
             ApiError::new(
                 StatusCode::UNAUTHORIZED,

@@ -84,8 +84,15 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info(&status))).into_response())
 }
 
-pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let items = st.engine.list_pools().await?.iter().map(info).collect();
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+) -> Result<Response, ApiError> {
+    let all = st.engine.list_pools().await?;
+    let items = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::Pool, all, |s| &s.spec.name)
+        .iter()
+        .map(info)
+        .collect();
     Ok(Json(PoolList { items }).into_response())
 }
 

@@ -28,7 +28,8 @@ use tokio_util::either::Either;
 
 /// Besides the hop-by-hop headers ([`strip_hop_by_hop`]), never passed on in
 /// either direction: the daemon's own credentials and `host` (set per hop).
-const NOT_FORWARDED: &[&str] = &["host", crate::middleware::API_KEY_HEADER, "authorization"];
+const NOT_FORWARDED: &[&str] =
+    &["host", crate::middleware::API_KEY_HEADER, "authorization", crate::middleware::SECURE_ACCESS_HEADER];
 
 /// The policy of every answer of the path route but an upgrade: the page runs
 /// as an opaque origin, so its scripts cannot read the API origin's storage or

@@ -75,7 +75,11 @@ pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let mut f = SnapshotFilter::default();
     let mut paging = Paging::default();
     let mut any_state = false;
@@ -94,6 +98,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
         }
     }
     let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list_sandbox_snapshots(&f).await? };
+    let all = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::SandboxSnapshot, all, |r| &r.id);
     let (items, pagination) = paging.cut(&all, snapshot_info);
     Ok(Json(SandboxSnapshotList { items, pagination }).into_response())
 }

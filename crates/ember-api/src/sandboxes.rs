@@ -14,9 +14,14 @@ use std::collections::BTreeMap;
 
 pub async fn create(
     State(st): State<ApiState>,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
+    // OpenSandbox's `secureAccess`: the endpoint answers carry a scoped token.
+    let secure = req.secure_access.take() == Some(true);
     let rec = st.engine.create(create_request(req)?).await?;
+    if secure {
+        st.tenants.set_secure(rec.id.as_str()).map_err(crate::tenancy::quota_error)?;
+    }
     let micros = rec.launch.as_ref().map_or(0, |l| l.micros);
     let mut resp = (StatusCode::ACCEPTED, Json(sandbox_info(&rec))).into_response();
     resp.headers_mut().insert("x-ember-launch-micros", micros.into());
@@ -32,7 +37,11 @@ pub async fn remove(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) ->
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let mut f = ListFilter::default();
     let mut paging = Paging::default();
     let mut any_state = false;
@@ -57,6 +66,7 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
         }
     }
     let all = if any_state && f.states.is_empty() { Vec::new() } else { st.engine.list(&f).await? };
+    let all = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::Sandbox, all, |r| r.id.as_str());
     let (items, pagination) = paging.cut(&all, sandbox_info);
     Ok(Json(SandboxList { items, pagination }).into_response())
 }
@@ -118,6 +128,15 @@ pub async fn endpoint(
         // The proxy route is authenticated like every other; hand the caller's own
         // key back so the SDK sends it with its execd requests.
         out_headers.insert("OPEN-SANDBOX-API-KEY".to_string(), k.to_string());
+    }
+    if st.tenants.is_secure(&id) {
+        let owner = st.tenants.owner(ember_engine::tenants::Kind::Sandbox, &id);
+        let ttl = ember_engine::tenants::DEFAULT_TTL_SECS;
+        let (token, _) = st
+            .tenants
+            .mint_token(&id, &owner, ember_types::tenant::TokenScope::All, ttl)
+            .map_err(crate::tenancy::quota_error)?;
+        out_headers.insert("OpenSandbox-Secure-Access".to_string(), token);
     }
     Ok(Json(Endpoint { endpoint: endpoint_of(&st.cfg, &host, &id, port), headers: out_headers }).into_response())
 }

@@ -53,11 +53,19 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info(&s))).into_response())
 }
 
-pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let ws = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "workspace")
         .map(|(_, v)| v.into_owned());
-    let items = st.engine.list_snapshots(ws).await?.iter().map(info).collect();
+    let all = st.engine.list_snapshots(ws).await?;
+    let items = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::WorkspaceSnapshot, all, |s| &s.id)
+        .iter()
+        .map(info)
+        .collect();
     Ok(Json(WorkspaceSnapshotList { items }).into_response())
 }
 

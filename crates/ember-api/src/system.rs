@@ -20,7 +20,13 @@ pub async fn runtimes(State(st): State<ApiState>) -> Response {
 }
 
 pub async fn metrics(State(st): State<ApiState>) -> Response {
-    let body = st.engine.metrics_text();
+    let mut body = st.engine.metrics_text();
+    let tenants = crate::tenants::metrics_text(&st).await;
+    // Before OpenMetrics' closing `# EOF`.
+    match body.rfind("# EOF") {
+        Some(at) => body.insert_str(at, &tenants),
+        None => body.push_str(&tenants),
+    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 

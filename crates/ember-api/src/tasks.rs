@@ -20,14 +20,24 @@ fn query(q: Option<String>) -> Vec<(String, String)> {
 /// 201 with a new task, 200 with the existing one when the key was known.
 pub async fn submit(
     State(st): State<ApiState>,
-    ApiJson(req): ApiJson<SubmitTaskRequest>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    ApiJson(mut req): ApiJson<SubmitTaskRequest>,
 ) -> Result<Response, ApiError> {
+    // A tenant key's tasks are its tenant's whatever the body says (the
+    // queue's per-tenant cap counts them there); the admin names any.
+    if let Some(t) = p.tenant_key() {
+        req.tenant = Some(t.to_string());
+    }
     let (rec, created) = st.engine.submit_task(req).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(rec)).into_response())
 }
 
-pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let mut f = TaskFilter::default();
     for (k, v) in query(q) {
         match k.as_str() {
@@ -42,7 +52,9 @@ pub async fn list(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<R
             _ => {}
         }
     }
-    Ok(Json(TaskList { items: st.engine.list_tasks(&f).await? }).into_response())
+    let items =
+        crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::Task, st.engine.list_tasks(&f).await?, |t| &t.id);
+    Ok(Json(TaskList { items }).into_response())
 }
 
 pub async fn get_one(State(st): State<ApiState>, ApiPath(id): ApiPath<String>) -> Result<Response, ApiError> {

@@ -29,8 +29,15 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info(&s))).into_response())
 }
 
-pub async fn list(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let items = st.engine.list_workspaces().await?.iter().map(info).collect();
+pub async fn list(
+    State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
+) -> Result<Response, ApiError> {
+    let all = st.engine.list_workspaces().await?;
+    let items = crate::tenancy::visible(&st, &p, ember_engine::tenants::Kind::Workspace, all, |w| &w.meta.name)
+        .iter()
+        .map(info)
+        .collect();
     Ok(Json(WorkspaceList { items }).into_response())
 }
 

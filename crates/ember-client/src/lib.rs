@@ -14,6 +14,7 @@ pub use pty::{PtyConnection, PtyEvent};
 pub use images::segment;
 mod sandbox_snapshots;
 mod tasks;
+mod tenants;
 
 use bytes::Bytes;
 use ember_types::api::{

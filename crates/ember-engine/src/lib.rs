@@ -34,6 +34,7 @@ mod secrets;
 mod snapshots;
 mod store;
 pub mod tasks;
+pub mod tenants;
 mod workspaces;
 
 pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
@@ -52,6 +53,7 @@ pub use metrics::Metrics;
 pub use network::{enforcement, NetworkStatus};
 pub use record::{LaunchRecord, SandboxRecord};
 pub use sandbox::ListFilter;
+pub use tenants::{TenantError, Tenants};
 
 use ember_runtime::Runtimes;
 use std::path::PathBuf;

@@ -22,6 +22,7 @@ pub mod sandbox_snapshot;
 pub mod secrets;
 pub mod stats;
 pub mod task;
+pub mod tenant;
 
 pub use api::ResourcesSpec;
 pub use id::{IdError, SandboxId};

@@ -10,6 +10,9 @@ With $EMBER_E2E_NATS_SERVER (a nats-server binary, scripts/nats-server.sh) the
 suite runs against a cluster instead (docs/cluster.md): one NATS server, the
 daemon above as node `worker`, and an `--api-only` node `front` that the SDKs
 talk to, so every call reaches its sandbox through a node that does not own it.
+
+With $EMBER_E2E_TENANT=1 the daemon has an admin key and the SDKs use the key
+of a tenant made for the run (docs/tenancy.md): the suite under a tenant key.
 """
 import os
 import secrets
@@ -44,13 +47,15 @@ class Ember:
     domain: str
     host_dir: Path
     data_dir: Path
+    api_key: str | None = None
 
     def config(self) -> ConnectionConfig:
         # A fresh config per event loop: the SDK binds its transport to one.
-        return ConnectionConfig(domain=self.domain, request_timeout=timedelta(seconds=60))
+        return ConnectionConfig(domain=self.domain, api_key=self.api_key, request_timeout=timedelta(seconds=60))
 
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
+        headers = {"OPEN-SANDBOX-API-KEY": self.api_key} if self.api_key else {}
+        return httpx.Client(base_url=self.url, timeout=30, headers=headers)
 
 
 def _remove_network(net_tag, resolver):
@@ -157,6 +162,11 @@ def ember():
     nats = _nats(tag) if os.environ.get("EMBER_E2E_NATS_SERVER") else None
     key = _cluster_key(tag) if nats else None
     cluster = ["--cluster", nats[1], "--node", "worker", "--snapshot-key-file", str(key)] if nats else []
+    admin = secrets.token_hex(16) if os.environ.get("EMBER_E2E_TENANT") else None
+    if admin and nats:
+        pytest.fail("$EMBER_E2E_TENANT runs on one node: tenants are per node (docs/tenancy.md)", pytrace=False)
+    if admin:
+        cluster += ["--api-key", admin]
     proc = subprocess.Popen(
         [
             _binary("EMBER_BIN", "ember"), "serve", *cluster,
@@ -181,7 +191,12 @@ def ember():
     front = _front(tag, nats, key) if nats else None
     if front:
         url = front[1]
-    e = Ember(url=url, domain=url.removeprefix("http://"), host_dir=host_dir, data_dir=data_dir)
+    tenant_key = None
+    if admin:
+        with httpx.Client(base_url=url, timeout=30, headers={"OPEN-SANDBOX-API-KEY": admin}) as c:
+            c.post("/v1/tenants", json={"name": "e2e"}).raise_for_status()
+            tenant_key = c.post("/v1/tenants/e2e/keys").json()["key"]
+    e = Ember(url=url, domain=url.removeprefix("http://"), host_dir=host_dir, data_dir=data_dir, api_key=tenant_key)
     try:
         yield e
     finally:

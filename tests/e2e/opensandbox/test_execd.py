@@ -147,7 +147,7 @@ def test_set_env_and_metrics(ember):
     arun(go())
 
 
-def _ws_connect(url: str, path: str):
+def _ws_connect(url: str, path: str, api_key: str | None = None):
     """A minimal RFC 6455 client (the venv has no WebSocket package): the
     handshake, masked client frames, unfragmented server frames."""
     import base64
@@ -157,8 +157,9 @@ def _ws_connect(url: str, path: str):
     host, port = url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=30)
     key = base64.b64encode(os.urandom(16)).decode()
+    auth = f"OPEN-SANDBOX-API-KEY: {api_key}\r\n" if api_key else ""
     s.sendall(
-        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n{auth}"
         f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
     )
     head = b""
@@ -209,7 +210,7 @@ def test_pty_websocket_through_the_proxy(ember):
                 r = c.post(f"{base}/pty", json={"cwd": "/tmp/e2e-pty"})
                 assert r.status_code == 201, r.text
                 sid = r.json()["session_id"]
-            s, status = _ws_connect(ember.url, f"{base}/pty/{sid}/ws")
+            s, status = _ws_connect(ember.url, f"{base}/pty/{sid}/ws", ember.api_key)
             assert status == 101
             _ws_send(s, 2, b"\x00echo pty-$((6*7)); tty; exit 4\n")
             out, exit_code = "", None

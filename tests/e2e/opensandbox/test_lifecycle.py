@@ -298,8 +298,9 @@ def test_proxy_reaches_any_port_http_and_upgrade(ember):
             # An upgraded connection is spliced through daemon → agent → port.
             host, port = ember.domain.split(":")
             with socket.create_connection((host, int(port)), timeout=10) as s:
+                auth = f"OPEN-SANDBOX-API-KEY: {ember.api_key}\r\n" if ember.api_key else ""
                 s.sendall(
-                    f"GET /v1/sandboxes/{sb.id}/proxy/9000/ws HTTP/1.1\r\nHost: {ember.domain}\r\n"
+                    f"GET /v1/sandboxes/{sb.id}/proxy/9000/ws HTTP/1.1\r\nHost: {ember.domain}\r\n{auth}"
                     "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode()
                 )
                 head = b""

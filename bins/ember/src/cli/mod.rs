@@ -121,6 +121,11 @@ pub enum Cmd {
     /// Queue commands for the node's workers to pull and run.
     #[command(subcommand)]
     Task(crate::commands::task::TaskCmd),
+    /// Tenants, their keys and quotas (admin key).
+    #[command(subcommand)]
+    Tenant(crate::commands::tenant::TenantCmd),
+    /// Read the audit log (admin key).
+    Audit(crate::commands::tenant::AuditArgs),
     /// Measure ember beside a reference in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),

@@ -10,6 +10,7 @@ mod sandbox;
 mod snapshot_progress;
 mod stats;
 pub mod task;
+pub mod tenant;
 pub mod uninstall;
 mod workspace;
 
@@ -43,6 +44,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Pool(c) => pool::run(&client()?, c).await,
         Cmd::Runtime(crate::cli::RuntimeCmd::Ls { json }) => runtime_ls(&client()?, json).await,
         Cmd::Task(c) => task::run(&client()?, c).await,
+        Cmd::Tenant(c) => tenant::run(&client()?, c).await,
+        Cmd::Audit(a) => tenant::audit(&client()?, a).await,
         Cmd::Bench(b) => crate::bench::run(&client()?, b).await,
         Cmd::Lab(c) => crate::lab::run(c, client).await,
         Cmd::Cluster(c) => crate::cluster::run(c).await,

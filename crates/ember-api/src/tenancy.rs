@@ -1,0 +1,179 @@
+//! Who is calling and what they may touch (docs/tenancy.md). `middleware::auth`
+//! resolves the key to a [`Principal`]; [`guard`] then, in one place for every
+//! route: refuses a tenant the admin's routes (403), answers 404 for another
+//! tenant's object before any handler acts (never 403: existence is not
+//! leaked), takes a quota reservation for a create (`quota.rs`), records the
+//! created object as the tenant's, and writes the call to the audit log
+//! (`audit.rs`). List handlers filter with [`visible`].
+mod audit;
+mod quota;
+mod route;
+
+pub(crate) use quota::{tenant_error as quota_error, usage};
+
+use crate::error::ApiError;
+use crate::ApiState;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use ember_engine::tenants::Kind;
+use ember_types::tenant::DEFAULT_TENANT;
+use route::Scope;
+
+/// The caller of a request, in its extensions.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Principal {
+    /// The daemon's `--api-key` (`key` = "admin"), or no key on a daemon
+    /// without one (`key` = "none"). Sees everything.
+    Admin { key: &'static str },
+    /// A tenant key: `key` is its prefix.
+    Tenant { name: String, key: String },
+    /// A scoped token: one sandbox's proxy route (`tokens.rs`).
+    Scoped(ember_engine::tenants::Grant),
+}
+
+impl Principal {
+    /// The tenant objects are created for.
+    pub fn tenant(&self) -> &str {
+        match self {
+            Principal::Admin { .. } => DEFAULT_TENANT,
+            Principal::Tenant { name, .. } => name,
+            Principal::Scoped(g) => &g.tenant,
+        }
+    }
+
+    fn key(&self) -> &str {
+        match self {
+            Principal::Admin { key } => key,
+            Principal::Tenant { key, .. } => key,
+            Principal::Scoped(g) => &g.prefix,
+        }
+    }
+
+    /// The tenant's name when this is a tenant key.
+    pub fn tenant_key(&self) -> Option<&str> {
+        match self {
+            Principal::Admin { .. } => None,
+            Principal::Tenant { name, .. } => Some(name),
+            Principal::Scoped(g) => Some(&g.tenant),
+        }
+    }
+}
+
+/// The principal of a request that went through `auth` (admin otherwise:
+/// only routes `auth` lets by unchecked, `/health` and `/version`, lack one).
+pub(crate) fn principal_of(req: &Request) -> Principal {
+    req.extensions().get::<Principal>().cloned().unwrap_or(Principal::Admin { key: "none" })
+}
+
+/// `items` the caller may see: all for the admin, a tenant's own otherwise.
+pub(crate) fn visible<T>(st: &ApiState, p: &Principal, kind: Kind, items: Vec<T>, id: impl Fn(&T) -> &str) -> Vec<T> {
+    match p.tenant_key() {
+        None => items,
+        Some(t) => items.into_iter().filter(|x| st.tenants.owner(kind, id(x)) == t).collect(),
+    }
+}
+
+fn not_found(kind: Kind, id: &str) -> Response {
+    let (code, what) = match kind {
+        Kind::Sandbox => ("SANDBOX::NOT_FOUND", "sandbox"),
+        Kind::Pool => ("POOL::NOT_FOUND", "pool"),
+        Kind::Workspace => ("WORKSPACE::NOT_FOUND", "workspace"),
+        Kind::Task => ("TASK::NOT_FOUND", "task"),
+        Kind::SandboxSnapshot | Kind::WorkspaceSnapshot => ("SNAPSHOT::NOT_FOUND", "snapshot"),
+    };
+    ApiError::new(StatusCode::NOT_FOUND, code, format!("{what} {id} not found")).into_response()
+}
+
+fn forbidden() -> Response {
+    ApiError::new(StatusCode::FORBIDDEN, "TENANT::FORBIDDEN", "this route needs the admin key").into_response()
+}
+
+/// The most of a refused request's body read before its answer.
+const DRAIN_LIMIT: usize = 2 << 20;
+
+/// A refusal answered before any handler: the request's body is read first
+/// (bounded), as the router's own fallbacks do. Answering with it unread
+/// closes the connection, and a keep-alive client's next request on it fails.
+async fn refuse(req: Request, resp: Response) -> Response {
+    let _ = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT).await;
+    resp
+}
+
+/// Ownership, quotas and the audit record of every API request.
+pub async fn guard(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+    let p = principal_of(&req);
+    let route = route::classify(req.method(), req.uri().path());
+    let (req, mut record) = audit::start(&p, &route, req).await;
+    let resp = admit(&st, &p, &route, req, next).await;
+    if let Some(r) = record.as_mut() {
+        audit::finish(&st, r, resp.status());
+    }
+    resp
+}
+
+async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request, next: Next) -> Response {
+    if let Principal::Scoped(g) = p {
+        return scoped(st, g, route, req, next).await;
+    }
+    let Some(tenant) = p.tenant_key() else {
+        let resp = next.run(req).await;
+        forget_deleted(st, route, &resp);
+        return resp;
+    };
+    match &route.scope {
+        Scope::Open => next.run(req).await,
+        Scope::AdminOnly => refuse(req, forbidden()).await,
+        Scope::Object(kind, id) if st.tenants.owner(*kind, id) != tenant => refuse(req, not_found(*kind, id)).await,
+        Scope::Object(..) | Scope::Create(_) => match quota::run(st, tenant, route, req, next).await {
+            Ok(resp) => {
+                forget_deleted(st, route, &resp);
+                resp
+            }
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+/// A scoped token: its sandbox's proxy route, within its scope, while the
+/// sandbox has not ended; another sandbox is a 404, anything else a 403.
+async fn scoped(
+    st: &ApiState,
+    g: &ember_engine::tenants::Grant,
+    route: &route::Route,
+    req: Request,
+    next: Next,
+) -> Response {
+    let denied =
+        || ApiError::new(StatusCode::FORBIDDEN, "TOKEN::OUT_OF_SCOPE", "outside this token's scope").into_response();
+    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return refuse(req, denied()).await };
+    if *id != g.sandbox {
+        return refuse(req, not_found(Kind::Sandbox, id)).await;
+    }
+    if !crate::tokens::allows(g, &route.tail) {
+        return refuse(req, denied()).await;
+    }
+    match st.engine.get(id).await {
+        Ok(r) if !r.state.is_terminal() => next.run(req).await,
+        _ => {
+            st.tenants.drop_tokens(id);
+            let msg = format!("sandbox {id} has ended: its tokens with it");
+            refuse(req, ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response()).await
+        }
+    }
+}
+
+/// A deleted object's owner entry goes with it (a name may be reused).
+fn forget_deleted(st: &ApiState, route: &route::Route, resp: &Response) {
+    if let (Scope::Object(kind, id), true) = (&route.scope, route.method == Method::DELETE && route.tail.is_empty()) {
+        if resp.status().is_success() {
+            if *kind == Kind::Sandbox {
+                st.tenants.drop_tokens(id);
+            }
+            if let Err(e) = st.tenants.set_owner(*kind, id, DEFAULT_TENANT) {
+                tracing::warn!(error = %e, %id, "dropping a deleted object's owner");
+            }
+        }
+    }
+}

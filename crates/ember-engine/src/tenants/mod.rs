@@ -1,0 +1,289 @@
+//! Tenants: who may call the API with which key, which objects each owns, and
+//! its quotas (`quota.rs`) and the audit log (`audit.rs`). One service owns
+//! this state; the API resolves a request's key here and asks it who owns an
+//! object before a handler acts.
+//!
+//! Persisted as one record (`<data>/tenants/tenants.json`, written durably by
+//! [`crate::store::Store`]) holding the tenants, their keys (sha256 of the key,
+//! never the key) and the owner of every object a tenant key created. An object
+//! without an entry belongs to [`DEFAULT_TENANT`]: with no tenant ever created
+//! nothing is written and the daemon behaves as a single-key one.
+mod audit;
+mod quota;
+mod tokens;
+
+pub use audit::Audit;
+pub use quota::{Demand, Reservation};
+pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TTL_SECS, TOKEN_PREFIX};
+
+use crate::record::now_ms;
+use crate::store::Store;
+use ember_types::tenant::{CreatedKey, KeyInfo, Quotas, TenantInfo, DEFAULT_TENANT};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// The kinds of object a tenant owns; the first part of an owner entry's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Sandbox,
+    Pool,
+    Workspace,
+    Task,
+    SandboxSnapshot,
+    WorkspaceSnapshot,
+}
+
+impl Kind {
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Sandbox => "sandbox",
+            Kind::Pool => "pool",
+            Kind::Workspace => "workspace",
+            Kind::Task => "task",
+            Kind::SandboxSnapshot => "sandbox-snapshot",
+            Kind::WorkspaceSnapshot => "workspace-snapshot",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("tenant {0:?} not found")]
+    NotFound(String),
+    #[error("tenant {0:?} exists")]
+    Exists(String),
+    #[error("tenant {name:?}: no key with prefix {prefix:?}")]
+    KeyNotFound { name: String, prefix: String },
+    #[error("invalid tenant name {0:?}: 1-63 of [a-z0-9-], not starting with '-', and not \"default\"")]
+    InvalidName(String),
+    #[error("quota {quota} of tenant {tenant:?} exceeded: limit {limit}, in use {used}, asked {asked}")]
+    QuotaExceeded { tenant: String, quota: &'static str, limit: u64, used: u64, asked: u64 },
+    #[error("tenant store: {0}")]
+    Store(#[from] crate::EngineError),
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct KeyRecord {
+    prefix: String,
+    /// Hex sha256 of the whole key.
+    hash: String,
+    created_at_ms: i64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct TenantRecord {
+    created_at_ms: i64,
+    quotas: Quotas,
+    keys: Vec<KeyRecord>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct State {
+    tenants: BTreeMap<String, TenantRecord>,
+    /// `<kind>/<id>` → tenant, for objects a tenant key created.
+    owners: BTreeMap<String, String>,
+    /// Sandboxes created with OpenSandbox's `secureAccess: true`: their
+    /// endpoint answers carry a scoped token.
+    #[serde(default)]
+    secure: std::collections::BTreeSet<String>,
+}
+
+pub struct Tenants {
+    store: Store<State>,
+    state: Mutex<State>,
+    quota: quota::Admission,
+    audit: Audit,
+    /// sha256 of a scoped token → what it grants (`tokens.rs`).
+    tokens: Mutex<std::collections::HashMap<String, Grant>>,
+}
+
+const RECORD: &str = "tenants";
+
+fn hash(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_hex(n: usize) -> Result<String, TenantError> {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).map_err(|e| crate::EngineError::Internal(format!("getrandom: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn valid_name(n: &str) -> bool {
+    (1..=63).contains(&n.len())
+        && n != DEFAULT_TENANT
+        && !n.starts_with('-')
+        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+impl Tenants {
+    /// Opens (or starts empty) the tenant record and the audit log under `data_dir`.
+    pub fn open(data_dir: &Path) -> Result<Tenants, TenantError> {
+        let store: Store<State> = Store::open(data_dir.join("tenants"))?;
+        let state = match store.load(RECORD) {
+            None => State::default(),
+            Some(Ok(s)) => s,
+            Some(Err(why)) => {
+                // Never start open: a torn record would make every tenant key
+                // unknown, and every tenant object the admin's alone.
+                return Err(crate::EngineError::Internal(format!("tenants record unreadable: {why}")).into());
+            }
+        };
+        let audit = Audit::open(&data_dir.join("audit"))?;
+        Ok(Tenants {
+            store,
+            state: Mutex::new(state),
+            quota: quota::Admission::default(),
+            audit,
+            tokens: Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `f` to a copy of the state, saves it durably, then keeps it: a
+    /// failed save changes nothing.
+    fn update<T>(&self, f: impl FnOnce(&mut State) -> Result<T, TenantError>) -> Result<T, TenantError> {
+        let mut st = self.lock();
+        let mut next = st.clone();
+        let out = f(&mut next)?;
+        self.store.save(RECORD, &next)?;
+        *st = next;
+        Ok(out)
+    }
+
+    /// Whether any tenant exists (else ownership is never recorded).
+    pub fn any(&self) -> bool {
+        !self.lock().tenants.is_empty()
+    }
+
+    pub fn create(&self, name: &str, quotas: Quotas) -> Result<TenantInfo, TenantError> {
+        if !valid_name(name) {
+            return Err(TenantError::InvalidName(name.to_string()));
+        }
+        self.update(|st| {
+            if st.tenants.contains_key(name) {
+                return Err(TenantError::Exists(name.to_string()));
+            }
+            let rec = TenantRecord { created_at_ms: now_ms(), quotas, keys: vec![] };
+            st.tenants.insert(name.to_string(), rec.clone());
+            Ok(info(name, &rec))
+        })
+    }
+
+    pub fn list(&self) -> Vec<TenantInfo> {
+        self.lock().tenants.iter().map(|(n, r)| info(n, r)).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Result<TenantInfo, TenantError> {
+        let st = self.lock();
+        st.tenants.get(name).map(|r| info(name, r)).ok_or_else(|| TenantError::NotFound(name.to_string()))
+    }
+
+    pub fn quotas(&self, name: &str) -> Quotas {
+        self.lock().tenants.get(name).map(|r| r.quotas.clone()).unwrap_or_default()
+    }
+
+    /// Removes the tenant and its keys. Its objects stay, owned by a tenant
+    /// no key names: only the admin reaches them.
+    pub fn remove(&self, name: &str) -> Result<(), TenantError> {
+        self.update(|st| st.tenants.remove(name).map(drop).ok_or_else(|| TenantError::NotFound(name.to_string())))
+    }
+
+    /// A new key for `name`, returned whole this once; only its hash is kept.
+    pub fn create_key(&self, name: &str) -> Result<CreatedKey, TenantError> {
+        let prefix = format!("emb_{}", random_hex(4)?);
+        let key = format!("{prefix}_{}", random_hex(24)?);
+        let rec = KeyRecord { prefix: prefix.clone(), hash: hash(&key), created_at_ms: now_ms() };
+        self.update(|st| {
+            let t = st.tenants.get_mut(name).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+            t.keys.push(rec.clone());
+            Ok(())
+        })?;
+        Ok(CreatedKey { prefix, key, created_at_ms: rec.created_at_ms })
+    }
+
+    pub fn revoke_key(&self, name: &str, prefix: &str) -> Result<(), TenantError> {
+        self.update(|st| {
+            let t = st.tenants.get_mut(name).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+            let before = t.keys.len();
+            t.keys.retain(|k| k.prefix != prefix);
+            if t.keys.len() == before {
+                return Err(TenantError::KeyNotFound { name: name.to_string(), prefix: prefix.to_string() });
+            }
+            Ok(())
+        })
+    }
+
+    /// The tenant and key prefix a presented key belongs to. Keys are compared
+    /// by their hashes, so the comparison's timing tells nothing of a key.
+    pub fn resolve(&self, key: &str) -> Option<(String, String)> {
+        let h = hash(key);
+        let st = self.lock();
+        st.tenants.iter().find_map(|(n, t)| t.keys.iter().find(|k| k.hash == h).map(|k| (n.clone(), k.prefix.clone())))
+    }
+
+    /// The tenant owning `id` of `kind` ([`DEFAULT_TENANT`] without an entry).
+    pub fn owner(&self, kind: Kind, id: &str) -> String {
+        let st = self.lock();
+        st.owners.get(&format!("{}/{id}", kind.tag())).cloned().unwrap_or_else(|| DEFAULT_TENANT.to_string())
+    }
+
+    /// Records `tenant` as the owner of `id`; the default tenant's objects
+    /// need no entry (and a name reused by the admin drops a stale one).
+    pub fn set_owner(&self, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
+        let k = format!("{}/{id}", kind.tag());
+        if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) {
+            return Ok(());
+        }
+        self.update(|st| {
+            match tenant {
+                DEFAULT_TENANT => st.owners.remove(&k),
+                t => st.owners.insert(k, t.to_string()),
+            };
+            Ok(())
+        })
+    }
+
+    /// Ids of `kind` that `tenant` owns.
+    pub fn owned(&self, kind: Kind, tenant: &str) -> Vec<String> {
+        let pre = format!("{}/", kind.tag());
+        let st = self.lock();
+        st.owners
+            .iter()
+            .filter(|(_, t)| *t == tenant)
+            .filter_map(|(k, _)| k.strip_prefix(&pre).map(str::to_string))
+            .collect()
+    }
+
+    /// Marks `sandbox` as created with `secureAccess: true`.
+    pub fn set_secure(&self, sandbox: &str) -> Result<(), TenantError> {
+        self.update(|st| {
+            st.secure.insert(sandbox.to_string());
+            Ok(())
+        })
+    }
+
+    pub fn is_secure(&self, sandbox: &str) -> bool {
+        self.lock().secure.contains(sandbox)
+    }
+
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+}
+
+fn info(name: &str, r: &TenantRecord) -> TenantInfo {
+    TenantInfo {
+        name: name.to_string(),
+        created_at_ms: r.created_at_ms,
+        quotas: r.quotas.clone(),
+        keys: r.keys.iter().map(|k| KeyInfo { prefix: k.prefix.clone(), created_at_ms: k.created_at_ms }).collect(),
+        usage: None,
+    }
+}
