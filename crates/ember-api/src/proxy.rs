@@ -133,6 +133,11 @@ async fn forward(
         return Err(not_found());
     }
     let route = st.engine.agent_route(&id).await?;
+    // Timed where the agent is local: a forwarded one is timed on its owner.
+    let timer = (port == EXECD_PORT && rest == "command" && req.method() == axum::http::Method::POST)
+        .then_some(())
+        .filter(|_| matches!(route, AgentRoute::Local { .. }))
+        .map(|_| ExecTimer { st: st.clone(), t0: std::time::Instant::now() });
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let on_api_origin = matches!(via, Via::Path);
@@ -170,7 +175,28 @@ async fn forward(
     }
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers, NOT_FORWARDED);
-    Ok(Response::from_parts(rparts, Body::new(rbody)))
+    let body = match timer {
+        // The timer goes with the streamed body: dropped at its end (or the
+        // client's hang-up), it observes the command's whole time.
+        Some(timer) => Body::new(http_body_util::BodyExt::map_frame(rbody, move |f| {
+            let _held = &timer;
+            f
+        })),
+        None => Body::new(rbody),
+    };
+    Ok(Response::from_parts(rparts, body))
+}
+
+/// Observes `ember_exec_seconds` when dropped.
+struct ExecTimer {
+    st: ApiState,
+    t0: std::time::Instant,
+}
+
+impl Drop for ExecTimer {
+    fn drop(&mut self) {
+        self.st.engine.observe_exec(self.t0.elapsed());
+    }
 }
 
 fn bad_gateway(id: &str, what: &str, e: &dyn std::error::Error) -> ApiError {

@@ -26,6 +26,7 @@ mod error;
 mod metrics;
 mod network;
 pub mod pool;
+mod process_metrics;
 pub mod record;
 mod sandbox;
 mod seam;
@@ -34,6 +35,7 @@ mod store;
 pub mod tasks;
 mod workspaces;
 
+pub use process_metrics::splice as splice_metrics;
 pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
 pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
