@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    crate::logging::init(args.observe.log_format);
 
     // Flags that refuse the start outright are checked before the data dir is touched.
     let addr: SocketAddr =

@@ -4,7 +4,6 @@
 mod common;
 
 use common::Daemon;
-use ember_types::api::CreatePoolRequest;
 use ember_types::task::SubmitTaskRequest;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -112,15 +111,7 @@ fn panel_queries() -> Vec<(String, String)> {
 /// an exec, a task.
 async fn exercise(d: &Daemon) {
     let cold = d.create(|_| {}).await;
-    let req =
-        CreatePoolRequest { template: "host".into(), min: 1, max: 2, target: Some(1.into()), ..Default::default() };
-    d.client.create_pool(&req).await.expect("create pool");
-    for _ in 0..400 {
-        if d.client.get_pool("host").await.expect("pool").idle == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    d.warm_pool(1).await;
     let warm = d.create(|_| {}).await;
     assert_eq!(warm.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"), "the second create is a claim");
     for id in [&cold.id, &warm.id] {

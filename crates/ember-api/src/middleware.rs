@@ -16,7 +16,16 @@ pub async fn request_id(req: Request, next: Next) -> Response {
         .get("x-request-id")
         .cloned()
         .unwrap_or_else(|| HeaderValue::from_str(&random_hex()).unwrap_or(HeaderValue::from_static("0")));
-    let mut resp = next.run(req).await;
+    // The request's span: every log line of its handling carries the id.
+    let span = tracing::info_span!(
+        "request",
+        request_id = %String::from_utf8_lossy(id.as_bytes()),
+        method = %req.method(),
+        path = %req.uri().path(),
+        status = tracing::field::Empty,
+    );
+    let mut resp = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    span.record("status", resp.status().as_u16());
     resp.headers_mut().insert("x-request-id", id);
     resp
 }

@@ -161,7 +161,13 @@ async fn forward(
         parts.headers.insert(crate::middleware::API_KEY_HEADER, key);
     }
     let out = hyper::Request::from_parts(parts, body);
-    let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway(&id, "request", &e))?;
+    // The agent's answer (its headers): for an exec, the command started.
+    let span = match timer {
+        Some(_) => tracing::info_span!("exec", sandbox = %id),
+        None => tracing::info_span!("agent_proxy", sandbox = %id, port),
+    };
+    let sent = tracing::Instrument::instrument(sender.send_request(out), span).await;
+    let mut resp = sent.map_err(|e| bad_gateway(&id, "request", &e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let agent_upgrade = hyper::upgrade::on(&mut resp);
         let Some(client_upgrade) = client_upgrade else {

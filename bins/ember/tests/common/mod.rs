@@ -34,6 +34,8 @@ pub struct Daemon {
     pub group: String,
     pub client: Client,
     extra: Vec<String>,
+    /// Where stderr goes, at `info`, instead of the test's stderr at `warn`.
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -43,6 +45,12 @@ impl Daemon {
 
     /// A daemon with extra `ember serve` flags.
     pub fn start_with(extra: &[&str]) -> Daemon {
+        let mut d = Self::unstarted(extra);
+        d.spawn();
+        d
+    }
+
+    fn unstarted(extra: &[&str]) -> Daemon {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("ember-test-{}-{n}", std::process::id());
         let data_dir = std::env::temp_dir().join(&tag);
@@ -54,12 +62,20 @@ impl Daemon {
             group: tag,
             client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            log: None,
         };
         // Egress networking changes the host (a table, namespaces, an address
         // on lo): only tests that ask for it, with a range and tag of their own.
         if !d.extra.iter().any(|a| a == "--network-range") {
             d.extra.extend(["--network-range".to_string(), "none".to_string()]);
         }
+        d
+    }
+
+    /// A daemon with extra flags whose stderr, at `info`, goes to `log`.
+    pub fn start_logged(extra: &[&str], log: &Path) -> Daemon {
+        let mut d = Self::unstarted(extra);
+        d.log = Some(log.to_path_buf());
         d.spawn();
         d
     }
@@ -67,7 +83,10 @@ impl Daemon {
     /// (Re)starts `ember serve` on the same data dir and cgroup parent.
     pub fn spawn(&mut self) {
         let mut cmd = serve_command(&self.data_dir, &self.group, &self.extra);
-        cmd.stderr(Stdio::inherit());
+        match &self.log {
+            Some(p) => cmd.stderr(std::fs::File::create(p).expect("daemon log file")).env("EMBER_LOG", "info"),
+            None => cmd.stderr(Stdio::inherit()),
+        };
         let mut child = cmd.spawn().expect("ember serve starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
@@ -120,6 +139,26 @@ impl Daemon {
         let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
         f(&mut req);
         self.client.create_sandbox(&req).await.expect("create sandbox").0
+    }
+
+    /// A pool `host` of the host template with a fixed target of `idle`,
+    /// returned once that many members are idle.
+    pub async fn warm_pool(&self, idle: u32) {
+        let req = ember_types::api::CreatePoolRequest {
+            template: "host".into(),
+            min: idle,
+            max: idle + 1,
+            target: Some(idle.into()),
+            ..Default::default()
+        };
+        self.client.create_pool(&req).await.expect("create pool");
+        for _ in 0..800 {
+            if self.client.get_pool("host").await.expect("pool").idle == idle {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("pool host never had {idle} idle members");
     }
 
     pub async fn create_limited(&self, memory: &str, pids: u64) -> SandboxInfo {
