@@ -97,6 +97,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
             allowed_hosts: args.allowed_host,
             public_host: args.public_host,
             sandbox_domain,
+            ui: args.observe.ui.then(|| ember_api::ui::UiConfig::new(args.observe.ui_reports.clone())),
         }),
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;

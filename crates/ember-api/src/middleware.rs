@@ -30,7 +30,7 @@ pub async fn request_id(req: Request, next: Next) -> Response {
     resp
 }
 
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     use std::io::Read;
     let mut b = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
@@ -91,6 +91,10 @@ fn host_allowed(host: &str, cfg: &crate::ApiConfig) -> bool {
 pub async fn auth(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" || path == "/version" {
+        return next.run(req).await;
+    }
+    // The dashboard checks its session cookie (or the key) itself (`ui/`).
+    if st.cfg.ui.is_some() && (path == "/ui" || path.starts_with("/ui/")) {
         return next.run(req).await;
     }
     match key_refusal(&st.cfg, req.headers()) {
