@@ -49,6 +49,21 @@ async fn the_dashboard_shows_pools_updates_live_and_opens_a_terminal() {
     let err: serde_json::Value = serde_json::from_slice(&body).expect("a JSON error");
     assert_eq!(err["code"], "MISSING_API_KEY");
 
+    // The login: a wrong key is the API's 401, a foreign page's post a 403,
+    // and no cookie is set by either.
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let host = format!("Host: {addr}");
+    let form = ["Content-Type: application/x-www-form-urlencoded".to_string(), host.clone()];
+    let hang = std::time::Duration::from_secs(30);
+    let (status, head, _) = common::raw::exchange(&addr, "POST /ui/login", &form, "key=wrong", hang).await;
+    assert!(status == 401 && !head.contains("set-cookie"), "{status} {head}");
+    let foreign = [form[0].clone(), form[1].clone(), "Origin: http://8080-x.sb.example".to_string()];
+    let (status, head, body) = common::raw::exchange(&addr, "POST /ui/login", &foreign, "key=ui-test-key", hang).await;
+    assert!(status == 403 && body.contains("GENERAL::CROSS_ORIGIN") && !head.contains("set-cookie"), "{status} {body}");
+    let (status, head, _) = common::raw::exchange(&addr, "POST /ui/login", &form, "key=ui-test-key", hang).await;
+    assert!(status == 303 && head.contains("set-cookie: ember_ui="), "{status} {head}");
+    assert!(head.contains("httponly") && head.contains("samesite=strict") && head.contains("path=/ui"), "{head}");
+
     let cold = d.create(|_| {}).await;
     d.warm_pool(2).await;
     let shots = repo().join("target/ui-screenshots");

@@ -30,7 +30,7 @@ pub async fn request_id(req: Request, next: Next) -> Response {
     resp
 }
 
-pub(crate) fn random_hex() -> String {
+fn random_hex() -> String {
     use std::io::Read;
     let mut b = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

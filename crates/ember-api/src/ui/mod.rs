@@ -132,7 +132,7 @@ async fn login(State(st): State<ApiState>, h: HeaderMap, body: String) -> Result
         return Ok(refusal);
     }
     let Some(ui) = &st.cfg.ui else { return Err(refused()) };
-    let token = crate::middleware::random_hex();
+    let token = session_token()?;
     {
         let mut s = ui.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if s.len() >= MAX_SESSIONS {
@@ -142,6 +142,16 @@ async fn login(State(st): State<ApiState>, h: HeaderMap, body: String) -> Result
     }
     let cookie = format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict");
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/ui")).into_response())
+}
+
+/// 128 random bits, hex; no session rather than a guessable one.
+fn session_token() -> Result<String, ApiError> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).map_err(|e| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "GENERAL::INTERNAL", format!("/dev/urandom: {e}"))
+    })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// A snapshot now and every second after, as `data:` JSON events.
