@@ -30,7 +30,7 @@ pub(super) async fn take(st: &ApiState) -> Value {
         })
         .collect();
     let mut recs = st.engine.list(&ember_engine::ListFilter::default()).await.unwrap_or_default();
-    recs.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms));
+    recs.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
     let sandboxes: Vec<Value> = recs
         .iter()
         .take(MAX_SANDBOXES)
