@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
-    crate::logging::init(args.observe.log_format);
+    crate::logging::init(&args.observe)?;
 
     // Flags that refuse the start outright are checked before the data dir is touched.
     let addr: SocketAddr =
@@ -102,6 +102,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
+    crate::logging::flush();
     Ok(0)
 }
 

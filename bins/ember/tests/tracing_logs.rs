@@ -59,3 +59,43 @@ async fn a_claims_json_log_lines_share_its_request_id_and_name_its_spans() {
     assert_ne!(execs[0].0, claim_id, "the exec is a request of its own");
     let _ = std::fs::remove_file(&log);
 }
+
+/// With the `otlp` feature: the spans reach an OTLP/HTTP receiver. The
+/// receiver here is a bare HTTP/1.1 listener: a POST to `/v1/traces` with a
+/// non-empty protobuf body is what is checked, not its decoding.
+#[cfg(feature = "otlp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_are_exported_over_otlp_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    let d = Daemon::start_with(&["--otlp-endpoint", &endpoint]);
+    let s = d.create(|_| {}).await;
+    // The batch goes out within the exporter's schedule (5 s); the bound
+    // below only guards against a daemon that never posts.
+    let (mut conn, _) = tokio::time::timeout(Duration::from_secs(60), listener.accept())
+        .await
+        .expect("a POST in time")
+        .expect("accept");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    let (head, body_len) = loop {
+        let n = conn.read(&mut buf).await.expect("read");
+        assert!(n > 0, "the exporter hung up: {:?}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            break (head, len);
+        }
+    };
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+    assert!(head.starts_with("post /v1/traces "), "{head}");
+    assert!(head.contains("content-type: application/x-protobuf"), "{head}");
+    assert!(body_len > 0, "spans in the body: {head}");
+    d.client.delete_sandbox(&s.id).await.expect("remove");
+}

@@ -26,4 +26,9 @@ pub struct ObserveArgs {
     /// dashboard lists and serves; only with --ui.
     #[arg(long, value_name = "DIR", requires = "ui")]
     pub ui_reports: Option<PathBuf>,
+    /// Export the request spans over OTLP/HTTP (protobuf) to
+    /// URL/v1/traces, e.g. http://127.0.0.1:4318. Needs a build with the
+    /// `otlp` cargo feature (off by default).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
