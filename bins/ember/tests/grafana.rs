@@ -156,6 +156,8 @@ async fn every_dashboard_panel_query_returns_series_from_a_real_prometheus() {
         let v = got.first().and_then(|r| r["value"][1].as_str()).and_then(|s| s.parse::<f64>().ok());
         assert!(v.is_some_and(|v| v >= at_least), "{q} = {v:?}, expected at least {at_least}");
     }
+    drop(prom);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn tempfile_dir() -> PathBuf {
