@@ -10,6 +10,7 @@ mod cluster;
 mod commands;
 mod datadir;
 mod lab;
+mod logging;
 mod netsetup;
 mod serve;
 mod term;

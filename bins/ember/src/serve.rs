@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EMBER_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    crate::logging::init(&args.observe)?;
 
     // Flags that refuse the start outright are checked before the data dir is touched.
     let addr: SocketAddr =
@@ -100,10 +99,12 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
             allowed_hosts: args.allowed_host,
             public_host: args.public_host,
             sandbox_domain,
+            ui: args.observe.ui.then(|| ember_api::ui::UiConfig::new(args.observe.ui_reports.clone())),
         }),
     };
     ember_api::serve(listener, state, shutdown_signal()).await.context("serve")?;
     tracing::info!("ember stopped; sandboxes keep running and are re-adopted on the next start");
+    crate::logging::flush();
     Ok(0)
 }
 

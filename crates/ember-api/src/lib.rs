@@ -36,6 +36,7 @@ mod tasks;
 mod tenancy;
 mod tenants;
 mod tokens;
+pub mod ui;
 mod workspaces;
 
 pub use tenancy::Principal;
@@ -64,6 +65,8 @@ pub struct ApiConfig {
     /// whose `Host` is `<port>-<sandbox id>.<domain>` is proxied whole to that
     /// sandbox port, on a browser origin of its own (`origin.rs`).
     pub sandbox_domain: Option<String>,
+    /// `--ui`: the dashboard's routes (`ui/`), its reports and sessions.
+    pub ui: Option<ui::UiConfig>,
 }
 
 #[derive(Clone)]
@@ -171,6 +174,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/health", get(system::health))
         .route("/version", get(system::version))
         .route("/metrics", get(system::metrics))
+        .merge(if state.cfg.ui.is_some() { ui::routes() } else { Router::new() })
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), tenancy::guard))

@@ -23,7 +23,16 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
         .unwrap_or_else(|| HeaderValue::from_str(&random_hex()).unwrap_or(HeaderValue::from_static("0")));
     // The audit log (`tenancy.rs`) names the request by it too.
     req.headers_mut().insert("x-request-id", id.clone());
-    let mut resp = next.run(req).await;
+    // The request's span: every log line of its handling carries the id.
+    let span = tracing::info_span!(
+        "request",
+        request_id = %String::from_utf8_lossy(id.as_bytes()),
+        method = %req.method(),
+        path = %req.uri().path(),
+        status = tracing::field::Empty,
+    );
+    let mut resp = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    span.record("status", resp.status().as_u16());
     resp.headers_mut().insert("x-request-id", id);
     resp
 }
@@ -91,6 +100,10 @@ fn host_allowed(host: &str, cfg: &crate::ApiConfig) -> bool {
 pub async fn auth(State(st): State<ApiState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" || path == "/version" {
+        return next.run(req).await;
+    }
+    // The dashboard checks its session cookie (or the key) itself (`ui/`).
+    if st.cfg.ui.is_some() && (path == "/ui" || path.starts_with("/ui/")) {
         return next.run(req).await;
     }
     match principal(&st, req.headers()) {

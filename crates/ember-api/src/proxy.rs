@@ -134,6 +134,11 @@ async fn forward(
         return Err(not_found());
     }
     let route = st.engine.agent_route(&id).await?;
+    // Timed where the agent is local: a forwarded one is timed on its owner.
+    let timer = (port == EXECD_PORT && rest == "command" && req.method() == axum::http::Method::POST)
+        .then_some(())
+        .filter(|_| matches!(route, AgentRoute::Local { .. }))
+        .map(|_| ExecTimer { st: st.clone(), t0: std::time::Instant::now() });
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let on_api_origin = matches!(via, Via::Path);
@@ -157,7 +162,13 @@ async fn forward(
         parts.headers.insert(crate::middleware::API_KEY_HEADER, key);
     }
     let out = hyper::Request::from_parts(parts, body);
-    let mut resp = sender.send_request(out).await.map_err(|e| bad_gateway(&id, "request", &e))?;
+    // The agent's answer (its headers): for an exec, the command started.
+    let span = match timer {
+        Some(_) => tracing::info_span!("exec", sandbox = %id),
+        None => tracing::info_span!("agent_proxy", sandbox = %id, port),
+    };
+    let sent = tracing::Instrument::instrument(sender.send_request(out), span).await;
+    let mut resp = sent.map_err(|e| bad_gateway(&id, "request", &e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let agent_upgrade = hyper::upgrade::on(&mut resp);
         let Some(client_upgrade) = client_upgrade else {
@@ -171,7 +182,28 @@ async fn forward(
     }
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers, NOT_FORWARDED);
-    Ok(Response::from_parts(rparts, Body::new(rbody)))
+    let body = match timer {
+        // The timer goes with the streamed body: dropped at its end (or the
+        // client's hang-up), it observes the command's whole time.
+        Some(timer) => Body::new(http_body_util::BodyExt::map_frame(rbody, move |f| {
+            let _held = &timer;
+            f
+        })),
+        None => Body::new(rbody),
+    };
+    Ok(Response::from_parts(rparts, body))
+}
+
+/// Observes `ember_exec_seconds` when dropped.
+struct ExecTimer {
+    st: ApiState,
+    t0: std::time::Instant,
+}
+
+impl Drop for ExecTimer {
+    fn drop(&mut self) {
+        self.st.engine.observe_exec(self.t0.elapsed());
+    }
 }
 
 fn bad_gateway(id: &str, what: &str, e: &dyn std::error::Error) -> ApiError {

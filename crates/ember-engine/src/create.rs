@@ -187,7 +187,9 @@ impl Provisioner {
         // A rebind (a fixed id) is a cold start: a warm member has its own id.
         if req.launch != LaunchMode::Cold && req.id.is_none() {
             if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
-                if let Some(rec) = self.pools.claim(&pool, &spec, &req, t0).await? {
+                let claim = self.pools.claim(&pool, &spec, &req, t0);
+                let span = tracing::info_span!("pool_claim", pool = %pool.spec().name);
+                if let Some(rec) = tracing::Instrument::instrument(claim, span).await? {
                     return self.sandboxes.record_policy(rec, req.network_policy).await;
                 }
             }
@@ -195,7 +197,9 @@ impl Provisioner {
         if req.launch == LaunchMode::Warm {
             return Err(EngineError::PoolEmpty(req.pool.unwrap_or_else(|| spec.template.clone())));
         }
-        let rec = self.sandboxes.launch_as(req.id.clone(), spec.clone(), req.image_uri.clone(), t0).await?;
+        let launch = self.sandboxes.launch_as(req.id.clone(), spec.clone(), req.image_uri.clone(), t0);
+        let span = tracing::info_span!("cold_start", template = %spec.template, runtime_class = %spec.runtime_class);
+        let rec = tracing::Instrument::instrument(launch, span).await?;
         let rec = crate::secrets::deliver_or_remove(&self.sandboxes, rec, &req.secrets).await?;
         let rec = match self.workspaces.attach_workspaces(&rec, &req.workspaces).await {
             Ok(mounted) if mounted.is_empty() => rec,

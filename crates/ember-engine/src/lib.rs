@@ -27,6 +27,7 @@ mod error;
 mod metrics;
 mod network;
 pub mod pool;
+mod process_metrics;
 pub mod record;
 mod sandbox;
 mod seam;
@@ -37,6 +38,7 @@ pub mod tasks;
 pub mod tenants;
 mod workspaces;
 
+pub use process_metrics::splice as splice_metrics;
 pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
 pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};

@@ -24,6 +24,17 @@ pub struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassStateLabels {
+    pub state: String,
+    pub runtime_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
     pub rule: String,
 }
@@ -36,6 +47,35 @@ pub struct Metrics {
     pub terminated: Family<ReasonLabels, Counter>,
     pub sandboxes: Family<StateLabels, Gauge>,
     pub network_denied: Family<RuleLabels, Counter>,
+    /// Set at scrape time from the records (`Sandboxes::refresh_gauges`).
+    pub sandboxes_by_class: Family<ClassStateLabels, Gauge>,
+    /// Time from an execd `POST /command` reaching the API to the end of its
+    /// streamed reply (the command's run included), observed by the proxy.
+    pub exec_seconds: Histogram,
+    pub pools: PoolGauges,
+}
+
+/// Per-pool figures, copied from the pools at scrape time, so the claim path
+/// takes no lock for them.
+#[derive(Default)]
+pub struct PoolGauges {
+    pub idle: Family<PoolLabels, Gauge>,
+    pub starting: Family<PoolLabels, Gauge>,
+    pub target: Family<PoolLabels, Gauge>,
+    pub claimed: Family<PoolLabels, Gauge>,
+    pub claims: Family<PoolLabels, Counter>,
+    pub misses: Family<PoolLabels, Counter>,
+}
+
+impl PoolGauges {
+    fn register(&self, r: &mut Registry) {
+        r.register("pool_idle", "Idle members, per pool", self.idle.clone());
+        r.register("pool_starting", "Members starting, per pool", self.starting.clone());
+        r.register("pool_target", "The idle target the sizing arithmetic chose, per pool", self.target.clone());
+        r.register("pool_claimed", "Live sandboxes claimed from the pool", self.claimed.clone());
+        r.register("pool_claims", "Claims served from idle members, per pool", self.claims.clone());
+        r.register("pool_misses", "Claims that found no idle member, per pool", self.misses.clone());
+    }
 }
 
 fn launch_histogram() -> Histogram {
@@ -63,7 +103,35 @@ impl Metrics {
             "Connection attempts and DNS queries denied by sandbox egress policy, by rule",
             network_denied.clone(),
         );
-        Metrics { registry, launch_seconds, created, create_failures, terminated, sandboxes, network_denied }
+        // The catch-all rule's series exists from the start (at 0), so a
+        // dashboard's denied-flows panel has a series before the first denial.
+        let _ = network_denied.get_or_create(&RuleLabels { rule: "default".into() });
+        let sandboxes_by_class = Family::<ClassStateLabels, Gauge>::default();
+        registry.register(
+            "sandboxes_by_class",
+            "Sandboxes by state and runtime class (only the non-zero pairs)",
+            sandboxes_by_class.clone(),
+        );
+        let exec_seconds = launch_histogram();
+        registry.register(
+            "exec_seconds",
+            "execd command time through the API, request to end of stream",
+            exec_seconds.clone(),
+        );
+        let pools = PoolGauges::default();
+        pools.register(&mut registry);
+        Metrics {
+            registry,
+            launch_seconds,
+            created,
+            create_failures,
+            terminated,
+            sandboxes,
+            network_denied,
+            sandboxes_by_class,
+            exec_seconds,
+            pools,
+        }
     }
 
     /// The Prometheus text exposition.

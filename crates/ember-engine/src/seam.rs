@@ -292,4 +292,6 @@ pub trait ControlPlane: Send + Sync {
     /// This node's OpenMetrics exposition (sandbox and task registries, one
     /// `# EOF`). Node local: Prometheus scrapes each node.
     fn metrics_text(&self) -> String;
+    /// Records one execd command's time through the API (`ember_exec_seconds`).
+    fn observe_exec(&self, took: Duration);
 }

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod images;
+mod observe;
 mod pools;
 mod sandbox;
 mod serve;
@@ -11,6 +12,7 @@ mod workspaces;
 
 pub use bench::*;
 pub use images::*;
+pub use observe::*;
 pub use pools::*;
 pub use sandbox::*;
 pub use serve::*;

@@ -95,6 +95,8 @@ pub struct ServeArgs {
     pub net: NetArgs,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub observe: super::observe::ObserveArgs,
 }
 
 /// Cluster mode of `ember serve` (docs/cluster.md). Without --cluster the

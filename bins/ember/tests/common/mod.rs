@@ -34,8 +34,9 @@ pub struct Daemon {
     pub group: String,
     pub client: Client,
     extra: Vec<String>,
-    /// Where the daemon's stderr goes, at debug level (`start_logging`).
-    log: Option<PathBuf>,
+    /// Where the daemon's stderr goes, and at which level (`start_logging`:
+    /// debug, `start_logged`: info), instead of the test's stderr at `warn`.
+    log: Option<(PathBuf, &'static str)>,
 }
 
 impl Daemon {
@@ -45,15 +46,20 @@ impl Daemon {
 
     /// A daemon with extra `ember serve` flags.
     pub fn start_with(extra: &[&str]) -> Daemon {
-        Self::start_inner(extra, None)
+        let mut d = Self::unstarted(extra);
+        d.spawn();
+        d
     }
 
     /// A daemon logging at debug level to the file `log` (appended across restarts).
     pub fn start_logging(extra: &[&str], log: &Path) -> Daemon {
-        Self::start_inner(extra, Some(log.to_path_buf()))
+        let mut d = Self::unstarted(extra);
+        d.log = Some((log.to_path_buf(), "debug"));
+        d.spawn();
+        d
     }
 
-    fn start_inner(extra: &[&str], log: Option<PathBuf>) -> Daemon {
+    fn unstarted(extra: &[&str]) -> Daemon {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("ember-test-{}-{n}", std::process::id());
         let data_dir = std::env::temp_dir().join(&tag);
@@ -65,13 +71,20 @@ impl Daemon {
             group: tag,
             client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            log,
+            log: None,
         };
         // Egress networking changes the host (a table, namespaces, an address
         // on lo): only tests that ask for it, with a range and tag of their own.
         if !d.extra.iter().any(|a| a == "--network-range") {
             d.extra.extend(["--network-range".to_string(), "none".to_string()]);
         }
+        d
+    }
+
+    /// A daemon with extra flags whose stderr, at `info`, goes to `log`.
+    pub fn start_logged(extra: &[&str], log: &Path) -> Daemon {
+        let mut d = Self::unstarted(extra);
+        d.log = Some((log.to_path_buf(), "info"));
         d.spawn();
         d
     }
@@ -80,9 +93,9 @@ impl Daemon {
     pub fn spawn(&mut self) {
         let mut cmd = serve_command(&self.data_dir, &self.group, &self.extra);
         cmd.stderr(Stdio::inherit());
-        if let Some(log) = &self.log {
+        if let Some((log, level)) = &self.log {
             let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("daemon log file");
-            cmd.stderr(f).env("EMBER_LOG", "debug");
+            cmd.stderr(f).env("EMBER_LOG", level);
         }
         let mut child = cmd.spawn().expect("ember serve starts");
         let stdout = child.stdout.take().expect("stdout");
@@ -136,6 +149,26 @@ impl Daemon {
         let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
         f(&mut req);
         self.client.create_sandbox(&req).await.expect("create sandbox").0
+    }
+
+    /// A pool `host` of the host template with a fixed target of `idle`,
+    /// returned once that many members are idle.
+    pub async fn warm_pool(&self, idle: u32) {
+        let req = ember_types::api::CreatePoolRequest {
+            template: "host".into(),
+            min: idle,
+            max: idle + 1,
+            target: Some(idle.into()),
+            ..Default::default()
+        };
+        self.client.create_pool(&req).await.expect("create pool");
+        for _ in 0..800 {
+            if self.client.get_pool("host").await.expect("pool").idle == idle {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("pool host never had {idle} idle members");
     }
 
     pub async fn create_limited(&self, memory: &str, pids: u64) -> SandboxInfo {

@@ -20,6 +20,7 @@ mod beat;
 mod claims;
 mod elsewhere;
 mod forward;
+mod metrics;
 mod mirror;
 mod plane;
 mod pools;

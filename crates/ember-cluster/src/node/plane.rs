@@ -602,6 +602,9 @@ impl ControlPlane for ClusterPlane {
         self.local.runtime_classes()
     }
     fn metrics_text(&self) -> String {
-        self.local.metrics_text()
+        super::metrics::with_nodes(self.local.metrics_text(), &self.live_nodes())
+    }
+    fn observe_exec(&self, took: std::time::Duration) {
+        self.local.observe_exec(took)
     }
 }

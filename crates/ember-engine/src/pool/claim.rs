@@ -16,6 +16,7 @@ use ember_types::{SandboxSpec, TerminationReason};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::{info_span, Instrument};
 
 /// How long a pooled sandbox's agent has to accept its claim.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,7 +31,7 @@ impl Pools {
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         let (image_uri, workspaces) = (&req.image_uri, &req.workspaces[..]);
-        while let Some(id) = pool.pop_idle() {
+        while let Some(id) = pop_traced(pool) {
             let Ok(entry) = self.sandboxes.entry(id.as_str()) else { continue };
             let r = entry.snapshot();
             if r.lifecycle != Lifecycle::Pooled {
@@ -38,7 +39,8 @@ impl Pools {
             }
             // Workspaces first: the entrypoint may need them. A refused lease
             // is the caller's error; the sandbox goes back, unclaimed.
-            let mounted = match self.workspaces.attach_workspaces(&r, workspaces).await {
+            let bound = self.workspaces.attach_workspaces(&r, workspaces);
+            let mounted = match bound.instrument(info_span!("workspace_bind", sandbox = %id)).await {
                 Ok(m) => m,
                 Err(e) => {
                     if matches!(e, EngineError::Workspace(_)) {
@@ -58,7 +60,8 @@ impl Pools {
                 // Written before the entrypoint starts; never stored here.
                 "secrets": req.secrets,
             });
-            if let Err(e) = bind(&entry.agent_socket, &body).await {
+            if let Err(e) = bind(&entry.agent_socket, &body).instrument(info_span!("agent_claim", sandbox = %id)).await
+            {
                 self.workspaces.release_leases(id.as_str(), &mounted);
                 tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
                 entry.tell(Command::Stop(TerminationReason::RuntimeError(e)));
@@ -74,7 +77,7 @@ impl Pools {
                 expires_at_ms: spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t)),
                 launch: LaunchRecord { kind: "warm".into(), micros, phases: Default::default() },
             };
-            let saved = entry.ask(Command::Claim(Box::new(patch))).await;
+            let saved = entry.ask(Command::Claim(Box::new(patch))).instrument(info_span!("claim_record")).await;
             let rec = match saved {
                 Ok(rec) => rec,
                 Err(e) => {
@@ -91,12 +94,19 @@ impl Pools {
                 }
             };
             pool.record_claim();
+            tracing::info!(sandbox = %id, micros, "claimed from the pool");
             self.sandboxes.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));
         }
         pool.record_miss();
         Ok(None)
     }
+}
+
+/// Pops an idle member in a span of its own, closed on return (a span in
+/// the `while let` would live through the whole claim).
+fn pop_traced(pool: &Pool) -> Option<ember_types::SandboxId> {
+    info_span!("pool_pop").in_scope(|| pool.pop_idle())
 }
 
 /// Whether a refused `Claim` means the pooled sandbox ended between its pop

@@ -92,6 +92,33 @@ impl Pools {
         v
     }
 
+    /// Copies every pool's figures into `m` (at scrape time: the claim path
+    /// takes no lock for metrics). `recs` are the sandboxes' records, for the
+    /// claimed count: live sandboxes a pool started that a caller holds.
+    pub fn refresh_metrics(&self, m: &crate::metrics::PoolGauges, recs: &[crate::record::SandboxRecord]) {
+        let pools: Vec<(String, Arc<Pool>)> =
+            self.pools.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for f in [&m.idle, &m.starting, &m.target, &m.claimed] {
+            f.clear();
+        }
+        for (name, pool) in pools {
+            let l = crate::metrics::PoolLabels { pool: name };
+            let claimed = recs
+                .iter()
+                .filter(|r| r.pool.as_deref() == Some(l.pool.as_str()) && !r.state.is_terminal())
+                .filter(|r| r.lifecycle != ember_types::lifecycle::Lifecycle::Pooled)
+                .count();
+            m.idle.get_or_create(&l).set(pool.idle_len() as i64);
+            m.starting.get_or_create(&l).set(pool.starting.load(Ordering::Relaxed) as i64);
+            m.target.get_or_create(&l).set(pool.sizing().target as i64);
+            m.claimed.get_or_create(&l).set(claimed as i64);
+            for (c, total) in [(&m.claims, &pool.claims_total), (&m.misses, &pool.misses_total)] {
+                let c = c.get_or_create(&l);
+                c.inc_by(total.load(Ordering::Relaxed).saturating_sub(c.get()));
+            }
+        }
+    }
+
     pub async fn pool_status(&self, name: &str) -> Result<PoolStatus, EngineError> {
         let pool = self.pool(name)?;
         let idle_ids: Vec<_> = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();

@@ -266,9 +266,23 @@ impl Sandboxes {
             .map_err(|source| EngineError::Runtime { id: r.id, source })
     }
 
-    /// Refreshes the per-state gauge (called before metrics are encoded).
-    pub fn refresh_gauges(&self) {
+    /// Refreshes the per-state gauges (called before metrics are encoded)
+    /// and returns the records it counted, for the pools' gauges.
+    pub fn refresh_gauges(&self) -> Vec<SandboxRecord> {
         let recs = self.list(&ListFilter::default());
+        let mut by_class: std::collections::HashMap<crate::metrics::ClassStateLabels, i64> = Default::default();
+        for r in &recs {
+            let l = crate::metrics::ClassStateLabels {
+                state: r.state.as_str().into(),
+                runtime_class: r.spec.runtime_class.clone(),
+            };
+            *by_class.entry(l).or_default() += 1;
+        }
+        // Cleared, so a pair whose last sandbox went leaves no stale series.
+        self.metrics.sandboxes_by_class.clear();
+        for (l, n) in by_class {
+            self.metrics.sandboxes_by_class.get_or_create(&l).set(n);
+        }
         for s in [
             SandboxState::Pending,
             SandboxState::Running,
@@ -280,6 +294,7 @@ impl Sandboxes {
             let n = recs.iter().filter(|r| r.state == s).count() as i64;
             self.metrics.sandboxes.get_or_create(&crate::metrics::StateLabels { state: s.as_str().into() }).set(n);
         }
+        recs
     }
 
     fn sweep(&self) {

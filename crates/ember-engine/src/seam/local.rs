@@ -267,15 +267,15 @@ impl ControlPlane for Arc<Engine> {
         Engine::runtime_classes(self)
     }
     fn metrics_text(&self) -> String {
-        self.sandboxes.refresh_gauges();
+        let recs = self.sandboxes.refresh_gauges();
+        self.pools.refresh_metrics(&Engine::metrics(self).pools, &recs);
         let mut body = Engine::metrics(self).encode();
         if let Some(tasks) = self.tasks.get().and_then(|t| t.encode_task_metrics()) {
-            // Two expositions, one `# EOF`: the task registry's ends the reply.
-            if let Some(cut) = body.rfind("# EOF") {
-                body.truncate(cut);
-            }
-            body.push_str(&tasks);
+            body = crate::process_metrics::splice(body, &tasks);
         }
-        body
+        crate::process_metrics::append_process(body)
+    }
+    fn observe_exec(&self, took: std::time::Duration) {
+        Engine::metrics(self).exec_seconds.observe(took.as_secs_f64());
     }
 }
