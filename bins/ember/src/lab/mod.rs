@@ -5,7 +5,7 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `ondemand.rs`: lab 2's node leg; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
+//! (`shared*.rs` + `worker.rs`: lab 1; `ondemand.rs`: lab 2's node leg, `ondemand_k8s.rs` + `k8s_cost.rs`: its Kubernetes leg; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
@@ -14,7 +14,9 @@
 //! The only host-side work is lab 1's baseline: a real worker process in a
 //! memory-limited cgroup the lab makes and removes.
 mod isolation;
+mod k8s_cost;
 mod ondemand;
+mod ondemand_k8s;
 mod pool;
 mod pool_report;
 mod poolsim;
@@ -52,6 +54,8 @@ pub enum LabCmd {
         /// 127.0.0.1:PORT in --insecure-registry, as for `ember bench image`).
         #[arg(long, default_value_t = 5099)]
         registry_port: u16,
+        #[command(flatten)]
+        k8s: ondemand_k8s::K8sLegArgs,
         /// Lab 7's local cluster (`ember cluster up --dir`).
         #[arg(long, default_value = crate::cluster::DEFAULT_DIR)]
         cluster_dir: PathBuf,
@@ -94,7 +98,7 @@ pub const LABS: &[Lab] = &[
         n: 2,
         name: "on-demand",
         title: "On demand",
-        wall: "a cold create per request: pull, unpack, launch, agent ready (the Kubernetes leg needs issue 12)",
+        wall: "a cold create per request: pull, unpack, launch, agent ready; through the API server, what a burst costs it and etcd",
     },
     Lab {
         n: 3,
@@ -136,7 +140,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             }
             Ok(0)
         }
-        LabCmd::Run { n, scale, out, registry_port, cluster_dir } => {
+        LabCmd::Run { n, scale, out, registry_port, k8s, cluster_dir } => {
             let lab = LABS.iter().find(|l| l.n == n).with_context(|| format!("no lab {n} here (`ember lab ls`)"))?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -146,7 +150,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             let client = client()?;
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
-                2 => ondemand::run(&client, scale, &dir, registry_port).await?,
+                2 => ondemand::run(&client, scale, &dir, registry_port, &k8s).await?,
                 3 => pool::run(&client, scale, &dir).await?,
                 4 => workspace::run(&client, scale, &dir).await?,
                 5 => pushpull::run(scale, &dir).await?,
