@@ -125,7 +125,7 @@ pub async fn run(client: &Client, args: K8sArgs) -> anyhow::Result<i32> {
 }
 
 /// `/proc/loadavg`'s three averages.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let s = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }

@@ -64,6 +64,8 @@ pub struct Leg {
     kube: Burst,
     ember: Burst,
     phases: Phases,
+    /// The host's load average around the leg: the figures are this machine's at that load.
+    load: String,
 }
 
 /// Runs the leg when a Kubernetes API is given; `None`: skipped.
@@ -82,6 +84,7 @@ pub async fn run(client: &Client, args: &K8sLegArgs, scale: Scale, template: &st
     let ns = kube.default_namespace().to_string();
     let api: Api<Sandbox> = Api::namespaced(kube.clone(), &ns);
     eprintln!("  Kubernetes leg: {n} Sandbox resources in {ns}, then {n} creates through ember's API");
+    let load_before = crate::bench::k8s::loadavg();
     let before = target.read(&kube).await?;
     let (kube_total, statuses) = kube_burst(&api, n, template).await;
     let after = target.read(&kube).await?;
@@ -102,7 +105,8 @@ pub async fn run(client: &Client, args: &K8sLegArgs, scale: Scale, template: &st
         total: ember_total,
         cost: Cost::between(&ember_before, &ember_after),
     };
-    Ok(Some(Leg { n, target, kube: kube_b, ember: ember_b, phases }))
+    let load = format!("{load_before} before, {} after", crate::bench::k8s::loadavg());
+    Ok(Some(Leg { n, target, kube: kube_b, ember: ember_b, phases, load }))
 }
 
 type Timed = (Timestamp, Timestamp, SandboxStatus);
@@ -251,7 +255,8 @@ pub fn add(r: &mut LabReport, leg: Option<&Leg>, dir: &Path) -> anyhow::Result<s
     c.row(vec!["etcd WAL fsync".into(), wal(&l.kube), wal(&l.ember)]);
     c.row(vec!["etcd backend commit".into(), commit(&l.kube), commit(&l.ember)]);
     r.tables.push(c);
-    r.notes.push(format!("kube-apiserver: {}; etcd: {}.", l.target.pid_from, l.target.etcd_from));
+    r.notes
+        .push(format!("kube-apiserver: {}; etcd: {}; load average {}.", l.target.pid_from, l.target.etcd_from, l.load));
     r.check(
         "every request of both paths became Ready",
         l.kube.ready == n && l.ember.ready == n,
@@ -282,7 +287,7 @@ pub fn add(r: &mut LabReport, leg: Option<&Leg>, dir: &Path) -> anyhow::Result<s
         })
     };
     Ok(serde_json::json!({
-        "requests": n, "apiserver": l.target.pid_from, "etcd": l.target.etcd_from,
+        "requests": n, "apiserver": l.target.pid_from, "etcd": l.target.etcd_from, "loadAverage": l.load,
         "kubernetes": cost(&l.kube), "ember": cost(&l.ember),
         "phases": { "toOperator": l.phases.to_operator.summary(), "node": l.phases.node.summary(), "toWatch": l.phases.to_watch.summary() },
     }))

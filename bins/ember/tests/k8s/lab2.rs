@@ -4,7 +4,9 @@
 //! as each create through ember's API did; the burst wrote to etcd at least
 //! once per request; the API server's CPU was measured (its process found in
 //! /proc by its port); the lab removed its resources and sandboxes. The
-//! invariants are read from report.json, never the timings.
+//! invariants are read from report.json, never the timings. The scale is
+//! `EMBER_LAB2_SCALE` (default small; labs/02-on-demand/README.md's figures
+//! come from this test run with `full`).
 use super::{install_crds, Operator};
 use crate::common::Daemon;
 use ember_operator::crd::Sandbox;
@@ -21,8 +23,9 @@ async fn lab_2_routes_cold_creates_through_the_api_server_and_measures_what_the_
     let _op = Operator::start(&server.kubeconfig, &daemon.url, &[]);
     let dir = daemon.data_dir.with_extension("lab2k8s");
     let _ = std::fs::remove_dir_all(&dir);
+    let scale = std::env::var("EMBER_LAB2_SCALE").unwrap_or_else(|_| "small".into());
     let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["lab", "run", "2", "--scale", "small", "--registry-port", &port.to_string(), "--out"])
+        .args(["lab", "run", "2", "--scale", &scale, "--registry-port", &port.to_string(), "--out"])
         .arg(&dir)
         .arg("--kubeconfig")
         .arg(&server.kubeconfig)
