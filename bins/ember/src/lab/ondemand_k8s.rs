@@ -87,12 +87,15 @@ pub async fn run(client: &Client, args: &K8sLegArgs, scale: Scale, template: &st
     let load_before = crate::bench::k8s::loadavg();
     let before = target.read(&kube).await?;
     let (kube_total, statuses) = kube_burst(&api, n, template).await;
-    let after = target.read(&kube).await?;
+    // The resources are deleted whatever the reading gave.
+    let after = target.read(&kube).await;
     let gone = delete_mine(&api).await;
+    let after = after?;
     let ember_before = target.read(&kube).await?;
     let (ember_total, ids) = ember_burst(client, n, template).await;
-    let ember_after = target.read(&kube).await?;
+    let ember_after = target.read(&kube).await;
     let left = crate::bench::pool::remove_all(client, ids).await;
+    let ember_after = ember_after?;
     gone?;
     anyhow::ensure!(left.is_empty(), "could not remove sandboxes {left:?}");
     let mut phases = Phases::default();
