@@ -11,8 +11,10 @@
 //! `ember bench`: a lab measures the user's own node as it is configured
 //! (its runtime, its templates), and starting a daemon of its own would mean
 //! duplicating `ember serve`'s root setup (agent, data dir, cgroup parent).
-//! The only host-side work is lab 1's baseline: a real worker process in a
-//! memory-limited cgroup the lab makes and removes.
+//! The only host-side work is lab 1's baseline (a real worker process in a
+//! memory-limited cgroup the lab makes and removes) and lab 2's Kubernetes
+//! leg, which also talks to the Kubernetes API and reads kube-apiserver's
+//! CPU from /proc and etcd's /metrics.
 mod isolation;
 mod k8s_cost;
 mod ondemand;
@@ -85,7 +87,7 @@ pub struct Lab {
     pub wall: &'static str,
 }
 
-/// The labs this binary can run (the others need Kubernetes); lab 7 runs
+/// The labs; lab 2's Kubernetes leg runs when given a Kubernetes API, lab 7
 /// against the local cluster of `ember cluster up`.
 pub const LABS: &[Lab] = &[
     Lab {
