@@ -9,6 +9,8 @@ mod agent_sandbox;
 #[path = "k8s/bench.rs"]
 mod bench;
 mod common;
+#[path = "k8s/lab2.rs"]
+mod lab2;
 
 use common::Daemon;
 use ember_operator::crd::{SandboxClaim, SandboxClaimSpec, SandboxPool, SandboxPoolSpec};

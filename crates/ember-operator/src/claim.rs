@@ -55,17 +55,10 @@ pub fn plan_cleanup(found: &[SandboxInfo]) -> Vec<String> {
     found.iter().filter(|s| s.status.state != "Removing").map(|s| s.id.clone()).collect()
 }
 
-/// The claim's status for the sandbox bound to it (`None`: the claim failed
-/// with `error`, e.g. no such pool).
-pub fn status(
-    prev: Option<&SandboxClaimStatus>,
-    bound: Option<&SandboxInfo>,
-    error: Option<&str>,
-    ember_url: &str,
-    generation: Option<i64>,
-    now: &str,
-) -> SandboxClaimStatus {
-    let ready = match (bound, error) {
+/// The `Ready` condition of a resource answered by `bound` (`None`: the
+/// node refused it with `error`, reported with reason `failed`).
+pub fn ready(bound: Option<&SandboxInfo>, error: Option<&str>, failed: &str) -> Condition {
+    match (bound, error) {
         (Some(s), _) if s.status.state == "Running" => {
             Condition::new("Ready", true, "Running", format!("sandbox {} is running", s.id))
         }
@@ -76,9 +69,22 @@ pub fn status(
             format!("sandbox {} is {}: {}", s.id, s.status.state, s.status.message.clone().unwrap_or_default()),
         ),
         (Some(s), _) => Condition::new("Ready", false, "Starting", format!("sandbox {} is {}", s.id, s.status.state)),
-        (None, Some(e)) => Condition::new("Ready", false, "ClaimFailed", e),
-        (None, None) => Condition::new("Ready", false, "Pending", "no sandbox claimed yet"),
-    };
+        (None, Some(e)) => Condition::new("Ready", false, failed, e),
+        (None, None) => Condition::new("Ready", false, "Pending", "no sandbox yet"),
+    }
+}
+
+/// The claim's status for the sandbox bound to it (`None`: the claim failed
+/// with `error`, e.g. no such pool).
+pub fn status(
+    prev: Option<&SandboxClaimStatus>,
+    bound: Option<&SandboxInfo>,
+    error: Option<&str>,
+    ember_url: &str,
+    generation: Option<i64>,
+    now: &str,
+) -> SandboxClaimStatus {
+    let ready = ready(bound, error, "ClaimFailed");
     let prev_conditions = prev.map(|p| p.conditions.as_slice()).unwrap_or_default();
     SandboxClaimStatus {
         sandbox_id: bound.map(|s| s.id.clone()),

@@ -96,9 +96,13 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
             waiting.map(|c| ObjectRef::from_obj(&*c)).collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(reconcile_claim, retry, ctx)
+        .run(reconcile_claim, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxClaim", r) });
-    tokio::join!(pools, claims, agents);
+    let sandboxes = Controller::new(Api::<crate::crd::Sandbox>::all(cfg.kube.clone()), watcher::Config::default())
+        .shutdown_on_signal()
+        .run(crate::sandbox::reconcile, retry, ctx)
+        .for_each(|r| async move { log("Sandbox", r) });
+    tokio::join!(pools, claims, sandboxes, agents);
     Ok(())
 }
 
@@ -180,7 +184,12 @@ pub(crate) async fn delete_node_pool(ctx: &Ctx, node: &str) -> Result<Action, Er
 
 /// A deleted claim's cleanup: every node sandbox labelled with its uid removed.
 pub(crate) async fn remove_claimed(ctx: &Ctx, uid: &str) -> Result<(), Error> {
-    for id in claim::plan_cleanup(&labelled(ctx, CLAIM_KEY, uid).await?) {
+    remove_labelled(ctx, CLAIM_KEY, uid).await
+}
+
+/// Every node sandbox whose metadata has `key` = `value`, removed.
+pub(crate) async fn remove_labelled(ctx: &Ctx, key: &str, value: &str) -> Result<(), Error> {
+    for id in claim::plan_cleanup(&labelled(ctx, key, value).await?) {
         found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(ctx))?;
     }
     Ok(())

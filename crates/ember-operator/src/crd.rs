@@ -148,7 +148,8 @@ pub struct SandboxPoolStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A sandbox started cold from a template. Reconciled in a later step.
+/// A sandbox started cold from a template, one per resource (no pool: the
+/// on-demand path). Deleting the resource removes the sandbox (`sandbox.rs`).
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ember.run", version = "v1alpha1", kind = "Sandbox", namespaced)]
 #[kube(status = "SandboxStatus", shortname = "sb")]
@@ -170,8 +171,14 @@ pub struct SandboxSpec {
 pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
+    /// The node sandbox's state (`Running`, `Terminated`, ...), `Failed` when
+    /// the node refused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// When the operator asked the node for the sandbox (RFC 3339); the
+    /// `Ready` condition's `lastTransitionTime` is when it found it running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }

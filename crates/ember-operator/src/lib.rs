@@ -1,7 +1,8 @@
 //! ember's Kubernetes operator, first step: ember's own CRDs (`crd.rs`,
 //! group `ember.run`) and the reconcilers that drive single ember nodes
 //! through their HTTP API (`ember-client`): SandboxPool → the node's warm
-//! pool (`pool.rs`), SandboxClaim → a sandbox claimed from it (`claim.rs`).
+//! pool (`pool.rs`), SandboxClaim → a sandbox claimed from it (`claim.rs`),
+//! Sandbox → a sandbox started cold per resource (`sandbox.rs`).
 //! Each reconciler is a pure plan (observed + desired → one action) with the
 //! IO around it in `controller.rs`; `run` starts them. See docs/kubernetes.md.
 pub mod agents;
@@ -11,6 +12,7 @@ pub mod controller;
 pub mod crd;
 pub mod lease;
 pub mod pool;
+pub mod sandbox;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -200,3 +200,17 @@ fn the_oldest_is_found_by_time_not_by_text() {
         [sandbox("later", "2026-01-01T00:00:01.5Z", "Running"), sandbox("first", "2026-01-01T00:00:01Z", "Running")];
     assert_eq!(claim::plan_apply(&found), Apply::Bound { keep: "first".into(), remove: vec!["later".into()] });
 }
+
+#[test]
+fn a_sandbox_resource_is_ready_once_the_node_runs_it_and_failed_when_the_node_refused() {
+    use ember_operator::{conditions, sandbox};
+    let s = sandbox("a", "2026-01-01T00:00:01Z", "Running");
+    let st = sandbox::status(None, Some(&s), None, Some("t0".into()), Some(1), "t1");
+    assert_eq!((st.sandbox_id.as_deref(), st.phase.as_deref()), (Some("a"), Some("Running")));
+    let ready = conditions::find(&st.conditions, "Ready").expect("Ready");
+    assert!(ready.is_true());
+    assert_eq!((ready.last_transition_time.as_deref(), st.started_at.as_deref()), (Some("t1"), Some("t0")));
+    let st = sandbox::status(Some(&st), None, Some("TEMPLATE::NOT_FOUND: x"), None, Some(2), "t2");
+    let ready = conditions::find(&st.conditions, "Ready").expect("Ready");
+    assert_eq!((ready.reason.as_str(), st.phase.as_deref()), ("CreateFailed", Some("Failed")));
+}

@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 
 pub(super) const POOL: &str = "ember-bench-k8s";
 /// The label on the bench's claims, to delete them together.
-pub(super) const LABEL: &str = "ember.run/bench";
+pub(crate) const LABEL: &str = "ember.run/bench";
 /// How long one claim may take to be Ready before it counts as failed.
 pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -69,7 +69,7 @@ pub(super) struct Figure {
 }
 
 /// One claim: its sandbox or claim name, and whether it came warm.
-pub(super) type Claimed = Result<(String, bool), String>;
+pub(crate) type Claimed = Result<(String, bool), String>;
 
 pub async fn run(client: &Client, args: K8sArgs) -> anyhow::Result<i32> {
     if args.claims == 0 || args.tasks == 0 {
@@ -126,7 +126,7 @@ pub async fn run(client: &Client, args: K8sArgs) -> anyhow::Result<i32> {
 }
 
 /// `/proc/loadavg`'s three averages.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let s = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
@@ -235,7 +235,7 @@ async fn claim_through_kubernetes(claims: Api<SandboxClaim>) -> Claimed {
 /// Creates `obj` under a generated name with the bench's `label`, then
 /// watches it from the create's resourceVersion (as agent-sandbox's client
 /// waits for its claims) until `ready` answers (whether it came warm).
-pub(super) async fn create_and_watch<K, F>(api: &Api<K>, mut obj: K, label: &str, ready: F) -> Claimed
+pub(crate) async fn create_and_watch<K, F>(api: &Api<K>, mut obj: K, label: &str, ready: F) -> Claimed
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
     F: Fn(K) -> Option<bool>,
@@ -275,7 +275,7 @@ async fn delete_pool(pools: &Api<SandboxPool>) -> anyhow::Result<()> {
 
 /// Polls `done` every 100 ms until it holds; fails after [`READY_TIMEOUT`]
 /// naming `what` (these waits are the operator's: it may not be running).
-pub(super) async fn wait_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
+pub(crate) async fn wait_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = anyhow::Result<bool>>,

@@ -85,17 +85,21 @@ pub async fn run(args: OperatorArgs, api_key: Option<String>) -> anyhow::Result<
 /// A client of the API server of `kubeconfig`, else of the in-cluster
 /// config or `$KUBECONFIG`.
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(kube_config(kubeconfig).await?).context("kubernetes client")
+}
+
+/// The client's config: `kubeconfig`, else the in-cluster config or $KUBECONFIG.
+pub async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
     ember_operator::tls_provider();
-    let config = match kubeconfig {
+    match kubeconfig {
         Some(p) => {
             let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("kubeconfig {}", p.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .with_context(|| format!("kubeconfig {}", p.display()))?
+                .with_context(|| format!("kubeconfig {}", p.display()))
         }
-        None => kube::Config::infer().await.context("no kubeconfig (in-cluster config or $KUBECONFIG)")?,
-    };
-    kube::Client::try_from(config).context("kubernetes client")
+        None => kube::Config::infer().await.context("no kubeconfig (in-cluster config or $KUBECONFIG)"),
+    }
 }
 
 /// This replica's name in the Lease: the host (the pod's name in a pod) and pid.

@@ -5,16 +5,20 @@
 //! Layout: `report.rs` (the report every lab writes: tables, invariants,
 //! charts → `report.md`, `report.json`; `ember lab report` over a folder of
 //! runs), `svg.rs` (hand-written bar and line charts), one file per lab
-//! (`shared*.rs` + `worker.rs`: lab 1; `ondemand.rs`: lab 2's node leg; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
+//! (`shared*.rs` + `worker.rs`: lab 1; `ondemand.rs`: lab 2's node leg, `ondemand_k8s.rs` + `k8s_cost.rs`: its Kubernetes leg; `pool*.rs`: lab 3; `workspace.rs`: lab 4; `pushpull.rs`, `push.rs`, `pull.rs`: lab 5; `isolation.rs`: lab 6).
 //!
 //! The labs talk to the daemon at `--url` through ember-client only, like
 //! `ember bench`: a lab measures the user's own node as it is configured
 //! (its runtime, its templates), and starting a daemon of its own would mean
 //! duplicating `ember serve`'s root setup (agent, data dir, cgroup parent).
-//! The only host-side work is lab 1's baseline: a real worker process in a
-//! memory-limited cgroup the lab makes and removes.
+//! The only host-side work is lab 1's baseline (a real worker process in a
+//! memory-limited cgroup the lab makes and removes) and lab 2's Kubernetes
+//! leg, which also talks to the Kubernetes API and reads kube-apiserver's
+//! CPU from /proc and etcd's /metrics.
 mod isolation;
+mod k8s_cost;
 mod ondemand;
+mod ondemand_k8s;
 mod pool;
 mod pool_report;
 mod poolsim;
@@ -54,6 +58,8 @@ pub enum LabCmd {
         /// 127.0.0.1:PORT in --insecure-registry, as for `ember bench image`).
         #[arg(long, default_value_t = 5099)]
         registry_port: u16,
+        #[command(flatten)]
+        k8s: ondemand_k8s::K8sLegArgs,
         /// Lab 7's local cluster (`ember cluster up --dir`).
         #[arg(long, default_value = crate::cluster::DEFAULT_DIR)]
         cluster_dir: PathBuf,
@@ -86,7 +92,7 @@ pub struct Lab {
     pub wall: &'static str,
 }
 
-/// The labs this binary can run (the others need Kubernetes); lab 7 runs
+/// The labs; lab 2's Kubernetes leg runs when given a Kubernetes API, lab 7
 /// against the local cluster of `ember cluster up`.
 pub const LABS: &[Lab] = &[
     Lab {
@@ -99,7 +105,7 @@ pub const LABS: &[Lab] = &[
         n: 2,
         name: "on-demand",
         title: "On demand",
-        wall: "a cold create per request: pull, unpack, launch, agent ready (the Kubernetes leg needs issue 12)",
+        wall: "a cold create per request: pull, unpack, launch, agent ready; through the API server, what a burst costs it and etcd",
     },
     Lab {
         n: 3,
@@ -141,7 +147,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             }
             Ok(0)
         }
-        LabCmd::Run { n, scale, out, registry_port, cluster_dir } => {
+        LabCmd::Run { n, scale, out, registry_port, k8s, cluster_dir } => {
             let lab = LABS.iter().find(|l| l.n == n).with_context(|| format!("no lab {n} here (`ember lab ls`)"))?;
             let dir = out.unwrap_or_else(|| default_out(lab));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -151,7 +157,7 @@ pub async fn run(cmd: LabCmd, client: impl FnOnce() -> anyhow::Result<Client>) -
             let client = client()?;
             let report = match n {
                 1 => shared::run(&client, scale, &dir).await?,
-                2 => ondemand::run(&client, scale, &dir, registry_port).await?,
+                2 => ondemand::run(&client, scale, &dir, registry_port, &k8s).await?,
                 3 => pool::run(&client, scale, &dir).await?,
                 4 => workspace::run(&client, scale, &dir).await?,
                 5 => pushpull::run(scale, &dir).await?,
