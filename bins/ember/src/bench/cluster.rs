@@ -79,7 +79,8 @@ pub async fn run(api_key: Option<String>, args: ClusterArgs) -> anyhow::Result<i
         let single = Client::new(url, api_key.clone()).with_context(|| format!("client of {url}"))?;
         pool::check_no_pool(&single).await?;
         let bench = BenchPool::create(&single, "single", idle).await?;
-        let res = pool::interruptible(figure(&single, &bench, idle, "embedded", &[single.clone()], &args)).await;
+        let res =
+            pool::interruptible(figure(&single, &bench, idle, "embedded", std::slice::from_ref(&single), &args)).await;
         let removed = bench.remove(&single).await;
         figs.push(res?);
         removed?;
