@@ -154,6 +154,32 @@ fn a_sandbox_is_reached_through_a_node_that_does_not_own_it() {
     });
 }
 
+/// A node that stops answering mid-call (SIGSTOP: its socket still
+/// accepts, nothing answers; a cut link looks the same) ends the calls
+/// forwarded to it with a 503 naming it dead once the registry takes it
+/// for dead, which clients retry. The partition drill's calls waited the
+/// forward's whole deadline (300 s, "no answer within 300s").
+#[test]
+fn a_call_to_a_node_that_stops_answering_ends_when_it_is_judged_dead() {
+    let nats = nats::NatsCluster::start("mid-call", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &a.pid().to_string()]).status();
+        assert!(ok.is_ok_and(|s| s.success()), "kill {sig}");
+    };
+    runtime().block_on(async {
+        let id = a.create(|_| {}).await.id;
+        eventually(Duration::from_secs(60), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
+        signal("-STOP");
+        let got = b.client.get_sandbox(&id).await;
+        signal("-CONT");
+        let err = got.expect_err("a frozen node's sandbox");
+        assert_node_unavailable(&err, "a");
+        assert!(matches!(&err, ClientError::Api { message, .. } if message.contains("dead")), "{err:?}");
+    });
+}
+
 /// A 503 `CLUSTER::NODE_UNAVAILABLE` naming `node`.
 fn assert_node_unavailable(err: &ClientError, node: &str) {
     let ok = matches!(err, ClientError::Api { status: 503, code, message, .. }

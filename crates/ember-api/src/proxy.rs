@@ -26,6 +26,9 @@ use ember_types::proxy::strip_hop_by_hop;
 use hyper_util::rt::TokioIo;
 use tokio_util::either::Either;
 
+/// How long the proxy waits to connect to the node that owns a sandbox.
+const NODE_CONNECT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Besides the hop-by-hop headers ([`strip_hop_by_hop`]), never passed on in
 /// either direction: the daemon's own credentials and `host` (set per hop).
 const NOT_FORWARDED: &[&str] =
@@ -254,13 +257,20 @@ async fn connect(
             // The owning node does not answer: it is down or cut off (its
             // death not noticed yet), which a retry rides out as the
             // forwarded calls do (503), not the agent's fault (502).
-            let s = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| {
+            // A bounded connect: a node whose link is cut drops the SYN, and
+            // the kernel's own retries last two minutes.
+            let connect = tokio::time::timeout(NODE_CONNECT, tokio::net::TcpStream::connect(authority.as_str()));
+            let unavailable = |why: String| {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "CLUSTER::NODE_UNAVAILABLE",
-                    format!("sandbox {id}: node {node} ({authority}) connect: {}", chain(&e)),
+                    format!("sandbox {id}: node {node} ({authority}) connect: {why}"),
                 )
-            })?;
+            };
+            let s = connect
+                .await
+                .map_err(|_| unavailable(format!("no answer within {NODE_CONNECT:?}")))?
+                .map_err(|e| unavailable(chain(&e)))?;
             // The same way in on the owner: its path route (which sets the
             // same policy), or the same sandbox name (the nodes of a cluster
             // share `--sandbox-domain`).

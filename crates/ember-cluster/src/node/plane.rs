@@ -90,8 +90,8 @@ impl ClusterPlane {
         buckets: Buckets,
         nats: async_nats::Client,
     ) -> ClusterPlane {
-        let fwd = Forwarder::new(cfg.api_key.clone());
         let nodes = Arc::new(Nodes::new(cfg.name.clone()));
+        let fwd = Forwarder::new(cfg.api_key.clone(), nodes.clone());
         let Buckets { nodes: nodes_kv, sandboxes, workspaces, rebind, pools, templates } = buckets;
         let desired = Desired::new(pools, templates);
         ClusterPlane {
