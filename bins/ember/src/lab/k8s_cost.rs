@@ -244,7 +244,7 @@ pub struct Cost {
 
 impl Cost {
     pub fn between(a: &Reading, b: &Reading) -> Cost {
-        let ticks = ember_sys::process::clock_ticks_per_second() as f64;
+        let ticks = rustix::param::clock_ticks_per_second() as f64;
         let cpu_seconds = match (a.cpu_ticks, b.cpu_ticks) {
             (Some(x), Some(y)) => Some(y.saturating_sub(x) as f64 / ticks),
             _ => None,
