@@ -9,24 +9,35 @@ use ember_types::tenant::{CreateTenantRequest, Quotas, TenantInfo};
 pub enum TenantCmd {
     /// Create a tenant, with its quotas (none given: no limit).
     Create {
+        /// The tenant's name (letters, digits, `-`).
         name: String,
         #[command(flatten)]
         quotas: QuotaArgs,
+        /// Print the tenant as JSON.
         #[arg(long)]
         json: bool,
     },
+    /// List the tenants with their quotas and use.
     Ls {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// A tenant's quotas, what it uses of them now, and its keys.
     Inspect {
+        /// The tenant's name.
         name: String,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Remove tenants and their keys (their objects stay, the admin's to remove).
-    Rm { names: Vec<String> },
+    Rm {
+        /// The tenants' names (at least one).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Manage a tenant's API keys.
     #[command(subcommand)]
     Key(KeyCmd),
 }
@@ -35,13 +46,19 @@ pub enum TenantCmd {
 pub enum KeyCmd {
     /// A new key for a tenant, printed once: only its hash is kept.
     Create {
+        /// The tenant the key belongs to.
         tenant: String,
     },
+    /// List a tenant's keys by prefix (the keys themselves are never shown again).
     Ls {
+        /// The tenant whose keys to list.
         tenant: String,
     },
+    /// Revoke a tenant's key: calls with it are refused from then on.
     Revoke {
+        /// The tenant the key belongs to.
         tenant: String,
+        /// The key's prefix, as `ember tenant key ls` shows it.
         prefix: String,
     },
 }
@@ -87,11 +104,13 @@ impl QuotaArgs {
 
 #[derive(Args)]
 pub struct AuditArgs {
+    /// Only this tenant's records (default: every tenant's).
     #[arg(long)]
     tenant: Option<String>,
     /// Records of the last D (e.g. 10m, 2h); all kept records without it.
     #[arg(long, value_name = "D")]
     since: Option<String>,
+    /// Print the records as JSON instead of lines of text.
     #[arg(long)]
     json: bool,
 }
