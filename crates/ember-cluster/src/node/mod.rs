@@ -22,6 +22,7 @@ mod elsewhere;
 mod forward;
 mod metrics;
 mod mirror;
+mod owner;
 mod plane;
 mod pools;
 mod rebind;

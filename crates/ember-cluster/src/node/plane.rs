@@ -17,11 +17,11 @@
 //! (docs/cluster.md says what is not routed yet).
 use super::claims::Subscriptions;
 use super::forward::Forwarder;
+use super::owner::Owner;
 use super::pools::Desired;
 use super::rebind::Fence;
-use super::registry::{NodeInfo, Nodes, SandboxEntry};
+use super::registry::{NodeInfo, Nodes};
 use super::{Buckets, NodeConfig};
-use crate::retry::{again, retry, RETRY_BUDGET};
 use async_nats::jetstream::kv;
 use ember_engine::pool::plan::Target;
 use ember_engine::pool::{CreatePool, PoolStatus};
@@ -54,7 +54,7 @@ pub struct ClusterPlane {
     /// `rebind` as this node's watch keeps it (the sweep reads it).
     pub(super) rebind_seen: Arc<super::mirror::Mirror>,
     pub(super) fence: Fence,
-    nodes: Arc<Nodes>,
+    pub(super) nodes: Arc<Nodes>,
     fwd: Forwarder,
     /// What this node last wrote to the sandbox registry: id → state.
     pub(super) published: Mutex<HashMap<String, String>>,
@@ -65,12 +65,6 @@ pub struct ClusterPlane {
     /// Core NATS: warm claims (`claims.rs`).
     pub(super) nats: async_nats::Client,
     pub(super) subs: Subscriptions,
-}
-
-/// Where a sandbox call runs.
-enum Owner {
-    Here,
-    Node(NodeInfo),
 }
 
 /// Runs a sandbox call where the sandbox is: `$local` here, `$call` forwarded.
@@ -150,74 +144,6 @@ impl ClusterPlane {
         call: &NodeCall,
     ) -> Result<T, EngineError> {
         self.fwd.call(&n.name, &n.advertise, call).await
-    }
-
-    /// Which node holds sandbox `id` (see the module docs).
-    async fn owner(&self, id: &str) -> Result<Owner, EngineError> {
-        if !self.cfg.api_only {
-            match self.local.get(id).await {
-                Ok(_) => return Ok(Owner::Here),
-                Err(EngineError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        // Ids are UUIDs; anything else is no key of the registry.
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            return Err(EngineError::NotFound(id.to_string()));
-        }
-        // Through an election of the bucket's stream: latency, not an error
-        // (the queue's retry policy, `retry.rs`).
-        let entry = retry(RETRY_BUDGET, "read the sandbox registry", id, || async {
-            self.sandboxes.get(id).await.map_err(again)
-        })
-        .await
-        .map_err(|e| registry_error("read", id, &e))?;
-        let Some(entry) = entry.and_then(|b| serde_json::from_slice::<SandboxEntry>(&b).ok()) else {
-            return Err(self.not_here(id));
-        };
-        if entry.node == self.cfg.name {
-            // The registry lags a removal here, or a rebind elsewhere.
-            return Err(self.not_here(id));
-        }
-        self.live_node(&entry.node, &format!("sandbox {id} is on it")).map(Owner::Node)
-    }
-
-    /// Sandbox `id` is not on this node and the sandbox registry names no
-    /// other: gone (404), unless it is a rebind sandbox that another node
-    /// is re-creating (its copy here was just removed, or this node is its
-    /// old one): then a 503, which clients retry, until the new copy is
-    /// published (the drill's clients read 404 there and gave up).
-    fn not_here(&self, id: &str) -> EngineError {
-        let entry =
-            self.rebind_seen.get(id).and_then(|v| serde_json::from_slice::<super::rebind::RebindEntry>(&v).ok());
-        match super::rebind::recreating(&self.cfg.name, entry.as_ref()) {
-            Some(node) => EngineError::NodeUnavailable {
-                node: node.to_string(),
-                reason: format!("sandbox {id} is being re-created on it"),
-            },
-            None => EngineError::NotFound(id.to_string()),
-        }
-    }
-
-    /// Node `name` if it is live, else `NodeUnavailable` saying `what`.
-    pub(super) fn live_node(&self, name: &str, what: &str) -> Result<NodeInfo, EngineError> {
-        self.nodes.get(name).map_err(|silent| EngineError::NodeUnavailable {
-            node: name.to_string(),
-            reason: format!(
-                "{what}, and it is dead (no heartbeat for {})",
-                silent.map_or("ever".to_string(), |d| format!("{d:?}"))
-            ),
-        })
-    }
-
-    /// Best of two on free memory among the live nodes that run sandboxes.
-    fn place(&self) -> Result<NodeInfo, EngineError> {
-        let candidates: Vec<NodeInfo> = self.nodes.live().into_iter().filter(|n| !n.api_only).collect();
-        let pick = || candidates.get(fastrand::usize(..candidates.len().max(1))).cloned();
-        match (pick(), pick()) {
-            (Some(a), Some(b)) => Ok(if b.free_memory_bytes > a.free_memory_bytes { b } else { a }),
-            _ => Err(EngineError::Internal("no live node of the cluster runs sandboxes".into())),
-        }
     }
 
     /// Every live node's own list (this one's from its engine), merged in
