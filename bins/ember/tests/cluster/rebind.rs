@@ -33,7 +33,7 @@ impl SharedStore {
         let urls = servers.join(",");
         let store = self.dir.join("store");
         let key = self.dir.join("snapshot.key");
-        Daemon::start_with(&[
+        let args = [
             "--cluster",
             urls.as_str(),
             "--node",
@@ -42,7 +42,15 @@ impl SharedStore {
             store.to_str().expect("utf-8"),
             "--snapshot-key-file",
             key.to_str().expect("utf-8"),
-        ])
+        ];
+        // EMBER_TEST_LOGS=DIR: each node's log, at info, in DIR/<test>-<node>.log.
+        match std::env::var_os("EMBER_TEST_LOGS") {
+            Some(dir) => {
+                let test = self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                Daemon::start_logged(&args, &PathBuf::from(dir).join(format!("{test}-{name}.log")))
+            }
+            None => Daemon::start_with(&args),
+        }
     }
 }
 
@@ -201,6 +209,64 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_h
         eventually(Duration::from_secs(30), "a drops its copy", || async { (!has_copy(&a, &id)).then_some(()) }).await;
         let kept = read_through(&a, &id, "kept").await;
         assert_eq!(kept, "checkpointed\n");
+    });
+}
+
+/// A session rebound away from a node and later back onto it: that node
+/// still has its stale copy of the workspace (an evicted sandbox's
+/// workspaces stay), which the rebind replaces with the last checkpoint.
+/// The files there are the sandbox user's to write (the 300-session drill's
+/// appends after a rebind failed with "Permission denied", some on a bare
+/// /workspace mount point).
+#[test]
+fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
+    let nats = nats::NatsCluster::start("rebind-back", 3);
+    let store = SharedStore::new("back");
+    let urls = nats.urls();
+    let mut c = store.node(&urls, "c");
+    let a = store.node(&urls[..1], "a");
+    let mut b = store.node(&urls[1..], "b");
+    let rt = runtime();
+    let id = rt.block_on(async {
+        a.client.create_workspace("rb-back", "64Mi").await.expect("workspace on a");
+        let id = a.client.create_sandbox(&rebind_request("rb-back")).await.expect("rebind sandbox on a").0.id;
+        let (code, _, _) = a.sh(&id, "echo first > /workspace/first", None).await;
+        assert_eq!(code, Some(0));
+        a.client.checkpoint_workspace("rb-back").await.expect("checkpoint on a");
+        eventually(Duration::from_secs(60), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
+        id
+    });
+    // A cut off: the session goes to b or c.
+    let server = nats.servers[0].name.clone();
+    nats.signal(&server, "STOP");
+    rt.block_on(async {
+        eventually(Duration::from_secs(20), "a freezes its copy", || async {
+            let s = a.client.get_sandbox(&id).await.ok()?;
+            (s.status.state == "Paused").then_some(())
+        })
+        .await;
+        assert_eq!(read_through(&b, &id, "first").await, "first\n");
+    });
+    nats.signal(&server, "CONT");
+    rt.block_on(async {
+        eventually(Duration::from_secs(30), "a drops its copy", || async { (!has_copy(&a, &id)).then_some(()) }).await;
+        let (code, out, err) = b.sh(&id, "echo second > /workspace/second", None).await;
+        assert_eq!(code, Some(0), "a write where the session went: {out} {err}");
+        let c2 = b.client.checkpoint_workspace("rb-back").await.expect("checkpoint where the session went");
+        assert_eq!(c2.epoch, 2, "{c2:?}");
+    });
+    // Only a is left: the session comes back onto it, over its stale copy.
+    b.kill9();
+    c.kill9();
+    rt.block_on(async {
+        assert_eq!(read_through(&a, &id, "second").await, "second\n");
+        let script = "echo appended >> /workspace/first && echo new > /workspace/new && cat /workspace/first";
+        let (code, out, err) = a.sh(&id, script, None).await;
+        let (_, look, _) = a.sh(&id, "id; ls -lna /workspace; grep workspace /proc/self/mountinfo", None).await;
+        assert_eq!(code, Some(0), "append after rebinding back: {out} {err}\n{look}");
+        assert_eq!(out, "first\nappended\n");
+        let c3 = a.client.checkpoint_workspace("rb-back").await.expect("checkpoint back on a");
+        assert_eq!(c3.epoch, 3, "{c3:?}");
     });
 }
 
