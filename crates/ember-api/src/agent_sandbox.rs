@@ -89,6 +89,7 @@ async fn resolve(st: &ApiState, ns: &str, name: &str) -> Result<String, ApiError
     let f = ListFilter {
         states: Vec::new(),
         metadata: vec![(NAMESPACE_KEY.into(), ns.into()), (SANDBOX_KEY.into(), name.into())],
+        ..Default::default()
     };
     let found = st.engine.list(&f).await?;
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "SANDBOX::NOT_FOUND", format!("no Sandbox {ns}/{name}"));

@@ -25,7 +25,9 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
     Ok(match call {
         NodeCall::Create { req } => json(st.engine.create(*req).await?),
         NodeCall::Get { id } => json(e.get(&id).await?),
-        NodeCall::List { states, metadata } => json(e.list(&ListFilter { states, metadata }).await?),
+        NodeCall::List { states, metadata } => {
+            json(e.list(&ListFilter { states, metadata, ..Default::default() }).await?)
+        }
         NodeCall::Remove { id } => json(e.remove(&id).await?),
         NodeCall::Pause { id } => json(e.pause(&id).await?),
         NodeCall::Resume { id } => json(e.resume(&id).await?),

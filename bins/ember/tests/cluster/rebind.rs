@@ -10,6 +10,7 @@ use super::common::Daemon;
 use super::{eventually, ids, nats, runtime};
 use ember_client::ClientError;
 use ember_types::api::{CreateSandboxRequest, WorkspaceMountSpec};
+use ember_types::execd::RunCommandRequest;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -77,16 +78,49 @@ fn rebind_request(ws: &str) -> CreateSandboxRequest {
 /// `cat` of a workspace file in sandbox `id` through `d`, once it answers
 /// (a 503 is retried, as the documented client policy does).
 async fn read_through(d: &Daemon, id: &str, file: &str) -> String {
+    let (code, out, err) = sh_through(d, id, &format!("cat /workspace/{file}"), true).await;
+    assert_eq!(code, Some(0), "cat /workspace/{file} in {id}: {out} {err}");
+    out
+}
+
+/// `sh -c script` in sandbox `id` through `d` once it is Running, retrying
+/// the 503s (and 404s) of a sandbox moving between nodes, as the documented
+/// client policy does; with `until_ok`, a non-zero exit is retried too.
+/// What it last saw is printed as it changes (a timeout says why).
+async fn sh_through(d: &Daemon, id: &str, script: &str, until_ok: bool) -> (Option<i32>, String, String) {
+    let last = std::sync::Mutex::new(String::new());
+    // Not yet: prints what was seen if it changed, and retries.
+    let seen = |what: String| -> Option<(Option<i32>, String, String)> {
+        let mut l = last.lock().unwrap_or_else(|p| p.into_inner());
+        if *l != what {
+            eprintln!("sh through {}: {what}", d.url);
+            *l = what;
+        }
+        None
+    };
     eventually(Duration::from_secs(60), "the sandbox answers", || async {
-        let got = d.client.get_sandbox(id).await;
-        match got {
+        match d.client.get_sandbox(id).await {
             Ok(s) if s.status.state == "Running" => {}
-            Ok(_) => return None,
-            Err(ClientError::Api { status: 503 | 404, .. }) => return None,
+            Ok(s) => return seen(format!("state {}", s.status.state)),
+            Err(e @ ClientError::Api { status: 503 | 404, .. }) => return seen(format!("get: {e}")),
             Err(e) => panic!("get {id}: {e}"),
         }
-        let (code, out, _) = d.sh(id, &format!("cat /workspace/{file}"), None).await;
-        (code == Some(0)).then_some(out)
+        let req = RunCommandRequest { command: Some(script.into()), ..Default::default() };
+        let (mut out, mut err) = (String::new(), String::new());
+        let res = d.client.exec(id, &req, |ev| {
+            let t = ev.text.as_deref().filter(|t| *t != "\n").unwrap_or("");
+            match ev.kind.as_str() {
+                "stdout" => out.extend([t, "\n"]),
+                "stderr" => err.extend([t, "\n"]),
+                _ => {}
+            }
+        });
+        match res.await {
+            Ok(r) if until_ok && r.exit_code != Some(0) => seen(format!("exit {:?}: {out} {err}", r.exit_code)),
+            Ok(r) => Some((r.exit_code, out, err)),
+            Err(e @ ClientError::Api { status: 503 | 404, .. }) => seen(format!("exec: {e}")),
+            Err(e) => panic!("exec in {id}: {e}"),
+        }
     })
     .await
 }
@@ -250,7 +284,7 @@ fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
     nats.signal(&server, "CONT");
     rt.block_on(async {
         eventually(Duration::from_secs(30), "a drops its copy", || async { (!has_copy(&a, &id)).then_some(()) }).await;
-        let (code, out, err) = b.sh(&id, "echo second > /workspace/second", None).await;
+        let (code, out, err) = sh_through(&b, &id, "echo second > /workspace/second", false).await;
         assert_eq!(code, Some(0), "a write where the session went: {out} {err}");
         let c2 = b.client.checkpoint_workspace("rb-back").await.expect("checkpoint where the session went");
         assert_eq!(c2.epoch, 2, "{c2:?}");
@@ -261,8 +295,9 @@ fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
     rt.block_on(async {
         assert_eq!(read_through(&a, &id, "second").await, "second\n");
         let script = "echo appended >> /workspace/first && echo new > /workspace/new && cat /workspace/first";
-        let (code, out, err) = a.sh(&id, script, None).await;
-        let (_, look, _) = a.sh(&id, "id; ls -lna /workspace; grep workspace /proc/self/mountinfo", None).await;
+        let (code, out, err) = sh_through(&a, &id, script, false).await;
+        let look = "id; ls -lna /workspace; grep workspace /proc/self/mountinfo";
+        let (_, look, _) = sh_through(&a, &id, look, false).await;
         assert_eq!(code, Some(0), "append after rebinding back: {out} {err}\n{look}");
         assert_eq!(out, "first\nappended\n");
         let c3 = a.client.checkpoint_workspace("rb-back").await.expect("checkpoint back on a");

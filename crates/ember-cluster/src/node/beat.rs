@@ -18,6 +18,12 @@ impl ClusterPlane {
         Ok(())
     }
 
+    /// Whether this node has put sandbox `id` in the registry (and not
+    /// deleted it since).
+    pub(super) fn is_published(&self, id: &str) -> bool {
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
+    }
+
     /// Deletes sandbox `id`'s registry entry if it still names this node (a
     /// sandbox rebound elsewhere is named by its new node).
     pub(super) async fn unpublish(&self, id: &str) -> Result<(), EngineError> {
@@ -36,9 +42,13 @@ impl ClusterPlane {
     /// Brings the sandbox registry in line with this node's engine: what
     /// changed since the last write is put, what is gone is deleted. Catches
     /// every change the engine makes on its own (exit, TTL, OOM) and those
-    /// made through another node's forwarded call. Returns the count.
+    /// made through another node's forwarded call. Idle pool members are
+    /// put too, so a warm claim's answer need not wait for a registry write
+    /// (`claims.rs`). Returns the count of sandboxes, members left out.
     async fn reconcile(&self) -> u64 {
-        let Ok(list) = self.local.list(&ListFilter::default()).await else { return 0 };
+        let all = ListFilter { pool_members: true, ..Default::default() };
+        let Ok(list) = self.local.list(&all).await else { return 0 };
+        let held = list.iter().filter(|r| !r.lifecycle.is_hidden()).count() as u64;
         let now: HashMap<String, String> = list.iter().map(|r| (r.id.to_string(), r.state.to_string())).collect();
         let last = self.published.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (id, state) in &now {
@@ -53,7 +63,7 @@ impl ClusterPlane {
                 tracing::warn!(error = %e, "sandbox registry");
             }
         }
-        now.len() as u64
+        held
     }
 
     /// The registries' upkeep: every [`HEARTBEAT`], the rebind sweep, then

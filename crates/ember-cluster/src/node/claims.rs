@@ -148,12 +148,19 @@ impl ClusterPlane {
         }
     }
 
-    /// A warm claim on this node's engine, recorded in the sandbox registry
-    /// before it is answered so calls through any node route to it.
+    /// A warm claim on this node's engine, in the sandbox registry before it
+    /// is answered so calls through any node route to it: as an idle member
+    /// the upkeep (`beat.rs`) put it there already, unless it is younger
+    /// than a heartbeat; then it is put now. That put on the answer's path
+    /// was a quarter of a claim's time through the cluster (`ember bench
+    /// cluster`, docs/cluster.md).
     async fn claim_here(&self, req: CreateSandbox) -> ClaimReply {
         match self.local().create(CreateSandbox { launch: LaunchMode::Warm, ..req }).await {
+            Ok(rec) if self.is_published(rec.id.as_str()) => ClaimReply::Claimed(Box::new(rec)),
             Ok(rec) => {
-                if let Err(e) = self.publish(rec.id.as_str(), rec.state.to_string()).await {
+                let put = self.publish(rec.id.as_str(), rec.state.to_string());
+                let span = tracing::info_span!("registry_put", sandbox = %rec.id);
+                if let Err(e) = tracing::Instrument::instrument(put, span).await {
                     tracing::warn!(error = %e, "sandbox registry after a claim; the reconciler retries");
                 }
                 ClaimReply::Claimed(Box::new(rec))
@@ -174,7 +181,9 @@ impl ClusterPlane {
     ) -> Result<Option<SandboxRecord>, EngineError> {
         let body = serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?;
         let request = async_nats::Request::new().payload(body.into()).timeout(Some(CLAIM_WAIT));
-        let answer = match self.nats.send_request(self.claim_subject(pool), request).await {
+        let sent = self.nats.send_request(self.claim_subject(pool), request);
+        let span = tracing::info_span!("claim_request", pool = %pool);
+        let answer = match tracing::Instrument::instrument(sent, span).await {
             Ok(m) => m,
             Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => return Ok(None),
             Err(e) => {

@@ -238,7 +238,14 @@ impl ControlPlane for ClusterPlane {
         // that node's own pool).
         let free = req.workspaces.is_empty() && req.snapshot_id.is_none();
         if let (Some(pool), LaunchMode::Any, true) = (req.pool.clone(), req.launch, free) {
-            self.cluster_pool_status(&pool).await.map(drop)?;
+            // A pool this node's watch has seen exists: no read on the claim's
+            // path (a read of the bucket was a sixth of a cluster claim's
+            // time). One it has not seen may have just been created through
+            // another node: read the bucket (a 404 if it has no such pool).
+            if !self.desired.knows_pool(&pool) {
+                let check = self.cluster_pool_status(&pool);
+                tracing::Instrument::instrument(check, tracing::info_span!("pool_check", pool = %pool)).await?;
+            }
             if let Some(rec) = self.claim_anywhere(&pool, &req).await? {
                 return Ok(rec);
             }

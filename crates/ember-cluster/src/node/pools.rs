@@ -53,6 +53,11 @@ impl Desired {
         }
     }
 
+    /// Pool `name` is in this node's copy of the pools bucket.
+    pub(super) fn knows_pool(&self, name: &str) -> bool {
+        self.pools_seen.get(name).is_some()
+    }
+
     pub(super) fn loads(&self) -> BTreeMap<String, PoolLoad> {
         self.loads.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -16,7 +16,7 @@ use super::plane::ClusterPlane;
 #[cfg(doc)]
 use super::registry::DEAD_AFTER;
 use async_nats::jetstream::kv;
-use ember_engine::{CreateSandbox, EngineError, ListFilter};
+use ember_engine::{CreateSandbox, EngineError, ListFilter, SandboxRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -183,7 +183,11 @@ impl ClusterPlane {
                 if self.fence.is_frozen(&id) {
                     self.thaw(&id).await;
                 }
-                if e.pending && !here.contains(&id) {
+                // Pending with a copy here: its create was done and a later
+                // step failed (a registry write in an election); the steps
+                // resume after the create. Left as it was, the entry stayed
+                // pending for good and every call answered 503.
+                if e.pending {
                     self.clone().spawn_rebind(id, e.req);
                 }
             } else if here.contains(&id) {
@@ -208,7 +212,7 @@ impl ClusterPlane {
     /// with the sandbox left paused (2 sessions of a 300-session drill).
     async fn thaw(&self, id: &str) {
         let _op = self.fence.ops.lock().await;
-        if !self.fence.is_frozen(id) {
+        if !self.fence.is_frozen(id) || self.bucket_names(id).await != Some(true) {
             return;
         }
         let thawed = match self.local().resume(id).await {
@@ -228,10 +232,32 @@ impl ClusterPlane {
     /// was cut off or down meanwhile). Its workspaces' copies stay: their
     /// checkpoints are fenced (`workspaces.rs`).
     async fn evict(&self, id: &str) {
+        // The sweep reads the watch's copy of the bucket, which can lag this
+        // node's own write: a node that had just re-created a sandbox here
+        // saw the dead node's entry still, and removed its new copy (the
+        // session was then gone: a 404 for good). The bucket itself decides.
+        if lock(&self.fence.inflight).contains(id) || self.bucket_names(id).await != Some(false) {
+            return;
+        }
         lock(&self.fence.frozen).remove(id);
         tracing::warn!(sandbox = %id, "rebound on another node: removing this node's copy");
         if let Err(e) = self.local().remove(id).await {
             tracing::warn!(sandbox = %id, error = %e, "removing a rebound sandbox's stale copy");
+        }
+    }
+
+    /// Whether the rebind bucket itself (not the watch's copy) names this
+    /// node for sandbox `id`: `None` if it cannot be read now or has no entry.
+    async fn bucket_names(&self, id: &str) -> Option<bool> {
+        match self.rebind.entry(id).await {
+            Ok(Some(e)) if e.operation == kv::Operation::Put => {
+                serde_json::from_slice::<RebindEntry>(&e.value).ok().map(|r| r.node == self.name())
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "rebind registry: read");
+                None
+            }
         }
     }
 
@@ -265,6 +291,21 @@ impl ClusterPlane {
 
     /// [`Self::rebind_here`]'s steps.
     async fn rebind_steps(&self, id: &str, mut req: CreateSandbox) -> Result<(), EngineError> {
+        let rec = match self.local().get(id).await {
+            Ok(rec) => rec,
+            Err(EngineError::NotFound(_)) => self.recreate(id, &mut req).await?,
+            Err(e) => return Err(e),
+        };
+        self.publish(id, rec.state.to_string()).await?;
+        let done =
+            RebindEntry { node: self.name().to_string(), pending: false, req: CreateSandbox { id: None, ..req } };
+        let value = serde_json::to_vec(&done).map_err(|e| rebind_error("encode", id, &e))?;
+        self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
+        Ok(())
+    }
+
+    /// The workspaces taken over and restored, the sandbox created under `id`.
+    async fn recreate(&self, id: &str, req: &mut CreateSandbox) -> Result<SandboxRecord, EngineError> {
         for w in &req.workspaces {
             let entry = self.take_workspace(&w.name, w.create_size.unwrap_or(1 << 30)).await?;
             if self.local().workspace(&w.name).await.is_ok() {
@@ -281,13 +322,7 @@ impl ClusterPlane {
             }
         }
         req.id = Some(ember_types::SandboxId::try_from(id.to_string()).map_err(|_| rebind_error("id", id, &"bad"))?);
-        let rec = self.local().create(req.clone()).await?;
-        self.publish(id, rec.state.to_string()).await?;
-        let done =
-            RebindEntry { node: self.name().to_string(), pending: false, req: CreateSandbox { id: None, ..req } };
-        let value = serde_json::to_vec(&done).map_err(|e| rebind_error("encode", id, &e))?;
-        self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
-        Ok(())
+        self.local().create(req.clone()).await
     }
 
     /// The fence: every [`FENCE_TICK`], if this node has not renewed within

@@ -4,6 +4,7 @@ use super::{Command, Edit, Entry, Sandboxes};
 use crate::record::{now_ms, SandboxRecord};
 use crate::EngineError;
 use ember_types::api::{NetworkPolicy, NetworkRule};
+use ember_types::lifecycle::Lifecycle;
 use ember_types::limits;
 use ember_types::{BoundaryReport, SandboxState};
 use std::collections::BTreeMap;
@@ -16,6 +17,10 @@ use std::time::Duration;
 pub struct ListFilter {
     pub states: Vec<SandboxState>,
     pub metadata: Vec<(String, String)>,
+    /// Also the idle members of pools, which users never see: the cluster
+    /// names their node in its sandbox registry before they are claimed, so
+    /// a claim has no registry write on its answer's path.
+    pub pool_members: bool,
 }
 
 impl Sandboxes {
@@ -30,7 +35,7 @@ impl Sandboxes {
         let mut out: Vec<SandboxRecord> = entries
             .iter()
             .map(|e| e.snapshot())
-            .filter(|r| !r.lifecycle.is_hidden())
+            .filter(|r| !r.lifecycle.is_hidden() || (f.pool_members && r.lifecycle == Lifecycle::Pooled))
             .filter(|r| f.states.is_empty() || f.states.contains(&r.state))
             .filter(|r| f.metadata.iter().all(|(k, v)| r.spec.metadata.get(k) == Some(v)))
             .collect();

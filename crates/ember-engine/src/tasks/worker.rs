@@ -241,7 +241,8 @@ async fn heartbeat(
 /// between its create and its report).
 async fn fence_earlier_attempts(e: &Arc<Tasks>, rec: &TaskRecord) {
     let mut ids: Vec<String> = rec.attempts.iter().rev().skip(1).filter_map(|a| a.sandbox.clone()).collect();
-    let labelled = crate::ListFilter { states: vec![], metadata: vec![(super::TASK_LABEL.into(), rec.id.clone())] };
+    let labelled =
+        crate::ListFilter { metadata: vec![(super::TASK_LABEL.into(), rec.id.clone())], ..Default::default() };
     ids.extend(e.sandboxes.list(&labelled).into_iter().map(|r| r.id.to_string()));
     ids.sort();
     ids.dedup();
