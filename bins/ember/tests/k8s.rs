@@ -8,9 +8,15 @@
 mod agent_sandbox;
 #[path = "k8s/bench.rs"]
 mod bench;
+#[path = "../../../crates/ember-operator/tests/support/chart.rs"]
+mod chart_support;
 mod common;
 #[path = "k8s/lab2.rs"]
 mod lab2;
+#[path = "k8s/pod_mode.rs"]
+mod pod_mode;
+#[path = "k8s/without_agent_crds.rs"]
+mod without_agent_crds;
 
 use common::Daemon;
 use ember_operator::crd::{SandboxClaim, SandboxClaimSpec, SandboxPool, SandboxPoolSpec};
@@ -26,18 +32,28 @@ struct Operator(Child);
 
 impl Operator {
     fn start(kubeconfig: &std::path::Path, ember_url: &str, extra: &[&str]) -> Operator {
-        let child = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .arg("operator")
+        Operator(Operator::command(kubeconfig, ember_url, extra).spawn().expect("ember operator starts"))
+    }
+
+    /// With its log (stderr) written to `log`, for tests that read it.
+    fn start_logged(kubeconfig: &std::path::Path, ember_url: &str, extra: &[&str], log: &std::path::Path) -> Operator {
+        let file = std::fs::File::create(log).expect("log file");
+        let child =
+            Operator::command(kubeconfig, ember_url, extra).stderr(file).spawn().expect("ember operator starts");
+        Operator(child)
+    }
+
+    fn command(kubeconfig: &std::path::Path, ember_url: &str, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+        cmd.arg("operator")
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--ember-url", ember_url])
             .args(if extra.contains(&"--resync") { &[][..] } else { &["--resync", "1s"][..] })
             .args(extra)
             .env("EMBER_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("ember operator starts");
-        Operator(child)
+            .stdin(Stdio::null());
+        cmd
     }
 }
 
@@ -111,7 +127,7 @@ async fn claim_ready(claims: &Api<SandboxClaim>, name: &str) -> ember_operator::
 
 async fn create_pool(kube: &kube::Client, replicas: i32) -> Api<SandboxPool> {
     let pools: Api<SandboxPool> = Api::namespaced(kube.clone(), "default");
-    let spec = SandboxPoolSpec { template: "host".into(), replicas, resources: None, runtime_class: None };
+    let spec = SandboxPoolSpec { template: "host".into(), replicas, ..Default::default() };
     pools.create(&PostParams::default(), &SandboxPool::new("warm", spec)).await.expect("SandboxPool accepted");
     pools
 }
@@ -171,10 +187,7 @@ async fn a_pool_resource_keeps_sandboxes_warm_and_claims_come_from_it() {
     let _operator = Operator::start(&server.kubeconfig, &daemon.url, &[]);
 
     let pools: Api<SandboxPool> = Api::namespaced(kube.clone(), "default");
-    let pool = SandboxPool::new(
-        "warm",
-        SandboxPoolSpec { template: "host".into(), replicas: 2, resources: None, runtime_class: None },
-    );
+    let pool = SandboxPool::new("warm", SandboxPoolSpec { template: "host".into(), replicas: 2, ..Default::default() });
     pools.create(&PostParams::default(), &pool).await.expect("SandboxPool accepted");
     let node = ember_operator::node_pool_name("default", "warm");
 
@@ -297,7 +310,8 @@ async fn the_charts_objects_pass_a_server_side_dry_run() {
     use kube::api::{DynamicObject, GroupVersionKind};
     let helm = std::env::var_os("EMBER_HELM")
         .unwrap_or_else(|| panic!("EMBER_HELM is not set: run `eval \"$(scripts/kube-test-env.sh)\"` first"));
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/ember");
+    // NATS's chart, a dependency, stood in for (its repository is out of reach here).
+    let (_dir, chart) = chart_support::with_nats_stub(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
     let values =
         ["podSecurity.createNamespace=true", "pools[0].name=py", "pools[0].template=host", "pools[0].replicas=2"];
     let out = Command::new(helm)

@@ -3,20 +3,20 @@
 //! planned step and writing the resource's status. Finalizers make deleting a
 //! resource remove what it made on the node. The node's state changes without
 //! a Kubernetes event (claims, refills), so each pass requeues itself.
-use crate::claim::{self, Apply, CLAIM_KEY, POOL_KEY};
-use crate::crd::{SandboxClaim, SandboxPool};
+use crate::claim::{self, CLAIM_KEY, POOL_KEY};
+use crate::crd::{PoolMode, SandboxClaim, SandboxPool};
 use crate::pool::{self, Desired};
 use crate::{node_pool_name, Error};
 use ember_client::{query, Client as Ember, ClientError};
-use ember_types::api::{CreateSandboxRequest, PoolInfo, SandboxInfo};
+use ember_types::api::{PoolInfo, SandboxInfo};
 use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{finalizer, Event};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,12 @@ pub(crate) struct Ctx {
     pub(crate) ember: Ember,
     pub(crate) ember_url: String,
     pub(crate) resync: Duration,
+    /// The informer cache of pod-mode pools' Pods (`pods/`).
+    pub(crate) pods: Store<Pod>,
+    /// Pod-mode claims answered whose ownership patch the cache lacks.
+    pub(crate) answered: crate::pods::controller::Answered,
+    /// The SandboxPools as the pool controller's watch holds them.
+    pub(crate) pools: Store<SandboxPool>,
 }
 
 /// Runs both controllers until SIGINT/SIGTERM; with a `leader` Lease, only
@@ -74,14 +80,30 @@ pub async fn run(mut cfg: Config) -> Result<(), Error> {
 async fn controllers(cfg: Config) -> Result<(), Error> {
     let ember = Ember::new(&cfg.ember_url, cfg.api_key.clone())
         .map_err(|source| Error::Ember { url: cfg.ember_url.clone(), source })?;
-    let ctx = Arc::new(Ctx { kube: cfg.kube.clone(), ember, ember_url: cfg.ember_url, resync: cfg.resync });
+    let pools = Controller::new(Api::<SandboxPool>::all(cfg.kube.clone()), watcher::Config::default());
+    let (pods, pod_writer) = reflector::store();
+    let pod_watch = watcher::Config::default().labels(crate::pods::plan::POOL_LABEL);
+    let pod_cache = reflector(pod_writer, watcher(Api::<Pod>::all(cfg.kube.clone()), pod_watch.clone()))
+        .default_backoff()
+        .for_each(|_| std::future::ready(()));
+    let ctx = Arc::new(Ctx {
+        kube: cfg.kube.clone(),
+        ember,
+        ember_url: cfg.ember_url,
+        resync: cfg.resync,
+        pods,
+        answered: Default::default(),
+        pools: pools.store(),
+    });
     let (agents_kube, agents_ctx) = (cfg.kube.clone(), ctx.clone());
     let agents = async move {
         if cfg.agent_sandbox {
-            crate::agents::controller::run(agents_kube, agents_ctx).await
+            crate::agents::controller::run_if_served(agents_kube, agents_ctx).await
         }
     };
-    let pools = Controller::new(Api::<SandboxPool>::all(cfg.kube.clone()), watcher::Config::default())
+    // A pod-mode pool's Pods turning Ready (the kubelet's status) wake it.
+    let pools = pools
+        .owns(Api::<Pod>::all(cfg.kube.clone()), pod_watch)
         .shutdown_on_signal()
         .run(reconcile_pool, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxPool", r) });
@@ -96,13 +118,17 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
             waiting.map(|c| ObjectRef::from_obj(&*c)).collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(reconcile_claim, retry, ctx.clone())
+        .run(crate::claim_controller::reconcile, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxClaim", r) });
     let sandboxes = Controller::new(Api::<crate::crd::Sandbox>::all(cfg.kube.clone()), watcher::Config::default())
         .shutdown_on_signal()
         .run(crate::sandbox::reconcile, retry, ctx)
         .for_each(|r| async move { log("Sandbox", r) });
-    tokio::join!(pools, claims, sandboxes, agents);
+    tokio::select! {
+        _ = async { tokio::join!(pools, claims, sandboxes, agents) } => {}
+        // The cache's watch retries for ever: it ends only with the process.
+        _ = pod_cache => {}
+    }
     Ok(())
 }
 
@@ -163,13 +189,59 @@ pub(crate) fn finalizer_err<E: std::fmt::Display>(obj: &str) -> impl Fn(E) -> Er
 }
 
 async fn reconcile_pool(obj: Arc<SandboxPool>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let c = &*ctx;
+    under_finalizer(
+        "SandboxPool",
+        POOL_FINALIZER,
+        obj,
+        c,
+        |p, ns, api| async move {
+            match p.spec.mode {
+                PoolMode::Node => apply_pool(&p, &ns, &api, c).await,
+                PoolMode::Pod => crate::pods::controller::apply_pool(&p, &ns, &api, c).await,
+            }
+        },
+        |p, ns| async move {
+            match p.spec.mode {
+                PoolMode::Node => delete_node_pool(c, &node_pool_name(&ns, &p.name_any())).await,
+                PoolMode::Pod => crate::pods::controller::cleanup_pool(&p, &ns, c).await,
+            }
+        },
+    )
+    .await
+}
+
+/// One pass over a namespaced resource under its finalizer, the skeleton of
+/// every controller here: `apply` while it lives (the finalizer added
+/// first), `cleanup` once it is being deleted (the finalizer removed when
+/// cleanup succeeds, so what it made never outlives it).
+pub(crate) async fn under_finalizer<K, A, AF, C, CF>(
+    kind: &str,
+    name: &str,
+    obj: Arc<K>,
+    ctx: &Ctx,
+    apply: A,
+    cleanup: C,
+) -> Result<Action, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    A: FnOnce(Arc<K>, String, Api<K>) -> AF,
+    AF: std::future::Future<Output = Result<Action, Error>>,
+    C: FnOnce(Arc<K>, String) -> CF,
+    CF: std::future::Future<Output = Result<Action, Error>>,
+{
     let ns = obj.namespace().unwrap_or_default();
-    let api: Api<SandboxPool> = Api::namespaced(ctx.kube.clone(), &ns);
-    let key = format!("SandboxPool {ns}/{}", obj.name_any());
-    finalizer(&api, POOL_FINALIZER, obj, |event| async {
+    let api: Api<K> = Api::namespaced(ctx.kube.clone(), &ns);
+    let key = format!("{kind} {ns}/{}", obj.name_any());
+    let (events_api, events_ns) = (api.clone(), ns.clone());
+    finalizer(&api, name, obj, move |event| async move {
         match event {
-            Event::Apply(p) => apply_pool(&p, &ns, &api, &ctx).await,
-            Event::Cleanup(p) => delete_node_pool(&ctx, &node_pool_name(&ns, &p.name_any())).await,
+            Event::Apply(o) => apply(o, events_ns, events_api).await,
+            Event::Cleanup(o) => cleanup(o, events_ns).await,
         }
     })
     .await
@@ -208,119 +280,67 @@ pub(crate) async fn step_pool(ctx: &Ctx, action: pool::Action) -> Result<(), Cli
     }
 }
 
+/// What one pass over a node pool found once the planned step was taken.
+pub(crate) enum PoolPass {
+    /// The node refused the step (a 4xx: no such template, bounds refused):
+    /// the resource's status says why, no hot retry.
+    Refused(String),
+    /// Made from another template or class: deleted, made anew next pass.
+    Replaced,
+    /// Not on the node yet (created this pass).
+    Pending,
+    /// The node's pool as it is now.
+    Observed(Box<PoolInfo>),
+}
+
+/// The node-pool pass shared by SandboxPool and agent-sandbox's
+/// SandboxWarmPool: read the node's pool, take `pool::plan`'s one step
+/// toward `desired`, read it again.
+pub(crate) async fn drive_pool(ctx: &Ctx, desired: &Desired) -> Result<PoolPass, Error> {
+    let action = pool::plan(Some(desired), get_pool(ctx, &desired.name).await?.as_ref());
+    let replaced = matches!(action, pool::Action::Delete(_));
+    if let Err(e) = step_pool(ctx, action).await {
+        return refused(&e).map(PoolPass::Refused).ok_or_else(|| ember_err(ctx)(e));
+    }
+    if replaced {
+        return Ok(PoolPass::Replaced);
+    }
+    Ok(get_pool(ctx, &desired.name).await?.map_or(PoolPass::Pending, |o| PoolPass::Observed(Box::new(o))))
+}
+
+/// When to look again at a pool after a pass: soon while it converges, at
+/// the resync once settled (the node refills without a Kubernetes event).
+pub(crate) fn requeue_pool(ctx: &Ctx, pass: &PoolPass) -> Action {
+    match pass {
+        PoolPass::Refused(_) => Action::requeue(ctx.resync),
+        PoolPass::Replaced => Action::requeue(Duration::from_millis(200)),
+        PoolPass::Pending => Action::requeue(Duration::from_secs(1)),
+        PoolPass::Observed(o) if o.idle >= o.sizing.target && o.starting == 0 => Action::requeue(ctx.resync),
+        PoolPass::Observed(_) => Action::requeue(Duration::from_millis(500)),
+    }
+}
+
 async fn apply_pool(p: &SandboxPool, ns: &str, api: &Api<SandboxPool>, ctx: &Ctx) -> Result<Action, Error> {
     let name = p.name_any();
     let node = node_pool_name(ns, &name);
-    let desired = Desired::from_spec(node.clone(), &p.spec);
-    let action = pool::plan(Some(&desired), get_pool(ctx, &node).await?.as_ref());
-    let replaced = matches!(action, pool::Action::Delete(_));
-    if let Err(e) = step_pool(ctx, action).await {
-        let Some(why) = refused(&e) else { return Err(ember_err(ctx)(e)) };
-        let mut status = p.status.clone().unwrap_or_default();
-        let cond = crate::crd::Condition::new("Ready", false, "NodeRefused", why).generation(p.metadata.generation);
-        status.conditions = crate::conditions::set(&status.conditions, cond, &now());
-        patch_status(api, &name, status).await?;
-        return Ok(Action::requeue(ctx.resync));
+    let pass = drive_pool(ctx, &Desired::from_spec(node.clone(), &p.spec)).await?;
+    let mut status = p.status.clone().unwrap_or_default();
+    match &pass {
+        PoolPass::Refused(why) => {
+            let cond = crate::crd::Condition::new("Ready", false, "NodeRefused", why.clone());
+            status.conditions =
+                crate::conditions::set(&status.conditions, cond.generation(p.metadata.generation), &now());
+        }
+        PoolPass::Replaced | PoolPass::Pending => return Ok(requeue_pool(ctx, &pass)),
+        PoolPass::Observed(observed) => {
+            let claimed = labelled(ctx, POOL_KEY, &node).await?.iter().filter(|s| s.status.state == "Running").count();
+            let selector = format!("{POOL_KEY}={node}");
+            let generation = p.metadata.generation;
+            status = pool::status(p.status.as_ref(), observed, claimed as u32, generation, selector, &now());
+        }
     }
-    if replaced {
-        return Ok(Action::requeue(Duration::from_millis(200)));
-    }
-    let Some(observed) = get_pool(ctx, &node).await? else { return Ok(Action::requeue(Duration::from_secs(1))) };
-    let claimed = labelled(ctx, POOL_KEY, &node).await?.iter().filter(|s| s.status.state == "Running").count();
-    let selector = format!("{POOL_KEY}={node}");
-    let generation = p.metadata.generation;
-    let status = pool::status(p.status.as_ref(), &observed, claimed as u32, generation, selector, &now());
-    let settled = status.idle >= status.target && status.starting == 0;
     if p.status.as_ref() != Some(&status) {
         patch_status(api, &name, &status).await?;
     }
-    Ok(Action::requeue(if settled { ctx.resync } else { Duration::from_millis(500) }))
-}
-
-async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = obj.namespace().unwrap_or_default();
-    let api: Api<SandboxClaim> = Api::namespaced(ctx.kube.clone(), &ns);
-    let key = format!("SandboxClaim {ns}/{}", obj.name_any());
-    finalizer(&api, CLAIM_FINALIZER, obj, |event| async {
-        match event {
-            Event::Apply(c) => apply_claim(&c, &ns, &api, &ctx).await,
-            Event::Cleanup(c) => {
-                remove_claimed(&ctx, &c.uid().unwrap_or_default()).await?;
-                Ok(Action::await_change())
-            }
-        }
-    })
-    .await
-    .map_err(finalizer_err(&key))
-}
-
-/// A claim's uid (the label its node sandbox carries).
-pub(crate) fn claim_uid(c: &impl ResourceExt, ns: &str) -> Result<String, Error> {
-    c.uid().ok_or_else(|| Error::Invalid {
-        kind: "SandboxClaim",
-        namespace: ns.into(),
-        name: c.name_any(),
-        message: "no uid".into(),
-    })
-}
-
-/// Keeps the claim's sandbox, removes the extra ones a repeated claim made.
-pub(crate) async fn keep_bound(ctx: &Ctx, keep: &str, remove: Vec<String>) -> Result<Option<SandboxInfo>, Error> {
-    for id in remove {
-        found(ctx.ember.delete_sandbox(&id).await).map_err(ember_err(ctx))?;
-    }
-    found(ctx.ember.get_sandbox(keep).await).map_err(ember_err(ctx))
-}
-
-async fn apply_claim(c: &SandboxClaim, ns: &str, api: &Api<SandboxClaim>, ctx: &Ctx) -> Result<Action, Error> {
-    let name = c.name_any();
-    let uid = claim_uid(c, ns)?;
-    let mut error = None;
-    let bound = match claim::plan_apply(&labelled(ctx, CLAIM_KEY, &uid).await?) {
-        Apply::Bound { keep, remove } => keep_bound(ctx, &keep, remove).await?,
-        Apply::Claim => match claim_one(c, ns, &uid, ctx).await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                error = Some(refused(&e).ok_or_else(|| ember_err(ctx)(e))?);
-                None
-            }
-        },
-    };
-    let status = claim::status(
-        c.status.as_ref(),
-        bound.as_ref(),
-        error.as_deref(),
-        &ctx.ember_url,
-        c.metadata.generation,
-        &now(),
-    );
-    let ready = crate::conditions::find(&status.conditions, "Ready").is_some_and(|r| r.is_true());
-    if c.status.as_ref() != Some(&status) {
-        patch_status(api, &name, &status).await?;
-    }
-    Ok(Action::requeue(if ready || error.is_some() { ctx.resync } else { Duration::from_millis(500) }))
-}
-
-/// Claims a sandbox from the claim's pool: ember answers from an idle one
-/// when the pool has one, else starts one cold (a miss the pool sizes for).
-async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<SandboxInfo, ClientError> {
-    let pools: Api<SandboxPool> = Api::namespaced(ctx.kube.clone(), ns);
-    let Ok(pool) = pools.get(&c.spec.pool_ref).await else {
-        return Err(ClientError::Api {
-            status: 404,
-            code: "POOL::NOT_FOUND".into(),
-            message: format!("no SandboxPool {ns}/{}", c.spec.pool_ref),
-        });
-    };
-    let node = node_pool_name(ns, &c.spec.pool_ref);
-    let req = CreateSandboxRequest {
-        template: Some(pool.spec.template.clone()),
-        resources: pool.spec.resources.as_ref().map(crate::resources),
-        runtime_class: pool.spec.runtime_class.clone(),
-        timeout: c.spec.timeout_seconds,
-        metadata: Some(BTreeMap::from([(CLAIM_KEY.into(), uid.into()), (POOL_KEY.into(), node.clone())])),
-        extensions: Some(BTreeMap::from([("poolRef".into(), node)])),
-        ..Default::default()
-    };
-    Ok(ctx.ember.create_sandbox(&req).await?.0)
+    Ok(requeue_pool(ctx, &pass))
 }

@@ -72,7 +72,7 @@ pub struct SandboxTemplateStatus {
 
 /// A warm pool on an ember node: `replicas` idle sandboxes of `template`
 /// kept started ahead of claims. `kubectl scale` moves `spec.replicas`.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ember.run", version = "v1alpha1", kind = "SandboxPool", namespaced)]
 #[kube(status = "SandboxPoolStatus", shortname = "sbp")]
 #[kube(scale(
@@ -97,6 +97,50 @@ pub struct SandboxPoolSpec {
     pub resources: Option<Resources>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+    /// Where the sandboxes run: `node` (ember nodes, the DaemonSet; the
+    /// default) or `pod` (each sandbox a Pod of the image `template` names,
+    /// `runtimeClass` its runtimeClassName, warm Pods the pool).
+    #[serde(default, skip_serializing_if = "PoolMode::is_node")]
+    pub mode: PoolMode,
+    /// Pod mode only: the Pods' command and workspace volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodPoolSpec>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    #[default]
+    Node,
+    Pod,
+}
+
+impl PoolMode {
+    pub fn is_node(&self) -> bool {
+        *self == PoolMode::Node
+    }
+}
+
+/// A pod-mode pool's Pods beyond the image and runtime class.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPoolSpec {
+    /// The container's command; empty: the image's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// A PersistentVolumeClaim per Pod, mounted at `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<PodWorkspace>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodWorkspace {
+    /// The claim's storage request (`"1Gi"`).
+    pub size: String,
+    /// Absent: the cluster's default StorageClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
 }
 
 /// The capacity arithmetic behind the node's idle target (ember's pool

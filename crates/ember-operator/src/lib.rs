@@ -7,10 +7,12 @@
 //! IO around it in `controller.rs`; `run` starts them. See docs/kubernetes.md.
 pub mod agents;
 pub mod claim;
+mod claim_controller;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
 pub mod lease;
+pub mod pods;
 pub mod pool;
 pub mod sandbox;
 #[cfg(feature = "testing")]

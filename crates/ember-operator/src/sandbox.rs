@@ -6,15 +6,13 @@
 //! between the node's answer and the status write adopts it instead of
 //! starting a second one; the finalizer removes it when the resource goes.
 use crate::claim::{self, Apply};
-use crate::controller::{
-    ember_err, finalizer_err, keep_bound, labelled, now, patch_status, refused, remove_labelled, Ctx,
-};
+use crate::claim_controller::keep_bound;
+use crate::controller::{ember_err, labelled, now, patch_status, refused, remove_labelled, under_finalizer, Ctx};
 use crate::crd::{Sandbox, SandboxStatus};
 use crate::{conditions, Error};
 use ember_client::ClientError;
 use ember_types::api::{CreateSandboxRequest, SandboxInfo};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{finalizer, Event};
 use kube::{Api, ResourceExt};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,20 +45,19 @@ pub fn status(
 }
 
 pub(crate) async fn reconcile(obj: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = obj.namespace().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.kube.clone(), &ns);
-    let key = format!("Sandbox {ns}/{}", obj.name_any());
-    finalizer(&api, SANDBOX_FINALIZER, obj, |event| async {
-        match event {
-            Event::Apply(s) => apply(&s, &ns, &api, &ctx).await,
-            Event::Cleanup(s) => {
-                remove_labelled(&ctx, SANDBOX_KEY, &s.uid().unwrap_or_default()).await?;
-                Ok(Action::await_change())
-            }
-        }
-    })
+    let c = &*ctx;
+    under_finalizer(
+        "Sandbox",
+        SANDBOX_FINALIZER,
+        obj,
+        c,
+        |sb, ns, api| async move { apply(&sb, &ns, &api, c).await },
+        |sb, _| async move {
+            remove_labelled(c, SANDBOX_KEY, &sb.uid().unwrap_or_default()).await?;
+            Ok(Action::await_change())
+        },
+    )
     .await
-    .map_err(finalizer_err(&key))
 }
 
 async fn apply(sb: &Sandbox, ns: &str, api: &Api<Sandbox>, ctx: &Ctx) -> Result<Action, Error> {

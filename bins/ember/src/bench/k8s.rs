@@ -82,8 +82,7 @@ pub async fn run(client: &Client, args: K8sArgs) -> anyhow::Result<i32> {
     let spec = SandboxPoolSpec {
         template: super::pool::TEMPLATE.into(),
         replicas: i32::try_from(idle).unwrap_or(i32::MAX),
-        resources: None,
-        runtime_class: None,
+        ..Default::default()
     };
     pools
         .create(&PostParams::default(), &SandboxPool::new(POOL, spec))

@@ -36,8 +36,9 @@ pub struct OperatorArgs {
     #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
     lease_duration: std::time::Duration,
     /// Do not serve kubernetes-sigs/agent-sandbox's resources (SandboxWarmPool,
-    /// SandboxClaim of extensions.agents.x-k8s.io): for a cluster without
-    /// their CRDs, or one where agent-sandbox's own controller serves them.
+    /// SandboxClaim of extensions.agents.x-k8s.io): for a cluster where
+    /// agent-sandbox's own controller serves them. Without their CRDs the
+    /// operator leaves them off by itself, with one warning.
     #[arg(long)]
     no_agent_sandbox: bool,
 }

@@ -7,18 +7,20 @@
 use super::crd::{Blueprint, PodTemplate, Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate, SandboxWarmPool};
 use super::plan;
 use crate::claim::{self, Apply, CLAIM_KEY, POOL_KEY};
+use crate::claim_controller::{claim_uid, keep_bound};
 use crate::controller::{
-    claim_uid, delete_node_pool, ember_err, finalizer_err, get_pool, keep_bound, labelled, log, now, patch_status,
-    refused, remove_claimed, retry, step_pool, Ctx, CLAIM_FINALIZER,
+    delete_node_pool, drive_pool, ember_err, get_pool, labelled, log, now, patch_status, refused, remove_claimed,
+    requeue_pool, retry, under_finalizer, Ctx, PoolPass, CLAIM_FINALIZER,
 };
 use crate::crd::Condition;
-use crate::{pool, Error};
+use crate::Error;
 use ember_types::agent_sandbox::{NAMESPACE_KEY, SANDBOX_KEY};
 use ember_types::api::{CreateSandboxRequest, SandboxInfo};
 use futures_util::StreamExt;
+use kube::api::GroupVersionKind;
 use kube::api::{DeleteParams, PostParams};
+use kube::discovery::Discovery;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -37,7 +39,60 @@ pub fn node_pool(namespace: &str, name: &str) -> String {
     crate::node_pool_name_prefixed("swp", namespace, name)
 }
 
-pub(crate) async fn run(kube: kube::Client, ctx: Arc<Ctx>) {
+/// agent-sandbox's kinds the API server does not serve (its CRDs not
+/// installed), as `group/version kind`.
+pub async fn missing_kinds(kube: &kube::Client) -> Result<Vec<String>, kube::Error> {
+    let gvks = [
+        GroupVersionKind::gvk(&Sandbox::group(&()), &Sandbox::version(&()), &Sandbox::kind(&())),
+        GroupVersionKind::gvk(
+            &SandboxTemplate::group(&()),
+            &SandboxTemplate::version(&()),
+            &SandboxTemplate::kind(&()),
+        ),
+        GroupVersionKind::gvk(&SandboxClaim::group(&()), &SandboxClaim::version(&()), &SandboxClaim::kind(&())),
+        GroupVersionKind::gvk(
+            &SandboxWarmPool::group(&()),
+            &SandboxWarmPool::version(&()),
+            &SandboxWarmPool::kind(&()),
+        ),
+    ];
+    let groups: Vec<&str> = gvks.iter().map(|g| g.group.as_str()).collect();
+    let discovery = Discovery::new(kube.clone()).filter(&groups).run().await?;
+    let missing = gvks.iter().filter(|g| discovery.resolve_gvk(g).is_none());
+    Ok(missing.map(|g| format!("{}/{} {}", g.group, g.version, g.kind)).collect())
+}
+
+/// Runs agent-sandbox's controllers when the API server serves its CRDs.
+/// Without them a watch would fail and retry for ever, a warning each time:
+/// instead this says once that they are off (ember's own controllers run
+/// either way), and they stay off until the operator restarts.
+pub(crate) async fn run_if_served(kube: kube::Client, ctx: Arc<Ctx>) {
+    let mut warned = false;
+    let missing = loop {
+        match missing_kinds(&kube).await {
+            Ok(m) => break m,
+            // The API server not answering yet: ember's own watches retry too.
+            Err(e) if !warned => {
+                tracing::warn!("discovering agent-sandbox's CRDs: {e}; retrying");
+                warned = true;
+            }
+            Err(e) => tracing::debug!("discovering agent-sandbox's CRDs: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    if !missing.is_empty() {
+        tracing::warn!(
+            missing = missing.join(", "),
+            "agent-sandbox's CRDs are not installed: its controllers are off, ember.run's are served; \
+             install them (`ember operator crds | kubectl apply -f -`) and restart the operator, \
+             or pass --no-agent-sandbox to silence this"
+        );
+        return;
+    }
+    run(kube, ctx).await
+}
+
+async fn run(kube: kube::Client, ctx: Arc<Ctx>) {
     let pools = Controller::new(Api::<SandboxWarmPool>::all(kube.clone()), watcher::Config::default());
     // A warm pool waiting for its template (made before it, or in the same
     // apply) is woken by the template's changes, not left until the resync;
@@ -73,17 +128,16 @@ pub(crate) async fn run(kube: kube::Client, ctx: Arc<Ctx>) {
 }
 
 async fn reconcile_pool(obj: Arc<SandboxWarmPool>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = obj.namespace().unwrap_or_default();
-    let api: Api<SandboxWarmPool> = Api::namespaced(ctx.kube.clone(), &ns);
-    let key = format!("SandboxWarmPool {ns}/{}", obj.name_any());
-    finalizer(&api, WARM_POOL_FINALIZER, obj, |event| async {
-        match event {
-            Event::Apply(p) => apply_pool(&p, &ns, &api, &ctx).await,
-            Event::Cleanup(p) => delete_node_pool(&ctx, &node_pool(&ns, &p.name_any())).await,
-        }
-    })
+    let c = &*ctx;
+    under_finalizer(
+        "SandboxWarmPool",
+        WARM_POOL_FINALIZER,
+        obj,
+        c,
+        |p, ns, api| async move { apply_pool(&p, &ns, &api, c).await },
+        |p, ns| async move { delete_node_pool(c, &node_pool(&ns, &p.name_any())).await },
+    )
     .await
-    .map_err(finalizer_err(&key))
 }
 
 /// Writes why the warm pool is not served, and waits for a change or the resync.
@@ -112,44 +166,38 @@ async fn apply_pool(p: &SandboxWarmPool, ns: &str, api: &Api<SandboxWarmPool>, c
         Ok(d) => d,
         Err(why) => return refuse_pool(p, api, ctx, "InvalidConfiguration", why).await,
     };
-    let action = pool::plan(Some(&desired), get_pool(ctx, &node).await?.as_ref());
-    let replaced = matches!(action, pool::Action::Delete(_));
-    if let Err(e) = step_pool(ctx, action).await {
-        let Some(why) = refused(&e) else { return Err(ember_err(ctx)(e)) };
-        return refuse_pool(p, api, ctx, "NodeRefused", why).await;
-    }
-    if replaced {
-        return Ok(Action::requeue(Duration::from_millis(200)));
-    }
-    let Some(observed) = get_pool(ctx, &node).await? else { return Ok(Action::requeue(Duration::from_secs(1))) };
-    let status = plan::pool_status(&observed, p.metadata.generation, format!("{POOL_KEY}={node}"));
-    let settled = observed.idle >= observed.sizing.target && observed.starting == 0;
+    let pass = drive_pool(ctx, &desired).await?;
+    let observed = match &pass {
+        PoolPass::Refused(why) => return refuse_pool(p, api, ctx, "NodeRefused", why.clone()).await,
+        PoolPass::Replaced | PoolPass::Pending => return Ok(requeue_pool(ctx, &pass)),
+        PoolPass::Observed(o) => o,
+    };
+    let status = plan::pool_status(observed, p.metadata.generation, format!("{POOL_KEY}={node}"));
     if p.status.as_ref() != Some(&status) {
         patch_status(api, &p.name_any(), &status).await?;
     }
-    Ok(Action::requeue(if settled { ctx.resync } else { Duration::from_millis(500) }))
+    Ok(requeue_pool(ctx, &pass))
 }
 
 async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = obj.namespace().unwrap_or_default();
-    let api: Api<SandboxClaim> = Api::namespaced(ctx.kube.clone(), &ns);
-    let key = format!("agent-sandbox SandboxClaim {ns}/{}", obj.name_any());
-    finalizer(&api, CLAIM_FINALIZER, obj, |event| async {
-        match event {
-            Event::Apply(c) => apply_claim(&c, &ns, &api, &ctx).await,
-            Event::Cleanup(c) => {
-                remove_claimed(&ctx, &c.uid().unwrap_or_default()).await?;
-                let sandboxes: Api<Sandbox> = Api::namespaced(ctx.kube.clone(), &ns);
-                match sandboxes.delete(&c.name_any(), &DeleteParams::default()).await {
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    r => drop(r?),
-                }
-                Ok(Action::await_change())
+    let c = &*ctx;
+    under_finalizer(
+        "agent-sandbox SandboxClaim",
+        CLAIM_FINALIZER,
+        obj,
+        c,
+        |claim, ns, api| async move { apply_claim(&claim, &ns, &api, c).await },
+        |claim, ns| async move {
+            remove_claimed(c, &claim.uid().unwrap_or_default()).await?;
+            let sandboxes: Api<Sandbox> = Api::namespaced(c.kube.clone(), &ns);
+            match sandboxes.delete(&claim.name_any(), &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                r => drop(r?),
             }
-        }
-    })
+            Ok(Action::await_change())
+        },
+    )
     .await
-    .map_err(finalizer_err(&key))
 }
 
 /// Why no sandbox was claimed.
