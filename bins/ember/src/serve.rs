@@ -87,9 +87,9 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     tracing::info!(%local, data_dir = %args.data_dir.display(), agent = %agent.display(), "ember serving");
     // One line on stdout so scripts (and tests binding port 0) learn the address.
     println!("ember listening on http://{local}");
+    let tenants = engine.tenants();
     let engine: Arc<dyn ember_engine::ControlPlane> = Arc::new(engine);
     let engine = cluster_plane(&args.cluster, engine, local, api_key.clone()).await?;
-    let tenants = Arc::new(ember_engine::Tenants::open(&args.data_dir).context("tenants")?);
     let state = ApiState {
         // The API sees the engine only through the seam.
         engine,

@@ -4,8 +4,18 @@
 mod common;
 #[path = "tenants/isolation.rs"]
 mod isolation;
+#[path = "tenants/outside.rs"]
+mod outside;
+#[path = "tenants/pools.rs"]
+mod pools;
 #[path = "common/schema.rs"]
 mod schema;
+#[path = "tenants/snapshots.rs"]
+mod snapshots;
+#[path = "tenants/tokens.rs"]
+mod tokens;
+#[path = "tenants/ui.rs"]
+mod ui;
 
 use common::Daemon;
 use serde_json::{json, Value};

@@ -7,10 +7,12 @@
 //! never through the Kubernetes API. On the runtime's port (8888) the router
 //! answers the runtime's `POST /execute` itself through ember's agent, since
 //! an ember sandbox runs no runtime server; any other port is proxied as
-//! `/v1/sandboxes/{id}/proxy/{port}` is. The API key rule is the API's.
+//! `/v1/sandboxes/{id}/proxy/{port}` is. The key rule is the proxy route's:
+//! the admin key, the owning tenant's key, or the sandbox's scoped token.
 use crate::error::ApiError;
-use crate::middleware::key_refusal;
+use crate::middleware::principal;
 use crate::ApiState;
+use crate::Principal;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
@@ -36,10 +38,11 @@ pub async fn dispatch(State(st): State<ApiState>, req: Request, next: Next) -> R
     if !req.headers().contains_key(ID_HEADER) {
         return next.run(req).await;
     }
-    if let Some(refused) = key_refusal(&st.cfg, req.headers()) {
-        return refused;
-    }
-    route(st, req).await.unwrap_or_else(IntoResponse::into_response)
+    let p = match principal(&st, req.headers()) {
+        Ok(p) => p,
+        Err(refused) => return crate::tenancy::unauthorized(&st, req, *refused).await,
+    };
+    route(st, p, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 fn text<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -67,15 +70,26 @@ fn target(h: &HeaderMap) -> Result<(String, String, u16), ApiError> {
     Ok((ns, name, port))
 }
 
-async fn route(st: ApiState, req: Request) -> Result<Response, ApiError> {
+/// The caller's key rule is the proxy route's (`tenancy::outside_call`): a
+/// tenant reaches its own sandboxes, a token its sandbox within its scope
+/// (`/execute` is an exec).
+async fn route(st: ApiState, p: Principal, req: Request) -> Result<Response, ApiError> {
     let (ns, name, port) = target(req.headers())?;
-    let id = resolve(&st, &ns, &name).await?;
+    let id = resolve(&st, &p, &ns, &name).await?;
     if port != RUNTIME_PORT {
         let rest = req.uri().path().trim_start_matches('/').to_string();
-        return crate::proxy::forward_path(st, id, port, rest, req).await;
+        let call = crate::proxy::forward_path;
+        let (s, i, r) = (st.clone(), id.clone(), rest.clone());
+        let forward =
+            move |req| async move { call(s, i, port, r, req).await.unwrap_or_else(IntoResponse::into_response) };
+        return Ok(crate::tenancy::outside_call(&st, &p, (&id, port, &rest), req, forward).await);
     }
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/execute") => execute(st, id, req).await,
+        (&Method::POST, "/execute") => {
+            let (s, i) = (st.clone(), id.clone());
+            let forward = move |req| async move { execute(s, i, req).await.into_response() };
+            Ok(crate::tenancy::outside_call(&st, &p, (&id, EXECD_PORT, "command"), req, forward).await)
+        }
         (m, p) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "GENERAL::NOT_FOUND",
@@ -84,14 +98,16 @@ async fn route(st: ApiState, req: Request) -> Result<Response, ApiError> {
     }
 }
 
-/// The running ember sandbox backing Sandbox `ns/name`.
-async fn resolve(st: &ApiState, ns: &str, name: &str) -> Result<String, ApiError> {
+/// The running ember sandbox backing Sandbox `ns/name`, among those `p` sees.
+async fn resolve(st: &ApiState, p: &Principal, ns: &str, name: &str) -> Result<String, ApiError> {
     let f = ListFilter {
         states: Vec::new(),
         metadata: vec![(NAMESPACE_KEY.into(), ns.into()), (SANDBOX_KEY.into(), name.into())],
         ..Default::default()
     };
-    let found = st.engine.list(&f).await?;
+    let mut found = st.engine.list(&f).await?;
+    // Another tenant's Sandbox is not found, whatever its state.
+    found.retain(|s| crate::tenancy::sees_sandbox(st, p, s.id.as_str()));
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "SANDBOX::NOT_FOUND", format!("no Sandbox {ns}/{name}"));
     let first = found.first().ok_or_else(not_found)?;
     match found.iter().find(|s| s.state == SandboxState::Running) {

@@ -127,6 +127,8 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         snapshot_id: req.snapshot_id,
         secrets: req.secrets.unwrap_or_default(),
         auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
+        // The caller's, set by the handler from its key (never the body).
+        tenant: None,
         workspaces: req
             .workspaces
             .into_iter()

@@ -102,12 +102,16 @@ pub async fn auth(State(st): State<ApiState>, mut req: Request, next: Next) -> R
     if path == "/health" || path == "/version" {
         return next.run(req).await;
     }
-    // The dashboard checks its session cookie (or the key) itself (`ui/`).
+    // The dashboard checks its session cookie (or the key) itself (`ui/`);
+    // the caller it finds goes on to the tenancy guard like any other.
     if st.cfg.ui.is_some() && (path == "/ui" || path.starts_with("/ui/")) {
+        if let Some(p) = crate::ui::principal(&st, req.headers()) {
+            req.extensions_mut().insert(p);
+        }
         return next.run(req).await;
     }
     match principal(&st, req.headers()) {
-        Err(refused) => *refused,
+        Err(refused) => crate::tenancy::unauthorized(&st, req, *refused).await,
         Ok(p) => {
             req.extensions_mut().insert(p);
             next.run(req).await
@@ -151,9 +155,8 @@ pub(crate) fn principal(st: &ApiState, h: &axum::http::HeaderMap) -> Result<Prin
 }
 
 /// The 401 of a request without the configured key; `None` when it may pass
-/// (the key is right, or none is configured). The API's routes and the
-/// sandbox origins (`origin.rs`) share it: a tenant key does not open a
-/// sandbox origin (docs/tenancy.md).
+/// (the key is right, or none is configured): the admin's check, which
+/// [`principal`] makes after a tenant's key and a token.
 pub(crate) fn key_refusal(cfg: &crate::ApiConfig, h: &axum::http::HeaderMap) -> Option<Response> {
     let key = cfg.api_key.as_deref()?;
     match given_key(h) {

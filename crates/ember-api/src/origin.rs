@@ -3,13 +3,15 @@
 //! browser origin of its own, so a page a sandbox serves never runs on the
 //! API's origin. The whole request (path, query, body, upgrade) goes to the
 //! port through the proxy (`proxy::forward_host`), never to the API's routes,
-//! after the same API-key rule as the path route.
+//! after the same key rule as the path route: the admin key, the owning
+//! tenant's key (another tenant's sandbox is a 404), or a scoped token of
+//! the sandbox within its scope (docs/tenancy.md).
 //!
 //! The name is unambiguous: a port is digits only and a sandbox id is
 //! `[a-z0-9-]` without a leading `-` and without dots (`ember_types::SandboxId`),
 //! so the label splits at its first `-`, and the rest of the name must be
 //! exactly the domain.
-use crate::middleware::{key_refusal, request_host};
+use crate::middleware::{principal, request_host};
 use crate::ApiState;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -56,10 +58,13 @@ pub async fn dispatch(State(st): State<ApiState>, req: Request, next: Next) -> R
     let Some(host) = request_host(&req) else { return next.run(req).await };
     let target = crate::middleware::host_name(&host).and_then(|name| parse(&name, domain));
     let Some(SandboxOrigin { port, id }) = target else { return next.run(req).await };
-    if let Some(refused) = key_refusal(&st.cfg, req.headers()) {
-        return refused;
-    }
-    crate::proxy::forward_host(st, id.to_string(), port, &host, req).await
+    let p = match principal(&st, req.headers()) {
+        Ok(p) => p,
+        Err(refused) => return crate::tenancy::unauthorized(&st, req, *refused).await,
+    };
+    let path = req.uri().path().to_string();
+    let forward = |req| crate::proxy::forward_host(st.clone(), id.to_string(), port, &host, req);
+    crate::tenancy::outside_call(&st, &p, (id.as_str(), port, &path), req, forward).await
 }
 
 #[cfg(test)]

@@ -14,11 +14,15 @@ use std::collections::BTreeMap;
 
 pub async fn create(
     State(st): State<ApiState>,
+    axum::Extension(p): axum::Extension<crate::Principal>,
     ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
     // OpenSandbox's `secureAccess`: the endpoint answers carry a scoped token.
     let secure = req.secure_access.take() == Some(true);
-    let rec = st.engine.create(create_request(req)?).await?;
+    let mut create = create_request(req)?;
+    // A warm claim only from the caller's tenant's pools.
+    create.tenant = p.tenant_key().map(str::to_string);
+    let rec = st.engine.create(create).await?;
     if secure {
         st.tenants.set_secure(rec.id.as_str()).map_err(crate::tenancy::quota_error)?;
     }

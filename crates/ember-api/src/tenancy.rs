@@ -96,7 +96,7 @@ const DRAIN_LIMIT: usize = 2 << 20;
 /// A refusal answered before any handler: the request's body is read first
 /// (bounded), as the router's own fallbacks do. Answering with it unread
 /// closes the connection, and a keep-alive client's next request on it fails.
-async fn refuse(req: Request, resp: Response) -> Response {
+pub(crate) async fn refuse(req: Request, resp: Response) -> Response {
     let _ = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT).await;
     resp
 }
@@ -136,6 +136,10 @@ async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request,
     }
 }
 
+fn out_of_scope() -> Response {
+    ApiError::new(StatusCode::FORBIDDEN, "TOKEN::OUT_OF_SCOPE", "outside this token's scope").into_response()
+}
+
 /// A scoped token: its sandbox's proxy route, within its scope, while the
 /// sandbox has not ended; another sandbox is a 404, anything else a 403.
 async fn scoped(
@@ -145,22 +149,97 @@ async fn scoped(
     req: Request,
     next: Next,
 ) -> Response {
-    let denied =
-        || ApiError::new(StatusCode::FORBIDDEN, "TOKEN::OUT_OF_SCOPE", "outside this token's scope").into_response();
-    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return refuse(req, denied()).await };
-    if *id != g.sandbox {
-        return refuse(req, not_found(Kind::Sandbox, id)).await;
+    let Scope::Object(Kind::Sandbox, id) = &route.scope else { return refuse(req, out_of_scope()).await };
+    match token_reaches(st, g, id, &route.tail).await {
+        Ok(()) => next.run(req).await,
+        Err(refused) => refuse(req, refused).await,
     }
-    if !crate::tokens::allows(g, &route.tail) {
-        return refuse(req, denied()).await;
+}
+
+async fn token_reaches(
+    st: &ApiState,
+    g: &ember_engine::tenants::Grant,
+    id: &str,
+    tail: &[String],
+) -> Result<(), Response> {
+    if id != g.sandbox {
+        return Err(not_found(Kind::Sandbox, id));
+    }
+    if !crate::tokens::allows(g, tail) {
+        return Err(out_of_scope());
     }
     match st.engine.get(id).await {
-        Ok(r) if !r.state.is_terminal() => next.run(req).await,
+        Ok(r) if !r.state.is_terminal() => Ok(()),
         _ => {
             st.tenants.drop_tokens(id);
             let msg = format!("sandbox {id} has ended: its tokens with it");
-            refuse(req, ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response()).await
+            Err(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response())
         }
+    }
+}
+
+/// A call to sandbox `id`'s `port` from outside the API's routes (a
+/// sandbox origin, agent-sandbox's router), `path` being what it asks of
+/// the port: the proxy route's check ([`reaches_sandbox`]), then `forward`,
+/// and the audit record that route's call would have (the action and path
+/// named as on `/v1/sandboxes/{id}/proxy/{port}/{path}`).
+pub(crate) async fn outside_call<F, Fut>(
+    st: &ApiState,
+    p: &Principal,
+    (id, port, path): (&str, u16, &str),
+    req: Request,
+    forward: F,
+) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    let as_api = format!("/v1/sandboxes/{id}/proxy/{port}/{}", path.trim_start_matches('/'));
+    let route = route::classify(req.method(), &as_api);
+    let (req, mut record) = audit::start(p, &route, req).await;
+    let resp = match reaches_sandbox(st, p, id, &route.tail).await {
+        Ok(()) => forward(req).await,
+        Err(refused) => refuse(req, refused).await,
+    };
+    if let Some(r) = record.as_mut() {
+        r.path = as_api;
+        audit::finish(st, r, resp.status());
+    }
+    resp
+}
+
+/// Whether `p` sees sandbox `id` at all (its own, its token's, or the admin).
+pub(crate) fn sees_sandbox(st: &ApiState, p: &Principal, id: &str) -> bool {
+    match p {
+        Principal::Admin { .. } => true,
+        Principal::Tenant { name, .. } => st.tenants.owner(Kind::Sandbox, id) == *name,
+        Principal::Scoped(g) => g.sandbox == id,
+    }
+}
+
+/// A request the key check refused (401): its body read, as [`refuse`]
+/// does, and the call in the audit log when it would change something,
+/// naming only the public part of the credential presented.
+pub(crate) async fn unauthorized(st: &ApiState, req: Request, resp: Response) -> Response {
+    let route = route::classify(req.method(), req.uri().path());
+    let record = audit::unauthorized(&route, &req);
+    let resp = refuse(req, resp).await;
+    if let Some(mut r) = record {
+        audit::finish(st, &mut r, resp.status());
+    }
+    resp
+}
+
+/// Whether `p` may reach sandbox `id` at `tail` (`["proxy", port, path...]`)
+/// from outside the API's routes (a sandbox origin, agent-sandbox's router),
+/// by the guard's rule for the proxy route: the admin always, a tenant its
+/// own sandboxes (another's is a 404), a token its sandbox within its scope.
+pub(crate) async fn reaches_sandbox(st: &ApiState, p: &Principal, id: &str, tail: &[String]) -> Result<(), Response> {
+    match p {
+        Principal::Admin { .. } => Ok(()),
+        Principal::Tenant { name, .. } if st.tenants.owner(Kind::Sandbox, id) == *name => Ok(()),
+        Principal::Tenant { .. } => Err(not_found(Kind::Sandbox, id)),
+        Principal::Scoped(g) => token_reaches(st, g, id, tail).await,
     }
 }
 

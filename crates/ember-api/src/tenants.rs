@@ -97,13 +97,14 @@ pub(crate) async fn metrics_text(st: &ApiState) -> String {
             rows.push((t.name.clone(), u));
         }
     }
-    let series: [Series; 6] = [
+    let series: [Series; 7] = [
         ("ember_tenant_running_sandboxes", "Sandboxes of the tenant that have not ended.", |u| u.running_sandboxes),
         ("ember_tenant_memory_bytes", "Memory limits of those sandboxes, summed.", |u| u.memory_bytes),
         ("ember_tenant_cpu_millis", "Cpu limits of those sandboxes, summed, in thousandths.", |u| u.cpu_millis),
         ("ember_tenant_pool_size", "Maximum sizes of the tenant's warm pools, summed.", |u| u.pool_size),
         ("ember_tenant_workspace_bytes", "Sizes of the tenant's workspaces, summed.", |u| u.workspace_bytes),
         ("ember_tenant_tasks", "The tenant's tasks not finished.", |u| u.tasks),
+        ("ember_tenant_snapshot_bytes", "Bytes of the tenant's snapshots, summed.", |u| u.snapshot_bytes),
     ];
     for (name, help, get) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");

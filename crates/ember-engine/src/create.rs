@@ -67,6 +67,12 @@ pub struct CreateSandbox {
     /// Idle auto-pause after this many seconds (docs/auto-pause.md).
     #[serde(default)]
     pub auto_pause_secs: Option<u64>,
+    /// The tenant the sandbox is made for: it claims warm only from that
+    /// tenant's pools (`Tenants::may_claim`). `None` is the admin's create.
+    /// Set by the API from the caller's key and by a task's worker, never
+    /// from a request body; kept across a cluster's forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// How a create may start its sandbox.
@@ -149,6 +155,8 @@ pub(crate) struct Provisioner {
     pools: Arc<Pools>,
     sandboxes: Arc<Sandboxes>,
     snapshots: Arc<Snapshots>,
+    /// Who owns each pool: a create claims only from its tenant's.
+    tenants: Arc<crate::Tenants>,
 }
 
 impl Provisioner {
@@ -158,8 +166,9 @@ impl Provisioner {
         pools: Arc<Pools>,
         sandboxes: Arc<Sandboxes>,
         snapshots: Arc<Snapshots>,
+        tenants: Arc<crate::Tenants>,
     ) -> Provisioner {
-        Provisioner { catalog, workspaces, pools, sandboxes, snapshots }
+        Provisioner { catalog, workspaces, pools, sandboxes, snapshots, tenants }
     }
 
     /// Creates a sandbox and returns once its agent answers: claimed warm from
@@ -186,7 +195,9 @@ impl Provisioner {
         self.workspaces.check_workspaces(&req.workspaces)?;
         // A rebind (a fixed id) is a cold start: a warm member has its own id.
         if req.launch != LaunchMode::Cold && req.id.is_none() {
-            if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref())? {
+            let named = req.pool.is_some();
+            let may_claim = |p: &str| self.tenants.may_claim(req.tenant.as_deref(), p, named);
+            if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref(), &may_claim)? {
                 let claim = self.pools.claim(&pool, &spec, &req, t0);
                 let span = tracing::info_span!("pool_claim", pool = %pool.spec().name);
                 if let Some(rec) = tracing::Instrument::instrument(claim, span).await? {

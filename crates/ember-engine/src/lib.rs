@@ -109,6 +109,8 @@ pub struct Engine {
     provision: Arc<create::Provisioner>,
     /// Egress networking; `None` when the daemon runs without it.
     network: Arc<network::Network>,
+    /// Tenants, their keys, objects and quotas, the audit log.
+    tenants: Arc<Tenants>,
 }
 
 impl Engine {
@@ -212,8 +214,10 @@ impl Engine {
         )?);
         let (c, w, p, s, n) =
             (catalog.clone(), workspaces.clone(), pools.clone(), sandboxes.clone(), snapshots.clone());
-        let provision = Arc::new(create::Provisioner::new(c, w, p, s, n));
+        let tenants = Arc::new(Tenants::open(&cfg.data_dir).map_err(TenantError::into_engine)?);
+        let provision = Arc::new(create::Provisioner::new(c, w, p, s, n, tenants.clone()));
         let engine = Engine {
+            tenants,
             provision,
             cfg,
             runtimes,
@@ -231,6 +235,11 @@ impl Engine {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The tenants service (the API's, and the create path's pool owners).
+    pub fn tenants(&self) -> Arc<Tenants> {
+        self.tenants.clone()
     }
 
     /// The default runtime class.

@@ -29,6 +29,9 @@ pub struct Quotas {
     /// The tenant's tasks not finished (queued, leased, running).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<u64>,
+    /// Bytes of the tenant's sandbox and workspace snapshots, summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_bytes: Option<u64>,
     /// Sandbox creates per second (a token bucket of that size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creates_per_second: Option<u32>,
@@ -44,6 +47,8 @@ pub struct Usage {
     pub pool_size: u64,
     pub workspace_bytes: u64,
     pub tasks: u64,
+    #[serde(default)]
+    pub snapshot_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

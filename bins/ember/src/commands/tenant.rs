@@ -83,6 +83,9 @@ pub struct QuotaArgs {
     /// Tasks not finished (queued, leased, running).
     #[arg(long)]
     max_tasks: Option<u64>,
+    /// Bytes of the tenant's sandbox and workspace snapshots, summed, e.g. 20Gi.
+    #[arg(long)]
+    max_snapshot_bytes: Option<String>,
     /// Sandbox creates per second.
     #[arg(long)]
     creates_per_second: Option<u32>,
@@ -97,6 +100,7 @@ impl QuotaArgs {
             pool_size: self.max_pool_size,
             workspace_bytes: self.max_workspace_bytes.as_deref().map(ember_types::parse_memory_bytes).transpose()?,
             tasks: self.max_tasks,
+            snapshot_bytes: self.max_snapshot_bytes.as_deref().map(ember_types::parse_memory_bytes).transpose()?,
             creates_per_second: self.creates_per_second,
         })
     }
@@ -129,6 +133,7 @@ fn print_inspect(t: &TenantInfo) {
     println!("  {:<20} {:>14} {:>14}", "pool size", u.pool_size, limit(q.pool_size));
     println!("  {:<20} {:>14} {:>14}", "workspace bytes", u.workspace_bytes, limit(q.workspace_bytes));
     println!("  {:<20} {:>14} {:>14}", "tasks", u.tasks, limit(q.tasks));
+    println!("  {:<20} {:>14} {:>14}", "snapshot bytes", u.snapshot_bytes, limit(q.snapshot_bytes));
     println!("  {:<20} {:>14} {:>14}", "creates per second", "-", limit(q.creates_per_second.map(u64::from)));
     for k in &t.keys {
         println!("  key {}", k.prefix);

@@ -11,7 +11,7 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use ember_engine::tenants::{Demand, Kind};
-use ember_engine::{EngineError, ListFilter, TenantError};
+use ember_engine::{EngineError, ListFilter, SandboxSnapshotState, SnapshotFilter, TenantError};
 use ember_types::tenant::Usage;
 use ember_types::Resources;
 use serde_json::Value;
@@ -72,7 +72,37 @@ pub(crate) async fn usage(st: &ApiState, tenant: &str) -> Result<Usage, EngineEr
             }
         }
     }
+    u.snapshot_bytes = snapshot_bytes(st, tenant).await?;
     Ok(u)
+}
+
+/// The bytes of `tenant`'s snapshots: a sandbox snapshot's layer once it is
+/// made (while it is made, its sandbox's disk limit, which the layer cannot
+/// pass), a workspace snapshot's file bytes. Logical bytes, before the
+/// store's dedup and compression: what the tenant snapshotted.
+async fn snapshot_bytes(st: &ApiState, tenant: &str) -> Result<u64, EngineError> {
+    let mut n = 0u64;
+    let owned: HashSet<String> = st.tenants.owned(Kind::SandboxSnapshot, tenant).into_iter().collect();
+    if !owned.is_empty() {
+        for s in st.engine.list_sandbox_snapshots(&SnapshotFilter::default()).await? {
+            if owned.contains(&s.id) {
+                n += match s.state {
+                    SandboxSnapshotState::Ready => s.layer_bytes,
+                    SandboxSnapshotState::Creating => s.spec.resources.disk_bytes.max(1),
+                    SandboxSnapshotState::Failed | SandboxSnapshotState::Deleting => 0,
+                };
+            }
+        }
+    }
+    let owned: HashSet<String> = st.tenants.owned(Kind::WorkspaceSnapshot, tenant).into_iter().collect();
+    if !owned.is_empty() {
+        for s in st.engine.list_snapshots(None).await? {
+            if owned.contains(&s.id) {
+                n += s.stats.logical_bytes;
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// A sandbox create's memory and cpu as asked (the defaults when not: the
@@ -100,6 +130,17 @@ async fn demand(st: &ApiState, route: &Route, body: &Value) -> Result<Demand, Ap
         Scope::Object(Kind::Pool, name) => {
             let now = u64::from(st.engine.pool_status(name).await?.spec.max);
             Demand { pool_size: max.saturating_sub(now), ..Default::default() }
+        }
+        // A snapshot's bytes are known once it is made: it reserves what
+        // it can reach at most (the sandbox's disk limit, the workspace's
+        // size), so racing snapshots cannot pass the quota together.
+        Scope::Object(Kind::Sandbox, id) => {
+            let disk = st.engine.get(id).await?.spec.resources.disk_bytes;
+            Demand { snapshot_bytes: disk.max(1), ..Default::default() }
+        }
+        Scope::Object(Kind::Workspace, name) => {
+            let size = st.engine.workspace(name).await?.meta.size_bytes;
+            Demand { snapshot_bytes: size.max(1), ..Default::default() }
         }
         _ => Demand::default(),
     })
@@ -168,6 +209,9 @@ fn needs_demand(route: &Route) -> bool {
     match &route.scope {
         Scope::Create(k) => matches!(k, Kind::Sandbox | Kind::Pool | Kind::Workspace | Kind::Task),
         Scope::Object(Kind::Pool, _) => route.method == Method::PUT && route.tail.is_empty(),
+        Scope::Object(Kind::Sandbox | Kind::Workspace, _) => {
+            route.method == Method::POST && route.tail == ["snapshots"]
+        }
         _ => false,
     }
 }

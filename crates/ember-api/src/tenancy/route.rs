@@ -68,6 +68,14 @@ pub(crate) fn classify(method: &Method, path: &str) -> Route {
         _ if head == "workspace-snapshots" && segs.get(1).is_some_and(|s| s == "operations") => {
             r.scope = Scope::AdminOnly;
         }
+        // The dashboard's sandbox routes (`/ui/sandboxes/{id}/pty...`) name
+        // the sandbox as the API's do; its reports are the daemon's.
+        _ if path.starts_with("/ui/") && segs.get(1).is_some_and(|s| s == "sandboxes") && segs.len() >= 3 => {
+            r.tail = segs[3..].to_vec();
+            r.scope = Scope::Object(Kind::Sandbox, segs[2].clone());
+            r.action = object_action("sandbox", method, &r.tail);
+        }
+        _ if path.starts_with("/ui/reports") => r.scope = Scope::AdminOnly,
         (Some(kind), 1) if *method == Method::POST => {
             r.scope = Scope::Create(kind);
             r.creates = Some(kind);
@@ -143,6 +151,9 @@ mod tests {
         ] {
             assert_eq!(classify(&m, p).scope, Scope::AdminOnly, "{m} {p}");
         }
+        let r = classify(&Method::POST, "/ui/sandboxes/abc/pty");
+        assert_eq!((r.scope, r.action.as_str()), (Scope::Object(Kind::Sandbox, "abc".into()), "sandbox.pty"));
+        assert_eq!(classify(&Method::GET, "/ui/reports/x.txt").scope, Scope::AdminOnly);
         for (m, p) in [(Method::GET, "/v1/images"), (Method::GET, "/v1/sandboxes"), (Method::GET, "/health")] {
             assert_eq!(classify(&m, p).scope, Scope::Open, "{m} {p}");
         }

@@ -12,6 +12,7 @@
 mod snapshot;
 
 use crate::error::ApiError;
+use crate::Principal;
 use crate::{ApiPath, ApiState};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -20,7 +21,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
 use ember_types::execd::EXECD_PORT;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,11 +31,12 @@ const COOKIE: &str = "ember_ui";
 /// tracked; logging in again is cheap).
 const MAX_SESSIONS: usize = 1024;
 
-/// `--ui`: where lab and chaos reports are, and the logged-in sessions.
+/// `--ui`: where lab and chaos reports are, and the logged-in sessions
+/// (each with the principal of the key it was opened with).
 #[derive(Clone, Debug, Default)]
 pub struct UiConfig {
     pub reports: Option<PathBuf>,
-    sessions: Arc<Mutex<HashSet<String>>>,
+    sessions: Arc<Mutex<HashMap<String, Principal>>>,
 }
 
 impl UiConfig {
@@ -61,15 +63,18 @@ async fn asset(kind: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], body).into_response()
 }
 
-/// `Ok` when the request may see the dashboard: no key is configured, the
-/// key is in a header, or the cookie holds a live session.
-pub(crate) fn allowed(st: &ApiState, h: &HeaderMap) -> bool {
-    if crate::middleware::key_refusal(&st.cfg, h).is_none() {
-        return true;
+/// Who a dashboard request is, if it may see the dashboard: the key in its
+/// header (the admin's, or a tenant's: it then sees that tenant's objects
+/// alone), the admin when no key is configured, or the principal of the
+/// live session its cookie names. A scoped token is no dashboard login.
+/// `middleware::auth` puts it in the request for `tenancy::guard`.
+pub(crate) fn principal(st: &ApiState, h: &HeaderMap) -> Option<Principal> {
+    if let Ok(p) = crate::middleware::principal(st, h) {
+        return (!matches!(p, Principal::Scoped(_))).then_some(p);
     }
-    let Some(ui) = &st.cfg.ui else { return false };
+    let ui = st.cfg.ui.as_ref()?;
     let sessions = ui.sessions.lock().unwrap_or_else(|p| p.into_inner());
-    cookie(h).is_some_and(|t| sessions.contains(t))
+    cookie(h).and_then(|t| sessions.get(t).cloned())
 }
 
 fn cookie(h: &HeaderMap) -> Option<&str> {
@@ -104,7 +109,7 @@ fn same_origin(h: &HeaderMap) -> Result<(), ApiError> {
 }
 
 async fn page(State(st): State<ApiState>, h: HeaderMap) -> Response {
-    if !allowed(&st, &h) {
+    if principal(&st, &h).is_none() {
         return Redirect::to("/ui/login").into_response();
     }
     Html(include_str!("assets/index.html")).into_response()
@@ -128,9 +133,12 @@ async fn login(State(st): State<ApiState>, h: HeaderMap, body: String) -> Result
     if let Ok(v) = form_key(&body).parse() {
         given.insert(crate::middleware::API_KEY_HEADER, v);
     }
-    if let Some(refusal) = crate::middleware::key_refusal(&st.cfg, &given) {
-        return Ok(refusal);
-    }
+    // The admin's key or a tenant's; the session is that principal's.
+    let p = match crate::middleware::principal(&st, &given) {
+        Err(refusal) => return Ok(*refusal),
+        Ok(Principal::Scoped(_)) => return Err(refused()),
+        Ok(p) => p,
+    };
     let Some(ui) = &st.cfg.ui else { return Err(refused()) };
     let token = session_token()?;
     {
@@ -138,7 +146,7 @@ async fn login(State(st): State<ApiState>, h: HeaderMap, body: String) -> Result
         if s.len() >= MAX_SESSIONS {
             s.clear();
         }
-        s.insert(token.clone());
+        s.insert(token.clone(), p);
     }
     let cookie = format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict");
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/ui")).into_response())
@@ -156,16 +164,14 @@ fn session_token() -> Result<String, ApiError> {
 
 /// A snapshot now and every second after, as `data:` JSON events.
 async fn events(State(st): State<ApiState>, h: HeaderMap) -> Result<Response, ApiError> {
-    if !allowed(&st, &h) {
-        return Err(refused());
-    }
-    let stream = futures_util::stream::unfold((st, true), |(st, first)| async move {
+    let Some(p) = principal(&st, &h) else { return Err(refused()) };
+    let stream = futures_util::stream::unfold((st, p, true), |(st, p, first)| async move {
         if !first {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        let snap = snapshot::take(&st).await;
+        let snap = snapshot::take(&st, &p).await;
         let ev = Event::default().event("snapshot").json_data(snap).unwrap_or_else(|_| Event::default());
-        Some((Ok::<_, std::convert::Infallible>(ev), (st, false)))
+        Some((Ok::<_, std::convert::Infallible>(ev), (st, p, false)))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
@@ -175,7 +181,7 @@ async fn boundary(
     h: HeaderMap,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    if !allowed(&st, &h) {
+    if principal(&st, &h).is_none() {
         return Err(refused());
     }
     Ok(axum::Json(st.engine.boundary(&id).await?).into_response())
@@ -196,7 +202,7 @@ async fn pty_rest(
 }
 
 async fn forward_pty(State(st): State<ApiState>, id: String, rest: String, req: Request) -> Result<Response, ApiError> {
-    if !allowed(&st, req.headers()) {
+    if principal(&st, req.headers()).is_none() {
         return Err(refused());
     }
     same_origin(req.headers())?;

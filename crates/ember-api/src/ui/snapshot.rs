@@ -17,9 +17,15 @@ const MAX_SANDBOXES: usize = 500;
 const MAX_REPORTS: usize = 200;
 const MAX_REPORT_BYTES: u64 = 4 << 20;
 
-pub(super) async fn take(st: &ApiState) -> Value {
-    let metrics = st.engine.metrics_text();
+/// What `p` may see: the admin everything; a tenant its own pools and
+/// sandboxes, and none of the daemon's figures (its `/metrics` and the lab
+/// reports are the admin's).
+pub(super) async fn take(st: &ApiState, p: &crate::Principal) -> Value {
+    use ember_engine::tenants::Kind;
+    let admin = p.tenant_key().is_none();
+    let metrics = if admin { st.engine.metrics_text() } else { String::new() };
     let pools = st.engine.list_pools().await.unwrap_or_default();
+    let pools = crate::tenancy::visible(st, p, Kind::Pool, pools, |x| &x.spec.name);
     let claimed = by_label(&metrics, "ember_pool_claimed", "pool");
     let pools: Vec<Value> = pools
         .iter()
@@ -29,7 +35,8 @@ pub(super) async fn take(st: &ApiState) -> Value {
             v
         })
         .collect();
-    let mut recs = st.engine.list(&ember_engine::ListFilter::default()).await.unwrap_or_default();
+    let recs = st.engine.list(&ember_engine::ListFilter::default()).await.unwrap_or_default();
+    let mut recs = crate::tenancy::visible(st, p, Kind::Sandbox, recs, |r| r.id.as_str());
     recs.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
     let sandboxes: Vec<Value> = recs
         .iter()
@@ -53,7 +60,7 @@ pub(super) async fn take(st: &ApiState) -> Value {
         "queue": by_label(&metrics, "ember_task_queue_depth", "tier"),
         "denied": by_label(&metrics, "ember_network_denied_flows_total", "rule"),
         "nodesAlive": sample(&metrics, "ember_cluster_nodes_alive"),
-        "reports": reports(st),
+        "reports": if admin { reports(st) } else { Vec::new() },
     })
 }
 
@@ -135,8 +142,13 @@ pub(super) async fn report(
     h: HeaderMap,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    if !super::allowed(&st, &h) {
-        return Err(super::refused());
+    match super::principal(&st, &h) {
+        None => return Err(super::refused()),
+        // The lab's reports are the daemon's, as `/metrics` is.
+        Some(p) if p.tenant_key().is_some() => {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, "TENANT::FORBIDDEN", "the reports need the admin key"))
+        }
+        Some(_) => {}
     }
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "GENERAL::NOT_FOUND", format!("no report {name:?}"));
     let dir = st.cfg.ui.as_ref().and_then(|u| u.reports.clone()).ok_or_else(not_found)?;

@@ -243,11 +243,14 @@ impl Pools {
             .ok_or_else(|| EngineError::PoolNotFound(name.to_string()))
     }
 
-    /// The pool a create with this spec may claim from.
+    /// The pool a create with this spec may claim from, among those
+    /// `may_claim` lets it (a tenant's own: `Tenants::may_claim`); a pool
+    /// named and not let is not found, as its own route would answer.
     pub(crate) fn matching_pool(
         &self,
         spec: &ember_types::SandboxSpec,
         name: Option<&str>,
+        may_claim: &dyn Fn(&str) -> bool,
     ) -> Result<Option<Arc<Pool>>, EngineError> {
         // Volumes are mounts made at launch; an idle pooled sandbox has none.
         if !spec.volumes.is_empty() {
@@ -257,6 +260,9 @@ impl Pools {
             return Ok(None);
         }
         if let Some(n) = name {
+            if !may_claim(n) {
+                return Err(EngineError::PoolNotFound(n.to_string()));
+            }
             let p = self.pool(n)?;
             let ps = p.spec();
             if ps.template != spec.template || ps.runtime_class != spec.runtime_class {
@@ -279,7 +285,8 @@ impl Pools {
             .values()
             .find(|p| {
                 let ps = p.spec();
-                ps.template == spec.template
+                may_claim(&ps.name)
+                    && ps.template == spec.template
                     && ps.resources == spec.resources
                     && ps.runtime_class == spec.runtime_class
                     && ps.network == spec.network

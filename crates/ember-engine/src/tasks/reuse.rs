@@ -101,6 +101,8 @@ pub(super) async fn own_sandbox(
                 layered: true,
             })
             .collect(),
+        // Warm only from the task's tenant's pools.
+        tenant: Some(spec.tenant().to_string()),
         ..Default::default()
     };
     // Not raced against a refused heartbeat: a create dropped half-way would

@@ -7,14 +7,15 @@
 //! [`crate::store::Store`]) holding the tenants, their keys (sha256 of the key,
 //! never the key) and the owner of every object a tenant key created. An object
 //! without an entry belongs to [`DEFAULT_TENANT`]: with no tenant ever created
-//! nothing is written and the daemon behaves as a single-key one.
+//! nothing is written and the daemon behaves as a single-key one. Scoped
+//! tokens are records of their own (`tokens.rs`).
 mod audit;
 mod quota;
 mod tokens;
 
 pub use audit::Audit;
 pub use quota::{Demand, Reservation};
-pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TTL_SECS, TOKEN_PREFIX};
+pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX};
 
 use crate::record::now_ms;
 use crate::store::Store;
@@ -65,6 +66,16 @@ pub enum TenantError {
     Store(#[from] crate::EngineError),
 }
 
+impl TenantError {
+    /// As an engine error (opening the record at start).
+    pub fn into_engine(self) -> crate::EngineError {
+        match self {
+            TenantError::Store(e) => e,
+            e => crate::EngineError::Internal(e.to_string()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct KeyRecord {
     prefix: String,
@@ -96,8 +107,8 @@ pub struct Tenants {
     state: Mutex<State>,
     quota: quota::Admission,
     audit: Audit,
-    /// sha256 of a scoped token → what it grants (`tokens.rs`).
-    tokens: Mutex<std::collections::HashMap<String, Grant>>,
+    /// The live scoped tokens, hashed (`tokens.rs`).
+    tokens: Mutex<tokens::TokenStore>,
 }
 
 const RECORD: &str = "tenants";
@@ -138,7 +149,7 @@ impl Tenants {
             state: Mutex::new(state),
             quota: quota::Admission::default(),
             audit,
-            tokens: Mutex::default(),
+            tokens: Mutex::new(tokens::TokenStore::open(&data_dir.join("tenants").join("tokens"))?),
         })
     }
 
@@ -248,6 +259,19 @@ impl Tenants {
             };
             Ok(())
         })
+    }
+
+    /// Whether a create for `tenant` may claim a member of `pool`: a
+    /// tenant's pool is its own. The admin's creates (`None`, or a name no
+    /// tenant has: a task's free-form tenant) claim from the default
+    /// tenant's pools, and from any pool they name.
+    pub fn may_claim(&self, tenant: Option<&str>, pool: &str, named: bool) -> bool {
+        let st = self.lock();
+        let owner = st.owners.get(&format!("{}/{pool}", Kind::Pool.tag())).map_or(DEFAULT_TENANT, String::as_str);
+        match tenant.filter(|t| st.tenants.contains_key(*t)) {
+            Some(t) => owner == t,
+            None => named || owner == DEFAULT_TENANT,
+        }
     }
 
     /// Ids of `kind` that `tenant` owns.

@@ -19,6 +19,7 @@ pub struct Demand {
     pub pool_size: u64,
     pub workspace_bytes: u64,
     pub tasks: u64,
+    pub snapshot_bytes: u64,
     /// Counts against `creates_per_second`.
     pub rate_limited: bool,
 }
@@ -71,13 +72,14 @@ fn exceeded(tenant: &str, quota: &'static str, limit: u64, used: u64, asked: u64
 
 /// The first quota `used + d` goes over.
 fn check(tenant: &str, q: &Quotas, used: &Usage, d: &Demand) -> Result<(), TenantError> {
-    let rows: [(&'static str, Option<u64>, u64, u64); 6] = [
+    let rows: [(&'static str, Option<u64>, u64, u64); 7] = [
         ("runningSandboxes", q.running_sandboxes, used.running_sandboxes, d.sandboxes),
         ("memoryBytes", q.memory_bytes, used.memory_bytes, d.memory_bytes),
         ("cpuMillis", q.cpu_millis, used.cpu_millis, d.cpu_millis),
         ("poolSize", q.pool_size, used.pool_size, d.pool_size),
         ("workspaceBytes", q.workspace_bytes, used.workspace_bytes, d.workspace_bytes),
         ("tasks", q.tasks, used.tasks, d.tasks),
+        ("snapshotBytes", q.snapshot_bytes, used.snapshot_bytes, d.snapshot_bytes),
     ];
     for (name, limit, u, asked) in rows {
         if let Some(limit) = limit.filter(|l| asked > 0 && u.saturating_add(asked) > *l) {
@@ -114,6 +116,7 @@ impl Tenants {
             used.pool_size += d.pool_size;
             used.workspace_bytes += d.workspace_bytes;
             used.tasks += d.tasks;
+            used.snapshot_bytes += d.snapshot_bytes;
         }
         check(tenant, &q, &used, &demand)?;
         let id = {

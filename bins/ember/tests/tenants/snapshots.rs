@@ -1,0 +1,72 @@
+//! The snapshot-bytes quota: a snapshot reserves what it can reach at most
+//! (its sandbox's disk limit, its workspace's size) under the quota lock,
+//! then counts its own bytes; over the quota is a 429 naming it.
+use super::{call, create_sandbox, tenant, ADMIN};
+use crate::common::Daemon;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A sandbox snapshot of `id` as `key`, waited for until it is Ready when made.
+async fn snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
+    let (s, b) = call(d, key, "POST", &format!("/v1/sandboxes/{id}/snapshots"), None).await;
+    if s != 202 {
+        return (s, b);
+    }
+    let sid = b["id"].as_str().expect("snapshot id").to_string();
+    for _ in 0..400 {
+        let (_, b) = call(d, key, "GET", &format!("/v1/snapshots/{sid}"), None).await;
+        if b["status"]["state"] != "Creating" {
+            return (s, b);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("snapshot {sid} still Creating")
+}
+
+async fn used(d: &Daemon) -> u64 {
+    call(d, ADMIN, "GET", "/v1/tenants/sq", None).await.1["usage"]["snapshotBytes"].as_u64().expect("snapshotBytes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_bytes_are_a_quota() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    // One disk limit (1 GiB, the default) and 4 MiB over it.
+    let limit: u64 = (1 << 30) + (4 << 20);
+    let key = tenant(&d, "sq", json!({"snapshotBytes": limit})).await;
+    let (s, b) = create_sandbox(&d, &key, json!({})).await;
+    assert_eq!(s, 202, "{b}");
+    let id = b["id"].as_str().expect("id").to_string();
+    let write = json!({"command": "head -c 3145728 /dev/zero > /tmp/three-mib"});
+    let (s, _) = call(&d, &key, "POST", &format!("/v1/sandboxes/{id}/proxy/44772/command"), Some(write)).await;
+    assert_eq!(s, 200);
+    let (s, first) = snapshot(&d, &key, &id).await;
+    assert_eq!((s, first["status"]["state"].as_str()), (202, Some("Ready")), "{first}");
+    let one = used(&d).await;
+    assert!((3 << 20..4 << 20).contains(&one), "a 3 MiB layer counted {one}");
+    // 3 MiB used and 1 GiB reserved fit; 6 MiB and 1 GiB do not.
+    assert_eq!(snapshot(&d, &key, &id).await.0, 202);
+    let (s, b) = snapshot(&d, &key, &id).await;
+    let m = b["message"].as_str().unwrap_or("");
+    assert_eq!((s, b["code"].as_str()), (429, Some("QUOTA::EXCEEDED")), "{b}");
+    assert!(m.contains("snapshotBytes") && m.contains(&format!("limit {limit}")), "{m}");
+    // A workspace snapshot reserves its workspace's size and counts its files.
+    let ws = json!({"name": "sw", "size": "64Mi"});
+    assert_eq!(call(&d, &key, "POST", "/v1/workspaces", Some(ws)).await.0, 201);
+    let (s, b) = call(&d, &key, "POST", "/v1/workspaces/sw/snapshots", None).await;
+    assert_eq!(s, 201, "{b}");
+    let big = json!({"name": "big", "size": "1Gi"});
+    assert_eq!(call(&d, &key, "POST", "/v1/workspaces", Some(big)).await.0, 201);
+    let (s, b) = call(&d, &key, "POST", "/v1/workspaces/big/snapshots", None).await;
+    assert!(s == 429 && b["message"].as_str().unwrap_or("").contains("snapshotBytes"), "{s} {b}");
+    // A snapshot removed gives its bytes back.
+    let sid = first["id"].as_str().expect("snapshot id");
+    assert_eq!(call(&d, &key, "DELETE", &format!("/v1/snapshots/{sid}"), None).await.0, 204);
+    assert!(used(&d).await < 4 << 20);
+    assert_eq!(snapshot(&d, &key, &id).await.0, 202);
+    let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/sq", None).await;
+    super::conforms("TenantInfo", &t);
+    let addr = d.url.trim_start_matches("http://");
+    let h = [format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {ADMIN}")];
+    let (_, _, text) = crate::common::raw::exchange(addr, "GET /metrics", &h, "", super::HANG).await;
+    assert!(text.contains("ember_tenant_snapshot_bytes{tenant=\"sq\"}"), "{text}");
+}

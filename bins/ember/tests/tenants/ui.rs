@@ -1,0 +1,77 @@
+//! The dashboard under a tenant's key: its session is that tenant's, so its
+//! snapshot shows the tenant's sandboxes alone, another tenant's sandbox is
+//! a 404 on the dashboard's routes too, and its calls are audited as the
+//! tenant's.
+use super::{call, create_sandbox, tenant, ADMIN, HANG};
+use crate::common::{raw, Daemon};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The session cookie (`ember_ui=...`) of a login with `key`.
+async fn login(addr: &str, key: &str) -> String {
+    let h = ["Content-Type: application/x-www-form-urlencoded".to_string(), format!("Host: {addr}")];
+    let (status, head, _) = raw::exchange(addr, "POST /ui/login", &h, &format!("key={key}"), HANG).await;
+    assert_eq!(status, 303, "{head}");
+    let line = head.lines().find_map(|l| l.strip_prefix("set-cookie: ")).expect("cookie");
+    line.split(';').next().expect("cookie value").to_string()
+}
+
+/// The first snapshot `/ui/events` sends to `cookie`'s session.
+async fn first_snapshot(addr: &str, cookie: &str) -> Value {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET /ui/events HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) {
+            if let Ok(v) = serde_json::from_str(data) {
+                return v;
+            }
+        }
+        let n = tokio::time::timeout(HANG, s.read(&mut buf)).await.expect("an event in time").expect("read");
+        assert!(n > 0, "the stream ended: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+async fn ui_call(addr: &str, cookie: &str, req: &str) -> u16 {
+    let h = [format!("Host: {addr}"), format!("Cookie: {cookie}"), "Content-Type: application/json".into()];
+    raw::exchange(addr, req, &h, "{}", HANG).await.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_dashboard_session_sees_and_touches_its_own_alone() {
+    let d = Daemon::start_with(&["--ui", "--api-key", ADMIN]);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let a = tenant(&d, "ua", json!({})).await;
+    let b = tenant(&d, "ub", json!({})).await;
+    let mine = create_sandbox(&d, &a, json!({})).await.1["id"].as_str().expect("id").to_string();
+    let theirs = create_sandbox(&d, &b, json!({})).await.1["id"].as_str().expect("id").to_string();
+    let cookie = login(&addr, &a).await;
+    let snap = first_snapshot(&addr, &cookie).await;
+    let ids: Vec<&str> =
+        snap["sandboxes"].as_array().expect("sandboxes").iter().filter_map(|s| s["id"].as_str()).collect();
+    assert_eq!(ids, [mine.as_str()], "{snap}");
+    assert_eq!(ui_call(&addr, &cookie, &format!("GET /ui/sandboxes/{mine}/boundary")).await, 200);
+    assert_eq!(ui_call(&addr, &cookie, &format!("GET /ui/sandboxes/{theirs}/boundary")).await, 404);
+    assert_eq!(ui_call(&addr, &cookie, &format!("POST /ui/sandboxes/{theirs}/pty")).await, 404);
+    let opened = ui_call(&addr, &cookie, &format!("POST /ui/sandboxes/{mine}/pty")).await;
+    assert!((200..300).contains(&opened), "{opened}");
+    assert_eq!(ui_call(&addr, &cookie, "GET /ui/reports/x.md").await, 403);
+    // The admin's session sees both.
+    let admin = login(&addr, ADMIN).await;
+    let snap = first_snapshot(&addr, &admin).await;
+    assert_eq!(snap["sandboxes"].as_array().map(Vec::len), Some(2), "{snap}");
+    // The pty calls are the tenant's in the audit log.
+    let (_, log) = call(&d, ADMIN, "GET", "/v1/audit?tenant=ua", None).await;
+    let ptys: Vec<u64> = log["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["action"] == "sandbox.pty")
+        .filter_map(|r| r["status"].as_u64())
+        .collect();
+    assert_eq!(ptys, [404, u64::from(opened)], "{log}");
+}
