@@ -17,6 +17,7 @@ pub mod cluster;
 mod crun;
 mod density;
 pub(crate) mod ember;
+mod golden;
 pub(crate) mod image;
 pub mod k8s;
 mod k8s_agents;
@@ -37,7 +38,8 @@ use stats::Progress;
 
 pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
-        BenchCmd::Snapshot { size_mb, forks, work_dir, store } => {
+        BenchCmd::Snapshot { size, size_mb, forks, work_dir, store } => {
+            let size_mb = size_mb.unwrap_or(size / 1_000_000);
             let s3 = match store.as_deref().map(|s| crate::serve::snapshot_store(Some(s), &work_dir)).transpose()? {
                 Some(ember_engine::SnapshotStoreConfig::S3(c)) => Some(c),
                 Some(_) => {
@@ -51,10 +53,16 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
-        BenchCmd::Image { runs, size_mib, registry_port, json } => {
+        BenchCmd::Image { runs, size, size_mib, registry_port, json } => {
+            let size_mib = size_mib.unwrap_or(size >> 20);
             image::run(client, image::Args { runs, size_mib, port: registry_port, json }).await
         }
-        BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json } => {
+        BenchCmd::Claim { runs, from_snapshot: Some(snapshot), primed, json, .. } => {
+            let primed_mib = u32::try_from(primed.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+            let snapshot = (snapshot != "new").then_some(snapshot);
+            golden::run(client, golden::GoldenArgs { runs, snapshot, primed_mib, json }).await
+        }
+        BenchCmd::Claim { runs, concurrency, bursts, sustain, tasks, json, .. } => {
             let args = claim::ClaimArgs { runs, concurrency, bursts, sustain, tasks };
             claim_bench(client, args, json).await
         }
@@ -67,9 +75,7 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::K8s(a) => k8s::run(client, a).await,
         BenchCmd::Network { runs, json } => network::run(client, runs, json).await,
         BenchCmd::Autopause { runs, json } => autopause::run(client, runs, json).await,
-        BenchCmd::Density { count, timeout, json } => {
-            density::run(client, count, std::time::Duration::from_secs(timeout), json).await
-        }
+        BenchCmd::Density { count, timeout, json } => density::run(client, count, timeout, json).await,
     }
 }
 

@@ -15,10 +15,8 @@ mod netsetup;
 mod serve;
 mod term;
 
-use clap::Parser;
-
 fn main() {
-    let cli = cli::Cli::parse();
+    let cli = cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

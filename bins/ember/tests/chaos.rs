@@ -170,8 +170,8 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
         "8",
         "--run-on",
         "15",
-        "--pace-ms",
-        "300",
+        "--pace",
+        "300ms",
     ]);
     // Its exit code says whether every invariant held; the rebind ones do
     // not yet (below), so the code is not asserted here.

@@ -50,6 +50,8 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
             window_secs: WINDOW.as_secs(),
         },
         network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
+        from_snapshot: s.spec.from_snapshot.clone(),
+        auto_pause: s.spec.auto_pause_secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds }),
         nodes: s
             .nodes
             .iter()
@@ -79,6 +81,8 @@ pub async fn create(
             runtime_class: req.runtime_class,
             network,
             egress,
+            from_snapshot: req.from_snapshot,
+            auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(info(&status))).into_response())

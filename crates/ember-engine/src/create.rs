@@ -182,6 +182,9 @@ impl Provisioner {
             }
         }
         if let Some(sid) = req.snapshot_id.clone() {
+            if let Some(rec) = self.claim_golden(&sid, &req, t0).await? {
+                return self.sandboxes.record_policy(rec, req.network_policy).await;
+            }
             let policy = req.network_policy.clone();
             let secrets = req.secrets.clone();
             let rec = self.snapshots.create_from_snapshot(&sid, req).await?;
@@ -198,6 +201,7 @@ impl Provisioner {
             let named = req.pool.is_some();
             let may_claim = |p: &str| self.tenants.may_claim(req.tenant.as_deref(), p, named);
             if let Some(pool) = self.pools.matching_pool(&spec, req.pool.as_deref(), &may_claim)? {
+                let spec = inherit_auto_pause(spec.clone(), &pool);
                 let claim = self.pools.claim(&pool, &spec, &req, t0);
                 let span = tracing::info_span!("pool_claim", pool = %pool.spec().name);
                 if let Some(rec) = tracing::Instrument::instrument(claim, span).await? {
@@ -228,7 +232,38 @@ impl Provisioner {
     }
 }
 
-/// 16 random bytes for an id, from the kernel's CSPRNG.
+impl Provisioner {
+    /// A create restoring snapshot `sid` claims a member of a golden pool of
+    /// it when one is idle (`Ok(None)`: none, or a cold start was asked for).
+    async fn claim_golden(
+        &self,
+        sid: &str,
+        req: &CreateSandbox,
+        t0: Instant,
+    ) -> Result<Option<SandboxRecord>, EngineError> {
+        if req.launch == LaunchMode::Cold || req.id.is_some() {
+            return Ok(None);
+        }
+        let snap = self.snapshots.sandbox_snapshot(sid)?;
+        if snap.state != crate::snapshots::SandboxSnapshotState::Ready {
+            return Ok(None);
+        }
+        let spec = self.snapshots.restored_spec(&snap, req)?;
+        let Some(pool) = self.pools.golden_pool(sid, &spec, req.pool.as_deref())? else { return Ok(None) };
+        let spec = inherit_auto_pause(spec, &pool);
+        let span = tracing::info_span!("pool_claim", pool = %pool.spec().name);
+        tracing::Instrument::instrument(self.pools.claim(&pool, &spec, req, t0), span).await
+    }
+}
+
+/// A claim without an `autoPause` of its own takes its pool's.
+fn inherit_auto_pause(mut spec: ember_types::SandboxSpec, pool: &crate::pool::Pool) -> ember_types::SandboxSpec {
+    if spec.auto_pause_secs.is_none() {
+        spec.auto_pause_secs = pool.spec().auto_pause_secs;
+    }
+    spec
+}
+
 /// What a restore starts from: the sandbox snapshot (reported as the sandbox's
 /// `snapshotId`) and its layer snapshot, which fills the writable layer.
 pub(crate) struct Seed {
@@ -236,6 +271,7 @@ pub(crate) struct Seed {
     pub layer: String,
 }
 
+/// 16 random bytes for an id, from the kernel's CSPRNG.
 pub(crate) fn random16() -> [u8; 16] {
     let mut b = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

@@ -207,10 +207,13 @@ impl Engine {
         ));
         let pools = Arc::new(pool::Pools::open(
             &cfg,
-            sandboxes.clone(),
-            workspaces.clone(),
-            catalog.clone(),
-            runtimes.clone(),
+            pool::PoolDeps {
+                sandboxes: sandboxes.clone(),
+                workspaces: workspaces.clone(),
+                catalog: catalog.clone(),
+                runtimes: runtimes.clone(),
+                snapshots: snapshots.clone(),
+            },
         )?);
         let (c, w, p, s, n) =
             (catalog.clone(), workspaces.clone(), pools.clone(), sandboxes.clone(), snapshots.clone());

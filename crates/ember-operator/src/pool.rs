@@ -39,7 +39,7 @@ impl Desired {
 /// The one step the reconciler takes next.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    Create(CreatePoolRequest),
+    Create(Box<CreatePoolRequest>),
     Resize {
         name: String,
         req: ResizePoolRequest,
@@ -57,7 +57,7 @@ pub fn plan(desired: Option<&Desired>, observed: Option<&PoolInfo>) -> Action {
         (None, Some(o)) => Action::Delete(o.name.clone()),
         (Some(d), None) => {
             let (min, max, target) = d.bounds();
-            Action::Create(CreatePoolRequest {
+            Action::Create(Box::new(CreatePoolRequest {
                 name: Some(d.name.clone()),
                 template: d.template.clone(),
                 min,
@@ -67,7 +67,9 @@ pub fn plan(desired: Option<&Desired>, observed: Option<&PoolInfo>) -> Action {
                 runtime_class: d.runtime_class.clone(),
                 network: None,
                 allow: Vec::new(),
-            })
+                from_snapshot: None,
+                auto_pause: None,
+            }))
         }
         (Some(d), Some(o)) => {
             let class_differs = d.runtime_class.as_ref().is_some_and(|c| *c != o.runtime_class);

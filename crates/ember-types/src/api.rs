@@ -302,9 +302,12 @@ pub struct RenewRequest {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatePoolRequest {
-    /// Defaults to the template's name.
+    /// Defaults to the template's name (a golden pool needs one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Required, except for a golden pool (`fromSnapshot`), whose template is
+    /// the snapshot's.
+    #[serde(default)]
     pub template: String,
     #[serde(default)]
     pub min: u32,
@@ -322,6 +325,14 @@ pub struct CreatePoolRequest {
     pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// A golden pool: every member's writable layer is restored from this
+    /// sandbox snapshot, and a create with `snapshotId` claims one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Idle auto-pause of the sandboxes claimed from the pool (a claim's own
+    /// `autoPause` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<AutoPause>,
 }
 
 /// `PUT /v1/pools/{name}`: new bounds or target.
@@ -376,6 +387,11 @@ pub struct PoolInfo {
     pub sizing: PoolSizing,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The sandbox snapshot a golden pool's members start from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<AutoPause>,
     /// On a cluster: each node's share of the target and its idle and
     /// starting members (`idle`, `starting` above are their sums).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

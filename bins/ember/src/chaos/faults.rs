@@ -87,7 +87,7 @@ pub async fn run(st: &State, a: &RunArgs, k: usize, shared: &Shared, clients: &[
         let mode = if a.partition { "partition" } else { "kill" };
         f.victims.push(Victim { host: h.name.clone(), mode: mode.into(), at_ms, probe, mttd_ms: None });
     }
-    tokio::time::sleep(Duration::from_secs(a.gap)).await;
+    tokio::time::sleep(a.gap).await;
     for (v, m) in f.victims.iter_mut().zip(monitors) {
         v.mttd_ms = m.await.ok().flatten();
     }

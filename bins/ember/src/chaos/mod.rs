@@ -52,18 +52,21 @@ pub struct RunArgs {
     /// Output folder (default: chaos-runs/<unix seconds>).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Seconds of load before the first fault.
-    #[arg(long, default_value_t = 30)]
-    pub warmup: u64,
-    /// Seconds between the node faults and the leader's kill.
-    #[arg(long, default_value_t = 15)]
-    pub gap: u64,
-    /// Seconds of load after the last fault.
-    #[arg(long, default_value_t = 45)]
-    pub run_on: u64,
-    /// Pause of each session between two records, in ms.
-    #[arg(long, default_value_t = 500)]
-    pub pace_ms: u64,
+    /// Load before the first fault, e.g. 30s.
+    #[arg(long, default_value = "30s", value_parser = crate::commands::duration_arg)]
+    pub warmup: Duration,
+    /// Time between the node faults and the leader's kill.
+    #[arg(long, default_value = "15s", value_parser = crate::commands::duration_arg)]
+    pub gap: Duration,
+    /// Load after the last fault.
+    #[arg(long, default_value = "45s", value_parser = crate::commands::duration_arg)]
+    pub run_on: Duration,
+    /// Pause of each session between two records.
+    #[arg(long, default_value = "500ms", value_parser = crate::commands::duration_arg)]
+    pub pace: Duration,
+    /// The old spelling of --pace, in ms (hidden).
+    #[arg(long, hide = true, conflicts_with = "pace")]
+    pub pace_ms: Option<u64>,
 }
 
 pub async fn run(cmd: ChaosCmd) -> anyhow::Result<i32> {
@@ -128,7 +131,8 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
             ..Default::default()
         };
         let mut s = Session { conn: Conn::new(clients.clone(), node, shared.clone()), r, run: run_id.clone() };
-        let (shared, opening, pace) = (shared.clone(), opening.clone(), Duration::from_millis(a.pace_ms));
+        let (shared, opening, pace) =
+            (shared.clone(), opening.clone(), a.pace_ms.map_or(a.pace, Duration::from_millis));
         let done = opened.clone();
         tasks.push(tokio::spawn(async move {
             let permit = opening.acquire_owned().await;
@@ -147,10 +151,10 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
     while opened.load(Ordering::Relaxed) < a.sessions {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    println!("chaos: sessions open after {:?}; warming up {} s", shared.t0.elapsed(), a.warmup);
-    tokio::time::sleep(Duration::from_secs(a.warmup)).await;
+    println!("chaos: sessions open after {:?}; warming up {:?}", shared.t0.elapsed(), a.warmup);
+    tokio::time::sleep(a.warmup).await;
     let faults = faults::run(st, a, k, &shared, &clients).await?;
-    tokio::time::sleep(Duration::from_secs(a.run_on)).await;
+    tokio::time::sleep(a.run_on).await;
     shared.stop.store(true, Ordering::Relaxed);
     let stopped_ms = shared.ms(Instant::now());
     println!("chaos: stopping sessions at {stopped_ms} ms; verifying");
@@ -180,10 +184,11 @@ pub async fn lab(
         partition: false,
         seed: 1,
         out: Some(out.to_path_buf()),
-        warmup: if small { 10 } else { 30 },
-        gap: if small { 10 } else { 15 },
-        run_on: if small { 20 } else { 45 },
-        pace_ms: 500,
+        warmup: Duration::from_secs(if small { 10 } else { 30 }),
+        gap: Duration::from_secs(if small { 10 } else { 15 }),
+        run_on: Duration::from_secs(if small { 20 } else { 45 }),
+        pace: Duration::from_millis(500),
+        pace_ms: None,
     };
     drill(&st, &a, out).await
 }

@@ -10,9 +10,12 @@ pub enum BenchCmd {
         /// Measured runs.
         #[arg(long, default_value_t = 20)]
         runs: usize,
-        /// Image size in MiB.
-        #[arg(long, default_value_t = 128)]
-        size_mib: u64,
+        /// Image size, e.g. 128Mi (at least 100Mi).
+        #[arg(long, default_value = "128Mi", value_parser = crate::commands::parse_size)]
+        size: u64,
+        /// The old spelling of --size, in MiB (hidden).
+        #[arg(long, hide = true, conflicts_with = "size")]
+        size_mib: Option<u64>,
         /// Local registry port (the daemon must list it as insecure).
         #[arg(long, default_value_t = 5099)]
         registry_port: u16,
@@ -24,9 +27,12 @@ pub enum BenchCmd {
     /// the bench builds, beside `tar | zstd -T0 -3` of the same directory. Local, in
     /// this process (no daemon needed).
     Snapshot {
-        /// Size of the generated tree in MB.
-        #[arg(long, default_value_t = 500)]
-        size_mb: u64,
+        /// Size of the generated tree, e.g. 500M or 1Gi.
+        #[arg(long, default_value = "500M", value_parser = crate::commands::parse_size)]
+        size: u64,
+        /// The old spelling of --size, in MB (hidden).
+        #[arg(long, hide = true, conflicts_with = "size")]
+        size_mb: Option<u64>,
         /// Forks of the restored tree.
         #[arg(long, default_value_t = 10)]
         forks: usize,
@@ -86,6 +92,15 @@ pub enum BenchCmd {
         /// Concurrent tasks claiming in the claims-per-second figure.
         #[arg(long, default_value_t = 16)]
         tasks: usize,
+        /// Golden pools instead: claim -> first stdout from a pool started
+        /// from sandbox snapshot SNAP (`new`: one the bench primes with
+        /// --primed of files), beside a plain pool and a cold restore of the
+        /// snapshot, and both pools' refill cost (--runs rounds).
+        #[arg(long, value_name = "SNAP")]
+        from_snapshot: Option<String>,
+        /// With --from-snapshot new: files the snapshotted sandbox is primed with, e.g. 64Mi.
+        #[arg(long, default_value = "64Mi", value_parser = crate::commands::parse_size, requires = "from_snapshot")]
+        primed: u64,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -125,9 +140,9 @@ pub enum BenchCmd {
         /// Sandboxes to start.
         #[arg(long, default_value_t = 1000)]
         count: u32,
-        /// Stop filling after this many seconds.
-        #[arg(long, default_value_t = 600)]
-        timeout: u64,
+        /// Stop filling after this long, e.g. 10m (a plain number is seconds).
+        #[arg(long, default_value = "10m", value_parser = crate::commands::duration_arg)]
+        timeout: std::time::Duration,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

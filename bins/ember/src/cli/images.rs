@@ -77,8 +77,9 @@ pub enum TemplateCmd {
         /// Runtime class (only "native" is installed).
         #[arg(long)]
         runtime: Option<String>,
-        /// Network mode (only "none": loopback only).
-        #[arg(long)]
+        /// Network mode: only none (loopback only) is accepted for a template;
+        /// egress is asked for per sandbox or pool.
+        #[arg(long, value_name = "none|egress")]
         network: Option<String>,
         /// user, uid, user:group or uid:gid, looked up in the image.
         #[arg(long)]

@@ -147,6 +147,45 @@ pub enum Cmd {
     Uninstall(crate::commands::uninstall::UninstallArgs),
 }
 
+/// Commands that never call the API (a path of subcommands), and the global
+/// flags their help does not offer (`serve` keeps `--api-key`: the key it requires).
+const NO_API: [(&[&str], &[&str]); 5] = [
+    (&["serve"], &["url"]),
+    (&["uninstall"], &["url", "api_key"]),
+    (&["cluster"], &["url", "api_key"]),
+    (&["chaos"], &["url", "api_key"]),
+    (&["bench", "snapshot"], &["url", "api_key"]),
+];
+
+/// The grammar, with `--url` and `--api-key` hidden where they mean nothing:
+/// each such command gets hidden flags of the same ids, which the global
+/// ones then skip (clap propagates a global flag only where its id is
+/// free), so they are still accepted there and nothing that passes them breaks.
+pub fn command() -> clap::Command {
+    let mut c = <Cli as clap::CommandFactory>::command();
+    for (path, args) in NO_API {
+        c = at(c, path, args);
+    }
+    c
+}
+
+fn at(c: clap::Command, path: &[&str], args: &'static [&'static str]) -> clap::Command {
+    match path {
+        [] => args.iter().fold(c, |c, id| {
+            let long = if *id == "api_key" { "api-key" } else { id };
+            c.arg(clap::Arg::new(*id).long(long).global(true).hide(true))
+        }),
+        [first, rest @ ..] => c.mut_subcommand(*first, |s| at(s, rest, args)),
+    }
+}
+
+/// Parses the command line against [`command`]; exits on a usage error or
+/// `--help`, as `Parser::parse` does.
+pub fn parse() -> Cli {
+    let m = command().get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
 #[derive(Subcommand)]
 pub enum RuntimeCmd {
     /// Each runtime class, its kernel boundary and whether it is available here.

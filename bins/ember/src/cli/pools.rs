@@ -2,15 +2,25 @@
 use clap::Subcommand;
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum PoolCmd {
     /// Keep sandboxes of a template started ahead of demand.
     Create {
-        /// Template of the pool's sandboxes.
-        #[arg(long)]
-        template: String,
-        /// Pool name (default: the template's).
+        /// Template of the pool's sandboxes (required unless --from-snapshot).
+        #[arg(long, required_unless_present = "from_snapshot")]
+        template: Option<String>,
+        /// Pool name (default: the template's; required with --from-snapshot).
         #[arg(long)]
         name: Option<String>,
+        /// A golden pool: every member starts with this sandbox snapshot's
+        /// writable layer, and `ember sandbox create --snapshot SNAP` claims one
+        /// (template, runtime class and network are the snapshot's).
+        #[arg(long, value_name = "SNAP", conflicts_with_all = ["network", "allow"])]
+        from_snapshot: Option<String>,
+        /// Idle auto-pause of the sandboxes claimed from the pool, e.g. 5m
+        /// (a claim's own --auto-pause wins; default: none).
+        #[arg(long, value_name = "DURATION")]
+        auto_pause: Option<String>,
         /// Idle sandboxes kept at least.
         #[arg(long, default_value_t = 0)]
         min: u32,

@@ -28,6 +28,10 @@ pub struct CreateArgs {
     /// Time to live, e.g. 10m (default: until removed).
     #[arg(long)]
     pub ttl: Option<String>,
+    /// Freeze the sandbox after this long without API or proxy calls, e.g.
+    /// 5m; the next call thaws it (default: never, or the pool's when claimed).
+    #[arg(long, value_name = "DURATION")]
+    pub auto_pause: Option<String>,
     /// Environment variable for every command, K=V (repeatable).
     #[arg(long = "env", value_name = "K=V")]
     pub env: Vec<String>,
@@ -64,8 +68,9 @@ pub struct ExecOpts {
     /// Kill the command after this long, e.g. 30s.
     #[arg(long)]
     pub timeout: Option<String>,
-    /// Extra environment for this command, K=V (repeatable).
-    #[arg(long = "exec-env", value_name = "K=V")]
+    /// The old spelling of `ember exec --env` (`ember run`: its --env covers
+    /// the command too); hidden, kept so scripts do not break.
+    #[arg(long = "exec-env", value_name = "K=V", hide = true)]
     pub exec_env: Vec<String>,
 }
 
@@ -107,6 +112,9 @@ pub struct ExecArgs {
     pub id: String,
     #[command(flatten)]
     pub opts: ExecOpts,
+    /// Extra environment for this command, K=V (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
     #[command(flatten)]
     pub io: InteractiveOpts,
     /// The command and its arguments (after --).

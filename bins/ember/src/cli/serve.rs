@@ -80,10 +80,12 @@ pub struct ServeArgs {
     pub insecure_registry: Vec<String>,
     /// Most bytes an image's layers may decompress to, summed (pulls and
     /// imports); past it the image is refused with IMAGE::TOO_LARGE.
-    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_UNPACKED_BYTES)]
+    #[arg(long = "max-image-size", alias = "max-image-bytes", value_name = "SIZE",
+          value_parser = crate::commands::parse_size, default_value = "8Gi")]
     pub max_image_bytes: u64,
     /// Largest image config blob (and JSON file of an imported OCI layout).
-    #[arg(long, value_name = "BYTES", default_value_t = ember_image::DEFAULT_MAX_CONFIG_BYTES)]
+    #[arg(long = "max-image-config-size", alias = "max-image-config-bytes", value_name = "SIZE",
+          value_parser = crate::commands::parse_size, default_value = "4Mi")]
     pub max_image_config_bytes: u64,
     /// A host directory that `host` volumes may bind (it and everything under
     /// it); repeatable. Without it, host volumes are refused.

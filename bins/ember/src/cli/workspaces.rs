@@ -77,7 +77,7 @@ pub enum SnapshotCmd {
     /// List the workspace snapshots.
     Ls {
         /// Only this workspace's snapshots (default: all).
-        #[arg(long)]
+        #[arg(long, value_name = "NAME")]
         workspace: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]

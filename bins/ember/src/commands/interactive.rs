@@ -31,7 +31,7 @@ pub async fn exec(
     if opts.user.is_some() || opts.timeout.is_some() {
         bail!("--user and --timeout work without -i/-t only (a terminal session runs as the sandbox's user)");
     }
-    let env = super::parse_kv(&opts.exec_env, "--exec-env")?;
+    let env = super::parse_kv(&opts.exec_env, "--env")?;
     let mut words: Vec<String> = vec!["exec".into()];
     if !env.is_empty() {
         words.push("env".into());

@@ -27,10 +27,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Serve(args) => crate::serve::run(args, cli.api_key.clone()).await,
         Cmd::Sandbox(c) => sandbox::run(&client()?, c).await,
-        Cmd::Exec(a) if a.io.interactive || a.io.tty => {
-            interactive::exec(&client()?, &a.id, &a.opts, &a.io, a.argv).await
+        Cmd::Exec(mut a) => {
+            a.opts.exec_env.extend(std::mem::take(&mut a.env));
+            match a.io.interactive || a.io.tty {
+                true => interactive::exec(&client()?, &a.id, &a.opts, &a.io, a.argv).await,
+                false => exec(&client()?, &a.id, &a.opts, a.argv).await,
+            }
         }
-        Cmd::Exec(a) => exec(&client()?, &a.id, &a.opts, a.argv).await,
         Cmd::Shell { id, detach_keys } => interactive::shell(&client()?, &id, &detach_keys).await,
         Cmd::Attach(a) => interactive::attach(&client()?, &a).await,
         Cmd::Logs { id, follow, tail } => logs::logs(&client()?, &id, follow, tail).await,
@@ -66,6 +69,23 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     humantime::parse_duration(s).with_context(hint)
 }
 
+/// A size flag's value (bytes): the API's quantities, `512Mi`, `1Gi`, `500M`,
+/// or plain bytes; for clap's `value_parser`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    ember_types::parse_memory_bytes(s).map_err(|e| e.to_string())
+}
+
+/// `parse_duration` for clap's `value_parser`.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| format!("{e:#}"))
+}
+
+/// `--auto-pause DURATION` as the API's `autoPause` (whole seconds, at least 1).
+pub fn auto_pause(s: Option<&str>) -> anyhow::Result<Option<ember_types::api::AutoPause>> {
+    let secs = s.map(parse_duration).transpose().context("--auto-pause")?.map(|d| d.as_secs().max(1));
+    Ok(secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds }))
+}
+
 pub fn parse_kv(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
     items
         .iter()
@@ -84,7 +104,7 @@ pub fn exec_request(opts: &ExecOpts, argv: Vec<String>) -> anyhow::Result<RunCom
             (Some(a.parse().context("--user uid")?), b.map(|g| g.parse().context("--user gid")).transpose()?)
         }
     };
-    let env = parse_kv(&opts.exec_env, "--exec-env")?;
+    let env = parse_kv(&opts.exec_env, "--env")?;
     Ok(RunCommandRequest {
         argv: Some(argv),
         cwd: opts.cwd.clone(),

@@ -15,6 +15,12 @@ fn print_inspect(p: &PoolInfo) {
     let z = &p.sizing;
     let t = p.target.as_str().map_or_else(|| p.target.to_string(), str::to_string);
     println!("pool {} (template {}, {}), min {} max {} target {t}", p.name, p.template, p.runtime_class, p.min, p.max);
+    if let Some(sid) = &p.from_snapshot {
+        println!("  golden          members start from sandbox snapshot {sid}");
+    }
+    if let Some(a) = &p.auto_pause {
+        println!("  auto-pause      claimed sandboxes freeze after {} s idle", a.after_seconds);
+    }
     println!("  idle            {} (starting {}), holding {} of memory", p.idle, p.starting, mib(p.idle_memory_bytes));
     println!("  arrival rate λ  {:.3} claims/s over the last {} s", z.arrival_per_sec, z.window_secs);
     println!("  refill time W   {:.1} ms (moving average of cold starts)", z.refill_secs * 1000.0);
@@ -30,10 +36,27 @@ fn print_inspect(p: &PoolInfo) {
 
 pub async fn run(client: &Client, cmd: PoolCmd) -> anyhow::Result<i32> {
     match cmd {
-        PoolCmd::Create { template, name, min, max, target: t, memory, cpus, pids, disk, network, allow, json } => {
+        PoolCmd::Create {
+            template,
+            name,
+            from_snapshot,
+            auto_pause,
+            min,
+            max,
+            target: t,
+            memory,
+            cpus,
+            pids,
+            disk,
+            network,
+            allow,
+            json,
+        } => {
             let req = CreatePoolRequest {
                 name,
-                template,
+                template: template.unwrap_or_default(),
+                from_snapshot,
+                auto_pause: super::auto_pause(auto_pause.as_deref())?,
                 min,
                 max,
                 target: Some(target(&t)),

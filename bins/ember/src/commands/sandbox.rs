@@ -25,6 +25,7 @@ pub fn create_request(a: &CreateArgs) -> anyhow::Result<CreateSandboxRequest> {
         workspaces: a.workspaces.iter().map(|w| workspace_mount(w, a.steal)).collect::<anyhow::Result<_>>()?,
         network: a.network.clone(),
         allow: a.allow.clone(),
+        auto_pause: super::auto_pause(a.auto_pause.as_deref())?,
         ..Default::default()
     })
 }

@@ -78,7 +78,7 @@ pub struct QuotaArgs {
     #[arg(long)]
     max_pool_size: Option<u64>,
     /// Sizes of the tenant's workspaces, summed, e.g. 10Gi.
-    #[arg(long)]
+    #[arg(long = "max-workspace-size", alias = "max-workspace-bytes", value_name = "SIZE")]
     max_workspace_bytes: Option<String>,
     /// Tasks not finished (queued, leased, running).
     #[arg(long)]

@@ -79,6 +79,12 @@ fn the_document_has_every_route_and_only_routes() {
         let full = if in_v1 { format!("/v1{path}") } else { path };
         router.entry(shape(&full.replace("{*rest}", "{path}"))).or_default().extend(methods);
     }
+    // The dashboard's routes (`ember serve --ui`), merged at their full paths.
+    let ui = repo_file("crates/ember-api/src/ui/mod.rs");
+    assert!(lib.contains("ui::routes()"), "the document says the /ui routes are merged at /ui: the router changed");
+    for (_, path, methods) in routes_in(&ui) {
+        router.entry(shape(&path.replace("{*rest}", "{path}"))).or_default().extend(methods);
+    }
     let agent = repo_file("bins/ember-agent/src/server.rs");
     assert!(
         agent.contains(".nest(\"/v1/filesystem/{uid}/{gid}\", file_routes()"),

@@ -142,6 +142,8 @@ fn local_request(spec: &PoolSpec, min: u32, max: u32, target: Target) -> CreateP
         network: Some(spec.network),
         // A policy is refused without egress (the spec keeps a default one).
         egress: (spec.network == ember_types::NetworkMode::Egress).then(|| spec.egress.clone()),
+        from_snapshot: spec.from_snapshot.clone(),
+        auto_pause_secs: spec.auto_pause_secs,
     }
 }
 

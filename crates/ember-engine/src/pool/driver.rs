@@ -58,8 +58,12 @@ async fn run(engine: Weak<Pools>, pool: Arc<Pool>) {
 async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
     let spec = pool.spec();
     let t0 = Instant::now();
-    let launched = match engine.catalog.pooled_spec(&spec) {
-        Ok(sandbox) => engine.sandboxes.launch(sandbox, None, Some(spec.name.clone()), t0).await,
+    let member = match &spec.from_snapshot {
+        Some(sid) => engine.golden_member(sid, &spec).map(|(s, image, seed)| (s, image, Some(seed))),
+        None => engine.catalog.pooled_spec(&spec).map(|s| (s, None, None)),
+    };
+    let launched = match member {
+        Ok((sandbox, image, seed)) => engine.sandboxes.launch(sandbox, image, Some(spec.name.clone()), t0, seed).await,
         Err(e) => Err(e),
     };
     match launched {

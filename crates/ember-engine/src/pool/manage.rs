@@ -22,6 +22,11 @@ pub struct CreatePool {
     pub runtime_class: Option<String>,
     pub network: Option<ember_types::NetworkMode>,
     pub egress: Option<ember_types::EgressPolicy>,
+    /// A golden pool restoring this sandbox snapshot (its template, class and
+    /// network are the snapshot's; `template` may be empty).
+    pub from_snapshot: Option<String>,
+    /// Idle auto-pause for the sandboxes claimed from it.
+    pub auto_pause_secs: Option<u64>,
 }
 
 /// The most idle sandboxes one pool may hold.
@@ -42,33 +47,21 @@ pub fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineErro
 
 impl Pools {
     pub async fn create_pool(self: &Arc<Self>, req: CreatePool) -> Result<PoolStatus, EngineError> {
-        let name = req.name.clone().unwrap_or_else(|| req.template.clone());
+        let name = match (&req.name, &req.from_snapshot) {
+            (Some(n), _) => n.clone(),
+            (None, None) => req.template.clone(),
+            (None, Some(_)) => return Err(EngineError::invalid("name", "a golden pool needs a name")),
+        };
         ember_types::SandboxId::try_from(name.clone())
             .map_err(|_| EngineError::invalid("name", format!("{name:?}: 1-63 of [a-z0-9-]")))?;
         let target = req.target.unwrap_or(Target::Auto);
         check_bounds(req.min, req.max, target)?;
-        let sandbox = self.catalog.resolve(&CreateSandbox {
-            template: Some(req.template.clone()),
-            memory: req.memory,
-            cpu: req.cpu,
-            pids: req.pids,
-            disk: req.disk,
-            runtime_class: req.runtime_class,
-            network: req.network,
-            egress: req.egress,
-            ..Default::default()
-        })?;
-        let spec = PoolSpec {
-            name: name.clone(),
-            template: sandbox.template,
-            min: req.min,
-            max: req.max,
-            target,
-            resources: sandbox.resources,
-            runtime_class: sandbox.runtime_class,
-            network: sandbox.network,
-            egress: sandbox.egress,
+        let auto_pause_secs = crate::autopause::check(req.auto_pause_secs)?;
+        let spec = match &req.from_snapshot {
+            Some(sid) => self.golden_spec(sid, &name, &req)?,
+            None => self.template_spec(&name, req.clone())?,
         };
+        let spec = PoolSpec { target, auto_pause_secs, ..spec };
         let pool = {
             let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
             if pools.contains_key(&name) {
@@ -84,6 +77,35 @@ impl Pools {
         }
         driver::spawn(self, pool);
         self.pool_status(&name).await
+    }
+
+    /// The spec of a pool of `req.template`, its resources the template's
+    /// with the request's over them.
+    fn template_spec(&self, name: &str, req: CreatePool) -> Result<PoolSpec, EngineError> {
+        let sandbox = self.catalog.resolve(&CreateSandbox {
+            template: Some(req.template),
+            memory: req.memory,
+            cpu: req.cpu,
+            pids: req.pids,
+            disk: req.disk,
+            runtime_class: req.runtime_class,
+            network: req.network,
+            egress: req.egress,
+            ..Default::default()
+        })?;
+        Ok(PoolSpec {
+            name: name.to_string(),
+            template: sandbox.template,
+            min: req.min,
+            max: req.max,
+            target: req.target.unwrap_or(Target::Auto),
+            resources: sandbox.resources,
+            runtime_class: sandbox.runtime_class,
+            network: sandbox.network,
+            egress: sandbox.egress,
+            from_snapshot: None,
+            auto_pause_secs: None,
+        })
     }
 
     pub fn pool_names(&self) -> Vec<String> {

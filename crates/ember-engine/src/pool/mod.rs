@@ -7,6 +7,7 @@
 //! removed or expires it is destroyed like any other.
 mod claim;
 mod driver;
+mod golden;
 mod manage;
 pub mod plan;
 
@@ -16,6 +17,7 @@ pub use plan::Target;
 use crate::catalog::Catalog;
 use crate::record::now_ms;
 use crate::sandbox::{IdleEnded, IdleMember, Sandboxes};
+use crate::snapshots::Snapshots;
 use crate::store::Store;
 use crate::workspaces::Workspaces;
 use crate::EngineError;
@@ -50,6 +52,15 @@ pub struct PoolSpec {
     pub network: ember_types::NetworkMode,
     #[serde(default)]
     pub egress: ember_types::EgressPolicy,
+    /// A golden pool: each member's writable layer is restored from this
+    /// sandbox snapshot before its init starts, and only a create restoring
+    /// that snapshot claims one (`golden.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Idle auto-pause given to the sandboxes claimed from the pool, unless
+    /// the claim asks for its own (docs/auto-pause.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
 }
 
 /// What `ember pool inspect` shows: the configuration, the arithmetic and the state.
@@ -185,19 +196,25 @@ pub(crate) struct Pools {
     workspaces: Arc<Workspaces>,
     catalog: Arc<Catalog>,
     runtimes: Runtimes,
+    /// Where a golden pool's members start from.
+    snapshots: Arc<Snapshots>,
+}
+
+/// What a pool reads and starts its members through.
+pub(crate) struct PoolDeps {
+    pub sandboxes: Arc<Sandboxes>,
+    pub workspaces: Arc<Workspaces>,
+    pub catalog: Arc<Catalog>,
+    pub runtimes: Runtimes,
+    pub snapshots: Arc<Snapshots>,
 }
 
 impl Pools {
-    pub fn open(
-        cfg: &crate::EngineConfig,
-        sandboxes: Arc<Sandboxes>,
-        workspaces: Arc<Workspaces>,
-        catalog: Arc<Catalog>,
-        runtimes: Runtimes,
-    ) -> Result<Pools, EngineError> {
+    pub fn open(cfg: &crate::EngineConfig, deps: PoolDeps) -> Result<Pools, EngineError> {
         let pool_store = Store::open(cfg.data_dir.join("state/pools"))?;
         let pools = Mutex::new(HashMap::new());
-        Ok(Pools { pools, pool_store, sandboxes, workspaces, catalog, runtimes })
+        let PoolDeps { sandboxes, workspaces, catalog, runtimes, snapshots } = deps;
+        Ok(Pools { pools, pool_store, sandboxes, workspaces, catalog, runtimes, snapshots })
     }
 
     /// After a restart: the pools on disk, each with no idle member yet.
@@ -265,6 +282,12 @@ impl Pools {
             }
             let p = self.pool(n)?;
             let ps = p.spec();
+            if let Some(sid) = &ps.from_snapshot {
+                return Err(EngineError::invalid(
+                    "poolRef",
+                    format!("pool {n} is golden: create with snapshotId {sid} to claim from it"),
+                ));
+            }
             if ps.template != spec.template || ps.runtime_class != spec.runtime_class {
                 return Err(EngineError::invalid(
                     "poolRef",
@@ -280,19 +303,21 @@ impl Pools {
             }
             return Ok(Some(p));
         }
+        Ok(self.find_pool(|ps| {
+            may_claim(&ps.name)
+                && ps.from_snapshot.is_none()
+                && ps.template == spec.template
+                && ps.resources == spec.resources
+                && ps.runtime_class == spec.runtime_class
+                && ps.network == spec.network
+                && (ps.network == ember_types::NetworkMode::None || ps.egress == spec.egress)
+        }))
+    }
+
+    /// A pool whose spec `matches`.
+    pub(crate) fn find_pool(&self, matches: impl Fn(&PoolSpec) -> bool) -> Option<Arc<Pool>> {
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(pools
-            .values()
-            .find(|p| {
-                let ps = p.spec();
-                may_claim(&ps.name)
-                    && ps.template == spec.template
-                    && ps.resources == spec.resources
-                    && ps.runtime_class == spec.runtime_class
-                    && ps.network == spec.network
-                    && (ps.network == ember_types::NetworkMode::None || ps.egress == spec.egress)
-            })
-            .cloned())
+        pools.values().find(|p| matches(&p.spec())).cloned()
     }
 }
 

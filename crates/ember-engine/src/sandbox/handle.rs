@@ -127,6 +127,9 @@ impl Monitor {
         next.spec.entrypoint = p.spec.entrypoint;
         next.spec.user = p.spec.user;
         next.spec.ttl_secs = p.spec.ttl_secs;
+        // The claim's (or its pool's) idle auto-pause: the monitor reads it
+        // from the record once the claim is written.
+        next.spec.auto_pause_secs = p.spec.auto_pause_secs;
         next.image_uri = p.image_uri;
         next.created_at_ms = p.created_at_ms;
         next.expires_at_ms = p.expires_at_ms;

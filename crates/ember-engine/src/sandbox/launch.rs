@@ -16,15 +16,17 @@ use std::time::Instant;
 impl Sandboxes {
     /// Starts a sandbox cold. The record is persisted as Pending before anything
     /// is started, so a crash mid-create is found and reaped on restart.
-    /// `pool`: started by that pool's refill, idle until claimed.
+    /// `pool`: started by that pool's refill, idle until claimed; `seed`: a
+    /// golden pool's snapshot, restored into its writable layer first.
     pub(crate) async fn launch(
         self: &Arc<Self>,
         spec: SandboxSpec,
         image_uri: Option<String>,
         pool: Option<String>,
         t0: Instant,
+        seed: Option<Seed>,
     ) -> Result<SandboxRecord, EngineError> {
-        self.launch_from(None, spec, image_uri, pool, t0, None).await
+        self.launch_from(None, spec, image_uri, pool, t0, seed).await
     }
 
     /// A cold start under `id` if given (a cluster's rebind keeps the id of

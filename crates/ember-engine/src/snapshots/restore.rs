@@ -44,7 +44,11 @@ impl Snapshots {
         }
     }
 
-    fn restored_spec(&self, snap: &SandboxSnapshotRecord, req: &CreateSandbox) -> Result<SandboxSpec, EngineError> {
+    pub(crate) fn restored_spec(
+        &self,
+        snap: &SandboxSnapshotRecord,
+        req: &CreateSandbox,
+    ) -> Result<SandboxSpec, EngineError> {
         let mut spec = snap.spec.clone();
         let args = crate::create::ResourceArgs {
             memory: req.memory.clone(),

@@ -1,0 +1,156 @@
+//! Golden pools (`fromSnapshot`): members start from a sandbox snapshot's
+//! writable layer, a create restoring that snapshot claims one warm, and a
+//! plain create of the same template never does. And `autoPause` on a pool:
+//! claimed members inherit it, a claim's own wins.
+mod common;
+
+use common::Daemon;
+use ember_types::api::{AutoPause, CreatePoolRequest, CreateSandboxRequest, WorkspaceMountSpec};
+use std::time::Duration;
+
+/// Waits until pool `name` has `n` idle members.
+async fn wait_idle(d: &Daemon, name: &str, n: u32) -> u32 {
+    let mut idle = 0;
+    for _ in 0..800 {
+        idle = d.client.get_pool(name).await.expect("pool").idle;
+        if idle == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    idle
+}
+
+/// A source sandbox primed as root (a file made, a template file changed,
+/// one deleted), snapshotted and removed: the snapshot's id.
+async fn primed_snapshot(d: &Daemon) -> String {
+    let src = d.create(|_| {}).await;
+    let prime = "set -e; echo primed > /opt/model; chmod 640 /opt/model; echo 'extra: x' >> /etc/nsswitch.conf; \
+        rm /etc/os-release";
+    let (code, _, err) = d.sh(&src.id, prime, Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let snap = d.client.snapshot_sandbox(&src.id, Some("primed")).await.expect("snapshot");
+    assert_eq!(snap.status.state, "Ready");
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+    snap.id
+}
+
+const CHECK: &str = "cat /opt/model; stat -c %a /opt/model; tail -n1 /etc/nsswitch.conf; \
+    test -e /etc/os-release && echo has-os-release || echo no-os-release";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_pools_claimed_member_sees_the_snapshots_files() {
+    let d = Daemon::start();
+    let sid = primed_snapshot(&d).await;
+    let req = CreatePoolRequest {
+        name: Some("golden".into()),
+        from_snapshot: Some(sid.clone()),
+        min: 1,
+        max: 3,
+        target: Some(1.into()),
+        ..Default::default()
+    };
+    let p = d.client.create_pool(&req).await.expect("golden pool");
+    assert_eq!((p.template.as_str(), p.from_snapshot.as_deref()), ("host", Some(sid.as_str())));
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+
+    // A plain create of the same template is not served by the golden pool.
+    let plain = d.create(|_| {}).await;
+    assert_eq!(plain.launch.as_ref().expect("launch").kind, "cold");
+    let plain_check = "test -e /opt/model || echo no-model; test -e /etc/os-release && echo has-os-release";
+    let got = d.sh(&plain.id, plain_check, None).await.1;
+    assert_eq!(got, "no-model\nhas-os-release\n", "a plain sandbox got the snapshot's files");
+    assert_eq!(d.client.get_pool("golden").await.expect("pool").idle, 1);
+
+    // A restore of the snapshot claims the member: warm, with its files and
+    // the request's env bound at claim.
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("GREETING".to_string(), Some("hi".to_string()));
+    let restore = CreateSandboxRequest { snapshot_id: Some(sid.clone()), env: Some(env), ..Default::default() };
+    let (s, _) = d.client.create_sandbox(&restore).await.expect("restore");
+    assert_eq!(s.launch.as_ref().expect("launch").kind, "warm");
+    assert_eq!(s.snapshot_id.as_deref(), Some(sid.as_str()));
+    let (code, out, err) = d.sh(&s.id, &format!("{CHECK}; echo $GREETING"), Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "primed\n640\nextra: x\nno-os-release\nhi\n");
+    assert_eq!(d.client.get_pool("golden").await.expect("pool").claims_total, 1);
+
+    // The pool refills from the snapshot.
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+}
+
+/// A change to a valid golden pool request.
+type Edit = fn(&mut CreatePoolRequest);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_pools_refuse_what_they_cannot_serve() {
+    let d = Daemon::start();
+    let sid = primed_snapshot(&d).await;
+    let golden = |f: Edit| {
+        let mut r = CreatePoolRequest {
+            name: Some("g".into()),
+            from_snapshot: Some(sid.clone()),
+            max: 2,
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    let cases: [(Edit, &str); 5] = [
+        (|r| r.name = None, "a golden pool needs a name"),
+        (|r| r.template = "nope".into(), "is of template host"),
+        (|r| r.network = Some("egress".into()), "network are its snapshot's"),
+        (|r| r.from_snapshot = Some("no-such-snapshot".into()), "SNAPSHOT::NOT_FOUND"),
+        (|r| r.auto_pause = Some(AutoPause { after_seconds: 0 }), "autoPause"),
+    ];
+    for (f, want) in cases {
+        let e = d.client.create_pool(&golden(f)).await.expect_err(want).to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    d.client.create_pool(&golden(|_| {})).await.expect("the layer-only snapshot makes a pool");
+    // A snapshot with workspaces: a restore makes new workspaces, a refill would leak them.
+    d.client.create_workspace("ws", "16Mi").await.expect("workspace");
+    let ws = vec![WorkspaceMountSpec { name: "ws".into(), ..Default::default() }];
+    let src = d.create(|r| r.workspaces = ws).await;
+    let with_ws = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
+    let mut r = golden(|_| {});
+    (r.name, r.from_snapshot) = (Some("g2".into()), Some(with_ws.id.clone()));
+    let e = d.client.create_pool(&r).await.expect_err("workspaces").to_string();
+    assert!(e.contains("has workspaces"), "{e}");
+    // A plain create naming the golden pool is refused, not served.
+    let named = CreateSandboxRequest {
+        template: Some("host".into()),
+        extensions: Some([("poolRef".to_string(), "g".to_string())].into()),
+        ..Default::default()
+    };
+    let e = d.client.create_sandbox(&named).await.expect_err("poolRef of a golden pool").to_string();
+    assert!(e.contains("is golden"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_inherit_the_pools_auto_pause_unless_they_ask_for_their_own() {
+    let d = Daemon::start();
+    let req = CreatePoolRequest {
+        name: Some("host".into()),
+        template: "host".into(),
+        min: 2,
+        max: 4,
+        target: Some(2.into()),
+        auto_pause: Some(AutoPause { after_seconds: 1 }),
+        ..Default::default()
+    };
+    let p = d.client.create_pool(&req).await.expect("pool");
+    assert_eq!(p.auto_pause, Some(AutoPause { after_seconds: 1 }));
+    assert_eq!(wait_idle(&d, "host", 2).await, 2);
+    let inherits = d.create(|_| {}).await;
+    let own = d.create(|r| r.auto_pause = Some(AutoPause { after_seconds: 3600 })).await;
+    for s in [&inherits, &own] {
+        assert_eq!(s.launch.as_ref().expect("launch").kind, "warm");
+    }
+    let s = d.wait_state(&inherits.id, "Paused", Duration::from_secs(20)).await;
+    assert_eq!(s.status.state, "Paused", "no auto-pause within 20 s of the pool's 1 s");
+    // The other claim, idle as long, keeps running under its own hour.
+    assert_eq!(d.client.get_sandbox(&own.id).await.expect("get").status.state, "Running");
+    let (code, out, _) = d.sh(&inherits.id, "echo thawed", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "thawed\n"));
+}
