@@ -68,7 +68,17 @@ pub struct ImageStore {
     /// so it is tokio's.
     layer_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     progress: Mutex<BTreeMap<String, PullProgress>>,
+    /// [`resolve_user`]'s answers by (layer digests, user spec): layers never
+    /// change under a digest, so neither does the answer, and a create need
+    /// not read the image's /etc/passwd again.
+    users: Mutex<HashMap<UserKey, (u32, u32)>>,
 }
+
+/// An image's layer digests (bottom first) and a user spec.
+type UserKey = (Vec<String>, String);
+
+/// Most remembered [`ImageStore::resolve_user`] answers; past it the map starts over.
+const USERS_CACHED: usize = 1024;
 
 impl ImageStore {
     pub fn open(cfg: StoreConfig) -> Result<ImageStore, ImageError> {
@@ -90,6 +100,7 @@ impl ImageStore {
             inflight: Mutex::new(HashMap::new()),
             layer_locks: Mutex::new(HashMap::new()),
             progress: Mutex::new(BTreeMap::new()),
+            users: Mutex::new(HashMap::new()),
         })
     }
 
@@ -148,7 +159,17 @@ impl ImageStore {
 
     /// The numeric ids of `user` (a name, uid, `name:group`...) in this image.
     pub fn resolve_user(&self, rec: &ImageRecord, user: &str) -> Result<(u32, u32), ImageError> {
-        config::resolve_user(&rec.name, &self.lower_dirs(rec), user)
+        let key = (rec.layers.iter().map(|l| l.digest.clone()).collect(), user.to_string());
+        if let Some(ids) = self.users.lock().get(&key) {
+            return Ok(*ids);
+        }
+        let ids = config::resolve_user(&rec.name, &self.lower_dirs(rec), user)?;
+        let mut users = self.users.lock();
+        if users.len() >= USERS_CACHED {
+            users.clear();
+        }
+        users.insert(key, ids);
+        Ok(ids)
     }
 
     /// Pulls `reference` into the store; concurrent pulls of the same reference

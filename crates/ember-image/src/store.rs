@@ -10,11 +10,16 @@
 //!
 //! Layers are reference-counted by the image records that list them; `prune`
 //! removes the ones no record (and no running sandbox) uses.
+//!
+//! The store is the only writer of `refs/`, so it keeps the records it has
+//! read or written in memory: a create from an image reads no file for its
+//! record (a read and a JSON parse per create, several times over, before).
 use crate::config::ImageConfig;
 use crate::digest;
 use crate::ImageError;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +77,9 @@ pub struct PruneReport {
 
 pub(crate) struct Disk {
     pub root: PathBuf,
+    /// Records by name, as last read from or written to `refs/` (a std
+    /// Mutex: held for a lookup or an insert, never across IO).
+    records: Mutex<HashMap<String, ImageRecord>>,
 }
 
 impl Disk {
@@ -85,7 +93,7 @@ impl Disk {
         for e in std::fs::read_dir(&tmp).map_err(ImageError::io("read", &tmp))?.flatten() {
             let _ = remove_any(&e.path());
         }
-        Ok(Disk { root: root.to_path_buf() })
+        Ok(Disk { root: root.to_path_buf(), records: Mutex::new(HashMap::new()) })
     }
 
     pub fn tmp(&self) -> PathBuf {
@@ -132,11 +140,18 @@ impl Disk {
         let tmp = self.tmp().join(format!("ref-{}", &digest::sha256(rec.name.as_bytes())[7..23]));
         let json = serde_json::to_vec_pretty(rec).unwrap_or_default();
         std::fs::write(&tmp, json).map_err(ImageError::io("write", &tmp))?;
-        std::fs::rename(&tmp, &p).map_err(ImageError::io("publish image record", &p))
+        std::fs::rename(&tmp, &p).map_err(ImageError::io("publish image record", &p))?;
+        self.records.lock().insert(rec.name.clone(), rec.clone());
+        Ok(())
     }
 
     pub fn load_image(&self, name: &str) -> Option<ImageRecord> {
-        serde_json::from_slice(&std::fs::read(self.ref_path(name)).ok()?).ok()
+        if let Some(rec) = self.records.lock().get(name) {
+            return Some(rec.clone());
+        }
+        let rec: ImageRecord = serde_json::from_slice(&std::fs::read(self.ref_path(name)).ok()?).ok()?;
+        self.records.lock().insert(name.to_string(), rec.clone());
+        Some(rec)
     }
 
     pub fn images(&self) -> Vec<ImageRecord> {
@@ -152,6 +167,8 @@ impl Disk {
 
     pub fn remove_image(&self, name: &str) -> Result<(), ImageError> {
         let p = self.ref_path(name);
+        // Forgotten first: a failed remove reads the file again next time.
+        self.records.lock().remove(name);
         std::fs::remove_file(&p).map_err(ImageError::io("remove image record", &p))
     }
 
@@ -206,4 +223,39 @@ pub(crate) fn remove_any(p: &Path) -> Result<(), ImageError> {
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, digest: &str) -> ImageRecord {
+        ImageRecord {
+            name: name.into(),
+            digest: digest.into(),
+            layers: Vec::new(),
+            config: ImageConfig::default(),
+            created_ms: 0,
+        }
+    }
+
+    /// The in-memory records follow every write: a replaced record is the new
+    /// one, a removed one is gone, and a store opened afresh reads the same.
+    #[test]
+    fn remembered_records_follow_saves_and_removes() {
+        let d = std::env::temp_dir().join(format!("ember-image-records-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let disk = Disk::open(&d).unwrap();
+        let name = "docker.io/library/busybox:latest";
+        assert_eq!(disk.load_image(name), None);
+        disk.save_image(&record(name, "sha256:aa")).unwrap();
+        assert_eq!(disk.load_image(name).unwrap().digest, "sha256:aa");
+        disk.save_image(&record(name, "sha256:bb")).unwrap();
+        assert_eq!(disk.load_image(name).unwrap().digest, "sha256:bb");
+        assert_eq!(Disk::open(&d).unwrap().load_image(name).unwrap().digest, "sha256:bb");
+        disk.remove_image(name).unwrap();
+        assert_eq!(disk.load_image(name), None);
+        assert_eq!(Disk::open(&d).unwrap().load_image(name), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

@@ -92,6 +92,9 @@ pub struct BenchReport {
     /// One restore, then copies of it for the other forks, on the available cores.
     pub fork: Step,
     pub tar_zstd: Step,
+    /// The same, then an fsync of the archive: durable, as ember's snapshot
+    /// is when it returns (its chunks are fsynced before the manifest).
+    pub tar_zstd_fsync: Step,
     pub untar_zstd: Step,
 }
 
@@ -124,6 +127,14 @@ impl fmt::Display for BenchReport {
         writeln!(f, "  phases: {}", phases(&self.restore_phases))?;
         row(f, &format!("ember fork x{}", self.forks), &self.fork)?;
         row(f, &format!("tar | {ZSTD} (reference)"), &self.tar_zstd)?;
+        row(f, "  the same, archive fsynced", &self.tar_zstd_fsync)?;
+        let ratio = |s: &Step| s.elapsed.as_secs_f64() / self.full.elapsed.as_secs_f64().max(1e-9);
+        writeln!(
+            f,
+            "  ember full snapshot throughput / reference: {:.2}x ({:.2}x against the fsynced archive)",
+            ratio(&self.tar_zstd),
+            ratio(&self.tar_zstd_fsync)
+        )?;
         row(f, &format!("{UNZSTD} | tar -x (reference)"), &self.untar_zstd)
     }
 }
@@ -259,6 +270,9 @@ fn run(cfg: &BenchConfig, src: &Path, objects: &Path) -> Result<BenchReport, Ben
         stored_bytes: fs::metadata(&archive).map_err(io("stat", &archive))?.len(),
         cpu: lap(),
     };
+    let t = Instant::now();
+    fs::File::open(&archive).and_then(|f| f.sync_all()).map_err(io("fsync", &archive))?;
+    r.tar_zstd_fsync = Step { elapsed: r.tar_zstd.elapsed + t.elapsed(), cpu: r.tar_zstd.cpu + lap(), ..r.tar_zstd };
     let untar = w.join("untar");
     fs::create_dir_all(&untar).map_err(io("create", &untar))?;
     settle()?;
