@@ -156,6 +156,32 @@ async fn a_restart_re_adopts_the_idle_pool() {
     assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
 }
 
+/// A claim is acknowledged once its record is in place, before its fsync
+/// (docs/performance.md): a `kill -9` right after the answer must still find
+/// the sandbox the caller's, bound as claimed, and never hand it out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_just_before_a_kill9_stays_the_callers() {
+    let mut d = Daemon::start();
+    pool(&d, 3, 3, 3.into()).await;
+    assert_eq!(wait_idle(&d, 3).await, 3);
+    let (id, kind) = claim(&d, |r| {
+        r.metadata = Some([("owner".to_string(), "me".to_string())].into());
+    })
+    .await;
+    assert_eq!(kind, "warm");
+    d.kill9();
+    d.spawn();
+    let got = d.client.get_sandbox(&id).await.expect("the claimed sandbox after the restart");
+    assert_eq!(got.status.state, "Running");
+    assert_eq!(got.metadata.get("owner").map(String::as_str), Some("me"));
+    assert_eq!(wait_idle(&d, 3).await, 3);
+    for _ in 0..3 {
+        let (other, kind) = claim(&d, |_| {}).await;
+        assert_eq!(kind, "warm");
+        assert_ne!(other, id, "a claimed sandbox went back to the pool");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_management_errors_are_structured() {
     let d = Daemon::start();

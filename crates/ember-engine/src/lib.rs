@@ -24,6 +24,7 @@ mod catalog;
 pub use catalog::templates;
 mod create;
 mod error;
+mod flush;
 mod metrics;
 mod network;
 pub mod pool;

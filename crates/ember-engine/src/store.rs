@@ -8,10 +8,13 @@
 //! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
 //! the API acknowledged survives a power loss too, not only a daemon crash:
 //! a pool spec, a sandbox's metadata, a template, a snapshot record. The
-//! exception, [`Store::save_volatile`], is for the two records whose loss a
-//! power loss makes moot (Pending, Stopping): a create and a remove each pay
-//! one fsync pair, not two.
+//! exceptions: [`Store::save_volatile`], for records whose loss a power loss
+//! makes moot (Pending, Stopping, an idle pool member's), and
+//! [`Store::save_deferred`], for a warm claim's record, which answers once
+//! the record is in place (a daemon crash keeps it) and is fsynced right
+//! after by a thread of its own (`flush.rs` says what that trades).
 use crate::error::EngineError;
+use crate::flush::Flusher;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::io::Write;
@@ -22,6 +25,8 @@ const VERSION: &str = "v1";
 
 pub struct Store<T> {
     dir: PathBuf,
+    /// Started by the first [`Store::save_deferred`].
+    flusher: std::sync::OnceLock<Flusher>,
     _kind: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -55,7 +60,7 @@ fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
 impl<T: Serialize + DeserializeOwned> Store<T> {
     pub fn open(dir: PathBuf) -> Result<Store<T>, EngineError> {
         private_dir(&dir)?;
-        Ok(Store { dir, _kind: std::marker::PhantomData })
+        Ok(Store { dir, flusher: Default::default(), _kind: std::marker::PhantomData })
     }
 
     fn path(&self, id: &str) -> PathBuf {
@@ -72,6 +77,15 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     /// the restart reaps whatever they left with or without the record.
     pub fn save_volatile(&self, id: &str, r: &T) -> Result<(), EngineError> {
         write_durable(&self.path(id), &encode(r)?, false)
+    }
+
+    /// [`save_volatile`](Self::save_volatile) now and the fsyncs right after,
+    /// off the caller's path (`flush.rs`): survives a daemon crash on
+    /// return, a power loss a moment later.
+    pub fn save_deferred(&self, id: &str, r: &T) -> Result<(), EngineError> {
+        self.save_volatile(id, r)?;
+        self.flusher.get_or_init(Flusher::start).flush(self.path(id));
+        Ok(())
     }
 
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {

@@ -1,17 +1,20 @@
 //! The embedded backend: the single-node default. All state is in memory behind
 //! one std Mutex (every section is a few map operations and one journal
 //! append, never an await), and every state change is appended to the journal
-//! before the call returns, so a restarted daemon finds every queued, leased
-//! and finished task. Heartbeats only move an in-memory deadline: after a
+//! and synced before the call returns (the sync after the lock is released,
+//! shared with the other calls waiting then: [`EmbeddedQueue::write`]), so a
+//! restarted daemon finds every queued, leased and finished task. Heartbeats only move an in-memory deadline: after a
 //! restart every lease gets a fresh full deadline, so a worker that died with
 //! the daemon is detected one lease later.
 use crate::journal::Journal;
 use crate::pick::{first_runnable, pick};
+use crate::sync::GroupSync;
 use crate::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
 use ember_types::task::{TaskAttempt, TaskRecord, TaskSpec, TaskState, Tier};
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A lease that is live now.
 struct Live {
@@ -46,6 +49,9 @@ pub struct EmbeddedQueue {
     cfg: QueueConfig,
     clock: Clock,
     state: Mutex<State>,
+    /// The journal's group commit, waited on outside `state`'s lock.
+    durable: Arc<GroupSync>,
+    journal_path: PathBuf,
     /// Damaged journal lines skipped at open.
     pub damaged: usize,
 }
@@ -164,6 +170,7 @@ impl EmbeddedQueue {
     /// Opens (or creates) the queue in `dir` and restores every task.
     pub fn open(dir: &Path, cfg: QueueConfig, clock: Clock) -> Result<EmbeddedQueue, QueueError> {
         let (journal, tasks, damaged) = Journal::open(dir)?;
+        let (durable, journal_path) = (journal.group(), journal.path().to_path_buf());
         let now = clock();
         let mut st = State {
             tasks: HashMap::new(),
@@ -200,64 +207,82 @@ impl EmbeddedQueue {
             }
             st.tasks.insert(r.id.clone(), r);
         }
-        Ok(EmbeddedQueue { cfg, clock, state: Mutex::new(st), damaged })
+        Ok(EmbeddedQueue { cfg, clock, state: Mutex::new(st), durable, journal_path, damaged })
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
         self.state.lock()
     }
+
+    /// Runs a change under the lock and, when it wrote to the journal,
+    /// waits (lock released) until its lines are durable, so the caller is
+    /// answered only once its change would survive a power loss. Waits on an
+    /// error too: the change may have written lines before it failed.
+    fn write<T>(&self, f: impl FnOnce(&mut State, i64) -> Result<T, QueueError>) -> Result<T, QueueError> {
+        let now = (self.clock)();
+        let (res, wrote) = {
+            let mut st = self.lock();
+            let before = self.durable.written();
+            let res = f(&mut st, now);
+            (res, self.durable.written() != before)
+        };
+        let journal = |source| QueueError::Journal { path: self.journal_path.clone(), source };
+        let synced = if wrote { self.durable.wait().map_err(journal) } else { Ok(()) };
+        let out = res?;
+        synced.map(|()| out)
+    }
 }
 
 impl TaskQueue for EmbeddedQueue {
     fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        if let Some(existing) = spec.key.as_ref().and_then(|k| st.keys.get(k)) {
-            let r = st.tasks.get(existing).cloned().ok_or_else(|| QueueError::NotFound(existing.clone()))?;
-            return Ok((r, false));
-        }
-        let mut r = TaskRecord {
-            id: id.to_string(),
-            spec,
-            state: TaskState::Queued,
-            submitted_at_ms: now,
-            transitions: Vec::new(),
-            attempts: Vec::new(),
-        };
-        r.transition(TaskState::Queued, now, None);
-        if let Some(k) = &r.spec.key {
-            st.keys.insert(k.clone(), r.id.clone());
-        }
-        st.tasks.insert(r.id.clone(), r.clone());
-        st.enqueue(&r);
-        st.persist(id).map(|r| (r, true))
+        self.write(|st, now| {
+            if let Some(existing) = spec.key.as_ref().and_then(|k| st.keys.get(k)) {
+                let r = st.tasks.get(existing).cloned().ok_or_else(|| QueueError::NotFound(existing.clone()))?;
+                return Ok((r, false));
+            }
+            let mut r = TaskRecord {
+                id: id.to_string(),
+                spec,
+                state: TaskState::Queued,
+                submitted_at_ms: now,
+                transitions: Vec::new(),
+                attempts: Vec::new(),
+            };
+            r.transition(TaskState::Queued, now, None);
+            if let Some(k) = &r.spec.key {
+                st.keys.insert(k.clone(), r.id.clone());
+            }
+            st.tasks.insert(r.id.clone(), r.clone());
+            st.enqueue(&r);
+            st.persist(id).map(|r| (r, true))
+        })
     }
 
     fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        let heads = [0, 1, 2].map(|t| st.head(t, &self.cfg));
-        let times = [0, 1, 2].map(|t| heads[t].as_ref().map(|(at, _, _)| *at));
-        let Some(rank) = pick(times, st.active, self.cfg.tier_caps, self.cfg.aging_ms) else { return Ok(None) };
-        let Some(head) = heads[rank].clone() else { return Ok(None) };
-        st.ready[rank].remove(&head);
-        let id = head.2;
-        let Some(r) = st.tasks.get_mut(&id) else { return Err(QueueError::NotFound(id)) };
-        r.attempts.push(TaskAttempt {
-            attempt: r.attempt() + 1,
-            worker: worker.to_string(),
-            leased_at_ms: now,
-            ..Default::default()
-        });
-        r.transition(TaskState::Leased, now, Some(worker.to_string()));
-        let (attempt, tier, lease_ms) = (r.attempt(), r.spec.tier, r.spec.lease_ms as i64);
-        let (tenant, workspace) = (r.spec.tenant().to_string(), r.spec.workspace.clone());
-        let deadline_ms = now + lease_ms;
-        let worker_name = worker.to_string();
-        let live = Live { attempt, worker: worker_name, tier, tenant, workspace, deadline_ms, last_beat_ms: now };
-        st.add_live(&id, live);
-        let rec = st.persist(&id)?;
-        Ok(Some((Lease { task: id, attempt, worker: worker.to_string() }, rec)))
+        self.write(|st, now| {
+            let heads = [0, 1, 2].map(|t| st.head(t, &self.cfg));
+            let times = [0, 1, 2].map(|t| heads[t].as_ref().map(|(at, _, _)| *at));
+            let Some(rank) = pick(times, st.active, self.cfg.tier_caps, self.cfg.aging_ms) else { return Ok(None) };
+            let Some(head) = heads[rank].clone() else { return Ok(None) };
+            st.ready[rank].remove(&head);
+            let id = head.2;
+            let Some(r) = st.tasks.get_mut(&id) else { return Err(QueueError::NotFound(id)) };
+            r.attempts.push(TaskAttempt {
+                attempt: r.attempt() + 1,
+                worker: worker.to_string(),
+                leased_at_ms: now,
+                ..Default::default()
+            });
+            r.transition(TaskState::Leased, now, Some(worker.to_string()));
+            let (attempt, tier, lease_ms) = (r.attempt(), r.spec.tier, r.spec.lease_ms as i64);
+            let (tenant, workspace) = (r.spec.tenant().to_string(), r.spec.workspace.clone());
+            let deadline_ms = now + lease_ms;
+            let worker_name = worker.to_string();
+            let live = Live { attempt, worker: worker_name, tier, tenant, workspace, deadline_ms, last_beat_ms: now };
+            st.add_live(&id, live);
+            let rec = st.persist(&id)?;
+            Ok(Some((Lease { task: id, attempt, worker: worker.to_string() }, rec)))
+        })
     }
 
     fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError> {
@@ -273,120 +298,121 @@ impl TaskQueue for EmbeddedQueue {
     }
 
     fn placed(&self, lease: &Lease, sandbox: &str) -> Result<(), QueueError> {
-        let mut st = self.lock();
-        st.check(lease)?;
-        if let Some(a) = st.tasks.get_mut(&lease.task).and_then(|r| r.attempts.last_mut()) {
-            a.sandbox = Some(sandbox.to_string());
-        }
-        st.persist(&lease.task).map(|_| ())
+        self.write(|st, _| {
+            st.check(lease)?;
+            if let Some(a) = st.tasks.get_mut(&lease.task).and_then(|r| r.attempts.last_mut()) {
+                a.sandbox = Some(sandbox.to_string());
+            }
+            st.persist(&lease.task).map(|_| ())
+        })
     }
 
     fn started(&self, lease: &Lease, sandbox: &str, workspace_epoch: Option<u64>) -> Result<TaskRecord, QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        st.check(lease)?;
-        if let Some(r) = st.tasks.get_mut(&lease.task) {
-            if let Some(a) = r.attempts.last_mut() {
-                a.sandbox = Some(sandbox.to_string());
-                a.workspace_epoch = workspace_epoch;
-                a.started_at_ms = Some(now);
+        self.write(|st, now| {
+            st.check(lease)?;
+            if let Some(r) = st.tasks.get_mut(&lease.task) {
+                if let Some(a) = r.attempts.last_mut() {
+                    a.sandbox = Some(sandbox.to_string());
+                    a.workspace_epoch = workspace_epoch;
+                    a.started_at_ms = Some(now);
+                }
+                r.transition(TaskState::Running, now, Some(lease.worker.clone()));
             }
-            r.transition(TaskState::Running, now, Some(lease.worker.clone()));
-        }
-        st.persist(&lease.task)
+            st.persist(&lease.task)
+        })
     }
 
     fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<TaskRecord, QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        st.check(lease)?;
-        match outcome {
-            Outcome::Succeeded | Outcome::Fail { .. } => {
-                st.drop_live(&lease.task);
-                if let Some(r) = st.tasks.get_mut(&lease.task) {
-                    let (state, reason, code) = match outcome {
-                        Outcome::Fail { reason } => (TaskState::Failed, Some(reason), None),
-                        _ => (TaskState::Succeeded, None, Some(0)),
-                    };
-                    if let Some(a) = r.attempts.last_mut() {
-                        (a.ended_at_ms, a.reason, a.exit_code) = (Some(now), reason, code);
+        self.write(|st, now| {
+            st.check(lease)?;
+            match outcome {
+                Outcome::Succeeded | Outcome::Fail { .. } => {
+                    st.drop_live(&lease.task);
+                    if let Some(r) = st.tasks.get_mut(&lease.task) {
+                        let (state, reason, code) = match outcome {
+                            Outcome::Fail { reason } => (TaskState::Failed, Some(reason), None),
+                            _ => (TaskState::Succeeded, None, Some(0)),
+                        };
+                        if let Some(a) = r.attempts.last_mut() {
+                            (a.ended_at_ms, a.reason, a.exit_code) = (Some(now), reason, code);
+                        }
+                        r.transition(state, now, Some(lease.worker.clone()));
                     }
-                    r.transition(state, now, Some(lease.worker.clone()));
+                    st.ended(&lease.task, now);
                 }
-                st.ended(&lease.task, now);
+                Outcome::Retry { reason, exit_code } => {
+                    st.fail_attempt(&lease.task, reason, exit_code, &lease.worker, now);
+                }
             }
-            Outcome::Retry { reason, exit_code } => {
-                st.fail_attempt(&lease.task, reason, exit_code, &lease.worker, now);
-            }
-        }
-        st.persist(&lease.task)
+            st.persist(&lease.task)
+        })
     }
 
     fn expire(&self) -> Result<Vec<Expired>, QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        let due: Vec<(String, u32, String, Tier, i64)> = st
-            .live
-            .iter()
-            .filter(|(_, l)| l.deadline_ms <= now)
-            .map(|(id, l)| (id.clone(), l.attempt, l.worker.clone(), l.tier, now - l.last_beat_ms))
-            .collect();
-        let mut out = Vec::new();
-        for (task, attempt, worker, tier, silent_ms) in due {
-            let reason = format!("lease expired: no heartbeat from {worker} for {silent_ms} ms");
-            let next = st.fail_attempt(&task, reason, None, &worker, now);
-            st.persist(&task)?;
-            out.push(Expired { task, attempt, worker, tier, silent_ms, now: next });
-        }
-        Ok(out)
+        self.write(|st, now| {
+            let due: Vec<(String, u32, String, Tier, i64)> = st
+                .live
+                .iter()
+                .filter(|(_, l)| l.deadline_ms <= now)
+                .map(|(id, l)| (id.clone(), l.attempt, l.worker.clone(), l.tier, now - l.last_beat_ms))
+                .collect();
+            let mut out = Vec::new();
+            for (task, attempt, worker, tier, silent_ms) in due {
+                let reason = format!("lease expired: no heartbeat from {worker} for {silent_ms} ms");
+                let next = st.fail_attempt(&task, reason, None, &worker, now);
+                st.persist(&task)?;
+                out.push(Expired { task, attempt, worker, tier, silent_ms, now: next });
+            }
+            Ok(out)
+        })
     }
 
     fn cancel(&self, id: &str) -> Result<TaskRecord, QueueError> {
-        let now = (self.clock)();
-        let mut st = self.lock();
-        let r = st.tasks.get(id).ok_or_else(|| QueueError::NotFound(id.into()))?;
-        if r.state.is_terminal() {
-            return Err(QueueError::Finished { task: id.into(), state: r.state });
-        }
-        let (tier, state) = (r.spec.tier.rank(), r.state);
-        if state == TaskState::Queued {
-            st.ready[tier].retain(|(_, _, t)| t != id);
-        }
-        st.drop_live(id);
-        if let Some(r) = st.tasks.get_mut(id) {
-            if let Some(a) = r.attempts.last_mut().filter(|a| a.ended_at_ms.is_none()) {
-                (a.ended_at_ms, a.reason) = (Some(now), Some("cancelled".into()));
+        self.write(|st, now| {
+            let r = st.tasks.get(id).ok_or_else(|| QueueError::NotFound(id.into()))?;
+            if r.state.is_terminal() {
+                return Err(QueueError::Finished { task: id.into(), state: r.state });
             }
-            r.transition(TaskState::Cancelled, now, None);
-        }
-        st.ended(id, now);
-        st.persist(id)
+            let (tier, state) = (r.spec.tier.rank(), r.state);
+            if state == TaskState::Queued {
+                st.ready[tier].retain(|(_, _, t)| t != id);
+            }
+            st.drop_live(id);
+            if let Some(r) = st.tasks.get_mut(id) {
+                if let Some(a) = r.attempts.last_mut().filter(|a| a.ended_at_ms.is_none()) {
+                    (a.ended_at_ms, a.reason) = (Some(now), Some("cancelled".into()));
+                }
+                r.transition(TaskState::Cancelled, now, None);
+            }
+            st.ended(id, now);
+            st.persist(id)
+        })
     }
 
     fn prune(&self) -> Result<Vec<Pruned>, QueueError> {
-        let now = (self.clock)();
-        let ret = &self.cfg.retention;
-        let mut st = self.lock();
-        let mut out = Vec::new();
-        while let Some((at, _)) = st.finished.first() {
-            let old = ret.max_age_ms.is_some_and(|age| *at <= now - age);
-            let many = ret.max_finished.is_some_and(|max| st.finished.len() > max);
-            if !old && !many {
-                break;
+        self.write(|st, now| {
+            let ret = &self.cfg.retention;
+            let mut out = Vec::new();
+            while let Some((at, _)) = st.finished.first() {
+                let old = ret.max_age_ms.is_some_and(|age| *at <= now - age);
+                let many = ret.max_finished.is_some_and(|max| st.finished.len() > max);
+                if !old && !many {
+                    break;
+                }
+                let Some((_, id)) = st.finished.pop_first() else { break };
+                out.extend(st.forget(&id));
             }
-            let Some((_, id)) = st.finished.pop_first() else { break };
-            out.extend(st.forget(&id));
-        }
-        if !out.is_empty() {
-            // The journal still holds the dropped tasks' lines: without a
-            // `pruned` line for each, a restart would bring them back.
-            let State { journal, tasks, .. } = &mut *st;
-            journal.append_pruned(out.iter().map(|p| p.task.as_str()))?;
-            if journal.wants_compaction() {
-                journal.rewrite(tasks.values())?;
+            if !out.is_empty() {
+                // The journal still holds the dropped tasks' lines: without a
+                // `pruned` line for each, a restart would bring them back.
+                let State { journal, tasks, .. } = &mut *st;
+                journal.append_pruned(out.iter().map(|p| p.task.as_str()))?;
+                if journal.wants_compaction() {
+                    journal.rewrite(tasks.values())?;
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn get(&self, id: &str) -> Result<TaskRecord, QueueError> {

@@ -10,11 +10,13 @@
 //! log has grown well past its live content, it is rewritten to a temp file
 //! and renamed into place (compaction).
 //!
-//! Durability: every append is fsynced (`fdatasync`) before it returns, and
-//! a compaction fsyncs the new log and then its directory before the rename
-//! counts; so a task the API acknowledged, or a lease and its fencing
-//! generation, never rolls back after a power loss. The cost is one
-//! `fdatasync` per state change (`ember bench tasks` shows it).
+//! Durability: every append is fsynced (`fdatasync`) before the queue call
+//! that made it returns (group commit, `sync.rs`: the write happens under the
+//! queue's lock, the sync after it, shared by every caller waiting at that
+//! moment), and a compaction fsyncs the new log and then its directory before
+//! the rename counts; so a task the API acknowledged, or a lease and its
+//! fencing generation, never rolls back after a power loss.
+use crate::sync::GroupSync;
 use crate::QueueError;
 use ember_types::task::TaskRecord;
 use std::collections::HashMap;
@@ -22,10 +24,13 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(crate) struct Journal {
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
+    /// Makes the appends durable, outside the queue's lock.
+    sync: Arc<GroupSync>,
     /// Bytes in the log now, and right after the last compaction.
     bytes: u64,
     compacted: u64,
@@ -102,7 +107,9 @@ impl Journal {
             }
         }
         let file = OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(io_err(&path))?;
-        let mut j = Journal { path, file, bytes: 0, compacted: 0 };
+        let file = Arc::new(file);
+        let sync = Arc::new(GroupSync::new(file.clone()));
+        let mut j = Journal { path, file, sync, bytes: 0, compacted: 0 };
         j.rewrite(recs.values())?;
         Ok((j, recs, damaged))
     }
@@ -111,11 +118,22 @@ impl Journal {
         self.append_bytes(&line(r))
     }
 
-    /// One write, then `fdatasync`: the line is on disk when this returns.
+    /// One write; the caller makes it durable with [`Journal::group`]'s
+    /// `wait` once it has let go of the queue's lock.
     fn append_bytes(&mut self, l: &[u8]) -> Result<(), QueueError> {
-        self.file.write_all(l).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        (&*self.file).write_all(l).map_err(io_err(&self.path))?;
+        self.sync.wrote();
         self.bytes += l.len() as u64;
         Ok(())
+    }
+
+    /// The group commit of this log's appends.
+    pub fn group(&self) -> Arc<GroupSync> {
+        self.sync.clone()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Appends one `pruned` line per id, in one write: a restart then drops
@@ -153,7 +171,8 @@ impl Journal {
         std::fs::rename(&tmp, &self.path).map_err(io_err(&self.path))?;
         let dir = self.path.parent().unwrap_or(Path::new("."));
         File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
-        self.file = OpenOptions::new().append(true).open(&self.path).map_err(io_err(&self.path))?;
+        self.file = Arc::new(OpenOptions::new().append(true).open(&self.path).map_err(io_err(&self.path))?);
+        self.sync.replaced(self.file.clone());
         self.bytes = out.len() as u64;
         self.compacted = self.bytes;
         Ok(())

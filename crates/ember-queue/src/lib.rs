@@ -27,6 +27,7 @@ pub mod conformance;
 mod embedded;
 mod journal;
 pub mod pick;
+mod sync;
 
 pub use embedded::EmbeddedQueue;
 

@@ -44,6 +44,9 @@ pub struct ClaimFigures {
     pub first_output_exec: Series,
     /// The create call of the same runs.
     pub first_output_claim: Series,
+    /// The same `echo x` again in the same sandbox, exec call → first
+    /// stdout: the steady command the first one is judged against.
+    pub steady_output: Series,
     pub burst_server: Series,
     pub burst_wall: Series,
     /// Release of a burst → its last reply.
@@ -237,10 +240,11 @@ async fn first_output(client: &Client, runs: usize, f: &mut ClaimFigures, claime
     let p = Progress::new("claim + echo x", runs);
     for i in 0..runs {
         match first_output_once(client, &echo, claimed).await {
-            Ok(Some((total, exec))) => {
+            Ok(Some((total, exec, steady))) => {
                 f.first_output.push(total);
                 f.first_output_exec.push(exec);
                 f.first_output_claim.push(total - exec);
+                f.steady_output.push(steady);
             }
             Ok(None) => f.misses += 1,
             Err(e) => {
@@ -256,13 +260,13 @@ async fn first_output(client: &Client, runs: usize, f: &mut ClaimFigures, claime
     p.finish(&f.first_output);
 }
 
-/// (create started → first stdout, create returned → first stdout); `None`
-/// when the pool missed.
+/// (create started → first stdout, create returned → first stdout, the
+/// same command again: exec call → first stdout); `None` when the pool missed.
 async fn first_output_once(
     client: &Client,
     echo: &RunCommandRequest,
     claimed: &Claimed,
-) -> anyhow::Result<Option<(Duration, Duration)>> {
+) -> anyhow::Result<Option<(Duration, Duration, Duration)>> {
     let t0 = Instant::now();
     let (info, us) = client.create_sandbox(&create_req()).await?;
     let t1 = Instant::now();
@@ -270,17 +274,23 @@ async fn first_output_once(
     if !launch(&info, us).0 {
         return Ok(None);
     }
+    let t = first_stdout(client, &info.id, echo).await?;
+    let t2 = Instant::now();
+    let steady = first_stdout(client, &info.id, echo).await?;
+    Ok(Some((t - t0, t - t1, steady - t2)))
+}
+
+/// Runs `echo` in `id`; when its first stdout event reached this client.
+async fn first_stdout(client: &Client, id: &str, echo: &RunCommandRequest) -> anyhow::Result<Instant> {
     let mut first = None;
     let o = client
-        .exec(&info.id, echo, |ev| {
+        .exec(id, echo, |ev| {
             if ev.kind == "stdout" && first.is_none() {
                 first = Some(Instant::now());
             }
         })
         .await?;
-    let t =
-        first.ok_or_else(|| anyhow::anyhow!("no stdout event (exit code {:?}, error {:?})", o.exit_code, o.error))?;
-    Ok(Some((t - t0, t - t1)))
+    first.ok_or_else(|| anyhow::anyhow!("no stdout event (exit code {:?}, error {:?})", o.exit_code, o.error))
 }
 
 type Reply = (Result<(SandboxInfo, u64), ClientError>, Duration);

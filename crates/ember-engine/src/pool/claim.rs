@@ -1,8 +1,8 @@
 //! The claim path: pop an idle sandbox, bind the caller's request to it through
 //! its agent, persist, answer. No namespace, mount, cgroup or network is
-//! created here; the only disk write is the sandbox's small record (fsynced),
-//! which must land before the answer so a restart can never return a claimed
-//! sandbox to the pool. A record that cannot be written ends the sandbox: it
+//! created here; the only disk write is the sandbox's small record, which
+//! must be in place before the answer so a restart can never return a claimed
+//! sandbox to the pool (its fsync follows the answer: `Store::save_deferred`). A record that cannot be written ends the sandbox: it
 //! was bound to this caller, who is told the claim failed. A sandbox that
 //! ended between its pop and its claim costs nothing: the next one is tried.
 use super::Pool;

@@ -115,9 +115,12 @@ impl Monitor {
         Ok(next)
     }
 
-    /// A pooled sandbox becomes the caller's; written (fsynced) before the
-    /// claim is answered, so a restart never returns it to the pool.
-    pub(super) fn claim(&mut self, p: ClaimPatch) -> Result<SandboxRecord, EngineError> {
+    /// A pooled sandbox becomes the caller's: its record is in place before
+    /// the claim is answered, so a restart (a `kill -9` included) can never
+    /// return it to the pool; it is fsynced just after, off the answer path
+    /// (`Store::save_deferred`). Written on a blocking thread: the monitor
+    /// runs on the runtime's workers, which the claims need.
+    pub(super) async fn claim(&mut self, p: ClaimPatch) -> Result<SandboxRecord, EngineError> {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
@@ -134,7 +137,10 @@ impl Monitor {
         next.created_at_ms = p.created_at_ms;
         next.expires_at_ms = p.expires_at_ms;
         next.launch = Some(p.launch);
-        self.engine.store.save(next.id.as_str(), &next)?;
+        let (engine, rec) = (self.engine.clone(), next.clone());
+        tokio::task::spawn_blocking(move || engine.store.save_deferred(rec.id.as_str(), &rec))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
         self.entry.write(next.clone());
         Ok(next)
     }

@@ -133,7 +133,7 @@ impl Sandboxes {
             self.discard_launch(&rec, Some(launched.pidfd)).await;
             return Err(EngineError::Internal(e.to_string()));
         }
-        if let Err(e) = self.store.save(rec.id.as_str(), &rec) {
+        if let Err(e) = self.save_launched(&rec).await {
             // Running but not recorded: the caller is told the create failed,
             // so the sandbox must not outlive this call.
             self.discard_launch(&rec, Some(launched.pidfd)).await;
@@ -142,6 +142,20 @@ impl Sandboxes {
         let socket = launched.agent_socket.clone();
         self.publish(rec.clone(), socket, Some(launched));
         Ok(rec)
+    }
+
+    /// The record of a started sandbox, on a blocking thread (an fsync pair
+    /// costs milliseconds on a loaded disk, and a refill's would hold a
+    /// runtime worker that claims need). An idle pool member's is not
+    /// fsynced: a power loss ends its processes too and no caller knows it
+    /// (its claim's record is fsynced, `Store::save_deferred`).
+    async fn save_launched(self: &Arc<Self>, rec: &SandboxRecord) -> Result<(), EngineError> {
+        let (engine, rec) = (self.clone(), rec.clone());
+        let saved = tokio::task::spawn_blocking(move || match rec.pool {
+            Some(_) => engine.store.save_volatile(rec.id.as_str(), &rec),
+            None => engine.store.save(rec.id.as_str(), &rec),
+        });
+        saved.await.map_err(|e| EngineError::Internal(e.to_string()))?
     }
 
     /// Undoes a cold start that will not be handed out: the sandbox

@@ -101,7 +101,7 @@ impl Monitor {
             Command::Checkpoint => self.checkpoint().await,
             Command::SnapshotFreeze => self.snapshot_freeze().await,
             Command::SnapshotThaw => self.snapshot_thaw().await,
-            Command::Claim(patch) => self.claim(*patch),
+            Command::Claim(patch) => self.claim(*patch).await,
             Command::Edit(edit) => self.edit(edit),
             Command::Stop(reason) => self.stop(reason).await,
             Command::Remove => self.remove().await,

@@ -66,7 +66,12 @@ impl Monitor {
         let mut rec = self.entry.snapshot();
         let ended = rec.lifecycle.is_ended();
         rec.apply(Action::Remove, None).map_err(|_| EngineError::NotFound(rec.id.to_string()))?;
-        self.engine.store.save(rec.id.as_str(), &rec)?;
+        // On a blocking thread: an fsync pair would hold a runtime worker
+        // that claims and execs need.
+        let (engine, saved) = (self.engine.clone(), rec.clone());
+        tokio::task::spawn_blocking(move || engine.store.save(saved.id.as_str(), &saved))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
         self.entry.write(rec);
         if !ended {
             self.end(TerminationReason::Killed).await;
