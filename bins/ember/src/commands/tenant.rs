@@ -83,8 +83,8 @@ pub struct QuotaArgs {
     /// Tasks not finished (queued, leased, running).
     #[arg(long)]
     max_tasks: Option<u64>,
-    /// Bytes of the tenant's sandbox and workspace snapshots, summed, e.g. 20Gi.
-    #[arg(long)]
+    /// Sizes of the tenant's sandbox and workspace snapshots, summed, e.g. 20Gi.
+    #[arg(long = "max-snapshot-size", alias = "max-snapshot-bytes", value_name = "SIZE")]
     max_snapshot_bytes: Option<String>,
     /// Sandbox creates per second.
     #[arg(long)]
