@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the daemon's API from docs/api/openapi.yaml with schemathesis against
-# a real `ember serve` (its own data dir, cgroup parent and port; real
+# a real `ember serve --ui` (its own data dir, cgroup parent and port; real
 # sandboxes): no 5xx, every answer as documented (status, schema, error bodies
 # `{code, message}`). A bounded number of examples per operation, then the
 # stateful phase (links between operations). Everything the run created is
@@ -39,7 +39,7 @@ net_tag="fz$(($$ % 100000))"
 "$target/debug/ember" serve --listen 127.0.0.1:0 --data-dir "$data/data" --cgroup-parent "$group" \
   --agent "${EMBER_AGENT_BIN:-$target/debug/ember-agent-static}" --max-ttl 10m --retention 1m \
   --network-range "$net_range" --network-tag "$net_tag" --nflog-group $((12000 + $$ % 1000)) \
-  --dns-upstream 127.0.0.1:9 >"$data/listen" 2>"$log" &
+  --dns-upstream 127.0.0.1:9 --ui >"$data/listen" 2>"$log" &
 pid=$!
 
 cleanup() {
@@ -128,8 +128,9 @@ include-operation-id = "setSandboxNetworkPolicy"
 parameters = { id = "$egress_id" }
 TOML
 
-# Not fuzzed: the agent's own routes behind the proxy (the execd tests cover
-# them), pulls and imports (they would reach real registries), and
+# Not fuzzed: the agent's own routes behind the proxy and the dashboard's
+# PTY routes, which pass through to the same agent (the execd, pty and ui
+# tests cover them), pulls and imports (they would reach real registries), and
 # `/v1/cluster/call`, the node-to-node route: its body is an internal
 # `NodeCall` (docs/cluster.md), each the engine call of a public route fuzzed
 # here, and tests/cluster.rs drives it between real nodes.
@@ -138,7 +139,7 @@ set +e
 "$venv/bin/schemathesis" --config-file "$data/schemathesis.toml" run docs/api/openapi.yaml --url "$url" \
   --max-examples "$examples" --phases examples,coverage,fuzzing,stateful \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
-  --exclude-path-regex '/proxy/|/images/pull|/images/import|/templates|/cluster/call' \
+  --exclude-path-regex '/proxy/|/ui/sandboxes/[^/]+/pty|/images/pull|/images/import|/templates|/cluster/call' \
   --generation-database none --seed 1 --workers 1 --no-color --request-timeout 60 "$@"
 code=$?
 set -e
