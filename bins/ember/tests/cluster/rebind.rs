@@ -216,11 +216,7 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_h
     let stopped = Instant::now();
     rt.block_on(async {
         // A's own copy is frozen (A answers for it locally) ...
-        eventually(Duration::from_secs(20), "a freezes its copy", || async {
-            let s = a.client.get_sandbox(&id).await.ok()?;
-            (s.status.state == "Paused").then_some(())
-        })
-        .await;
+        wait_frozen(&a, &id).await;
         eprintln!("a froze its copy {:?} after its NATS server stopped", stopped.elapsed());
         // ... and the sandbox comes back elsewhere, with its checkpoint.
         let kept = read_through(&b, &id, "kept").await;
@@ -274,11 +270,7 @@ fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
     let server = nats.servers[0].name.clone();
     nats.signal(&server, "STOP");
     rt.block_on(async {
-        eventually(Duration::from_secs(20), "a freezes its copy", || async {
-            let s = a.client.get_sandbox(&id).await.ok()?;
-            (s.status.state == "Paused").then_some(())
-        })
-        .await;
+        wait_frozen(&a, &id).await;
         assert_eq!(read_through(&b, &id, "first").await, "first\n");
     });
     nats.signal(&server, "CONT");
@@ -303,6 +295,16 @@ fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
         let c3 = a.client.checkpoint_workspace("rb-back").await.expect("checkpoint back on a");
         assert_eq!(c3.epoch, 3, "{c3:?}");
     });
+}
+
+/// Waits until node `d` (cut off from NATS) has frozen its copy of `id`:
+/// it answers for that copy itself, `Paused`.
+async fn wait_frozen(d: &Daemon, id: &str) {
+    eventually(Duration::from_secs(20), "the cut-off node freezes its copy", || async {
+        let s = d.client.get_sandbox(id).await.ok()?;
+        (s.status.state == "Paused").then_some(())
+    })
+    .await;
 }
 
 /// Whether `d`'s data dir holds a copy of sandbox `id`.

@@ -52,7 +52,12 @@ impl ClusterPlane {
         let now: HashMap<String, String> = list.iter().map(|r| (r.id.to_string(), r.state.to_string())).collect();
         let last = self.published.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (id, state) in &now {
-            if last.get(id) != Some(state) {
+            // A copy this node froze (it could not renew) may have been
+            // rebound elsewhere: putting its Paused state would point the
+            // registry back here, and the copy's eviction then deleted the
+            // entry, leaving the session unreachable (the cut test's 503s).
+            // Its state is put once it is thawed as this node's.
+            if last.get(id) != Some(state) && !self.fence.is_frozen(id) {
                 if let Err(e) = self.publish(id, state.clone()).await {
                     tracing::warn!(error = %e, "sandbox registry");
                 }

@@ -235,8 +235,9 @@ impl ClusterPlane {
         // The sweep reads the watch's copy of the bucket, which can lag this
         // node's own write: a node that had just re-created a sandbox here
         // saw the dead node's entry still, and removed its new copy (the
-        // session was then gone: a 404 for good). The bucket itself decides.
-        if lock(&self.fence.inflight).contains(id) || self.bucket_names(id).await != Some(false) {
+        // session was then gone: a 404 for good). The bucket itself decides
+        // (during a re-creation here it names this node).
+        if self.bucket_names(id).await != Some(false) {
             return;
         }
         lock(&self.fence.frozen).remove(id);
