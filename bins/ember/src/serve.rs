@@ -78,6 +78,8 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
             "off" => None,
             every => Some(parse_duration(every).context("--snapshot-gc-interval")?).filter(|d| !d.is_zero()),
         },
+        // A cluster's store is shared: its sweeps follow the interval only.
+        snapshot_gc_after_delete: args.cluster.cluster.is_empty(),
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     let (tasks, queue) = task_queue(&args.cluster, args.tasks.config()?).await?;

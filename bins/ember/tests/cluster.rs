@@ -18,6 +18,8 @@ mod nats;
 mod pools;
 #[path = "cluster/rebind.rs"]
 mod rebind;
+#[path = "cluster/rebind_many.rs"]
+mod rebind_many;
 #[path = "cluster/snapshots.rs"]
 mod snapshots;
 #[path = "cluster/tasks.rs"]

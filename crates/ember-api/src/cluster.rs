@@ -9,7 +9,7 @@ use crate::{ApiJson, ApiState};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_engine::{ListFilter, NodeCall, SnapshotFilter, TaskLogWire};
+use ember_engine::{ListFilter, Liveness, NodeCall, SnapshotFilter, TaskLogWire};
 use serde::Serialize;
 
 fn json<T: Serialize>(v: T) -> Response {
@@ -53,6 +53,7 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::CreateWorkspace { name, size_bytes } => json(e.create_workspace(name, size_bytes).await?),
         NodeCall::Workspace { name } => json(e.workspace(&name).await?),
         NodeCall::ListWorkspaces => json(e.list_workspaces().await?),
+        NodeCall::Liveness => json(Liveness { renewed_ms_ago: st.engine.renewed_ms_ago() }),
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
         NodeCall::CheckpointWorkspace { name } => json(st.engine.checkpoint_workspace(&name).await?),
         NodeCall::TaskLog { id, attempt, offset } => json(TaskLogWire::from(e.task_log(&id, attempt, offset).await?)),

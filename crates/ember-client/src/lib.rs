@@ -81,6 +81,11 @@ impl Client {
         Ok(Client { base, api_key, http })
     }
 
+    /// The daemon's address this client calls (`http://host:port`).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
     pub(crate) async fn send(
         &self,
         method: Method,

@@ -40,7 +40,7 @@ pub mod tenants;
 mod workspaces;
 
 pub use process_metrics::splice as splice_metrics;
-pub use seam::{AgentRoute, ControlPlane, NodeCall, TaskLogWire};
+pub use seam::{AgentRoute, ControlPlane, Liveness, NodeCall, TaskLogWire};
 pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use snapshots::{SnapshotStoreConfig, StoreOpener};
@@ -83,6 +83,12 @@ pub struct EngineConfig {
     /// How often the snapshot store's unreferenced chunks are swept (also
     /// soon after a delete); `None`: only on request.
     pub snapshot_gc_interval: Option<Duration>,
+    /// Sweep about a minute after a delete too. Off on a cluster's nodes,
+    /// whose store is shared: every node swept it each minute of a drill
+    /// (each checkpoint deletes the one before), listing its ten thousand
+    /// objects from the NATS servers in turn, and the heartbeats that waited
+    /// behind took live nodes for dead. The interval's sweep remains.
+    pub snapshot_gc_after_delete: bool,
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -139,7 +145,8 @@ impl Engine {
         tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
         tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
         if let Some(every) = engine.cfg.snapshot_gc_interval {
-            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every));
+            let after_delete = engine.cfg.snapshot_gc_after_delete;
+            tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every, after_delete));
         }
         Ok(engine)
     }

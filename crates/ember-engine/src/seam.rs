@@ -34,7 +34,7 @@ use std::time::Duration;
 mod local;
 mod wire;
 
-pub use wire::{NodeCall, TaskLogWire};
+pub use wire::{Liveness, NodeCall, TaskLogWire};
 
 /// Where the agent proxy sends a sandbox's traffic. One enum so the proxy has
 /// one `match` to extend: the cluster adds a variant for a sandbox on another
@@ -82,6 +82,14 @@ pub trait ControlPlane: Send + Sync {
     /// a call forwarded from another node runs there, so it is never
     /// forwarded again. `None` (the default) when `self` is already that.
     fn node_local(&self) -> Option<std::sync::Arc<dyn ControlPlane>> {
+        None
+    }
+
+    /// How long ago this node's heartbeat last got through to the cluster's
+    /// registry, in ms: another node asks before it rebinds this one's
+    /// sandboxes (`NodeCall::Liveness`). `None` (the default) off a cluster,
+    /// or before the first heartbeat got through.
+    fn renewed_ms_ago(&self) -> Option<u64> {
         None
     }
 

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub const RETRY_FOR: Duration = Duration::from_secs(30);
+/// How long one try of a call may wait for its answer.
+pub const CALL_WAIT: Duration = Duration::from_secs(20);
 /// A checkpoint every this many records, a task every `TASK_EVERY`.
 pub const CHECKPOINT_EVERY: u64 = 4;
 pub const TASK_EVERY: u64 = 3;
@@ -203,7 +205,15 @@ impl Conn {
         r.calls += 1;
         let (start, mut wait, mut first_fail) = (Instant::now(), BACKOFF_FIRST, None);
         loop {
-            let res = f(self.clients[self.cur].clone()).await;
+            // A call that hangs is given up as a load balancer would, and
+            // tried again through the next node: one into a copy frozen for
+            // good had held the 300-session drill's end for over 20 min.
+            let client = self.clients[self.cur].clone();
+            let url = client.base_url().to_string();
+            let res = match tokio::time::timeout(CALL_WAIT, f(client)).await {
+                Ok(res) => res,
+                Err(_) => Err(ClientError::Connect { url, message: format!("no answer within {CALL_WAIT:?}") }),
+            };
             r.took(what, self.shared.ms(start), start.elapsed());
             match res {
                 Ok(v) => {

@@ -40,7 +40,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
     /// How often unreferenced snapshot chunks are swept (also about a minute
-    /// after a delete); `off`: only by `ember snapshot gc`.
+    /// after a delete, except on a cluster's nodes, which share the store);
+    /// `off`: only by `ember snapshot gc`.
     #[arg(long, default_value = "1h")]
     pub snapshot_gc_interval: String,
     /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)

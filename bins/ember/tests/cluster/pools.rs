@@ -3,7 +3,8 @@
 //! across the nodes that run sandboxes, a claim through any node (an
 //! API-only one included) is warm from whichever node has an idle member,
 //! concurrent claims never get one sandbox twice, and a killed node's share
-//! moves to the survivors.
+//! moves to the survivors; a rebind session claimed warm comes back on
+//! another node under its id when its node is killed.
 use super::common::Daemon;
 use super::{eventually, nats, node, runtime};
 use ember_types::api::{CreatePoolRequest, CreateSandboxRequest, PoolInfo, ResizePoolRequest, SandboxInfo};
@@ -136,5 +137,59 @@ fn pools_are_cluster_state_and_claims_are_pulled_by_idle_nodes() {
         front.client.delete_pool("py").await.expect("remove through f");
         let err = a.client.get_pool("py").await.expect_err("removed");
         assert!(err.to_string().contains("not found"), "{err}");
+    });
+}
+
+#[test]
+fn a_warm_claimed_rebind_session_comes_back_elsewhere_under_its_id() {
+    let nats = nats::NatsCluster::start("pools-rebind", 3);
+    let mut a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    runtime().block_on(async {
+        for d in [&a, &b] {
+            eventually(Duration::from_secs(20), "two nodes", || async {
+                (d.client.list_sandboxes("").await.is_ok()).then_some(())
+            })
+            .await;
+        }
+        // A target of 1 lands on A (first by name).
+        let pool = CreatePoolRequest {
+            name: Some("rb".into()),
+            template: "host".into(),
+            min: 0,
+            max: 2,
+            target: Some(1.into()),
+            ..Default::default()
+        };
+        a.client.create_pool(&pool).await.expect("pool through a");
+        wait_spread(&b, "rb", &[("a", 1), ("b", 0)]).await;
+        let ext = [("poolRef", "rb"), ("restartPolicy", "rebind")];
+        let req = CreateSandboxRequest {
+            template: Some("host".into()),
+            extensions: Some(ext.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        };
+        let s = b.client.create_sandbox(&req).await.expect("a warm claim through b").0;
+        assert_eq!(kind(&s), "warm", "{s:?}");
+        assert!(holds(&a, &s.id), "claimed {} not on a", s.id);
+
+        // A's loss: the session is re-created on B under its id.
+        a.kill9();
+        eventually(Duration::from_secs(90), "the session back on b", || async {
+            match b.client.get_sandbox(&s.id).await {
+                Ok(got) if got.status.state == "Running" && holds(&b, &s.id) => Some(()),
+                Ok(got) => {
+                    eprintln!("{} through b: {}", s.id, got.status.state);
+                    None
+                }
+                Err(e) => {
+                    eprintln!("{} through b: {e}", s.id);
+                    None
+                }
+            }
+        })
+        .await;
+        let (code, out, err) = b.sh(&s.id, "echo alive", None).await;
+        assert_eq!((code, out.trim()), (Some(0), "alive"), "{err}");
     });
 }

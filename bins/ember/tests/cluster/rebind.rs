@@ -16,12 +16,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// A snapshot store and manifest key every node of one test shares.
-struct SharedStore {
+pub(super) struct SharedStore {
     dir: PathBuf,
 }
 
 impl SharedStore {
-    fn new(test: &str) -> SharedStore {
+    pub(super) fn new(test: &str) -> SharedStore {
         let dir = std::env::temp_dir().join(format!("ember-rebind-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("store")).expect("store dir");
@@ -30,7 +30,7 @@ impl SharedStore {
     }
 
     /// A node on `servers` (a subset of the cluster's URLs) using this store.
-    fn node(&self, servers: &[String], name: &str) -> Daemon {
+    pub(super) fn node(&self, servers: &[String], name: &str) -> Daemon {
         let urls = servers.join(",");
         let store = self.dir.join("store");
         let key = self.dir.join("snapshot.key");
@@ -62,7 +62,7 @@ impl Drop for SharedStore {
 }
 
 /// A rebind sandbox mounting workspace `ws` at /workspace.
-fn rebind_request(ws: &str) -> CreateSandboxRequest {
+pub(super) fn rebind_request(ws: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
         template: Some("host".into()),
         extensions: Some(BTreeMap::from([("restartPolicy".to_string(), "rebind".to_string())])),
@@ -87,7 +87,7 @@ async fn read_through(d: &Daemon, id: &str, file: &str) -> String {
 /// the 503s (and 404s) of a sandbox moving between nodes, as the documented
 /// client policy does; with `until_ok`, a non-zero exit is retried too.
 /// What it last saw is printed as it changes (a timeout says why).
-async fn sh_through(d: &Daemon, id: &str, script: &str, until_ok: bool) -> (Option<i32>, String, String) {
+pub(super) async fn sh_through(d: &Daemon, id: &str, script: &str, until_ok: bool) -> (Option<i32>, String, String) {
     let last = std::sync::Mutex::new(String::new());
     // Not yet: prints what was seen if it changed, and retries.
     let seen = |what: String| -> Option<(Option<i32>, String, String)> {

@@ -3,6 +3,7 @@
 //! this node's [`NodeInfo`] is put in the node registry (`registry.rs`).
 use super::plane::{registry_error, ClusterPlane};
 use super::registry::{self, NodeInfo, SandboxEntry, HEARTBEAT};
+use async_nats::jetstream::kv;
 use ember_engine::{EngineError, ListFilter};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -91,37 +92,86 @@ impl ClusterPlane {
         }
     }
 
+    /// Starts the heartbeat on a thread, a runtime and a NATS connection of
+    /// its own. On the main runtime's two workers (one per core) it waited
+    /// behind whatever held them, restores and removals with blocking steps
+    /// among them: on the 300-session drill nodes stopped renewing at a load
+    /// average of 5 and were taken for dead, their sessions rebound.
+    pub(super) fn spawn_beat(self: Arc<Self>) -> std::io::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("ember-heartbeat".into()).spawn(move || rt.block_on(self.beat()))?;
+        Ok(())
+    }
+
+    /// The node registry as the heartbeat's own connection opens it (tried
+    /// again each [`HEARTBEAT`] until it opens).
+    async fn beat_store(&self) -> kv::Store {
+        let bucket = format!("{}_nodes", self.cfg.prefix);
+        loop {
+            let client = async_nats::ConnectOptions::new()
+                .connection_timeout(std::time::Duration::from_secs(2))
+                .name(format!("{}-heartbeat", self.cfg.name))
+                .connect(self.cfg.servers.as_slice())
+                .await;
+            let opened = match client {
+                Ok(c) => async_nats::jetstream::new(c).get_key_value(&bucket).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match opened {
+                Ok(store) => return store,
+                Err(e) => tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat: connecting"),
+            }
+            tokio::time::sleep(HEARTBEAT).await;
+        }
+    }
+
     /// The heartbeat: every [`HEARTBEAT`], this node's [`NodeInfo`] put in
     /// the node registry, nothing else on its path. A put that has not
     /// answered within [`PUT_WAIT`] is given up: the next beat goes out on
     /// time (while a stream elects a leader, puts wait or fail for seconds).
-    pub(super) async fn beat(self: Arc<Self>) {
+    /// A main runtime that has not ticked for [`WEDGED_AFTER`] stops the
+    /// beats: a node that serves nothing is dead, its sessions rebound.
+    async fn beat(self: Arc<Self>) {
+        let store = self.beat_store().await;
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let sandboxes = match self.cfg.api_only {
-                true => self.published.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
-                false => self.held.load(std::sync::atomic::Ordering::Relaxed),
-            };
-            let info = NodeInfo {
-                name: self.cfg.name.clone(),
-                advertise: self.cfg.advertise.clone(),
-                api_only: self.cfg.api_only,
-                free_memory_bytes: registry::free_memory(),
-                sandboxes,
-                pools: self.desired.loads(),
-            };
-            let Ok(value) = serde_json::to_vec(&info) else { continue };
+            if let Some(age) = self.fence.pulse_age().filter(|a| *a > WEDGED_AFTER) {
+                tracing::warn!(node = %self.cfg.name, ?age, "heartbeat withheld: the main runtime is stuck");
+                continue;
+            }
+            let Ok(value) = serde_json::to_vec(&self.node_info()) else { continue };
             let sent = std::time::Instant::now();
-            match tokio::time::timeout(PUT_WAIT, self.nodes_kv.put(&self.cfg.name, value.into())).await {
+            match tokio::time::timeout(PUT_WAIT, store.put(&self.cfg.name, value.into())).await {
                 Ok(Ok(_)) => self.fence.renewed_at(sent),
                 Ok(Err(e)) => tracing::warn!(node = %self.cfg.name, error = %e, "heartbeat"),
                 Err(_) => tracing::warn!(node = %self.cfg.name, "heartbeat: no answer within {PUT_WAIT:?}"),
             }
+            if sent.elapsed() > HEARTBEAT {
+                tracing::warn!(node = %self.cfg.name, took = ?sent.elapsed(), "heartbeat: a slow put");
+            }
+        }
+    }
+
+    fn node_info(&self) -> NodeInfo {
+        let sandboxes = match self.cfg.api_only {
+            true => self.published.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+            false => self.held.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        NodeInfo {
+            name: self.cfg.name.clone(),
+            advertise: self.cfg.advertise.clone(),
+            api_only: self.cfg.api_only,
+            free_memory_bytes: registry::free_memory(),
+            sandboxes,
+            pools: self.desired.loads(),
         }
     }
 }
+
+/// A main runtime this long without a tick serves nothing: its beats stop.
+const WEDGED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long a heartbeat's put may wait: past the freeze, a late success
 /// renews nothing anyway.

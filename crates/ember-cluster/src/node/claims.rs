@@ -153,23 +153,35 @@ impl ClusterPlane {
     /// the upkeep (`beat.rs`) put it there already, unless it is younger
     /// than a heartbeat; then it is put now. That put on the answer's path
     /// was a quarter of a claim's time through the cluster (`ember bench
-    /// cluster`, docs/cluster.md).
+    /// cluster`, docs/cluster.md). A rebind session's request is kept for
+    /// its rebind, as a cold create's is (`plane.rs`): without it, a session
+    /// claimed warm was lost with its node.
     async fn claim_here(&self, req: CreateSandbox) -> ClaimReply {
-        match self.local().create(CreateSandbox { launch: LaunchMode::Warm, ..req }).await {
-            Ok(rec) if self.is_published(rec.id.as_str()) => ClaimReply::Claimed(Box::new(rec)),
-            Ok(rec) => {
-                let put = self.publish(rec.id.as_str(), rec.state.to_string());
-                let span = tracing::info_span!("registry_put", sandbox = %rec.id);
-                if let Err(e) = tracing::Instrument::instrument(put, span).await {
-                    tracing::warn!(error = %e, "sandbox registry after a claim; the reconciler retries");
-                }
-                ClaimReply::Claimed(Box::new(rec))
-            }
+        // Re-created elsewhere, it starts cold from its pool's template.
+        let rebind = req.rebind.then(|| CreateSandbox { launch: LaunchMode::Cold, ..req.clone() });
+        let rec = match self.local().create(CreateSandbox { launch: LaunchMode::Warm, ..req }).await {
+            Ok(rec) => rec,
             // Its pool went (removed from the cluster) since the tick: no member.
-            Err(EngineError::PoolEmpty(_) | EngineError::PoolNotFound(_)) => ClaimReply::Miss,
-            Err(EngineError::InvalidRequest { message, .. }) => ClaimReply::Invalid { message },
-            Err(e) => ClaimReply::Failed { message: e.to_string() },
+            Err(EngineError::PoolEmpty(_) | EngineError::PoolNotFound(_)) => return ClaimReply::Miss,
+            Err(EngineError::InvalidRequest { message, .. }) => return ClaimReply::Invalid { message },
+            Err(e) => return ClaimReply::Failed { message: e.to_string() },
+        };
+        if let Some(req) = rebind {
+            if let Err(e) = self.record_rebind(rec.id.as_str(), &req).await {
+                if let Err(err) = self.local().remove(rec.id.as_str()).await {
+                    tracing::warn!(sandbox = %rec.id, error = %err, "removing a claim whose rebind entry failed");
+                }
+                return ClaimReply::Failed { message: e.to_string() };
+            }
         }
+        if !self.is_published(rec.id.as_str()) {
+            let put = self.publish(rec.id.as_str(), rec.state.to_string());
+            let span = tracing::info_span!("registry_put", sandbox = %rec.id);
+            if let Err(e) = tracing::Instrument::instrument(put, span).await {
+                tracing::warn!(error = %e, "sandbox registry after a claim; the reconciler retries");
+            }
+        }
+        ClaimReply::Claimed(Box::new(rec))
     }
 
     /// Asks the nodes with an idle member of `req.pool` for one: the claimed

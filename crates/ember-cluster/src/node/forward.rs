@@ -3,7 +3,7 @@
 //! (`{code, message}`) turned back into the [`EngineError`] that produced it,
 //! so the client of this node sees the code the owning node gave.
 use bytes::Bytes;
-use ember_engine::{EngineError, NodeCall};
+use ember_engine::{EngineError, Liveness, NodeCall};
 use ember_types::{SandboxId, SandboxState};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -87,6 +87,26 @@ impl Forwarder {
 
     /// Runs `call` on the node at `base` (`http://host:port`), named `node`.
     pub async fn call<T: DeserializeOwned>(&self, node: &str, base: &str, call: &NodeCall) -> Result<T, EngineError> {
+        self.send(node, base, call, CALL_TIMEOUT, true).await
+    }
+
+    /// Asks node `node` whether its heartbeats get through, waiting at most
+    /// `wait`. Not ended by the registry's verdict: it is asked of a node
+    /// the registry takes for dead (`liveness.rs`).
+    pub async fn liveness(&self, node: &str, base: &str, wait: Duration) -> Result<Liveness, EngineError> {
+        self.send(node, base, &NodeCall::Liveness, wait, false).await
+    }
+
+    /// [`Self::call`] within `deadline`; with `watch`, ended once `node` is
+    /// judged dead.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        node: &str,
+        base: &str,
+        call: &NodeCall,
+        deadline: Duration,
+        watch: bool,
+    ) -> Result<T, EngineError> {
         let unreachable = |what: String| EngineError::Internal(format!("node {node} ({base}): {what}"));
         let body = serde_json::to_vec(call).map_err(|e| unreachable(format!("encode call: {e}")))?;
         let mut req = hyper::Request::post(format!("{}/v1/cluster/call", base.trim_end_matches('/')))
@@ -100,7 +120,7 @@ impl Forwarder {
             node: node.to_string(),
             reason: format!("{base}: {reason}"),
         };
-        let call_fut = tokio::time::timeout(CALL_TIMEOUT, async {
+        let call_fut = tokio::time::timeout(deadline, async {
             let resp = self.client.request(req).await.map_err(|e| down(format!("request: {}", chain(&e))))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
@@ -114,9 +134,15 @@ impl Forwarder {
         // answers: once the registry takes it for dead the call ends as a
         // 503 the client retries (the partition drill's calls waited the
         // whole deadline, 300 s, on a node dead after 1.5 s).
+        let death = async {
+            match watch {
+                true => self.death_of(node).await,
+                false => std::future::pending().await,
+            }
+        };
         let answer = tokio::select! {
-            a = call_fut => a.map_err(|_| down(format!("no answer within {CALL_TIMEOUT:?}")))??,
-            () = self.death_of(node) => return Err(down("it was judged dead while the call was under way".into())),
+            a = call_fut => a.map_err(|_| down(format!("no answer within {deadline:?}")))??,
+            () = death => return Err(down("it was judged dead while the call was under way".into())),
         };
         let (status, bytes) = answer;
         if status.is_success() {
@@ -148,6 +174,7 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::List { .. }
         | C::ListSandboxSnapshots { .. }
         | C::ListWorkspaces
+        | C::Liveness
         | C::CreateWorkspace { .. }
         | C::Workspace { .. }
         | C::RemoveWorkspace { .. }

@@ -15,12 +15,17 @@
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long a broken watch waits before it is opened again.
 const REOPEN_AFTER: Duration = Duration::from_millis(500);
+/// How long one watch is followed before it is opened again from the
+/// bucket's content. A watch can stop delivering without an error (a node's
+/// copy of the rebind bucket kept naming it for sandboxes rebound elsewhere
+/// minutes before, on the 300-session drill): a copy lags by this at most.
+const RESYNC_EVERY: Duration = Duration::from_secs(30);
 
 /// The bucket's live keys, their values and revisions.
 pub(super) struct Mirror {
@@ -67,16 +72,25 @@ impl Mirror {
         st.synced |= caught_up;
     }
 
-    fn caught_up(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).synced = true;
+    /// The watch delivered the bucket's content: keys it did not deliver
+    /// (`delivered`, when the watch re-opened: gone meanwhile, their delete
+    /// markers purged) are dropped.
+    fn caught_up(&self, delivered: Option<&HashSet<String>>) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(keys) = delivered {
+            st.entries.retain(|k, _| keys.contains(k));
+        }
+        st.synced = true;
     }
 
     /// Follows the bucket for the process's life, opening the watch again
     /// when it ends (a lost connection, an election).
     async fn follow(self: Arc<Self>, store: kv::Store) {
         loop {
-            if let Err(e) = self.watch(&store).await {
-                tracing::warn!(bucket = %self.bucket, error = %e, "watching a cluster bucket");
+            match tokio::time::timeout(RESYNC_EVERY, self.watch(&store)).await {
+                Err(_) => continue,
+                Ok(Err(e)) => tracing::warn!(bucket = %self.bucket, error = %e, "watching a cluster bucket"),
+                Ok(Ok(())) => {}
             }
             tokio::time::sleep(REOPEN_AFTER).await;
         }
@@ -87,13 +101,21 @@ impl Mirror {
         let mut stream = store.stream.clone();
         let empty = stream.info().await.map_err(|e| e.to_string())?.state.messages == 0;
         let mut w = store.watch_with_history(">").await.map_err(|e| e.to_string())?;
+        let mut delivered = Some(HashSet::new());
         if empty {
-            self.caught_up();
+            self.caught_up(delivered.take().as_ref());
         }
         while let Some(entry) = w.next().await {
             let entry = entry.map_err(|e| e.to_string())?;
+            if let Some(keys) = delivered.as_mut() {
+                keys.insert(entry.key.clone());
+            }
+            let caught_up = entry.delta == 0;
             let value = (entry.operation == kv::Operation::Put).then_some((entry.value, entry.revision));
-            self.apply(entry.key, value, entry.delta == 0);
+            self.apply(entry.key, value, false);
+            if caught_up && delivered.is_some() {
+                self.caught_up(delivered.take().as_ref());
+            }
         }
         Ok(())
     }
@@ -113,5 +135,17 @@ mod tests {
         m.apply("x".into(), None, false);
         let left: Vec<String> = m.entries().unwrap_or_default().into_iter().map(|e| e.0).collect();
         assert_eq!(left, ["y"]);
+    }
+
+    #[test]
+    fn a_watch_opened_again_drops_the_keys_it_did_not_deliver() {
+        let m = Mirror { bucket: "b".into(), state: Mutex::default() };
+        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)), false);
+        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)), true);
+        // Opened again: only y is in the bucket now (x's marker purged).
+        m.apply("y".into(), Some((Bytes::from_static(b"3"), 3)), false);
+        m.caught_up(Some(&HashSet::from(["y".to_string()])));
+        let left: Vec<(String, u64)> = m.entries().unwrap_or_default().into_iter().map(|e| (e.0, e.2)).collect();
+        assert_eq!(left, [("y".to_string(), 3)]);
     }
 }

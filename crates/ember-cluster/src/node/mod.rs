@@ -10,7 +10,9 @@
 //! `pools.rs` templates and pools as desired state (each node's share
 //! planned by `share.rs`), `claims.rs` warm claims over NATS queue groups,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
-//! calls to another node's API.
+//! calls to another node's API, `liveness.rs` the question a node silent in
+//! the registry is asked before its sandboxes are rebound, `takeover.rs`
+//! which survivor re-creates each.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ mod beat;
 mod claims;
 mod elsewhere;
 mod forward;
+mod liveness;
 mod metrics;
 mod mirror;
 mod owner;
@@ -28,6 +31,7 @@ mod pools;
 mod rebind;
 mod registry;
 pub mod share;
+mod takeover;
 mod tasks;
 mod workspaces;
 
@@ -36,9 +40,10 @@ pub use rebind::{RebindEntry, FREEZE_AFTER};
 pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
 pub use workspaces::WorkspaceEntry;
 
-/// The key-value buckets of a node: registries and desired state.
+/// The key-value buckets of a node's plane: registries and desired state.
+/// The node registry is not among them: the heartbeat writes it through a
+/// connection of its own (`beat.rs`), the watcher reads it.
 pub(crate) struct Buckets {
-    pub nodes: jetstream::kv::Store,
     pub sandboxes: jetstream::kv::Store,
     pub workspaces: jetstream::kv::Store,
     pub rebind: jetstream::kv::Store,
@@ -75,6 +80,8 @@ pub enum ClusterError {
     Connect { servers: Vec<String>, reason: String },
     #[error("key-value bucket {name}: {reason}")]
     Bucket { name: String, reason: String },
+    #[error("start the heartbeat's thread: {0}")]
+    Heartbeat(std::io::Error),
 }
 
 /// Joins the cluster: connects, opens the buckets (R3 when the cluster has
@@ -97,7 +104,6 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
     let bucket = |what: &str| registry::bucket(&js, format!("{}_{what}", cfg.prefix), replicas, Duration::ZERO);
     let buckets = Buckets {
-        nodes: nodes.clone(),
         sandboxes: registry::open_sandboxes(&js, &cfg.prefix, replicas).await?,
         workspaces: bucket("workspaces").await?,
         rebind: bucket("rebind").await?,
@@ -107,7 +113,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     let plane = Arc::new(ClusterPlane::new(cfg, local, buckets, client));
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));
-    tokio::spawn(plane.clone().beat());
+    plane.clone().spawn_beat().map_err(ClusterError::Heartbeat)?;
     tokio::spawn(plane.clone().upkeep());
     tokio::spawn(plane.clone().fence_watch());
     tokio::spawn(plane.clone().converge_loop());

@@ -45,7 +45,6 @@ use std::time::Duration;
 pub struct ClusterPlane {
     pub(super) cfg: NodeConfig,
     pub(super) local: Arc<dyn ControlPlane>,
-    pub(super) nodes_kv: kv::Store,
     pub(super) sandboxes: kv::Store,
     /// `<prefix>_workspaces` (`workspaces.rs`).
     pub(super) workspaces: kv::Store,
@@ -55,7 +54,7 @@ pub struct ClusterPlane {
     pub(super) rebind_seen: Arc<super::mirror::Mirror>,
     pub(super) fence: Fence,
     pub(super) nodes: Arc<Nodes>,
-    fwd: Forwarder,
+    pub(super) fwd: Forwarder,
     /// What this node last wrote to the sandbox registry: id → state.
     pub(super) published: Mutex<HashMap<String, String>>,
     /// Sandboxes this node holds, as its last reconcile counted.
@@ -86,12 +85,11 @@ impl ClusterPlane {
     ) -> ClusterPlane {
         let nodes = Arc::new(Nodes::new(cfg.name.clone()));
         let fwd = Forwarder::new(cfg.api_key.clone(), nodes.clone());
-        let Buckets { nodes: nodes_kv, sandboxes, workspaces, rebind, pools, templates } = buckets;
+        let Buckets { sandboxes, workspaces, rebind, pools, templates } = buckets;
         let desired = Desired::new(pools, templates);
         ClusterPlane {
             cfg,
             local,
-            nodes_kv,
             sandboxes,
             workspaces,
             rebind_seen: super::mirror::Mirror::spawn(rebind.clone()),
@@ -268,6 +266,10 @@ impl ControlPlane for ClusterPlane {
     async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxRecord>, EngineError> {
         self.merged(f).await
     }
+    fn renewed_ms_ago(&self) -> Option<u64> {
+        self.fence.renewed_ago().map(|d| d.as_millis() as u64)
+    }
+
     fn node_local(&self) -> Option<Arc<dyn ControlPlane>> {
         Some(self.local.clone())
     }

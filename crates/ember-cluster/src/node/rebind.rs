@@ -47,6 +47,9 @@ pub struct RebindEntry {
 pub(super) struct Fence {
     /// When the last heartbeat that got through was sent.
     renewed: Mutex<Option<Instant>>,
+    /// The main runtime's last tick (the heartbeat, on a thread of its own,
+    /// stops once it is stale: `beat.rs`).
+    pulse: Mutex<Option<Instant>>,
     /// Rebind sandboxes the bucket says are this node's, with their
     /// workspaces.
     mine: Mutex<HashMap<String, Vec<String>>>,
@@ -63,6 +66,8 @@ pub(super) struct Fence {
     ops: tokio::sync::Mutex<()>,
     /// Rebinds under way here at once (see [`REBINDS_AT_ONCE`]).
     rebinds: RebindSlots,
+    /// Dead nodes' sandboxes left to another survivor for now.
+    orphans: Mutex<super::takeover::Orphans>,
 }
 
 /// How many rebinds one node runs at once. A node that took over a dead
@@ -94,6 +99,16 @@ impl Fence {
     /// as a live node (claim, publish, keep its rebind sandboxes thawed).
     pub(super) fn renewed(&self) -> bool {
         lock(&self.renewed).is_some_and(|t| t.elapsed() < FREEZE_AFTER)
+    }
+
+    /// How long ago the main runtime last ticked (`None`: not yet).
+    pub(super) fn pulse_age(&self) -> Option<Duration> {
+        lock(&self.pulse).map(|t| t.elapsed())
+    }
+
+    /// How long ago this node's last beat that got through was sent.
+    pub(super) fn renewed_ago(&self) -> Option<Duration> {
+        lock(&self.renewed).map(|t| t.elapsed())
     }
 
     /// This node froze sandbox `id` because it could not renew.
@@ -173,6 +188,14 @@ impl ClusterPlane {
         };
         let Ok(list) = self.local().list(&ListFilter::default()).await else { return };
         let here: HashSet<String> = list.iter().map(|r| r.id.to_string()).collect();
+        // Nodes silent in the registry holding sandboxes to rebind: asked
+        // first (`liveness.rs`).
+        let silent = entries.iter().filter(|(id, e, _)| e.node != self.name() && !here.contains(id));
+        let silent = silent.filter(|(_, e, _)| self.live_node(&e.node, "").is_err()).map(|(_, e, _)| e.node.clone());
+        let dead = self.confirmed_dead(silent.collect()).await;
+        // Their orphans, each to one survivor first (`takeover.rs`).
+        let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
+        let mut waiting = HashSet::new();
         let mut mine = HashMap::new();
         for (id, e, rev) in entries {
             if e.node == self.name() {
@@ -192,7 +215,11 @@ impl ClusterPlane {
                 }
             } else if here.contains(&id) {
                 self.evict(&id).await;
-            } else if self.live_node(&e.node, "").is_err() {
+            } else if dead.contains(&e.node) {
+                waiting.insert(id.clone());
+                if !lock(&self.fence.orphans).take(&id, self.name(), &runners, Instant::now()) {
+                    continue;
+                }
                 let claimed = RebindEntry { node: self.name().to_string(), pending: true, req: e.req };
                 let Ok(value) = serde_json::to_vec(&claimed) else { continue };
                 // Of the survivors, the first write at this revision wins.
@@ -204,16 +231,32 @@ impl ClusterPlane {
             }
         }
         *lock(&self.fence.mine) = mine;
+        lock(&self.fence.orphans).keep_only(&waiting);
     }
 
     /// Thaws a rebind sandbox this node froze. It stays counted frozen (its
     /// calls answered 503) until the resume succeeds or it is found not
     /// paused: a failed resume is retried by the next sweep, never forgotten
     /// with the sandbox left paused (2 sessions of a 300-session drill).
+    ///
+    /// The sweep read the watch's copy of the bucket; when the bucket itself
+    /// names another node, the copy lagged and the sandbox was rebound
+    /// elsewhere meanwhile: this copy is evicted. Left frozen, it was
+    /// neither thawed nor evicted for good (the copy kept naming this node),
+    /// and a call under way into it never ended: 28 such copies on one node
+    /// of the 300-session drill, the drill itself waiting on them.
     async fn thaw(&self, id: &str) {
         let _op = self.fence.ops.lock().await;
-        if !self.fence.is_frozen(id) || self.bucket_names(id).await != Some(true) {
+        if !self.fence.is_frozen(id) {
             return;
+        }
+        match self.bucket_names(id).await {
+            Some(true) => {}
+            Some(false) => {
+                tracing::warn!(sandbox = %id, "the rebind bucket's copy here lagged: the sandbox is another node's");
+                return self.evict(id).await;
+            }
+            None => return,
         }
         let thawed = match self.local().resume(id).await {
             Ok(()) => true,
@@ -333,6 +376,7 @@ impl ClusterPlane {
         let mut tick = tokio::time::interval(FENCE_TICK);
         loop {
             tick.tick().await;
+            *lock(&self.fence.pulse) = Some(Instant::now());
             if self.fence.renewed() {
                 continue;
             }
@@ -351,7 +395,10 @@ impl ClusterPlane {
                 // not the 409 of a paused sandbox, from the first moment).
                 lock(&self.fence.frozen).insert(id.clone());
                 match self.local().pause(&id).await {
-                    Ok(()) => tracing::warn!(sandbox = %id, "cannot renew: rebind sandbox frozen"),
+                    Ok(()) => {
+                        let renewed = self.fence.renewed_ago();
+                        tracing::warn!(sandbox = %id, ?renewed, "cannot renew: rebind sandbox frozen");
+                    }
                     Err(e) => {
                         tracing::warn!(sandbox = %id, error = %e, "cannot renew: freezing a rebind sandbox");
                         lock(&self.fence.frozen).remove(&id);

@@ -146,6 +146,11 @@ impl Nodes {
         out
     }
 
+    /// `name`'s last heartbeat, live or not (`None`: never heard of).
+    pub fn last_seen(&self, name: &str) -> Option<NodeInfo> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).nodes.get(name).map(|b| b.info.clone())
+    }
+
     /// `name`'s last heartbeat if it is live; else how long it had been
     /// silent at this node's last beat (`None`: never heard of).
     pub fn get(&self, name: &str) -> Result<NodeInfo, Option<Duration>> {

@@ -114,6 +114,9 @@ pub enum NodeCall {
     CheckpointWorkspace {
         name: String,
     },
+    /// Whether the receiving node's heartbeats get through: asked by a node
+    /// about to rebind its sandboxes ([`Liveness`]).
+    Liveness,
     /// A task attempt's log, read on the node that ran the attempt.
     TaskLog {
         id: String,
@@ -131,6 +134,14 @@ impl NodeCall {
         let SnapshotFilter { sandbox_id, name, states } = f.clone();
         NodeCall::ListSandboxSnapshots { sandbox_id, name, states }
     }
+}
+
+/// `NodeCall::Liveness`'s answer: how long ago the node's heartbeat last got
+/// through (`ControlPlane::renewed_ms_ago`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Liveness {
+    pub renewed_ms_ago: Option<u64>,
 }
 
 /// `ControlPlane::task_log`'s answer on the wire: the bytes as base64.

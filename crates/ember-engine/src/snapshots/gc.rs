@@ -46,16 +46,21 @@ impl Snapshots {
     }
 }
 
-/// Sweeps every `interval`, and after a delete (at most once a minute, so a
-/// burst of deletes costs one sweep). A sweep that finds another writer's
-/// snapshot in progress is simply tried again at the next turn.
-pub(crate) async fn gc_loop(engine: Weak<Snapshots>, interval: Duration) {
-    let mut last = tokio::time::Instant::now();
+/// Sweeps every `interval` (the first time after a random part of it, so
+/// that nodes sharing a store and started together do not sweep together),
+/// and with `after_delete` after a delete (at most once a minute, so a burst
+/// of deletes costs one sweep). A sweep that finds another writer's snapshot
+/// in progress is simply tried again at the next turn.
+pub(crate) async fn gc_loop(engine: Weak<Snapshots>, interval: Duration, after_delete: bool) {
+    let now = tokio::time::Instant::now();
+    let mut last = now.checked_sub(interval.mul_f64(random_share())).unwrap_or(now);
     loop {
         let Some(kick) = engine.upgrade().map(|e| e.snapshot_gc_kick.clone()) else { return };
         tokio::select! {
             _ = tokio::time::sleep_until(last + interval) => {}
-            _ = kick.notified() => tokio::time::sleep_until(last + Duration::from_secs(60)).await,
+            _ = kick.notified(), if after_delete => {
+                tokio::time::sleep_until(last + Duration::from_secs(60)).await;
+            }
         }
         let Some(e) = engine.upgrade() else { return };
         last = tokio::time::Instant::now();
@@ -71,4 +76,11 @@ pub(crate) async fn gc_loop(engine: Weak<Snapshots>, interval: Duration) {
             Err(err) => tracing::warn!(error = %err, "snapshot gc skipped"),
         }
     }
+}
+
+/// A number in [0, 1), different in each process.
+fn random_share() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
