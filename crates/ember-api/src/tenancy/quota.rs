@@ -166,6 +166,8 @@ fn references(route: &Route, body: &Value) -> Vec<(Kind, String)> {
             add(Kind::SandboxSnapshot, &body["snapshotId"]);
             add(Kind::Pool, &body["extensions"]["poolRef"]);
         }
+        // A golden pool's members start from the snapshot it names.
+        Scope::Create(Kind::Pool) => add(Kind::SandboxSnapshot, &body["fromSnapshot"]),
         Scope::Create(Kind::Task) => add(Kind::Workspace, &body["workspace"]),
         _ => {}
     }
