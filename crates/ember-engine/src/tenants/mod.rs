@@ -231,6 +231,12 @@ impl Tenants {
         })
     }
 
+    /// Whether tenant `name` still has the key of `prefix` (a dashboard
+    /// session opened with it ends once it is revoked).
+    pub fn holds_key(&self, name: &str, prefix: &str) -> bool {
+        self.lock().tenants.get(name).is_some_and(|t| t.keys.iter().any(|k| k.prefix == prefix))
+    }
+
     /// The tenant and key prefix a presented key belongs to. Keys are compared
     /// by their hashes, so the comparison's timing tells nothing of a key.
     pub fn resolve(&self, key: &str) -> Option<(String, String)> {
