@@ -41,14 +41,7 @@ fn conforms(name: &str, v: &Value) {
 
 /// One call with `key`; (status, JSON body or `Null`).
 async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let addr = d.url.trim_start_matches("http://");
-    let mut headers = vec![format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {key}")];
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    if !body.is_empty() {
-        headers.push("Content-Type: application/json".into());
-    }
-    let (status, _, text) = common::raw::exchange(addr, &format!("{method} {path}"), &headers, &body, HANG).await;
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    common::raw::json_call(&d.url, key, (method, path), body, HANG).await
 }
 
 /// A tenant with `quotas` and one key of it.

@@ -10,7 +10,7 @@
 //! `pools.rs` templates and pools as desired state (each node's share
 //! planned by `share.rs`), `claims.rs` warm claims over NATS queue groups,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
-//! calls to another node's API.
+//! calls to another node's API, `quota.rs` tenants' quotas held across nodes.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
@@ -25,6 +25,7 @@ mod mirror;
 mod owner;
 mod plane;
 mod pools;
+pub mod quota;
 mod rebind;
 mod registry;
 pub mod share;
