@@ -309,9 +309,16 @@ impl SharedQuota for Ledger {
         self.change(tenant, |u| Ok(u.sandboxes.remove(sandbox).is_some())).await
     }
 
+    /// Read through an election as a change is (it is on the create path).
     async fn usage(&self, tenant: &str) -> Result<Usage, TenantError> {
-        let (u, _) = self.read(tenant).await.map_err(|e| busy(tenant, e))?;
-        Ok(u.count(&|n| self.live(n), false))
+        let start = tokio::time::Instant::now();
+        loop {
+            match self.read(tenant).await {
+                Ok((u, _)) => return Ok(u.count(&|n| self.live(n), false)),
+                Err(e) if start.elapsed() > BUDGET => return Err(busy(tenant, e)),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 }
 
