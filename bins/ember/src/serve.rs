@@ -91,7 +91,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     println!("ember listening on http://{local}");
     let tenants = engine.tenants();
     let engine: Arc<dyn ember_engine::ControlPlane> = Arc::new(engine);
-    let engine = cluster_plane(&args.cluster, engine, local, api_key.clone()).await?;
+    let engine = cluster_plane(&args.cluster, engine, local, api_key.clone(), &tenants).await?;
     let state = ApiState {
         // The API sees the engine only through the seam.
         engine,
@@ -145,13 +145,15 @@ async fn task_queue(
     Ok((cfg, Some(Arc::new(q))))
 }
 
-/// With --cluster: this node joins the cluster and the API gets the plane that
-/// routes between nodes; else the engine itself.
+/// With --cluster: this node joins the cluster, its tenants' sandbox quotas
+/// become the cluster's, and the API gets the plane that routes between
+/// nodes; else the engine itself.
 async fn cluster_plane(
     c: &crate::cli::ClusterArgs,
     engine: Arc<dyn ember_engine::ControlPlane>,
     local: SocketAddr,
     api_key: Option<String>,
+    tenants: &Arc<ember_engine::Tenants>,
 ) -> anyhow::Result<Arc<dyn ember_engine::ControlPlane>> {
     if c.cluster.is_empty() {
         return Ok(engine);
@@ -168,6 +170,8 @@ async fn cluster_plane(
     };
     tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
     let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;
+    // A tenant's running sandboxes, memory and cpu are counted cluster-wide.
+    ember_cluster::node::quota::share_quotas(&plane, tenants.clone()).await.context("--cluster: tenant quotas")?;
     Ok(plane)
 }
 

@@ -10,7 +10,8 @@
 //! checkpointed to a shared store, sessions re-created on a live node.
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
-//! pulled over NATS queue groups.
+//! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
+//! sandbox quotas held across nodes.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
@@ -24,6 +25,8 @@ mod rebind_many;
 mod snapshots;
 #[path = "cluster/tasks.rs"]
 mod tasks;
+#[path = "cluster/tenants.rs"]
+mod tenants;
 
 use bytes::Bytes;
 use common::Daemon;

@@ -203,6 +203,14 @@ async fn an_allow_list_admits_pinned_names_only() {
     assert!(cli(&["sandbox", "events", &s.id]).contains("denied.test"));
     let updated = cli(&["sandbox", "policy", &s.id, "--allow", &other]);
     assert!(updated.contains(&format!("allow {other}")), "{updated}");
+    // The change is in the audit log as a policy change (docs/tenancy.md).
+    let log = std::fs::read_to_string(d.data_dir.join("audit/audit.jsonl")).expect("the audit log");
+    let changes: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["action"] == "policy.update" && r["path"] == format!("/v1/sandboxes/{}/network", s.id))
+        .collect();
+    assert_eq!(changes.iter().map(|r| r["outcome"].as_str()).collect::<Vec<_>>(), [Some("ok")], "{log}");
     let (ok, out, _) = curl(&d, &s.id, &format!("http://{other}/")).await;
     assert!(ok && out == format!("web:{other}"), "the updated policy admits {other}: {out}");
     let (ok, _, _) = curl(&d, &s.id, "http://a.wild.test/").await;

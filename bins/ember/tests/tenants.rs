@@ -41,14 +41,7 @@ fn conforms(name: &str, v: &Value) {
 
 /// One call with `key`; (status, JSON body or `Null`).
 async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let addr = d.url.trim_start_matches("http://");
-    let mut headers = vec![format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {key}")];
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    if !body.is_empty() {
-        headers.push("Content-Type: application/json".into());
-    }
-    let (status, _, text) = common::raw::exchange(addr, &format!("{method} {path}"), &headers, &body, HANG).await;
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    common::raw::json_call(&d.url, key, (method, path), body, HANG).await
 }
 
 /// A tenant with `quotas` and one key of it.
@@ -72,6 +65,9 @@ async fn create_sandbox(d: &Daemon, key: &str, extra: Value) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_hashed_shown_once_revocable_and_survive_a_restart() {
     let mut d = Daemon::start_with(&["--api-key", ADMIN]);
+    // Single-key mode: the admin's calls write no tenant state.
+    assert_eq!(create_sandbox(&d, ADMIN, json!({})).await.0, 202);
+    assert!(!d.data_dir.join("tenants/tenants.json").exists(), "a daemon without tenants wrote tenant state");
     let key = tenant(&d, "acme", json!({})).await;
     assert_eq!(call(&d, &key, "GET", "/v1/sandboxes", None).await.0, 200);
     // The admin's routes are not a tenant's.
@@ -123,6 +119,25 @@ async fn concurrent_creates_take_exactly_the_quota() {
     assert_eq!(call(&d, &key, "DELETE", &format!("/v1/sandboxes/{id}"), None).await.0, 204);
     assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 202);
     assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 429);
+}
+
+/// `createsPerSecond` is a token bucket: a burst of 8 at 1/s passes at most
+/// one more than the seconds the burst took (counted, so a slow machine
+/// cannot fail it), and the rest are 429s naming the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_per_second_bounds_a_burst() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "rate", json!({"createsPerSecond": 1})).await;
+    let start = std::time::Instant::now();
+    let answers = futures_util::future::join_all((0..8).map(|_| create_sandbox(&d, &key, json!({})))).await;
+    let secs = start.elapsed().as_secs_f64().ceil() as usize;
+    let ok = answers.iter().filter(|(s, _)| *s == 202).count();
+    let refused: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(ok + refused.len(), 8, "{answers:?}");
+    assert!((1..=1 + secs).contains(&ok), "{ok} creates passed in {secs} s at 1/s: {answers:?}");
+    for (_, b) in refused {
+        assert!(b["message"].as_str().unwrap_or("").contains("createsPerSecond"), "{b}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,7 +119,7 @@ async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request,
     }
     let Some(tenant) = p.tenant_key() else {
         let resp = next.run(req).await;
-        forget_deleted(st, route, &resp);
+        forget_deleted(st, route, resp.status().is_success()).await;
         return resp;
     };
     match &route.scope {
@@ -128,7 +128,7 @@ async fn admit(st: &ApiState, p: &Principal, route: &route::Route, req: Request,
         Scope::Object(kind, id) if st.tenants.owner(*kind, id) != tenant => refuse(req, not_found(*kind, id)).await,
         Scope::Object(..) | Scope::Create(_) => match quota::run(st, tenant, route, req, next).await {
             Ok(resp) => {
-                forget_deleted(st, route, &resp);
+                forget_deleted(st, route, resp.status().is_success()).await;
                 resp
             }
             Err(e) => e.into_response(),
@@ -243,15 +243,21 @@ pub(crate) async fn reaches_sandbox(st: &ApiState, p: &Principal, id: &str, tail
     }
 }
 
-/// A deleted object's owner entry goes with it (a name may be reused).
-fn forget_deleted(st: &ApiState, route: &route::Route, resp: &Response) {
+/// A deleted object's owner entry goes with it (a name may be reused); a
+/// removed sandbox's use of a cluster's quota is given back before the
+/// answer, so a create through any node sees the slot free.
+async fn forget_deleted(st: &ApiState, route: &route::Route, succeeded: bool) {
     if let (Scope::Object(kind, id), true) = (&route.scope, route.method == Method::DELETE && route.tail.is_empty()) {
-        if resp.status().is_success() {
+        if succeeded {
             if *kind == Kind::Sandbox {
                 st.tenants.drop_tokens(id);
             }
+            let owner = st.tenants.owner(*kind, id);
             if let Err(e) = st.tenants.set_owner(*kind, id, DEFAULT_TENANT) {
                 tracing::warn!(error = %e, %id, "dropping a deleted object's owner");
+            }
+            if *kind == Kind::Sandbox && owner != DEFAULT_TENANT {
+                st.tenants.released(&owner, id).await;
             }
         }
     }

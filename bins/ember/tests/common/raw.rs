@@ -26,3 +26,23 @@ pub async fn exchange(
     let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head}"));
     (status, head.to_ascii_lowercase(), body.to_string())
 }
+
+/// One call with `key` (as `OPEN-SANDBOX-API-KEY`) to the daemon at `url`
+/// (`http://host:port`), `body` sent as JSON: status and the answer's JSON
+/// (`Null` when it is none).
+pub async fn json_call(
+    url: &str,
+    key: &str,
+    (method, path): (&str, &str),
+    body: Option<serde_json::Value>,
+    hang: Duration,
+) -> (u16, serde_json::Value) {
+    let addr = url.trim_start_matches("http://");
+    let mut headers = vec![format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {key}")];
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    if !body.is_empty() {
+        headers.push("Content-Type: application/json".into());
+    }
+    let (status, _, text) = exchange(addr, &format!("{method} {path}"), &headers, &body, hang).await;
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+}

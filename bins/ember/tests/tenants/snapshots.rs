@@ -70,3 +70,26 @@ async fn snapshot_bytes_are_a_quota() {
     let (_, _, text) = crate::common::raw::exchange(addr, "GET /metrics", &h, "", super::HANG).await;
     assert!(text.contains("ember_tenant_snapshot_bytes{tenant=\"sq\"}"), "{text}");
 }
+
+/// A golden pool starts its members from the snapshot it names: another
+/// tenant's snapshot is a 404 there, as on the snapshot's own route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_pool_of_another_tenants_snapshot_is_a_404() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let a = tenant(&d, "ga", json!({})).await;
+    let b = tenant(&d, "gb", json!({})).await;
+    let (s, sb) = create_sandbox(&d, &a, json!({})).await;
+    assert_eq!(s, 202, "{sb}");
+    let (s, snap) = snapshot(&d, &a, sb["id"].as_str().expect("id")).await;
+    assert_eq!((s, snap["status"]["state"].as_str()), (202, Some("Ready")), "{snap}");
+    let sid = snap["id"].as_str().expect("snapshot id");
+    assert_eq!(call(&d, &b, "GET", &format!("/v1/snapshots/{sid}"), None).await.0, 404);
+    let pool = |name: &str| json!({"name": name, "fromSnapshot": sid, "min": 0, "max": 1});
+    let (s, got) = call(&d, &b, "POST", "/v1/pools", Some(pool("taken"))).await;
+    assert_eq!((s, got["code"].as_str()), (404, Some("SNAPSHOT::NOT_FOUND")), "{got}");
+    assert_eq!(call(&d, ADMIN, "GET", "/v1/pools/taken", None).await.0, 404, "the pool was made");
+    // Its owner's golden pool, and the admin's, are made.
+    let (s, got) = call(&d, &a, "POST", "/v1/pools", Some(pool("mine"))).await;
+    assert_eq!(s, 201, "{got}");
+    assert_eq!(call(&d, ADMIN, "POST", "/v1/pools", Some(pool("admins"))).await.0, 201);
+}

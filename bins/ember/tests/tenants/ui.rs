@@ -75,3 +75,39 @@ async fn a_tenants_dashboard_session_sees_and_touches_its_own_alone() {
         .collect();
     assert_eq!(ptys, [404, u64::from(opened)], "{log}");
 }
+
+/// A session ends with the key it logged in with: once the key is revoked
+/// its event stream, open before, ends and its calls are 401s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dashboard_session_ends_with_its_key() {
+    let d = Daemon::start_with(&["--ui", "--api-key", ADMIN]);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let a = tenant(&d, "ur", json!({})).await;
+    let mine = create_sandbox(&d, &a, json!({})).await.1["id"].as_str().expect("id").to_string();
+    let cookie = login(&addr, &a).await;
+    // The stream, open: its first snapshot read, then left reading.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let req = format!("GET /ui/events HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let n = tokio::time::timeout(HANG, s.read(&mut buf)).await.expect("an event in time").expect("read");
+        assert!(n > 0, "the stream ended before its first event");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let boundary = format!("GET /ui/sandboxes/{mine}/boundary");
+    assert_eq!(ui_call(&addr, &cookie, &boundary).await, 200);
+    let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/ur", None).await;
+    let prefix = t["keys"][0]["prefix"].as_str().expect("prefix").to_string();
+    assert_eq!(call(&d, ADMIN, "DELETE", &format!("/v1/tenants/ur/keys/{prefix}"), None).await.0, 204);
+    assert_eq!(ui_call(&addr, &cookie, &boundary).await, 401, "the session outlived its key");
+    assert_eq!(ui_call(&addr, &cookie, &format!("POST /ui/sandboxes/{mine}/pty")).await, 401);
+    // The open stream ends (the server closes it: `Connection: close`).
+    loop {
+        let n = tokio::time::timeout(HANG, s.read(&mut buf)).await.expect("the stream to end").expect("read");
+        if n == 0 {
+            break;
+        }
+    }
+}

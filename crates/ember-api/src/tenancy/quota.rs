@@ -33,16 +33,22 @@ pub(crate) fn tenant_error(e: TenantError) -> ApiError {
         T::Exists(_) => (StatusCode::CONFLICT, "TENANT::EXISTS"),
         T::InvalidName(_) => (StatusCode::BAD_REQUEST, "TENANT::INVALID_NAME"),
         T::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "TENANT::STORE"),
+        // Never a pass: the cluster's count could not be taken or kept.
+        T::Cluster { .. } => (StatusCode::SERVICE_UNAVAILABLE, "CLUSTER::BUSY"),
     };
     ApiError::new(status.0, status.1, e.to_string())
 }
 
 /// What `tenant` holds now: its sandboxes that have not ended (with their
-/// memory and cpu limits) and its pools' sizes.
+/// memory and cpu limits) and its pools' sizes. On a cluster its sandboxes
+/// are counted by the cluster's ledger, wherever they run.
 pub(crate) async fn usage(st: &ApiState, tenant: &str) -> Result<Usage, EngineError> {
     let mut u = Usage::default();
     let sandboxes: HashSet<String> = st.tenants.owned(Kind::Sandbox, tenant).into_iter().collect();
-    if !sandboxes.is_empty() {
+    if let Some(shared) = st.tenants.shared() {
+        let c = shared.usage(tenant).await.map_err(|e| EngineError::Internal(e.to_string()))?;
+        (u.running_sandboxes, u.memory_bytes, u.cpu_millis) = (c.running_sandboxes, c.memory_bytes, c.cpu_millis);
+    } else if !sandboxes.is_empty() {
         for r in st.engine.list(&ListFilter::default()).await? {
             if sandboxes.contains(r.id.as_str()) && !r.state.is_terminal() {
                 u.running_sandboxes += 1;
@@ -166,6 +172,8 @@ fn references(route: &Route, body: &Value) -> Vec<(Kind, String)> {
             add(Kind::SandboxSnapshot, &body["snapshotId"]);
             add(Kind::Pool, &body["extensions"]["poolRef"]);
         }
+        // A golden pool's members start from the snapshot it names.
+        Scope::Create(Kind::Pool) => add(Kind::SandboxSnapshot, &body["fromSnapshot"]),
         Scope::Create(Kind::Task) => add(Kind::Workspace, &body["workspace"]),
         _ => {}
     }

@@ -73,8 +73,23 @@ pub(crate) fn principal(st: &ApiState, h: &HeaderMap) -> Option<Principal> {
         return (!matches!(p, Principal::Scoped(_))).then_some(p);
     }
     let ui = st.cfg.ui.as_ref()?;
-    let sessions = ui.sessions.lock().unwrap_or_else(|p| p.into_inner());
-    cookie(h).and_then(|t| sessions.get(t).cloned())
+    let token = cookie(h)?;
+    let mut sessions = ui.sessions.lock().unwrap_or_else(|p| p.into_inner());
+    let p = sessions.get(token).cloned()?;
+    if !live(st, &p) {
+        sessions.remove(token);
+        return None;
+    }
+    Some(p)
+}
+
+/// Whether the key `p` logged in with still opens the dashboard: a session
+/// ends with its key (revoked, or its tenant removed), not at its cookie's.
+fn live(st: &ApiState, p: &Principal) -> bool {
+    match p {
+        Principal::Tenant { name, key } => st.tenants.holds_key(name, key),
+        Principal::Admin { .. } | Principal::Scoped(_) => true,
+    }
 }
 
 fn cookie(h: &HeaderMap) -> Option<&str> {
@@ -168,6 +183,10 @@ async fn events(State(st): State<ApiState>, h: HeaderMap) -> Result<Response, Ap
     let stream = futures_util::stream::unfold((st, p, true), |(st, p, first)| async move {
         if !first {
             tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        // The stream ends with the session's key: it was opened with it.
+        if !live(&st, &p) {
+            return None;
         }
         let snap = snapshot::take(&st, &p).await;
         let ev = Event::default().event("snapshot").json_data(snap).unwrap_or_else(|_| Event::default());

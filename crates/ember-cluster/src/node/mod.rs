@@ -12,7 +12,8 @@
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API, `liveness.rs` the question a node silent in
 //! the registry is asked before its sandboxes are rebound, `takeover.rs`
-//! which survivor re-creates each.
+//! which survivor re-creates each, `quota.rs` tenants' quotas held across
+//! nodes.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ mod mirror;
 mod owner;
 mod plane;
 mod pools;
+pub mod quota;
 mod rebind;
 mod registry;
 pub mod share;

@@ -14,7 +14,7 @@ mod quota;
 mod tokens;
 
 pub use audit::Audit;
-pub use quota::{Demand, Reservation};
+pub use quota::{check, Demand, Reservation, SharedQuota};
 pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX};
 
 use crate::record::now_ms;
@@ -62,6 +62,9 @@ pub enum TenantError {
     InvalidName(String),
     #[error("quota {quota} of tenant {tenant:?} exceeded: limit {limit}, in use {used}, asked {asked}")]
     QuotaExceeded { tenant: String, quota: &'static str, limit: u64, used: u64, asked: u64 },
+    /// The cluster's quota ledger could not be read or written.
+    #[error("quota of tenant {tenant:?} across the cluster: {reason}")]
+    Cluster { tenant: String, reason: String },
     #[error("tenant store: {0}")]
     Store(#[from] crate::EngineError),
 }
@@ -229,6 +232,12 @@ impl Tenants {
             }
             Ok(())
         })
+    }
+
+    /// Whether tenant `name` still has the key of `prefix` (a dashboard
+    /// session opened with it ends once it is revoked).
+    pub fn holds_key(&self, name: &str, prefix: &str) -> bool {
+        self.lock().tenants.get(name).is_some_and(|t| t.keys.iter().any(|k| k.prefix == prefix))
     }
 
     /// The tenant and key prefix a presented key belongs to. Keys are compared

@@ -3,12 +3,42 @@
 //! both take the last slot. The reservation stands until the create's object
 //! is recorded as the tenant's (then the usage count sees it) or the create
 //! fails (dropped).
+//!
+//! On a cluster the running-sandbox, memory and cpu quotas are the
+//! cluster's: a [`SharedQuota`] (`ember-cluster`'s ledger in the cluster's
+//! KV) admits a sandbox create's part of the demand too, after the node's own
+//! check and under the same lock, and holds it until the create settles.
 use super::{Kind, TenantError, Tenants};
 use ember_types::tenant::{Quotas, Usage};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Quotas held across a cluster (docs/tenancy.md, "Quotas across a
+/// cluster"): the running sandboxes, memory and cpu of a tenant wherever
+/// they run. Set once at start ([`Tenants::share_quota`]).
+#[async_trait::async_trait]
+pub trait SharedQuota: Send + Sync {
+    /// Checks `demand`'s sandboxes, memory and cpu against `quotas` and the
+    /// cluster's use, and holds it: the answer names the hold.
+    async fn admit(&self, tenant: &str, quotas: &Quotas, demand: &Demand) -> Result<String, TenantError>;
+    /// The create of hold `ticket` made `sandbox` (now counted in its place),
+    /// or failed (`None`: the hold is dropped).
+    async fn settle(&self, tenant: &str, ticket: &str, sandbox: Option<&str>) -> Result<(), TenantError>;
+    /// `sandbox` is gone: its use is given back.
+    async fn release(&self, tenant: &str, sandbox: &str) -> Result<(), TenantError>;
+    /// The tenant's running sandboxes, memory and cpu across the cluster
+    /// (the other fields zero).
+    async fn usage(&self, tenant: &str) -> Result<Usage, TenantError>;
+}
+
+/// A hold in the [`SharedQuota`]: given back when dropped unsettled.
+struct Ticket {
+    shared: Arc<dyn SharedQuota>,
+    tenant: String,
+    id: String,
+}
 
 /// What one create asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -32,6 +62,8 @@ pub(super) struct Admission {
     held: Mutex<HashMap<u64, (String, Demand)>>,
     next: Mutex<u64>,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// On a cluster: the ledger the sandbox quotas are held in.
+    shared: std::sync::OnceLock<Arc<dyn SharedQuota>>,
 }
 
 /// A token bucket of `rate` tokens refilled at `rate` per second.
@@ -58,11 +90,21 @@ impl Bucket {
 pub struct Reservation<'a> {
     tenants: &'a Tenants,
     id: u64,
+    ticket: Option<Ticket>,
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.tenants.quota.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        // A create that failed (or whose answer was lost): its cluster hold
+        // is dropped off the request's path (the ledger's sweep drops it too).
+        if let (Some(t), Ok(rt)) = (self.ticket.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move {
+                if let Err(e) = t.shared.settle(&t.tenant, &t.id, None).await {
+                    tracing::warn!(tenant = %t.tenant, ticket = %t.id, error = %e, "dropping a quota hold");
+                }
+            });
+        }
     }
 }
 
@@ -71,7 +113,7 @@ fn exceeded(tenant: &str, quota: &'static str, limit: u64, used: u64, asked: u64
 }
 
 /// The first quota `used + d` goes over.
-fn check(tenant: &str, q: &Quotas, used: &Usage, d: &Demand) -> Result<(), TenantError> {
+pub fn check(tenant: &str, q: &Quotas, used: &Usage, d: &Demand) -> Result<(), TenantError> {
     let rows: [(&'static str, Option<u64>, u64, u64); 7] = [
         ("runningSandboxes", q.running_sandboxes, used.running_sandboxes, d.sandboxes),
         ("memoryBytes", q.memory_bytes, used.memory_bytes, d.memory_bytes),
@@ -108,8 +150,7 @@ impl Tenants {
             }
         }
         let mut used = usage().await?;
-        let mut held = self.quota.held.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, d) in held.values().filter(|(t, _)| t == tenant) {
+        for (_, d) in self.quota.held.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|(t, _)| t == tenant) {
             used.running_sandboxes += d.sandboxes;
             used.memory_bytes += d.memory_bytes;
             used.cpu_millis += d.cpu_millis;
@@ -119,22 +160,66 @@ impl Tenants {
             used.snapshot_bytes += d.snapshot_bytes;
         }
         check(tenant, &q, &used, &demand)?;
+        let ticket = match self.shared() {
+            Some(shared) if demand.sandboxes + demand.memory_bytes + demand.cpu_millis > 0 => {
+                let id = shared.admit(tenant, &q, &demand).await?;
+                Some(Ticket { shared, tenant: tenant.to_string(), id })
+            }
+            _ => None,
+        };
         let id = {
             let mut n = self.quota.next.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;
             *n
         };
-        held.insert(id, (tenant.to_string(), demand));
-        Ok(Reservation { tenants: self, id })
+        self.quota.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (tenant.to_string(), demand));
+        Ok(Reservation { tenants: self, id, ticket })
     }
 
     /// The create went through: `id` is recorded as `tenant`'s, then the
     /// reservation is given back (in that order, under the admission lock).
-    pub async fn complete(&self, r: Reservation<'_>, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
+    /// A cluster hold becomes the sandbox first: its owner entry, which the
+    /// ledger's sweep counts from, follows the settled hold, never precedes it.
+    pub async fn complete(
+        &self,
+        mut r: Reservation<'_>,
+        kind: Kind,
+        id: &str,
+        tenant: &str,
+    ) -> Result<(), TenantError> {
         let _serial = self.quota.serial.lock().await;
+        if let Some(t) = r.ticket.take() {
+            let sandbox = (kind == Kind::Sandbox).then_some(id);
+            if let Err(e) = t.shared.settle(&t.tenant, &t.id, sandbox).await {
+                // The sandbox exists: the answer stands; the sweep counts it.
+                tracing::warn!(tenant = %t.tenant, ticket = %t.id, error = %e, "settling a quota hold");
+            }
+        }
         let out = self.set_owner(kind, id, tenant);
         drop(r);
         out
+    }
+
+    /// The cluster's ledger, once [`Tenants::share_quota`] set it.
+    pub fn shared(&self) -> Option<Arc<dyn SharedQuota>> {
+        self.quota.shared.get().cloned()
+    }
+
+    /// Makes the running-sandbox, memory and cpu quotas the cluster's.
+    pub fn share_quota(&self, shared: Arc<dyn SharedQuota>) {
+        if self.quota.shared.set(shared).is_err() {
+            tracing::warn!("the cluster's quota ledger was set twice; the first is kept");
+        }
+    }
+
+    /// Sandbox `id` of `tenant` was removed: its cluster use is given back.
+    pub async fn released(&self, tenant: &str, id: &str) {
+        if let Some(shared) = self.shared() {
+            if let Err(e) = shared.release(tenant, id).await {
+                // The ledger's sweep drops it on the sandbox's node.
+                tracing::warn!(%tenant, sandbox = %id, error = %e, "releasing a sandbox's quota use");
+            }
+        }
     }
 }
 

@@ -1,0 +1,105 @@
+//! A tenant's sandbox quotas hold across the cluster (docs/tenancy.md,
+//! "Quotas across a cluster"): creates racing through two nodes take
+//! exactly the quota, a removal through one node frees a slot for a create
+//! through the other, a SIGKILLed node's sandboxes give their slots back,
+//! and usage is the cluster's on every node. Tenants and their keys are
+//! each node's own: the test makes the tenant on both.
+use super::{eventually, nats, node, runtime};
+use crate::common::{raw, Daemon};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const ADMIN: &str = "cluster-k3y";
+/// Guards against a node that never answers; no threshold.
+const HANG: Duration = Duration::from_secs(120);
+
+async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    raw::json_call(&d.url, key, (method, path), body, HANG).await
+}
+
+/// Tenant `name` on node `d` with `quotas`, and a key of it there.
+async fn tenant_on(d: &Daemon, name: &str, quotas: &Value) -> String {
+    let (s, b) = call(d, ADMIN, "POST", "/v1/tenants", Some(json!({"name": name, "quotas": quotas}))).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = call(d, ADMIN, "POST", &format!("/v1/tenants/{name}/keys"), None).await;
+    assert_eq!(s, 201, "{b}");
+    b["key"].as_str().expect("key").to_string()
+}
+
+async fn create(d: &Daemon, key: &str) -> (u16, Value) {
+    call(d, key, "POST", "/v1/sandboxes", Some(json!({"template": "host"}))).await
+}
+
+/// The tenant's running sandboxes as node `d` shows them.
+async fn used(d: &Daemon) -> u64 {
+    let (_, t) = call(d, ADMIN, "GET", "/v1/tenants/tq", None).await;
+    t["usage"]["runningSandboxes"].as_u64().unwrap_or_else(|| panic!("no usage: {t}"))
+}
+
+fn refused_by_quota((s, b): &(u16, Value)) -> bool {
+    let m = b["message"].as_str().unwrap_or("");
+    *s == 429 && b["code"] == "QUOTA::EXCEEDED" && m.contains("runningSandboxes") && m.contains("limit 3")
+}
+
+#[test]
+fn a_tenants_quota_holds_across_nodes() {
+    let nats = nats::NatsCluster::start("tenantquota", 3);
+    let keyed = ["--api-key", ADMIN];
+    let mut nodes = [node(&nats, "a", &keyed), node(&nats, "b", &keyed)];
+    runtime().block_on(async {
+        let quotas = json!({"runningSandboxes": 3});
+        let keys = [tenant_on(&nodes[0], "tq", &quotas).await, tenant_on(&nodes[1], "tq", &quotas).await];
+        // 8 creates at once, 4 through each node, against 3: exactly 3 pass.
+        let creates = (0..8).map(|i| create(&nodes[i % 2], &keys[i % 2]));
+        let answers = futures_util::future::join_all(creates).await;
+        let made: Vec<(usize, String)> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| *s == 202)
+            .map(|(i, (_, b))| (i % 2, b["id"].as_str().expect("id").to_string()))
+            .collect();
+        assert_eq!(made.len(), 3, "{answers:?}");
+        assert_eq!(answers.iter().filter(|a| refused_by_quota(a)).count(), 5, "{answers:?}");
+        // Usage is the cluster's, through either node and in /metrics.
+        assert_eq!((used(&nodes[0]).await, used(&nodes[1]).await), (3, 3));
+        let addr = nodes[1].url.trim_start_matches("http://").to_string();
+        let h = [format!("Host: {addr}"), format!("OPEN-SANDBOX-API-KEY: {ADMIN}")];
+        let (_, _, metrics) = raw::exchange(&addr, "GET /metrics", &h, "", HANG).await;
+        assert!(metrics.contains("ember_tenant_running_sandboxes{tenant=\"tq\"} 3"), "{metrics}");
+
+        // A removal through one node frees a slot for a create through the other.
+        let (via, id) = made[0].clone();
+        let (s, b) = call(&nodes[via], &keys[via], "DELETE", &format!("/v1/sandboxes/{id}"), None).await;
+        assert_eq!(s, 204, "{b}");
+        let other = 1 - via;
+        let (s, b) = create(&nodes[other], &keys[other]).await;
+        assert_eq!(s, 202, "the freed slot, through the other node: {b}");
+        let mut held = [0usize; 2];
+        for (n, _) in &made[1..] {
+            held[*n] += 1;
+        }
+        held[other] += 1;
+        assert!(refused_by_quota(&create(&nodes[via], &keys[via]).await), "a fourth through {via}");
+
+        // SIGKILL of the node holding the most gives its slots back to the other.
+        let victim = if held[0] >= held[1] { 0 } else { 1 };
+        let survivor = 1 - victim;
+        nodes[victim].kill9();
+        let first = eventually(Duration::from_secs(30), "a slot freed by the dead node", || async {
+            let got = create(&nodes[survivor], &keys[survivor]).await;
+            match got.0 {
+                202 => Some(got),
+                _ if refused_by_quota(&got) => None,
+                _ => panic!("{got:?}"),
+            }
+        })
+        .await;
+        assert_eq!(first.0, 202);
+        for _ in 1..held[victim] {
+            let (s, b) = create(&nodes[survivor], &keys[survivor]).await;
+            assert_eq!(s, 202, "{b}");
+        }
+        assert!(refused_by_quota(&create(&nodes[survivor], &keys[survivor]).await), "over the quota after the kill");
+        assert_eq!(used(&nodes[survivor]).await, 3);
+    });
+}
