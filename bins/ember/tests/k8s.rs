@@ -11,8 +11,12 @@ mod bench;
 #[path = "../../../crates/ember-operator/tests/support/chart.rs"]
 mod chart_support;
 mod common;
+#[path = "k8s/daemonset_nodes.rs"]
+mod daemonset_nodes;
 #[path = "k8s/lab2.rs"]
 mod lab2;
+#[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
+mod nats;
 #[path = "k8s/pod_mode.rs"]
 mod pod_mode;
 #[path = "k8s/templates.rs"]
