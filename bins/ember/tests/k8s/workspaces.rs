@@ -52,6 +52,20 @@ async fn a_workspace_resource_becomes_an_ember_workspace_and_reports_its_holder(
     let last = st.last_checkpoint.expect("a checkpoint");
     assert_eq!((last.snapshot_id.as_str(), last.epoch), (cp.snapshot_id.as_str(), Some(1)));
 
+    // `kubectl get ews`: the API server renders the CRD's printer columns.
+    let req = http::Request::get("/apis/ember.run/v1alpha1/namespaces/default/workspaces")
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .expect("a request");
+    let table: serde_json::Value =
+        serde_json::from_str(&kube.request_text(req).await.expect("the table")).expect("JSON");
+    let columns: Vec<&str> =
+        table["columnDefinitions"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(columns[..6], ["Name", "Size", "Workspace", "Holder", "Epoch", "Phase"], "{table}");
+    let cells = &table["rows"][0]["cells"];
+    let want = serde_json::json!(["data", "64Mi", name, writer.id, 1, "Held"]);
+    assert_eq!(cells.as_array().map(|c| c[..6].to_vec()), want.as_array().cloned(), "{table}");
+
     // Deleting it waits while the sandbox writes it, and says why.
     api.delete("data", &DeleteParams::default()).await.expect("delete accepted");
     status_where(&api, "the deletion held", |s| {
