@@ -90,10 +90,12 @@ async fn the_router_headers_reach_the_claimed_sandbox_under_the_api_key() {
     let bad_port = [route[0], route[1], route[2], ("X-Sandbox-Port", "http")];
     let (status, body) = send(&addr, "POST /execute", &bad_port, &exec("true")).await;
     assert_eq!((status, code(&body).as_str()), (400, "SANDBOX::INVALID_PARAMETER"), "{body}");
-    let (status, body) = send(&addr, "GET /list/tmp", &route, "").await;
+    let (status, body) = send(&addr, "GET /nope", &route, "").await;
     assert_eq!((status, code(&body).as_str()), (404, "GENERAL::NOT_FOUND"), "{body}");
     let (status, body) = send(&addr, "POST /execute", &route, "{\"cmd\": 1}").await;
     assert_eq!((status, code(&body).as_str()), (400, "SANDBOX::INVALID_PARAMETER"), "{body}");
+
+    files(&addr, &route).await;
 
     // Another port is the sandbox's own, through the proxy.
     let web = [route[0], route[1], route[2], ("X-Sandbox-Port", "8080")];
@@ -115,4 +117,36 @@ async fn the_router_headers_reach_the_claimed_sandbox_under_the_api_key() {
     assert!(kept > 0 && kept <= 16 << 20, "{kept} bytes kept");
     assert_eq!(out["exit_code"].as_i64(), Some(0));
     drop(sb);
+}
+
+/// The runtime's file routes, as its Python client sends them: a multipart
+/// `/upload` whose filename is the path, then `/download/`, `/exists/` and
+/// `/list/` of the path as one percent-encoded segment; the file is where
+/// `/execute`'s commands see it.
+async fn files(addr: &str, route: &[(&str, &str)]) {
+    let form = "--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notes/a.txt\"\r\n\
+                Content-Type: application/octet-stream\r\n\r\nfile body\r\n--b0undary--\r\n";
+    let mut headers = vec![format!("Host: {addr}"), "Content-Type: multipart/form-data; boundary=b0undary".into()];
+    headers.extend(route.iter().map(|(k, v)| format!("{k}: {v}")));
+    let (status, _, body) = common::raw::exchange(addr, "POST /upload", &headers, form, HANG).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send(addr, "GET /download/notes%2Fa.txt", route, "").await;
+    assert_eq!((status, body.as_str()), (200, "file body"));
+    let (status, body) = send(addr, "GET /download/notes%2Fnone.txt", route, "").await;
+    assert_eq!(status, 404, "{body}");
+    let (_, body) = send(addr, "GET /exists/notes%2Fa.txt", route, "").await;
+    assert_eq!(serde_json::from_str::<Value>(&body).expect("json")["exists"], true, "{body}");
+    let (_, body) = send(addr, "GET /exists/notes%2Fnone.txt", route, "").await;
+    assert_eq!(serde_json::from_str::<Value>(&body).expect("json")["exists"], false, "{body}");
+    let (status, body) = send(addr, "GET /list/notes", route, "").await;
+    assert_eq!(status, 200, "{body}");
+    let list: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (list[0]["name"].as_str(), list[0]["type"].as_str(), list[0]["size"].as_i64()),
+        (Some("a.txt"), Some("file"), Some(9))
+    );
+    assert!(list[0]["mod_time"].as_f64().is_some_and(|t| t > 1.7e9), "{list}");
+    let exec = serde_json::json!({ "command": "cat notes/a.txt" }).to_string();
+    let (_, body) = send(addr, "POST /execute", route, &exec).await;
+    assert_eq!(serde_json::from_str::<Value>(&body).expect("json")["stdout"], "file body\n", "{body}");
 }

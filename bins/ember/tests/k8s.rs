@@ -11,12 +11,20 @@ mod bench;
 #[path = "../../../crates/ember-operator/tests/support/chart.rs"]
 mod chart_support;
 mod common;
+#[path = "k8s/daemonset_nodes.rs"]
+mod daemonset_nodes;
 #[path = "k8s/lab2.rs"]
 mod lab2;
+#[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
+mod nats;
 #[path = "k8s/pod_mode.rs"]
 mod pod_mode;
+#[path = "k8s/templates.rs"]
+mod templates;
 #[path = "k8s/without_agent_crds.rs"]
 mod without_agent_crds;
+#[path = "k8s/workspaces.rs"]
+mod workspaces;
 
 use common::Daemon;
 use ember_operator::crd::{SandboxClaim, SandboxClaimSpec, SandboxPool, SandboxPoolSpec};
@@ -202,6 +210,10 @@ async fn a_pool_resource_keeps_sandboxes_warm_and_claims_come_from_it() {
     })
     .await;
     assert_eq!((status.replicas, status.claimed, status.node_pool.as_str()), (2, 0, node.as_str()));
+    // The capacity arithmetic behind the target: the pool's bounds, and the node's λ and W as numbers.
+    let cap = &status.capacity;
+    assert_eq!((cap.min, cap.max), (0, 2), "{cap:?}");
+    assert!(cap.arrival_per_sec >= 0.0 && cap.refill_secs >= 0.0 && cap.in_flight_demand >= 0.0, "{cap:?}");
 
     // `kubectl scale`: through the scale subresource.
     let scale = serde_json::json!({ "spec": { "replicas": 3 } });

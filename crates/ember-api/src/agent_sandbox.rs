@@ -5,10 +5,13 @@
 //! against `ember serve` unchanged. The sandbox is found by the metadata the
 //! operator wrote when it answered the claim (`ember_types::agent_sandbox`),
 //! never through the Kubernetes API. On the runtime's port (8888) the router
-//! answers the runtime's `POST /execute` itself through ember's agent, since
-//! an ember sandbox runs no runtime server; any other port is proxied as
+//! answers the runtime's `POST /execute` and its file routes (`files.rs`)
+//! itself through ember's agent, since an ember sandbox runs no runtime
+//! server; any other port is proxied as
 //! `/v1/sandboxes/{id}/proxy/{port}` is. The key rule is the proxy route's:
 //! the admin key, the owning tenant's key, or the sandbox's scoped token.
+mod files;
+
 use crate::error::ApiError;
 use crate::middleware::principal;
 use crate::ApiState;
@@ -75,7 +78,7 @@ fn target(h: &HeaderMap) -> Result<(String, String, u16), ApiError> {
 /// (`/execute` is an exec).
 async fn route(st: ApiState, p: Principal, req: Request) -> Result<Response, ApiError> {
     let (ns, name, port) = target(req.headers())?;
-    let id = resolve(&st, &p, &ns, &name).await?;
+    let (id, workdir) = resolve(&st, &p, &ns, &name).await?;
     if port != RUNTIME_PORT {
         let rest = req.uri().path().trim_start_matches('/').to_string();
         let call = crate::proxy::forward_path;
@@ -90,16 +93,30 @@ async fn route(st: ApiState, p: Principal, req: Request) -> Result<Response, Api
             let forward = move |req| async move { execute(s, i, req).await.into_response() };
             Ok(crate::tenancy::outside_call(&st, &p, (&id, EXECD_PORT, "command"), req, forward).await)
         }
-        (m, p) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "GENERAL::NOT_FOUND",
-            format!("{m} {p}: ember's router answers POST /execute on port {RUNTIME_PORT}"),
-        )),
+        (m, path) => match files::parse(m, path) {
+            Some(route) => {
+                let route = route?;
+                let (s, i, as_agent) = (st.clone(), id.clone(), route.agent_path());
+                let forward = move |req| async move {
+                    files::serve(s, i, route, workdir, req).await.unwrap_or_else(IntoResponse::into_response)
+                };
+                Ok(crate::tenancy::outside_call(&st, &p, (&id, EXECD_PORT, as_agent), req, forward).await)
+            }
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "GENERAL::NOT_FOUND",
+                format!(
+                    "{m} {path}: ember's router answers POST /execute, POST /upload, GET /download/, /list/ and \
+                     /exists/ on port {RUNTIME_PORT}"
+                ),
+            )),
+        },
     }
 }
 
-/// The running ember sandbox backing Sandbox `ns/name`, among those `p` sees.
-async fn resolve(st: &ApiState, p: &Principal, ns: &str, name: &str) -> Result<String, ApiError> {
+/// The running ember sandbox backing Sandbox `ns/name`, among those `p`
+/// sees, and its commands' working directory when its template sets one.
+async fn resolve(st: &ApiState, p: &Principal, ns: &str, name: &str) -> Result<(String, Option<String>), ApiError> {
     let f = ListFilter {
         states: Vec::new(),
         metadata: vec![(NAMESPACE_KEY.into(), ns.into()), (SANDBOX_KEY.into(), name.into())],
@@ -111,7 +128,7 @@ async fn resolve(st: &ApiState, p: &Principal, ns: &str, name: &str) -> Result<S
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "SANDBOX::NOT_FOUND", format!("no Sandbox {ns}/{name}"));
     let first = found.first().ok_or_else(not_found)?;
     match found.iter().find(|s| s.state == SandboxState::Running) {
-        Some(s) => Ok(s.id.to_string()),
+        Some(s) => Ok((s.id.to_string(), s.spec.workdir.clone())),
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "SANDBOX::NOT_RUNNING",

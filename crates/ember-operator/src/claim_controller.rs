@@ -8,6 +8,7 @@ use crate::controller::{
     ember_err, found, labelled, now, patch_status, refused, remove_claimed, under_finalizer, Ctx, CLAIM_FINALIZER,
 };
 use crate::crd::{PoolMode, SandboxClaim, SandboxPool};
+use crate::template::TemplateRef;
 use crate::{node_pool_name, Error};
 use ember_client::ClientError;
 use ember_types::api::{CreateSandboxRequest, SandboxInfo};
@@ -114,8 +115,22 @@ async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<S
         return Err(ClientError::Api { status: 503, code: "POOL::NOT_CACHED".into(), message });
     }
     let node = node_pool_name(ns, &c.spec.pool_ref);
+    // The template the node pool was made with (a SandboxTemplate's own).
+    let template = match crate::template_controller::resolve(ctx, ns, &pool.spec.template).await {
+        Ok(TemplateRef::Node(t) | TemplateRef::Made(t)) => t,
+        Ok(TemplateRef::NotReady(message)) => {
+            return Err(ClientError::Api { status: 409, code: "TEMPLATE::NOT_READY".into(), message })
+        }
+        Err(e) => {
+            return Err(ClientError::Api {
+                status: 503,
+                code: "KUBERNETES::UNAVAILABLE".into(),
+                message: e.to_string(),
+            })
+        }
+    };
     let req = CreateSandboxRequest {
-        template: Some(pool.spec.template.clone()),
+        template: Some(template),
         resources: pool.spec.resources.as_ref().map(crate::resources),
         runtime_class: pool.spec.runtime_class.clone(),
         timeout: c.spec.timeout_seconds,

@@ -4,8 +4,9 @@
 //! resource remove what it made on the node. The node's state changes without
 //! a Kubernetes event (claims, refills), so each pass requeues itself.
 use crate::claim::{self, CLAIM_KEY, POOL_KEY};
-use crate::crd::{PoolMode, SandboxClaim, SandboxPool};
+use crate::crd::{PoolMode, SandboxClaim, SandboxPool, SandboxTemplate, Workspace};
 use crate::pool::{self, Desired};
+use crate::template::TemplateRef;
 use crate::{node_pool_name, Error};
 use ember_client::{query, Client as Ember, ClientError};
 use ember_types::api::{PoolInfo, SandboxInfo};
@@ -101,9 +102,16 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
             crate::agents::controller::run_if_served(agents_kube, agents_ctx).await
         }
     };
-    // A pod-mode pool's Pods turning Ready (the kubelet's status) wake it.
+    // A pod-mode pool's Pods turning Ready (the kubelet's status) wake it;
+    // so does the SandboxTemplate it names being accepted or changed.
+    let pool_store = pools.store();
     let pools = pools
         .owns(Api::<Pod>::all(cfg.kube.clone()), pod_watch)
+        .watches(Api::<SandboxTemplate>::all(cfg.kube.clone()), watcher::Config::default(), move |t| {
+            let (ns, name) = (t.namespace(), t.name_any());
+            let made_from = pool_store.state().into_iter().filter(|p| p.namespace() == ns && p.spec.template == name);
+            made_from.map(|p| ObjectRef::from_obj(&*p)).collect::<Vec<_>>()
+        })
         .shutdown_on_signal()
         .run(reconcile_pool, retry, ctx.clone())
         .for_each(|r| async move { log("SandboxPool", r) });
@@ -122,10 +130,26 @@ async fn controllers(cfg: Config) -> Result<(), Error> {
         .for_each(|r| async move { log("SandboxClaim", r) });
     let sandboxes = Controller::new(Api::<crate::crd::Sandbox>::all(cfg.kube.clone()), watcher::Config::default())
         .shutdown_on_signal()
-        .run(crate::sandbox::reconcile, retry, ctx)
+        .run(crate::sandbox::reconcile, retry, ctx.clone())
         .for_each(|r| async move { log("Sandbox", r) });
+    // A template held by a pool is woken when the pool goes (a pool naming
+    // no SandboxTemplate, `host`, wakes nothing).
+    let templates = Controller::new(Api::<SandboxTemplate>::all(cfg.kube.clone()), watcher::Config::default());
+    let template_store = templates.store();
+    let templates = templates
+        .watches(Api::<SandboxPool>::all(cfg.kube.clone()), watcher::Config::default(), move |p| {
+            let named = ObjectRef::new(&p.spec.template).within(&p.namespace().unwrap_or_default());
+            template_store.get(&named).is_some().then_some(named)
+        })
+        .shutdown_on_signal()
+        .run(crate::template_controller::reconcile, retry, ctx.clone())
+        .for_each(|r| async move { log("SandboxTemplate", r) });
+    let workspaces = Controller::new(Api::<Workspace>::all(cfg.kube.clone()), watcher::Config::default())
+        .shutdown_on_signal()
+        .run(crate::workspace_controller::reconcile, retry, ctx)
+        .for_each(|r| async move { log("Workspace", r) });
     tokio::select! {
-        _ = async { tokio::join!(pools, claims, sandboxes, agents) } => {}
+        _ = async { tokio::join!(pools, claims, sandboxes, templates, workspaces, agents) } => {}
         // The cache's watch retries for ever: it ends only with the process.
         _ = pod_cache => {}
     }
@@ -323,11 +347,19 @@ pub(crate) fn requeue_pool(ctx: &Ctx, pass: &PoolPass) -> Action {
 async fn apply_pool(p: &SandboxPool, ns: &str, api: &Api<SandboxPool>, ctx: &Ctx) -> Result<Action, Error> {
     let name = p.name_any();
     let node = node_pool_name(ns, &name);
-    let pass = drive_pool(ctx, &Desired::from_spec(node.clone(), &p.spec)).await?;
+    let mut desired = Desired::from_spec(node.clone(), &p.spec);
+    let (pass, reason) = match crate::template_controller::resolve(ctx, ns, &p.spec.template).await? {
+        TemplateRef::Node(t) | TemplateRef::Made(t) => {
+            desired.template = t;
+            (drive_pool(ctx, &desired).await?, "NodeRefused")
+        }
+        // Woken by the template's watch once ember accepts it.
+        TemplateRef::NotReady(why) => (PoolPass::Refused(why), "TemplateNotReady"),
+    };
     let mut status = p.status.clone().unwrap_or_default();
     match &pass {
         PoolPass::Refused(why) => {
-            let cond = crate::crd::Condition::new("Ready", false, "NodeRefused", why.clone());
+            let cond = crate::crd::Condition::new("Ready", false, reason, why.clone());
             status.conditions =
                 crate::conditions::set(&status.conditions, cond.generation(p.metadata.generation), &now());
         }

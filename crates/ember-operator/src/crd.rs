@@ -10,6 +10,7 @@ use kube::CustomResource;
 use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub const GROUP: &str = "ember.run";
 pub const VERSION: &str = "v1alpha1";
@@ -47,25 +48,54 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
-/// An ember template as a resource: what sandboxes of it run. Reconciled in a
-/// later step (templates are made on the nodes today).
+/// An ember template as a resource: the operator makes it on the node as
+/// the template `k8s-<namespace>-<name>` (`template.rs`); a SandboxPool of
+/// the namespace naming it in `template` builds its sandboxes from it.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ember.run", version = "v1alpha1", kind = "SandboxTemplate", namespaced)]
 #[kube(status = "SandboxTemplateStatus", shortname = "sbt")]
 #[kube(printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"))]
+#[kube(printcolumn(name = "Template", type_ = "string", json_path = ".status.template"))]
+#[kube(printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxTemplateSpec {
-    /// An image reference, or an ember template's name (`host`).
+    /// An image reference, or `host` for the host's root filesystem (as
+    /// ember's built-in `host` template).
     pub image: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+    /// Environment of every process started in the sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Overrides the image's Entrypoint/Cmd; `[]` runs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    /// `name`, `uid`, `name:group` or `uid:gid`, resolved in the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// An absolute path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxTemplateStatus {
+    /// The ember template made from this resource on the node.
+    // Written as null when absent: a merge patch then clears it.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// The image's digest, as ember pulled it.
+    // Written as null when absent: a merge patch then clears it.
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    /// The generation last sent to ember (accepted or not: `Ready` says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (ember accepted the template, or refused it and why);
+    /// `DeletionBlocked` (deleting waits for the SandboxPools using it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -131,6 +161,13 @@ pub struct PodPoolSpec {
     /// A PersistentVolumeClaim per Pod, mounted at `/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<PodWorkspace>,
+    /// The port the image serves on, declared on the container; a claim's
+    /// `endpoint` is `http://<pod IP>:<port>`. Default 8888, the port of
+    /// agent-sandbox's runtime (`/execute`, `/upload`...), so its client's
+    /// `SandboxDirectConnectionConfig(api_url=endpoint)` reaches the Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<u16>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -250,7 +287,9 @@ pub struct SandboxClaimSpec {
 pub struct SandboxClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
-    /// The sandbox in ember's API (`<ember-url>/v1/sandboxes/<id>`).
+    /// Where to reach the sandbox: node mode, its resource in ember's API
+    /// (`<ember-url>/v1/sandboxes/<id>`); pod mode, the Pod's server
+    /// (`http://<pod IP>:<port>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// `warm` (an idle sandbox of the pool) or `cold` (the pool was empty).
@@ -260,23 +299,75 @@ pub struct SandboxClaimStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A durable workspace (an ember workspace volume). Reconciled in a later step.
+/// A durable workspace: the operator makes it on the node as the ember
+/// workspace `k8s-<namespace>-<name>` (`workspace.rs`); sandboxes mount it
+/// by that name. Deleting the resource deletes it (and its data).
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ember.run", version = "v1alpha1", kind = "Workspace", namespaced)]
 #[kube(status = "WorkspaceStatus", shortname = "ews")]
 #[kube(printcolumn(name = "Size", type_ = "string", json_path = ".spec.size"))]
+#[kube(printcolumn(name = "Workspace", type_ = "string", json_path = ".status.workspace"))]
+#[kube(printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"))]
+#[kube(printcolumn(name = "Epoch", type_ = "integer", json_path = ".status.epoch"))]
 #[kube(printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceSpec {
-    /// Quota, as ember takes it (`"1Gi"`).
+    /// Quota, as ember takes it (`"1Gi"`); fixed once made (ember's
+    /// workspaces are not resized: the API server refuses a change).
+    #[schemars(schema_with = "immutable_string")]
     pub size: String,
+}
+
+/// A string the API server refuses to change after creation (a CEL rule).
+fn immutable_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        // Bounded, so the API server's CEL cost estimate stays small.
+        "maxLength": 32,
+        "x-kubernetes-validations": [{ "rule": "self == oldSelf", "message": "is fixed once the workspace is made" }]
+    })
+}
+
+/// A workspace's newest checkpoint (or snapshot) in the snapshot store.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceCheckpoint {
+    pub snapshot_id: String,
+    /// RFC 3339.
+    pub at: String,
+    /// The writer's epoch it was taken under, if it was fenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceStatus {
+    /// `Available` (no writer), `Held` (a sandbox holds its writer lease),
+    /// `Failed` (ember refused it: see `Ready`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// The ember workspace made from this resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    #[serde(default)]
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// The sandbox holding the writer lease, if one does.
+    // Written as null when absent: a merge patch then clears it.
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// The fencing epoch: the holder's, else the last one granted (0: never held).
+    #[serde(default)]
+    pub epoch: u64,
+    // Written as null when absent: a merge patch then clears it.
+    #[serde(default)]
+    pub last_checkpoint: Option<WorkspaceCheckpoint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`; `DeletionBlocked` while ember refuses the delete (a live
+    /// sandbox writes it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }

@@ -2,7 +2,9 @@
 //! group `ember.run`) and the reconcilers that drive single ember nodes
 //! through their HTTP API (`ember-client`): SandboxPool → the node's warm
 //! pool (`pool.rs`), SandboxClaim → a sandbox claimed from it (`claim.rs`),
-//! Sandbox → a sandbox started cold per resource (`sandbox.rs`).
+//! Sandbox → a sandbox started cold per resource (`sandbox.rs`),
+//! SandboxTemplate → an ember template (`template.rs`), Workspace → an
+//! ember workspace (`workspace.rs`).
 //! Each reconciler is a pure plan (observed + desired → one action) with the
 //! IO around it in `controller.rs`; `run` starts them. See docs/kubernetes.md.
 pub mod agents;
@@ -15,8 +17,12 @@ pub mod lease;
 pub mod pods;
 pub mod pool;
 pub mod sandbox;
+pub mod template;
+mod template_controller;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod workspace;
+mod workspace_controller;
 
 pub use controller::{run, Config, Leader};
 // The versions the CRDs and clients are built with, for callers and tests.

@@ -15,6 +15,7 @@ fn desired(replicas: u32, workspace: bool) -> Desired {
         pod: PodPoolSpec {
             command: vec!["sleep".into(), "infinity".into()],
             workspace: workspace.then(|| PodWorkspace { size: "1Gi".into(), storage_class_name: None }),
+            port: None,
         },
         owner: None,
     }
@@ -58,6 +59,8 @@ fn an_empty_pool_gets_its_pods_each_with_a_workspace_pvc() {
     assert_eq!(csc.allow_privilege_escalation, Some(false));
     assert_eq!(csc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
     assert_eq!(c.volume_mounts.as_ref().map(|m| m[0].mount_path.as_str()), Some("/workspace"));
+    let port = c.ports.as_ref().map(|p| p[0].container_port);
+    assert_eq!(port, Some(8888), "agent-sandbox's runtime port when the pool names none");
     let claim = spec.volumes.as_ref().and_then(|v| v[0].persistent_volume_claim.as_ref()).expect("the PVC volume");
     assert_eq!(claim.claim_name, "py-0");
     assert_eq!(p.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL)).map(String::as_str), Some("py"));
@@ -141,4 +144,10 @@ fn the_status_counts_ready_starting_and_claimed_pods() {
     assert_eq!((st.idle, st.starting, st.claimed, st.target, st.replicas), (1, 1, 1, 2, 1));
     assert_eq!(st.selector, "ember.run/pool=py");
     assert_eq!(st.conditions[0].reason, "Filling");
+}
+
+#[test]
+fn a_claimed_pods_endpoint_is_a_url() {
+    assert_eq!(ember_operator::pods::plan::endpoint("10.1.0.7", 8888), "http://10.1.0.7:8888");
+    assert_eq!(ember_operator::pods::plan::endpoint("fd00::7", 80), "http://[fd00::7]:80");
 }

@@ -78,6 +78,11 @@ async fn agent_sandboxs_python_client_claims_and_runs_commands_through_ember() {
     assert_eq!(got["status"], "SandboxReady", "{got}");
     assert_eq!(got["again"], "again\n", "{got}");
     assert_eq!(got["missing_pool"], "WarmPoolNotFound", "{got}");
+    // Its file calls: written, read back, listed, tested, and where its commands see it.
+    assert_eq!(got["read"], "written by the client", "{got}");
+    assert_eq!(got["listed"], serde_json::json!([["hello.txt", "file", 21]]), "{got}");
+    assert_eq!(got["exists"], serde_json::json!([true, false]), "{got}");
+    assert_eq!(got["seen_by_command"], "written by the client\n", "{got}");
     // The Sandbox the claim names is the claim's, and ember's sandbox behind
     // it came warm from the pool.
     assert_eq!(got["sandbox"].as_str(), Some(claim.as_str()), "{got}");
@@ -133,4 +138,60 @@ async fn a_warm_pool_made_before_its_template_fills_once_the_template_exists() {
     .await;
     let p = daemon.client.get_pool(&node_pool("default", "early")).await.expect("the node pool");
     assert_eq!((p.template.as_str(), p.idle), ("host", 1));
+}
+
+/// A claim's `env` and `volumeClaimTemplates` under its template's policies
+/// (`Overrides`, `Allowed`), through agent-sandbox's client: the template's
+/// env, the claim's (one overriding the template's), the template's volume
+/// and the claim's each an ember workspace mounted where the template's
+/// container mounts it, the claim still answered warm; deleting the claim
+/// deletes its workspaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_env_and_volumes_reach_its_sandbox() {
+    let (server, kube, daemon) = setup().await;
+    let _op = Operator::start(&server.kubeconfig, &daemon.url, &[]);
+    let templates: Api<SandboxTemplate> = Api::namespaced(kube.clone(), "default");
+    let pod = serde_json::json!({"containers": [{"name": "c", "image": "host",
+        "env": [{"name": "A", "value": "from-template"}, {"name": "T", "value": "t"}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "scratch", "mountPath": "/scratch"}]}]});
+    let mut spec = SandboxTemplateSpec::of_pod(pod);
+    spec.blueprint.volume_claim_templates = vec![
+        serde_json::json!({"metadata": {"name": "data"}, "spec": {"resources": {"requests": {"storage": "64Mi"}}}}),
+    ];
+    spec.env_vars_injection_policy = Some("Overrides".into());
+    spec.volume_claim_templates_policy = Some("Allowed".into());
+    templates.create(&PostParams::default(), &SandboxTemplate::new("withvol", spec)).await.expect("template");
+    let pools: Api<SandboxWarmPool> = Api::namespaced(kube.clone(), "default");
+    let wp = SandboxWarmPoolSpec {
+        replicas: Some(1),
+        sandbox_template_ref: NameRef { name: "withvol".into() },
+        update_strategy: None,
+    };
+    pools.create(&PostParams::default(), &SandboxWarmPool::new("vol-pool", wp)).await.expect("warm pool");
+    eventually("the warm pool ready", 240, || async {
+        let st = pools.get_status("vol-pool").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        (st.ready_replicas == 1).then_some(()).ok_or_else(|| format!("{st:?}"))
+    })
+    .await;
+
+    let out = client(&server.kubeconfig, &["extras", &daemon.url, "vol-pool"]);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(got["stdout"], "from-claim b t\n/data mounted\n/scratch mounted\n", "{got}");
+    let claim = got["claim"].as_str().expect("claim").to_string();
+    let data = ember_operator::agents::extras::workspace_name("default", &claim, "data");
+    let scratch = ember_operator::agents::extras::workspace_name("default", &claim, "scratch");
+    let ws = daemon.client.get_workspace(&scratch).await.expect("the claim's volume is an ember workspace");
+    assert_eq!(ws.size_bytes, 32 << 20);
+    let sb = Api::<Sandbox>::namespaced(kube.clone(), "default").get(&claim).await.expect("Sandbox");
+    let id = sb.metadata.annotations.unwrap_or_default().get("ember.run/sandbox-id").cloned().expect("ember id");
+    let info = daemon.client.get_sandbox(&id).await.expect("ember has it");
+    assert_eq!(info.launch.map(|l| l.kind), Some("warm".to_string()), "env and volumes bound at a warm claim");
+
+    client(&server.kubeconfig, &["delete", &daemon.url, &claim]);
+    eventually("the claim's workspaces deleted", 240, || async {
+        let left: Vec<String> =
+            daemon.client.list_workspaces().await.map_err(|e| e.to_string())?.into_iter().map(|w| w.name).collect();
+        (!left.contains(&data) && !left.contains(&scratch)).then_some(()).ok_or_else(|| format!("{left:?}"))
+    })
+    .await;
 }

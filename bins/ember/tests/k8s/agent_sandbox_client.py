@@ -5,6 +5,9 @@ client's own way to name a router URL). Driven by bins/ember/tests/k8s.rs.
 
     python agent_sandbox_client.py claim ROUTER_URL WARMPOOL
         claim -> Ready -> run commands; prints one JSON line; leaves the claim.
+    python agent_sandbox_client.py extras ROUTER_URL WARMPOOL
+        claim with env and a volume claim template -> run a command that
+        shows them; prints one JSON line; leaves the claim.
     python agent_sandbox_client.py delete ROUTER_URL CLAIM
         deletes the claim through the client.
 """
@@ -21,9 +24,25 @@ def main() -> None:
     if action == "delete":
         client.delete_sandbox(name, namespace="default")
         return
+    if action == "extras":
+        scratch = {"metadata": {"name": "scratch"},
+                   "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "32Mi"}}}}
+        sandbox = client.create_sandbox(warmpool=name, namespace="default", sandbox_ready_timeout=120,
+                                        env={"A": "from-claim", "B": "b"}, volume_claim_templates=[scratch])
+        run = sandbox.commands.run(
+            "echo $A $B $T; for d in /data /scratch; do mountpoint -q $d && echo $d mounted; done")
+        print(json.dumps({"claim": sandbox.claim_name, "stdout": run.stdout, "stderr": run.stderr}))
+        sandbox.close_connection()
+        return
     sandbox = client.create_sandbox(warmpool=name, namespace="default", sandbox_ready_timeout=120)
     ok = sandbox.commands.run("echo hello from ember; echo to stderr >&2")
     failed = sandbox.commands.run("exit 3")
+    # The runtime's file routes, through the client's own calls.
+    sandbox.files.write("notes/hello.txt", "written by the client")
+    read = sandbox.files.read("notes/hello.txt").decode()
+    listed = [(e.name, e.type, e.size) for e in sandbox.files.list("notes")]
+    exists = [sandbox.files.exists("notes/hello.txt"), sandbox.files.exists("notes/none.txt")]
+    seen_by_command = sandbox.commands.run("cat notes/hello.txt").stdout
     status, _ = sandbox.status()
     # Re-attach by the claim's name: resolves the Sandbox resource it names.
     again = client.get_sandbox(sandbox.claim_name, namespace="default")
@@ -43,6 +62,10 @@ def main() -> None:
         "status": status,
         "again": again_out,
         "missing_pool": missing,
+        "read": read,
+        "listed": listed,
+        "exists": exists,
+        "seen_by_command": seen_by_command,
     }))
     sandbox.close_connection()
 

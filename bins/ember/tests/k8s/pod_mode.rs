@@ -44,6 +44,7 @@ fn pool_spec(replicas: i32) -> SandboxPoolSpec {
         pod: Some(PodPoolSpec {
             command: vec!["sleep".into(), "infinity".into()],
             workspace: Some(PodWorkspace { size: "1Gi".into(), storage_class_name: None }),
+            port: Some(8080),
         }),
     }
 }
@@ -108,7 +109,8 @@ async fn pod_mode_keeps_warm_pods_and_a_claim_takes_a_ready_one() {
     pods.patch_status("py-1", &PatchParams::default(), &Patch::Merge(&ready)).await.expect("the kubelet's stand-in");
     let st = super::claim_ready(&claims, "c1").await;
     assert_eq!(st.sandbox_id.as_deref(), Some("py-1"), "the Ready Pod: {st:?}");
-    assert_eq!((st.endpoint.as_deref(), st.launch.as_deref()), (Some("10.1.0.7"), Some("warm")));
+    // The Pod's server as a base URL, as a client (agent-sandbox's direct connection) takes it.
+    assert_eq!((st.endpoint.as_deref(), st.launch.as_deref()), (Some("http://10.1.0.7:8080"), Some("warm")));
 
     // The ownership patch, after the answer.
     let owned = eventually("py-1 labelled and owned by the claim", 240, || async {

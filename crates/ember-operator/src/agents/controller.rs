@@ -9,13 +9,13 @@ use super::plan;
 use crate::claim::{self, Apply, CLAIM_KEY, POOL_KEY};
 use crate::claim_controller::{claim_uid, keep_bound};
 use crate::controller::{
-    delete_node_pool, drive_pool, ember_err, get_pool, labelled, log, now, patch_status, refused, remove_claimed,
-    requeue_pool, retry, under_finalizer, Ctx, PoolPass, CLAIM_FINALIZER,
+    delete_node_pool, drive_pool, ember_err, found, get_pool, labelled, log, now, patch_status, refused,
+    remove_claimed, requeue_pool, retry, under_finalizer, Ctx, PoolPass, CLAIM_FINALIZER,
 };
 use crate::crd::Condition;
 use crate::Error;
 use ember_types::agent_sandbox::{NAMESPACE_KEY, SANDBOX_KEY};
-use ember_types::api::{CreateSandboxRequest, SandboxInfo};
+use ember_types::api::{CreateSandboxRequest, SandboxInfo, WorkspaceMountSpec};
 use futures_util::StreamExt;
 use kube::api::GroupVersionKind;
 use kube::api::{DeleteParams, PostParams};
@@ -189,6 +189,7 @@ async fn reconcile_claim(obj: Arc<SandboxClaim>, ctx: Arc<Ctx>) -> Result<Action
         |claim, ns, api| async move { apply_claim(&claim, &ns, &api, c).await },
         |claim, ns| async move {
             remove_claimed(c, &claim.uid().unwrap_or_default()).await?;
+            remove_workspaces(c, &ns, &claim).await?;
             let sandboxes: Api<Sandbox> = Api::namespaced(c.kube.clone(), &ns);
             match sandboxes.delete(&claim.name_any(), &DeleteParams::default()).await {
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -242,11 +243,22 @@ async fn apply_claim(c: &SandboxClaim, ns: &str, api: &Api<SandboxClaim>, ctx: &
 async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<Result<SandboxInfo, NotClaimed>, Error> {
     let pool_name = &c.spec.warm_pool_ref.name;
     let pools: Api<SandboxWarmPool> = Api::namespaced(ctx.kube.clone(), ns);
-    if pools.get_opt(pool_name).await?.is_none() {
+    let Some(warm) = pools.get_opt(pool_name).await? else {
         return Ok(Err(NotClaimed::Refused("WarmPoolNotFound", format!("no SandboxWarmPool {ns}/{pool_name}"))));
-    }
+    };
     let node = node_pool(ns, pool_name);
     let Some(pool) = get_pool(ctx, &node).await? else { return Ok(Err(NotClaimed::Pending)) };
+    let tref = &warm.spec.sandbox_template_ref.name;
+    let Some(template) = Api::<SandboxTemplate>::namespaced(ctx.kube.clone(), ns).get_opt(tref).await? else {
+        return Ok(Err(NotClaimed::Refused("InvalidConfiguration", format!("no SandboxTemplate {ns}/{tref}"))));
+    };
+    let extras = match super::extras::extras(ns, &c.name_any(), &c.spec, &template) {
+        Ok(x) => x,
+        Err((reason, why)) => return Ok(Err(NotClaimed::Refused(reason, why))),
+    };
+    if let Err(why) = make_workspaces(ctx, &extras.volumes).await? {
+        return Ok(Err(NotClaimed::Refused(super::extras::VOLUMES_REJECTED, why)));
+    }
     let shutdown = c.spec.lifecycle.as_ref().and_then(|l| l.shutdown_time.as_deref());
     let timeout = match plan::timeout_secs(shutdown, k8s_openapi::jiff::Timestamp::now()) {
         Ok(t) => t,
@@ -264,6 +276,17 @@ async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<R
         timeout,
         metadata: Some(metadata),
         extensions: Some(BTreeMap::from([("poolRef".into(), node)])),
+        // A warm claim binds both: env for its commands, workspaces mounted into it.
+        env: (!extras.env.is_empty()).then(|| extras.env.into_iter().map(|(k, v)| (k, Some(v))).collect()),
+        workspaces: extras
+            .volumes
+            .iter()
+            .map(|v| WorkspaceMountSpec {
+                name: v.workspace.clone(),
+                mount_path: Some(v.mount_path.clone()),
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     };
     match ctx.ember.create_sandbox(&req).await {
@@ -273,6 +296,37 @@ async fn claim_one(c: &SandboxClaim, ns: &str, uid: &str, ctx: &Ctx) -> Result<R
             None => Err(ember_err(ctx)(e)),
         },
     }
+}
+
+/// The claim's volumes as ember workspaces (one made by an earlier pass, or
+/// before a restart, is kept); `Ok(Err(why))` when ember refuses one.
+async fn make_workspaces(ctx: &Ctx, volumes: &[super::extras::Volume]) -> Result<Result<(), String>, Error> {
+    for v in volumes {
+        match ctx.ember.create_workspace(&v.workspace, &v.size).await {
+            Ok(_) => {}
+            Err(ember_client::ClientError::Api { code, .. }) if code == "WORKSPACE::ALREADY_EXISTS" => {}
+            Err(e) => return refused(&e).map(Err).ok_or_else(|| ember_err(ctx)(e)),
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// A deleted claim's workspaces, once its sandbox is gone: the volumes its
+/// spec and template name (a template changed since leaves the old ones).
+async fn remove_workspaces(ctx: &Ctx, ns: &str, c: &SandboxClaim) -> Result<(), Error> {
+    let warm = Api::<SandboxWarmPool>::namespaced(ctx.kube.clone(), ns).get_opt(&c.spec.warm_pool_ref.name).await?;
+    let tref = warm.map(|w| w.spec.sandbox_template_ref.name);
+    let template = match tref {
+        Some(t) => Api::<SandboxTemplate>::namespaced(ctx.kube.clone(), ns).get_opt(&t).await?,
+        None => None,
+    };
+    let Some(Ok(extras)) = template.map(|t| super::extras::extras(ns, &c.name_any(), &c.spec, &t)) else {
+        return Ok(());
+    };
+    for v in extras.volumes {
+        found(ctx.ember.delete_workspace(&v.workspace).await).map_err(ember_err(ctx))?;
+    }
+    Ok(())
 }
 
 /// The Sandbox resource of the claim's name, owned by the claim, its Ready

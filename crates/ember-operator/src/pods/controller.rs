@@ -160,7 +160,7 @@ pub(crate) async fn apply_claim(
             };
             let Some(name) = picked else {
                 let why = Condition::new("Ready", false, "NoWarmPod", "no Ready warm Pod in the pool yet");
-                write_claim(c, api, None, why).await?;
+                write_claim(c, api, None, 0, why).await?;
                 return Ok(Action::requeue(Duration::from_millis(500)));
             };
             name
@@ -173,7 +173,8 @@ pub(crate) async fn apply_claim(
         None => Condition::new("Ready", false, "SandboxEnded", format!("Pod {name} is gone")),
     };
     // The answer first: the claim's status names its Pod.
-    write_claim(c, api, pod, ready).await?;
+    let port = pool.spec.pod.as_ref().and_then(|p| p.port).unwrap_or(plan::DEFAULT_PORT);
+    write_claim(c, api, pod, port, ready).await?;
     if let Some(p) = pod.filter(|p| p.claimed_by.is_none()) {
         own(c, ns, &p.name, &uid, ctx).await?;
     } else if pod.is_some_and(|p| p.claimed_by.as_deref() == Some(uid.as_str())) {
@@ -187,12 +188,13 @@ async fn write_claim(
     c: &SandboxClaim,
     api: &Api<SandboxClaim>,
     pod: Option<&ObservedPod>,
+    port: u16,
     ready: Condition,
 ) -> Result<(), Error> {
     let prev = c.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let status = SandboxClaimStatus {
         sandbox_id: pod.map(|p| p.name.clone()),
-        endpoint: pod.and_then(|p| p.ip.clone()),
+        endpoint: pod.and_then(|p| p.ip.as_deref()).map(|ip| plan::endpoint(ip, port)),
         launch: pod.map(|_| "warm".to_string()),
         conditions: conditions::set(prev, ready.generation(c.metadata.generation), &now()),
     };

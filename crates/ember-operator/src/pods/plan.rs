@@ -10,9 +10,9 @@
 use crate::crd::{Condition, PodPoolSpec, PoolCapacity, SandboxPoolStatus};
 use crate::{conditions, crd};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Capabilities, Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -24,6 +24,18 @@ pub const POOL_LABEL: &str = "ember.run/pool";
 pub const CLAIM_LABEL: &str = "ember.run/claim";
 /// Where a Pod's workspace PVC is mounted.
 pub const WORKSPACE_PATH: &str = "/workspace";
+/// The Pods' port when the pool names none: agent-sandbox's runtime's.
+pub const DEFAULT_PORT: u16 = 8888;
+
+/// A claimed Pod's endpoint: the URL of its server, `http://<ip>:<port>`
+/// (an IPv6 address in brackets), what a client takes as its base URL.
+pub fn endpoint(ip: &str, port: u16) -> String {
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => format!("http://[{v6}]:{port}"),
+        _ => format!("http://{ip}:{port}"),
+    }
+}
+
 /// The uid and gid the sandbox runs as (non-root, as PodSecurity's
 /// `restricted` level requires).
 const SANDBOX_UID: i64 = 65532;
@@ -197,6 +209,12 @@ pub fn pod(d: &Desired, name: &str) -> Pod {
         name: "sandbox".into(),
         image: Some(d.image.clone()),
         command: (!d.pod.command.is_empty()).then(|| d.pod.command.clone()),
+        ports: Some(vec![ContainerPort {
+            name: Some("sandbox".into()),
+            container_port: i32::from(d.pod.port.unwrap_or(DEFAULT_PORT)),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
         resources: (!limits.is_empty()).then(|| ResourceRequirements { limits: Some(limits), ..Default::default() }),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
