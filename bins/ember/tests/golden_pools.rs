@@ -1,7 +1,7 @@
 //! Golden pools (`fromSnapshot`): members start from a sandbox snapshot's
-//! writable layer, a create restoring that snapshot claims one warm, and a
-//! plain create of the same template never does. And `autoPause` on a pool:
-//! claimed members inherit it, a claim's own wins.
+//! writable layer and workspaces, a create restoring that snapshot claims one
+//! warm, and a plain create of the same template never does. And `autoPause`
+//! on a pool: claimed members inherit it, a claim's own wins.
 mod common;
 
 use common::Daemon;
@@ -75,8 +75,93 @@ async fn a_golden_pools_claimed_member_sees_the_snapshots_files() {
     assert_eq!(out, "primed\n640\nextra: x\nno-os-release\nhi\n");
     assert_eq!(d.client.get_pool("golden").await.expect("pool").claims_total, 1);
 
-    // The pool refills from the snapshot.
+    // The pool refills from the snapshot, which stays while the pool does.
     assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+    let e = d.client.delete_sandbox_snapshot(&sid).await.expect_err("a golden pool's snapshot").to_string();
+    assert!(e.contains("SNAPSHOT::IN_USE") && e.contains("golden"), "{e}");
+    d.client.delete_pool("golden").await.expect("remove the pool");
+    d.client.delete_sandbox_snapshot(&sid).await.expect("no pool starts from it now");
+}
+
+/// The names of the workspaces that exist, sorted.
+async fn workspace_names(d: &Daemon) -> Vec<String> {
+    let mut names: Vec<String> =
+        d.client.list_workspaces().await.expect("workspaces").into_iter().map(|w| w.name).collect();
+    names.sort();
+    names
+}
+
+/// A snapshot with a read-write workspace (`data` at /workspace) and a
+/// read-only one (`ref` at /ref): every golden member gets a copy of `data`
+/// as the snapshot has it, of its own, and `ref` itself; a claim hands the
+/// copy to the caller (it outlives the sandbox, as a restore's does); the
+/// end of an idle member removes its copy. The snapshot cannot be deleted
+/// while the pool starts from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_members_get_their_own_copies_of_the_snapshots_workspaces() {
+    let d = Daemon::start();
+    for ws in ["data", "ref"] {
+        d.client.create_workspace(ws, "16Mi").await.expect("workspace");
+    }
+    let writer =
+        d.create(|r| r.workspaces = vec![WorkspaceMountSpec { name: "ref".into(), ..Default::default() }]).await;
+    d.sh(&writer.id, "echo shared > /workspace/r", None).await;
+    d.client.delete_sandbox(&writer.id).await.expect("delete the writer");
+    let mounts = vec![
+        WorkspaceMountSpec { name: "data".into(), ..Default::default() },
+        WorkspaceMountSpec {
+            name: "ref".into(),
+            mount_path: Some("/ref".into()),
+            read_only: true,
+            ..Default::default()
+        },
+    ];
+    let src = d.create(|r| r.workspaces = mounts).await;
+    let (code, _, err) = d.sh(&src.id, "echo primed > /workspace/model", None).await;
+    assert_eq!(code, Some(0), "{err}");
+    let sid = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot").id;
+    // Changed after the snapshot: members must have the snapshot's content.
+    d.sh(&src.id, "echo later > /workspace/model", None).await;
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+
+    let req = CreatePoolRequest {
+        name: Some("golden".into()),
+        from_snapshot: Some(sid.clone()),
+        min: 2,
+        max: 2,
+        target: Some(2.into()),
+        ..Default::default()
+    };
+    d.client.create_pool(&req).await.expect("a golden pool of a snapshot with workspaces");
+    assert_eq!(wait_idle(&d, "golden", 2).await, 2);
+    let copies = |names: &[String]| names.iter().filter(|n| n.starts_with("data-")).cloned().collect::<Vec<_>>();
+    assert_eq!(copies(&workspace_names(&d).await).len(), 2, "one copy per idle member");
+
+    let restore = CreateSandboxRequest { snapshot_id: Some(sid.clone()), ..Default::default() };
+    let (s, _) = d.client.create_sandbox(&restore).await.expect("restore");
+    assert_eq!(s.launch.as_ref().expect("launch").kind, "warm");
+    let mine = format!("data-{}", &s.id[..8]);
+    let got: Vec<_> = s.workspaces.iter().map(|w| (w.name.as_str(), w.mount_path.as_str(), w.read_only)).collect();
+    assert_eq!(got, [(mine.as_str(), "/workspace", false), ("ref", "/ref", true)]);
+    let (code, out, err) = d.sh(&s.id, "cat /workspace/model /ref/r; echo mine > /workspace/model", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "primed\nshared\n"), "{err}");
+    assert_eq!(d.read_ws("data", "model").await, "later\n", "the source's workspace is untouched");
+
+    // The snapshot stays while the pool starts from it.
+    let e = d.client.delete_sandbox_snapshot(&sid).await.expect_err("in use").to_string();
+    assert!(e.contains("SNAPSHOT::IN_USE") && e.contains("golden"), "{e}");
+
+    // The claimed copy is the caller's: it outlives the sandbox.
+    d.client.delete_sandbox(&s.id).await.expect("delete the claim");
+    assert_eq!(d.read_ws(&mine, "model").await, "mine\n");
+    assert_eq!(wait_idle(&d, "golden", 2).await, 2, "the pool refills");
+    assert_eq!(copies(&workspace_names(&d).await).len(), 3, "two idle members' copies and the caller's");
+
+    // Idle members' copies go with them.
+    d.client.delete_pool("golden").await.expect("remove the pool");
+    let want = vec!["data".to_string(), mine, "ref".to_string()];
+    assert_eq!(workspace_names(&d).await, want, "an idle member's copy was left behind");
+    d.client.delete_sandbox_snapshot(&sid).await.expect("no pool starts from it now");
 }
 
 /// A change to a valid golden pool request.
@@ -96,8 +181,9 @@ async fn golden_pools_refuse_what_they_cannot_serve() {
         f(&mut r);
         r
     };
-    let cases: [(Edit, &str); 5] = [
+    let cases: [(Edit, &str); 6] = [
         (|r| r.name = None, "a golden pool needs a name"),
+        (|r| r.from_checkpoint = Some("any".into()), "SANDBOX::API_NOT_SUPPORTED"),
         (|r| r.template = "nope".into(), "is of template host"),
         (|r| r.network = Some("egress".into()), "network are its snapshot's"),
         (|r| r.from_snapshot = Some("no-such-snapshot".into()), "SNAPSHOT::NOT_FOUND"),
@@ -107,16 +193,7 @@ async fn golden_pools_refuse_what_they_cannot_serve() {
         let e = d.client.create_pool(&golden(f)).await.expect_err(want).to_string();
         assert!(e.contains(want), "{want}: {e}");
     }
-    d.client.create_pool(&golden(|_| {})).await.expect("the layer-only snapshot makes a pool");
-    // A snapshot with workspaces: a restore makes new workspaces, a refill would leak them.
-    d.client.create_workspace("ws", "16Mi").await.expect("workspace");
-    let ws = vec![WorkspaceMountSpec { name: "ws".into(), ..Default::default() }];
-    let src = d.create(|r| r.workspaces = ws).await;
-    let with_ws = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot");
-    let mut r = golden(|_| {});
-    (r.name, r.from_snapshot) = (Some("g2".into()), Some(with_ws.id.clone()));
-    let e = d.client.create_pool(&r).await.expect_err("workspaces").to_string();
-    assert!(e.contains("has workspaces"), "{e}");
+    d.client.create_pool(&golden(|_| {})).await.expect("the golden pool");
     // A plain create naming the golden pool is refused, not served.
     let named = CreateSandboxRequest {
         template: Some("host".into()),

@@ -60,10 +60,18 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
     }
 }
 
+/// Why `fromCheckpoint` is refused (docs/warm-pools.md, "Golden pools").
+const FROM_CHECKPOINT: &str = "fromCheckpoint: golden pools restored from a gVisor checkpoint are not built yet: \
+    a member would have to start by `runsc restore` of the pool's image instead of a launch, and no such start \
+    exists; use fromSnapshot (the writable layer and workspaces, without the processes' memory)";
+
 pub async fn create(
     State(st): State<ApiState>,
     ApiJson(req): ApiJson<CreatePoolRequest>,
 ) -> Result<Response, ApiError> {
+    if req.from_checkpoint.is_some() {
+        return Err(ApiError::not_supported(FROM_CHECKPOINT));
+    }
     let res = req.resources.unwrap_or_default();
     let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, false)?;
     let status = st

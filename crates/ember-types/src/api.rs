@@ -325,10 +325,16 @@ pub struct CreatePoolRequest {
     pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
-    /// A golden pool: every member's writable layer is restored from this
-    /// sandbox snapshot, and a create with `snapshotId` claims one.
+    /// A golden pool: every member's writable layer and workspaces are
+    /// restored from this sandbox snapshot, and a create with `snapshotId`
+    /// claims one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// A golden pool restored from a gVisor checkpoint of this sandbox (its
+    /// processes' memory): not built, answered `501 SANDBOX::API_NOT_SUPPORTED`
+    /// with the reason (docs/warm-pools.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<String>,
     /// Idle auto-pause of the sandboxes claimed from the pool (a claim's own
     /// `autoPause` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]

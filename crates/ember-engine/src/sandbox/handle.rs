@@ -124,7 +124,11 @@ impl Monitor {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
-        next.workspaces = p.workspaces;
+        // A golden member's own workspace copies become the caller's, beside
+        // those the claim mounted.
+        next.workspaces.iter_mut().for_each(|w| w.pool_copy = false);
+        next.workspaces.extend(p.workspaces);
+        next.spec.secret_names = p.spec.secret_names;
         next.spec.env = p.spec.env;
         next.spec.metadata = p.spec.metadata;
         next.spec.entrypoint = p.spec.entrypoint;
@@ -148,7 +152,9 @@ impl Monitor {
     /// A change outside the lifecycle; it counts once written.
     pub(super) fn edit(&mut self, edit: Edit) -> Result<SandboxRecord, EngineError> {
         let cur = self.entry.snapshot();
-        if cur.lifecycle.is_hidden() {
+        // An idle golden member's workspaces are recorded after its launch.
+        let member_mounts = cur.lifecycle == Lifecycle::Pooled && matches!(edit, Edit::Workspaces { .. });
+        if cur.lifecycle.is_hidden() && !member_mounts {
             return Err(EngineError::NotFound(cur.id.to_string()));
         }
         let not_running = || EngineError::NotRunning { id: cur.id.clone(), state: cur.state };

@@ -81,8 +81,10 @@ impl Snapshots {
     }
 
     /// Restores each workspace snapshot into a new workspace `<name>-<sandbox>`
-    /// and mounts it (and each read-only workspace) at its old path.
-    async fn restore_workspaces(
+    /// and mounts it (and each read-only workspace) at its old path; the
+    /// mounts come back in the snapshot's order. On failure the new
+    /// workspaces are removed again.
+    pub(crate) async fn restore_workspaces(
         self: &Arc<Self>,
         rec: &SandboxRecord,
         snap: &SandboxSnapshotRecord,
