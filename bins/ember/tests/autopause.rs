@@ -44,3 +44,24 @@ async fn an_idle_sandbox_pauses_and_the_next_exec_thaws_it() {
     let e = d.client.create_sandbox(&bad).await.expect_err("0 s refused").to_string();
     assert!(e.contains("SANDBOX::INVALID_PARAMETER") && e.contains("autoPause"), "{e}");
 }
+
+/// The TTL keeps running while a sandbox is auto-paused (docs/auto-pause.md):
+/// it expires at its `expiresAt` as a running one does, frozen or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_paused_sandbox_still_expires_at_its_ttl() {
+    let d = Daemon::start();
+    let s = d
+        .create(|r| {
+            r.auto_pause = Some(AutoPause { after_seconds: 1 });
+            r.timeout = Some(6);
+        })
+        .await;
+    let paused = d.wait_state(&s.id, "Paused", Duration::from_secs(6)).await;
+    assert_eq!(paused.status.state, "Paused", "not auto-paused before its TTL");
+    let ended = d.wait_state(&s.id, "Terminated", Duration::from_secs(30)).await;
+    assert_eq!(
+        (ended.status.state.as_str(), ended.status.reason.as_deref()),
+        ("Terminated", Some("Expired")),
+        "a paused sandbox outlived its TTL"
+    );
+}
