@@ -231,3 +231,86 @@ async fn claims_inherit_the_pools_auto_pause_unless_they_ask_for_their_own() {
     let (code, out, _) = d.sh(&inherits.id, "echo thawed", None).await;
     assert_eq!((code, out.as_str()), (Some(0), "thawed\n"));
 }
+
+/// The ids of the idle golden members holding a copy of workspace `ws`
+/// (`<ws>-<first 8 of the id>`), read from the daemon's records.
+fn members_with_copies(d: &Daemon, names: &[String], ws: &str) -> Vec<String> {
+    let ids: Vec<String> = std::fs::read_dir(d.data_dir.join("state/sandboxes"))
+        .expect("records")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(String::from))
+        .collect();
+    let copies: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix(&format!("{ws}-"))).collect();
+    ids.into_iter().filter(|id| copies.contains(&&id[..8])).collect()
+}
+
+/// Waits until workspace `name` is gone; returns whether it went.
+async fn gone(d: &Daemon, name: &str) -> bool {
+    for _ in 0..400 {
+        if !workspace_names(d).await.iter().any(|n| n == name) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Kills every process of sandbox `id` and waits until they are reaped (a
+/// zombie left to the host's init would still be adopted by a restart).
+async fn kill_all(d: &Daemon, id: &str) {
+    let pids: Vec<String> = d.procs(id).iter().map(|p| p.to_string()).collect();
+    assert!(!pids.is_empty(), "member {id} has no process");
+    assert!(std::process::Command::new("kill").arg("-9").args(&pids).status().expect("kill").success());
+    for _ in 0..200 {
+        if pids.iter().all(|p| !std::path::Path::new("/proc").join(p).exists()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("member {id}'s processes {pids:?} were not reaped within 10 s");
+}
+
+/// An idle golden member's copies go with it however it ends: its processes
+/// killed (its monitor's end), found dead by a restarted daemon (recovery),
+/// or re-adopted after a restart and removed with its pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_members_copies_go_when_it_dies_or_after_a_restart() {
+    let mut d = Daemon::start();
+    d.client.create_workspace("data", "16Mi").await.expect("workspace");
+    let src = d.create(|r| r.workspaces = vec![WorkspaceMountSpec { name: "data".into(), ..Default::default() }]).await;
+    d.sh(&src.id, "echo primed > /workspace/model", None).await;
+    let sid = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot").id;
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+    let req = CreatePoolRequest {
+        name: Some("golden".into()),
+        from_snapshot: Some(sid),
+        min: 1,
+        max: 1,
+        target: Some(1.into()),
+        ..Default::default()
+    };
+    d.client.create_pool(&req).await.expect("pool");
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+    let member = |d: &Daemon, names: &[String]| {
+        let m = members_with_copies(d, names, "data");
+        assert_eq!(m.len(), 1, "one idle member with a copy: {names:?}");
+        m[0].clone()
+    };
+
+    let m1 = member(&d, &workspace_names(&d).await);
+    kill_all(&d, &m1).await;
+    assert!(gone(&d, &format!("data-{}", &m1[..8])).await, "a dead idle member's copy stayed");
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the pool refills");
+
+    let m2 = member(&d, &workspace_names(&d).await);
+    d.kill9();
+    kill_all(&d, &m2).await;
+    d.spawn();
+    assert!(gone(&d, &format!("data-{}", &m2[..8])).await, "a member found dead at the restart kept its copy");
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the pool refills after the restart");
+
+    d.kill9();
+    d.spawn();
+    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the member is re-adopted");
+    d.client.delete_pool("golden").await.expect("remove the pool");
+    assert_eq!(workspace_names(&d).await, ["data"], "a re-adopted member's copy stayed");
+}
