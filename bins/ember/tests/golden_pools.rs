@@ -187,7 +187,7 @@ async fn golden_pools_refuse_what_they_cannot_serve() {
         (|r| r.template = "nope".into(), "is of template host"),
         (|r| r.network = Some("egress".into()), "network are its snapshot's"),
         (|r| r.from_snapshot = Some("no-such-snapshot".into()), "SNAPSHOT::NOT_FOUND"),
-        (|r| r.auto_pause = Some(AutoPause { after_seconds: 0 }), "autoPause"),
+        (|r| r.auto_pause = Some(AutoPause { after_seconds: 0, ..Default::default() }), "autoPause"),
     ];
     for (f, want) in cases {
         let e = d.client.create_pool(&golden(f)).await.expect_err(want).to_string();
@@ -213,14 +213,14 @@ async fn claims_inherit_the_pools_auto_pause_unless_they_ask_for_their_own() {
         min: 2,
         max: 4,
         target: Some(2.into()),
-        auto_pause: Some(AutoPause { after_seconds: 1 }),
+        auto_pause: Some(AutoPause { after_seconds: 1, ..Default::default() }),
         ..Default::default()
     };
     let p = d.client.create_pool(&req).await.expect("pool");
-    assert_eq!(p.auto_pause, Some(AutoPause { after_seconds: 1 }));
+    assert_eq!(p.auto_pause, Some(AutoPause { after_seconds: 1, ..Default::default() }));
     assert_eq!(wait_idle(&d, "host", 2).await, 2);
     let inherits = d.create(|_| {}).await;
-    let own = d.create(|r| r.auto_pause = Some(AutoPause { after_seconds: 3600 })).await;
+    let own = d.create(|r| r.auto_pause = Some(AutoPause { after_seconds: 3600, ..Default::default() })).await;
     for s in [&inherits, &own] {
         assert_eq!(s.launch.as_ref().expect("launch").kind, "warm");
     }
@@ -241,6 +241,21 @@ fn members_with_copies(d: &Daemon, names: &[String], ws: &str) -> Vec<String> {
         .collect();
     let copies: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix(&format!("{ws}-"))).collect();
     ids.into_iter().filter(|id| copies.contains(&&id[..8])).collect()
+}
+
+/// The one idle member holding a copy of `data`, once there is one (a dead
+/// member may still count as idle for a moment after its copy went).
+async fn member(d: &Daemon) -> String {
+    let mut names = Vec::new();
+    for _ in 0..400 {
+        names = workspace_names(d).await;
+        let m = members_with_copies(d, &names, "data");
+        if m.len() == 1 {
+            return m[0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no single idle member with a copy: {names:?}");
 }
 
 /// Waits until workspace `name` is gone; returns whether it went.
@@ -290,18 +305,12 @@ async fn an_idle_members_copies_go_when_it_dies_or_after_a_restart() {
     };
     d.client.create_pool(&req).await.expect("pool");
     assert_eq!(wait_idle(&d, "golden", 1).await, 1);
-    let member = |d: &Daemon, names: &[String]| {
-        let m = members_with_copies(d, names, "data");
-        assert_eq!(m.len(), 1, "one idle member with a copy: {names:?}");
-        m[0].clone()
-    };
-
-    let m1 = member(&d, &workspace_names(&d).await);
+    let m1 = member(&d).await;
     kill_all(&d, &m1).await;
     assert!(gone(&d, &format!("data-{}", &m1[..8])).await, "a dead idle member's copy stayed");
     assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the pool refills");
 
-    let m2 = member(&d, &workspace_names(&d).await);
+    let m2 = member(&d).await;
     d.kill9();
     kill_all(&d, &m2).await;
     d.spawn();

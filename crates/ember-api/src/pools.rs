@@ -51,7 +51,10 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
         },
         network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
         from_snapshot: s.spec.from_snapshot.clone(),
-        auto_pause: s.spec.auto_pause_secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds }),
+        auto_pause: s
+            .spec
+            .auto_pause_secs
+            .map(|after_seconds| ember_types::api::AutoPause { after_seconds, checkpoint: false }),
         nodes: s
             .nodes
             .iter()
@@ -71,6 +74,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     if req.from_checkpoint.is_some() {
         return Err(ApiError::not_supported(FROM_CHECKPOINT));
+    }
+    if req.auto_pause.is_some_and(|a| a.checkpoint) {
+        return Err(ApiError::bad_request("autoPause.checkpoint is a create's choice, not a pool's"));
     }
     let res = req.resources.unwrap_or_default();
     let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, false)?;

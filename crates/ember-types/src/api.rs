@@ -106,10 +106,15 @@ pub struct CreateSandboxRequest {
 }
 
 /// `autoPause` of a create request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AutoPause {
     pub after_seconds: u64,
+    /// ember: the first idle pause of a gVisor sandbox is a checkpoint (its
+    /// memory released to disk) instead of the freezer's; later ones, and
+    /// any the class or the sandbox cannot take, freeze (docs/auto-pause.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress

@@ -107,6 +107,7 @@ impl Monitor {
         let launched = super::checkpoint::restore(&self.engine, &cur).await?;
         next.pid = Some(launched.pid);
         next.start_time = Some(launched.start_time);
+        next.restores += 1;
         next.event(format!("restored from checkpoint in {} ms", launched.timing.total_us / 1000));
         self.live = Some(Live::new(launched).map_err(|e| EngineError::Internal(e.to_string()))?);
         self.engine.persist(&next);
@@ -137,6 +138,7 @@ impl Monitor {
         // The claim's (or its pool's) idle auto-pause: the monitor reads it
         // from the record once the claim is written.
         next.spec.auto_pause_secs = p.spec.auto_pause_secs;
+        next.spec.auto_pause_checkpoint = p.spec.auto_pause_checkpoint;
         next.image_uri = p.image_uri;
         next.created_at_ms = p.created_at_ms;
         next.expires_at_ms = p.expires_at_ms;

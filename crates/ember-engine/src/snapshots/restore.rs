@@ -68,6 +68,7 @@ impl Snapshots {
         req.secrets.validate().map_err(|e| EngineError::invalid("secrets", e.to_string()))?;
         spec.secret_names = req.secrets.names();
         spec.auto_pause_secs = crate::autopause::check(req.auto_pause_secs)?;
+        spec.auto_pause_checkpoint = req.auto_pause_checkpoint;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",
