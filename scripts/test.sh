@@ -111,6 +111,21 @@ set -e
 if [[ $code -eq 0 ]]; then
   code=$eco_code
 fi
+# OpenSandbox's web console (PyPI `sandbox-console`, tests/e2e/console), in a
+# venv of its own: it pulls an older `opensandbox` SDK than the one pinned above.
+echo "== sandbox-console end-to-end"
+console_venv="$target/console-venv"
+if ! "$console_venv/bin/python" -c 'import app.main, websockets, pytest' 2>/dev/null; then
+  python3 -m venv "$console_venv"
+  "$console_venv/bin/pip" install -q sandbox-console==0.2.0 pytest
+fi
+set +e
+"$console_venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e/console
+console_code=$?
+set -e
+if [[ $code -eq 0 ]]; then
+  code=$console_code
+fi
 # The same suite under a tenant's key (docs/tenancy.md).
 echo "== OpenSandbox SDK end-to-end under a tenant key"
 set +e

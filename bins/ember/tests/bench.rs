@@ -64,3 +64,44 @@ fn bench_create_without_crun_names_the_setup_script_and_installs_nothing() {
     let why = v["crun"]["unavailable"].as_str().unwrap_or_else(|| panic!("crun should be unavailable: {}", v["crun"]));
     assert!(why.contains("scripts/bench-setup.sh"), "{why}");
 }
+
+/// `ember bench claim --from-snapshot SNAP` on a snapshot with a workspace:
+/// every figure measured (cold restores, plain and golden claims, each
+/// launched as expected), and the bench leaves no pool, sandbox or
+/// restored workspace copy behind. Then `ember bench autopause`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_claim_from_snapshot_and_bench_autopause_measure_and_clean_up() {
+    let d = Daemon::start();
+    d.client.create_workspace("data", "16Mi").await.expect("workspace");
+    let ws = ember_types::api::WorkspaceMountSpec { name: "data".into(), ..Default::default() };
+    let src = d.create(|r| r.workspaces = vec![ws]).await;
+    d.sh(&src.id, "echo primed > /workspace/model", None).await;
+    let sid = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot").id;
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+
+    let bench = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+        cmd.arg("bench").args(args).arg("--json").env("EMBER_URL", &d.url);
+        let o = cmd.output().expect("ember runs");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "ember bench {args:?} failed: {err}");
+        serde_json::from_slice::<Value>(&o.stdout).unwrap_or_else(|e| panic!("{e}: {err}"))
+    };
+    let v = bench(&["claim", "--from-snapshot", &sid, "--runs", "2"]);
+    for row in ["coldRestore", "plainClaim", "goldenClaim"] {
+        assert_eq!((&v[row]["samples"], &v[row]["failed"]), (&Value::from(2), &Value::from(0)), "{row}: {v}");
+    }
+    assert_eq!(v["wrongKind"], 0, "{v}");
+    assert!(v["goldenRefillMs"].as_f64().is_some_and(|ms| ms > 0.0), "{v}");
+    assert!(d.client.list_pools().await.expect("pools").is_empty(), "the bench left a pool");
+    assert!(d.client.list_sandboxes("").await.expect("sandboxes").is_empty(), "the bench left a sandbox");
+    let names: Vec<String> =
+        d.client.list_workspaces().await.expect("workspaces").into_iter().map(|w| w.name).collect();
+    assert_eq!(names, ["data"], "the bench left restored workspace copies");
+    d.client.delete_sandbox_snapshot(&sid).await.expect("the bench's pools are gone: the snapshot is free");
+
+    let v = bench(&["autopause", "--runs", "1"]);
+    for row in ["resumeOnCall", "plainExec"] {
+        assert_eq!((&v[row]["samples"], &v[row]["failed"]), (&Value::from(1), &Value::from(0)), "{row}: {v}");
+    }
+}

@@ -239,9 +239,26 @@ async fn import_a_directory_and_an_oci_layout() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// `ember image import PATH --name NAME [--json]` against `d`.
+fn import(d: &Daemon, path: &std::path::Path, name: &str, json: bool) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ember"));
+    cmd.args(["--url", &d.url, "image", "import"]).arg(path).args(["--name", name]);
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.output().unwrap()
+}
+
+/// The answer of a `--json` import that must succeed.
+fn imported(st: std::process::Output) -> ember_types::image::ImageInfo {
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    serde_json::from_slice(&st.stdout).unwrap()
+}
+
 /// `ember image import DIR` of a debootstrap-like rootfs: a real character
 /// device (made with mknod) under `/dev` is skipped with a warning, counted
-/// in the answer, and everything else is imported and runs.
+/// in the answer, and everything else is imported and runs; so is it in the
+/// same tree as a tarball (`docker export`'s form).
 #[tokio::test(flavor = "multi_thread")]
 async fn import_of_a_rootfs_with_device_nodes_skips_them() {
     let d = Daemon::start();
@@ -254,24 +271,18 @@ async fn import_of_a_rootfs_with_device_nodes_skips_them() {
     std::fs::write(root.join("motd"), "beside a device\n").unwrap();
     let st = std::process::Command::new("mknod").arg(root.join("dev/null")).args(["c", "1", "3"]).status().unwrap();
     assert!(st.success(), "mknod (the tests run as root)");
-    let st = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--url", &d.url, "image", "import"])
-        .arg(&root)
-        .args(["--name", "local/devnodes:1", "--json"])
-        .output()
-        .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
-    let info: ember_types::image::ImageInfo = serde_json::from_slice(&st.stdout).unwrap();
+    let info = imported(import(&d, &root, "local/devnodes:1", true));
     assert_eq!(info.skipped_device_nodes, 1, "{info:?}");
     assert!(info.warnings.iter().any(|w| w.contains("1 device nodes skipped")), "{info:?}");
     // Without --json the warning goes to stderr.
-    let st = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--url", &d.url, "image", "import"])
-        .arg(&root)
-        .args(["--name", "local/devnodes:2"])
-        .output()
-        .unwrap();
+    let st = import(&d, &root, "local/devnodes:2", false);
     assert!(String::from_utf8_lossy(&st.stderr).contains("warning: 1 device nodes skipped"), "{st:?}");
+    // The same tree as a tarball (what `docker export` writes).
+    let tar = tmp.join("rootfs.tar");
+    let st = std::process::Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&tar).arg(".").status().unwrap();
+    assert!(st.success(), "tar");
+    let info = imported(import(&d, &tar, "local/devnodes:3", true));
+    assert_eq!(info.skipped_device_nodes, 1, "a tarball's device node: {info:?}");
     let id = create(&d, "local/devnodes:1").await;
     let (code, o, _) = out(&d, &id, &["/bin/busybox", "cat", "/motd"]).await;
     assert_eq!((code, o.as_str()), (Some(0), "beside a device\n"));

@@ -86,21 +86,14 @@ async fn a_secret_is_a_file_for_the_sandbox_user_and_nowhere_else() {
     assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");
     assert!(restored.secrets.is_empty(), "{:?}", restored.secrets);
 
-    // A warm claim binds its secrets like its env.
+    // A warm claim binds its secrets like its env, and its record names them
+    // as a cold create's does.
     let pool = CreatePoolRequest { template: "host".into(), min: 1, max: 1, ..Default::default() };
-    d.client.create_pool(&pool).await.expect("pool");
-    let mut idle = 0;
-    for _ in 0..400 {
-        idle = d.client.get_pool("host").await.expect("pool").idle;
-        if idle == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(idle, 1, "the pool filled");
+    one_idle(&d, pool).await;
     let claimed = d.create(|r| r.secrets = secrets(&[("db.password", &warm)])).await;
     assert_eq!(claimed.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"));
     check_inside(&d, &claimed.id, "db.password", &warm).await;
+    assert_eq!(claimed.secrets, ["db.password"], "a warm claim's record does not name its secrets");
 
     for v in [&cold, &warm] {
         assert_eq!(files_holding(&d.data_dir, v), "", "the data dir holds a secret");
@@ -109,6 +102,21 @@ async fn a_secret_is_a_file_for_the_sandbox_user_and_nowhere_else() {
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(!logged.is_empty(), "the daemon logged nothing: the log check saw nothing");
     let _ = std::fs::remove_file(&log);
+}
+
+/// Creates `pool` and waits until it has an idle member.
+async fn one_idle(d: &Daemon, pool: CreatePoolRequest) {
+    let name = pool.name.clone().unwrap_or_else(|| pool.template.clone());
+    d.client.create_pool(&pool).await.expect("pool");
+    let mut idle = 0;
+    for _ in 0..800 {
+        idle = d.client.get_pool(&name).await.expect("pool").idle;
+        if idle == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(idle, 1, "pool {name} filled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,4 +160,21 @@ async fn oci_sandboxes_get_their_secrets_on_a_tmpfs() {
         assert_eq!(files_holding(&d.data_dir, &v), "", "{class}: the data dir holds a secret");
         d.client.delete_sandbox(&s.id).await.expect("delete");
     }
+    // So is a warm claim's: the refusal reads the secrets' names from the
+    // record, which the claim must fill (it did not, and the image kept them).
+    let runsc = || Some("runsc".to_string());
+    let pool =
+        CreatePoolRequest { template: "host".into(), runtime_class: runsc(), min: 1, max: 1, ..Default::default() };
+    one_idle(&d, pool).await;
+    let v = value("warm-runsc");
+    let s = d
+        .create(|r| {
+            r.runtime_class = runsc();
+            r.secrets = secrets(&[("token", &v)]);
+        })
+        .await;
+    assert_eq!(s.launch.as_ref().map(|l| l.kind.as_str()), Some("warm"));
+    let e = d.client.checkpoint_sandbox(&s.id).await.expect_err("checkpoint of a claim refused").to_string();
+    assert!(e.contains("SANDBOX::INVALID_PARAMETER") && e.contains("secrets"), "{e}");
+    assert_eq!(files_holding(&d.data_dir, &v), "", "warm runsc: the data dir holds a secret");
 }

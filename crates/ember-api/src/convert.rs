@@ -127,6 +127,7 @@ pub fn create_request(req: CreateSandboxRequest) -> Result<CreateSandbox, ApiErr
         snapshot_id: req.snapshot_id,
         secrets: req.secrets.unwrap_or_default(),
         auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
+        auto_pause_checkpoint: req.auto_pause.is_some_and(|a| a.checkpoint),
         // The caller's, set by the handler from its key (never the body).
         tenant: None,
         workspaces: req

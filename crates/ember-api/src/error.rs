@@ -76,6 +76,7 @@ impl From<EngineError> for ApiError {
             EngineError::Network { .. } => (S::INTERNAL_SERVER_ERROR, "NETWORK::ERROR"),
             EngineError::SandboxSnapshotNotFound(_) => (S::NOT_FOUND, "SNAPSHOT::NOT_FOUND"),
             EngineError::SnapshotNotReady { .. } => (S::CONFLICT, "SNAPSHOT::NOT_READY"),
+            EngineError::SnapshotInUse { .. } => (S::CONFLICT, "SNAPSHOT::IN_USE"),
             EngineError::SnapshotSourceState { .. } => (S::CONFLICT, "SNAPSHOT::INVALID_SOURCE_STATE"),
             EngineError::SnapshotUnsupportedRuntime(_) => (S::BAD_REQUEST, "SNAPSHOT::UNSUPPORTED_RUNTIME"),
             EngineError::CheckpointUnsupported(_) => (S::BAD_REQUEST, "SANDBOX::UNSUPPORTED_RUNTIME"),

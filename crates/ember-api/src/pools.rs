@@ -51,7 +51,10 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
         },
         network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
         from_snapshot: s.spec.from_snapshot.clone(),
-        auto_pause: s.spec.auto_pause_secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds }),
+        auto_pause: s
+            .spec
+            .auto_pause_secs
+            .map(|after_seconds| ember_types::api::AutoPause { after_seconds, checkpoint: false }),
         nodes: s
             .nodes
             .iter()
@@ -60,10 +63,21 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
     }
 }
 
+/// Why `fromCheckpoint` is refused (docs/warm-pools.md, "Golden pools").
+const FROM_CHECKPOINT: &str = "fromCheckpoint: golden pools restored from a gVisor checkpoint are not built yet: \
+    a member would have to start by `runsc restore` of the pool's image instead of a launch, and no such start \
+    exists; use fromSnapshot (the writable layer and workspaces, without the processes' memory)";
+
 pub async fn create(
     State(st): State<ApiState>,
     ApiJson(req): ApiJson<CreatePoolRequest>,
 ) -> Result<Response, ApiError> {
+    if req.from_checkpoint.is_some() {
+        return Err(ApiError::not_supported(FROM_CHECKPOINT));
+    }
+    if req.auto_pause.is_some_and(|a| a.checkpoint) {
+        return Err(ApiError::bad_request("autoPause.checkpoint is a create's choice, not a pool's"));
+    }
     let res = req.resources.unwrap_or_default();
     let (network, egress) = crate::network::parse(req.network.as_deref(), &req.allow, false)?;
     let status = st

@@ -59,6 +59,19 @@ pub(crate) fn deadline(rec: &SandboxRecord, idle: &Idle) -> Option<tokio::time::
     Some(tokio::time::Instant::now() + Duration::from_millis((at - now_ms()).max(0) as u64))
 }
 
+/// Whether this idle pause checkpoints the sandbox instead of freezing it:
+/// asked for (`autoPause.checkpoint`), a class that can (runsc), nothing a
+/// checkpoint may not keep (workspaces, secrets: `Sandboxes::checkpoint`'s
+/// refusals), and never restored before: on this gVisor a sandbox's first
+/// restore is the reliable one (docs/gvisor-checkpoint.md).
+pub(crate) fn by_checkpoint(rec: &SandboxRecord, class_can: bool) -> bool {
+    rec.spec.auto_pause_checkpoint
+        && class_can
+        && rec.workspaces.is_empty()
+        && rec.spec.secret_names.is_empty()
+        && rec.restores == 0
+}
+
 /// `afterSeconds`: at least 1, at most the longest timeout.
 pub(crate) fn check(secs: Option<u64>) -> Result<Option<u64>, EngineError> {
     match secs {

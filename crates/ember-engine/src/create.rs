@@ -67,6 +67,9 @@ pub struct CreateSandbox {
     /// Idle auto-pause after this many seconds (docs/auto-pause.md).
     #[serde(default)]
     pub auto_pause_secs: Option<u64>,
+    /// The first auto-pause is a gVisor checkpoint (docs/auto-pause.md).
+    #[serde(default)]
+    pub auto_pause_checkpoint: bool,
     /// The tenant the sandbox is made for: it claims warm only from that
     /// tenant's pools (`Tenants::may_claim`). `None` is the admin's create.
     /// Set by the API from the caller's key and by a task's worker, never

@@ -60,6 +60,10 @@ pub enum EngineError {
     SandboxSnapshotNotFound(String),
     #[error("sandbox snapshot {id} is {state}, not Ready")]
     SnapshotNotReady { id: String, state: &'static str },
+    /// A golden pool starts its members from it: deleting it would fail
+    /// every refill (409 `SNAPSHOT::IN_USE`).
+    #[error("sandbox snapshot {id} is the starting point of golden pool {}: remove the pool first", .pools.join(", "))]
+    SnapshotInUse { id: String, pools: Vec<String> },
     #[error("sandbox {id} is {state}: only a Running sandbox can be snapshotted")]
     SnapshotSourceState { id: SandboxId, state: SandboxState },
     #[error("the {0} runtime class keeps the sandbox's writable layer out of the host's reach: sandbox snapshots need the native, crun or runc class")]

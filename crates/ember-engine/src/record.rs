@@ -58,6 +58,10 @@ pub struct SandboxRecord {
     /// The sandbox snapshot this sandbox was restored from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// Restores from a gVisor checkpoint so far: only the first is reliable
+    /// on the gVisor here, so only the first auto-pause may checkpoint.
+    #[serde(default)]
+    pub restores: u32,
 }
 
 pub const MAX_EVENTS: usize = 200;

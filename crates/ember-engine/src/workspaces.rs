@@ -46,6 +46,12 @@ pub struct MountedWorkspace {
     /// Mounted through an attempt layer (see [`WorkspaceRequest::layered`]).
     #[serde(default)]
     pub layered: bool,
+    /// An idle golden pool member's own copy of its snapshot's workspace,
+    /// made at its refill: removed with the member while nobody claimed it
+    /// (no caller knows it), the caller's once claimed (the claim clears it),
+    /// as a restore's copy is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pool_copy: bool,
 }
 
 /// What `ember workspace inspect` shows.
@@ -243,8 +249,14 @@ impl Workspaces {
             Some(epoch)
         };
         let layered = r.layered && !r.read_only;
-        let mounted =
-            MountedWorkspace { name: r.name.clone(), path: r.path.clone(), read_only: r.read_only, epoch, layered };
+        let mounted = MountedWorkspace {
+            name: r.name.clone(),
+            path: r.path.clone(),
+            read_only: r.read_only,
+            epoch,
+            layered,
+            pool_copy: false,
+        };
         let res = self.workspace_source(&r.name, id, class, layered).and_then(|src| {
             self.runtimes
                 .for_class(class)
@@ -304,6 +316,16 @@ impl Workspaces {
 }
 
 impl Workspaces {
+    /// Removes the workspace copies an idle golden pool member still holds
+    /// for its pool (`pool_copy`), once it ended: nobody else knows them.
+    pub(crate) async fn remove_pool_copies(self: &Arc<Self>, holder: &str, mounts: &[MountedWorkspace]) {
+        for m in mounts.iter().filter(|m| m.pool_copy) {
+            if let Err(e) = self.remove_workspace(&m.name).await {
+                tracing::warn!(workspace = %m.name, sandbox = %holder, error = %e, "removing an idle member's copy failed");
+            }
+        }
+    }
+
     /// Commits `holder`'s layer of `workspace` if `holder` still holds its
     /// lease at `epoch` and `still_leased()` (the task's lease) agrees, else
     /// drops it; `key` names the commit (the task). The caller freezes the

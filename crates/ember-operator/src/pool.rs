@@ -68,6 +68,7 @@ pub fn plan(desired: Option<&Desired>, observed: Option<&PoolInfo>) -> Action {
                 network: None,
                 allow: Vec::new(),
                 from_snapshot: None,
+                from_checkpoint: None,
                 auto_pause: None,
             }))
         }

@@ -36,6 +36,7 @@ fn main() {
         egress: Default::default(),
         secret_names: vec![],
         auto_pause_secs: None,
+        auto_pause_checkpoint: false,
     };
     for i in 0..5 {
         let id = SandboxId::from_random([i; 16]);

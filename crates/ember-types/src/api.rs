@@ -106,10 +106,15 @@ pub struct CreateSandboxRequest {
 }
 
 /// `autoPause` of a create request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AutoPause {
     pub after_seconds: u64,
+    /// ember: the first idle pause of a gVisor sandbox is a checkpoint (its
+    /// memory released to disk) instead of the freezer's; later ones, and
+    /// any the class or the sandbox cannot take, freeze (docs/auto-pause.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
 }
 
 /// OpenSandbox's egress policy (`networkPolicy`, and the body of the egress
@@ -325,10 +330,16 @@ pub struct CreatePoolRequest {
     pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
-    /// A golden pool: every member's writable layer is restored from this
-    /// sandbox snapshot, and a create with `snapshotId` claims one.
+    /// A golden pool: every member's writable layer and workspaces are
+    /// restored from this sandbox snapshot, and a create with `snapshotId`
+    /// claims one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// A golden pool restored from a gVisor checkpoint of this sandbox (its
+    /// processes' memory): not built, answered `501 SANDBOX::API_NOT_SUPPORTED`
+    /// with the reason (docs/warm-pools.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<String>,
     /// Idle auto-pause of the sandboxes claimed from the pool (a claim's own
     /// `autoPause` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -75,6 +75,10 @@ pub struct SandboxSpec {
     /// next proxy call (`autoPause.afterSeconds`; docs/auto-pause.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause_secs: Option<u64>,
+    /// The first auto-pause checkpoints a gVisor sandbox instead
+    /// (`autoPause.checkpoint`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_pause_checkpoint: bool,
 }
 
 impl SandboxSpec {
@@ -97,6 +101,7 @@ impl SandboxSpec {
             workdir: None,
             secret_names: vec![],
             auto_pause_secs: None,
+            auto_pause_checkpoint: false,
         }
     }
 }

@@ -36,7 +36,7 @@ async fn timed(client: &Client, id: &str, s: &mut Series) {
 pub async fn run(client: &Client, runs: usize, json: bool) -> anyhow::Result<i32> {
     let make = |auto: bool| CreateSandboxRequest {
         template: Some(TEMPLATE.into()),
-        auto_pause: auto.then_some(AutoPause { after_seconds: 1 }),
+        auto_pause: auto.then_some(AutoPause { after_seconds: 1, checkpoint: false }),
         ..Default::default()
     };
     let sleepy = client.create_sandbox(&make(true)).await.context("creating the auto-pause sandbox")?.0.id;

@@ -120,8 +120,9 @@ async fn measure(
     let restore = CreateSandboxRequest { snapshot_id: Some(sid.into()), ..Default::default() };
     let plain = CreateSandboxRequest { template: Some(TEMPLATE.into()), ..Default::default() };
     for i in 0..a.runs {
-        once(client, &restore, "cold", &mut f.cold_restore, &mut f.wrong_kind, claimed).await;
+        let copies = once(client, &restore, "cold", &mut f.cold_restore, &mut f.wrong_kind, claimed).await;
         let _ = claimed.remove(client).await;
+        remove_copies(client, copies).await;
         eprint!("\rcold restores: {}/{}", i + 1, a.runs);
     }
     eprintln!();
@@ -141,8 +142,9 @@ async fn measure(
             p.wait_full(client, TARGET).await?;
         }
         once(client, &plain, "warm", &mut f.plain_claim, &mut f.wrong_kind, claimed).await;
-        once(client, &restore, "warm", &mut f.golden_claim, &mut f.wrong_kind, claimed).await;
+        let copies = once(client, &restore, "warm", &mut f.golden_claim, &mut f.wrong_kind, claimed).await;
         let _ = claimed.remove(client).await;
+        remove_copies(client, copies).await;
         eprint!("\rwarm claims: {}/{}", i + 1, a.runs);
     }
     eprintln!();
@@ -152,7 +154,8 @@ async fn measure(
 }
 
 /// One create (which must launch as `kind`) and `echo x`: create call
-/// started → first stdout event.
+/// started → first stdout event. Returns the workspaces a restore made for
+/// the sandbox (a snapshot's read-write ones), which outlive it.
 async fn once(
     client: &Client,
     req: &CreateSandboxRequest,
@@ -160,17 +163,23 @@ async fn once(
     s: &mut Series,
     wrong: &mut usize,
     claimed: &Claimed,
-) {
+) -> Vec<String> {
     let echo = RunCommandRequest { argv: Some(vec!["echo".into(), "x".into()]), ..Default::default() };
     let t0 = Instant::now();
     let info = match client.create_sandbox(req).await {
         Ok((info, _)) => info,
-        Err(e) => return s.fail(e),
+        Err(e) => {
+            s.fail(e);
+            return Vec::new();
+        }
     };
     claimed.push(info.id.clone());
+    let suffix = format!("-{}", info.id.get(..8).unwrap_or_default());
+    let copies = info.workspaces.iter().filter(|w| !w.read_only && w.name.ends_with(&suffix));
+    let copies = copies.map(|w| w.name.clone()).collect();
     if info.launch.as_ref().map(|l| l.kind.as_str()) != Some(kind) {
         *wrong += 1;
-        return;
+        return copies;
     }
     let mut first = None;
     match client
@@ -186,6 +195,16 @@ async fn once(
             None => s.fail("no stdout event"),
         },
         Err(e) => s.fail(e),
+    }
+    copies
+}
+
+/// Removes a restore's workspace copies once its sandbox is gone.
+async fn remove_copies(client: &Client, names: Vec<String>) {
+    for n in names {
+        if let Err(e) = client.delete_workspace(&n).await {
+            eprintln!("could not remove workspace {n}: {e}");
+        }
     }
 }
 

@@ -7,16 +7,22 @@ pub enum PoolCmd {
     /// Keep sandboxes of a template started ahead of demand.
     Create {
         /// Template of the pool's sandboxes (required unless --from-snapshot).
-        #[arg(long, required_unless_present = "from_snapshot")]
+        #[arg(long, required_unless_present_any = ["from_snapshot", "from_checkpoint"])]
         template: Option<String>,
         /// Pool name (default: the template's; required with --from-snapshot).
         #[arg(long)]
         name: Option<String>,
         /// A golden pool: every member starts with this sandbox snapshot's
-        /// writable layer, and `ember sandbox create --snapshot SNAP` claims one
-        /// (template, runtime class and network are the snapshot's).
+        /// writable layer and a copy of each of its workspaces, and `ember
+        /// sandbox create --snapshot SNAP` claims one (template, runtime class
+        /// and network are the snapshot's; the snapshot cannot be removed
+        /// while the pool exists).
         #[arg(long, value_name = "SNAP", conflicts_with_all = ["network", "allow"])]
         from_snapshot: Option<String>,
+        /// A golden pool restored from a gVisor checkpoint of this sandbox
+        /// (its processes' memory too): not built; the daemon answers why.
+        #[arg(long, value_name = "SANDBOX", conflicts_with = "from_snapshot")]
+        from_checkpoint: Option<String>,
         /// Idle auto-pause of the sandboxes claimed from the pool, e.g. 5m
         /// (a claim's own --auto-pause wins; default: none).
         #[arg(long, value_name = "DURATION")]

@@ -83,7 +83,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 /// `--auto-pause DURATION` as the API's `autoPause` (whole seconds, at least 1).
 pub fn auto_pause(s: Option<&str>) -> anyhow::Result<Option<ember_types::api::AutoPause>> {
     let secs = s.map(parse_duration).transpose().context("--auto-pause")?.map(|d| d.as_secs().max(1));
-    Ok(secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds }))
+    Ok(secs.map(|after_seconds| ember_types::api::AutoPause { after_seconds, checkpoint: false }))
 }
 
 pub fn parse_kv(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {

@@ -165,6 +165,7 @@ impl Catalog {
             volumes: req.volumes.iter().map(|v| self.check_volume(v)).collect::<Result<_, _>>()?,
             secret_names: req.secrets.names(),
             auto_pause_secs: crate::autopause::check(req.auto_pause_secs)?,
+            auto_pause_checkpoint: req.auto_pause_checkpoint,
         })
     }
 

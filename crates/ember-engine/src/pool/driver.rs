@@ -66,6 +66,11 @@ async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
         Ok((sandbox, image, seed)) => engine.sandboxes.launch(sandbox, image, Some(spec.name.clone()), t0, seed).await,
         Err(e) => Err(e),
     };
+    // A golden member's workspaces: copies of the snapshot's, its own.
+    let launched = match (launched, &spec.from_snapshot) {
+        (Ok(rec), Some(sid)) => engine.golden_workspaces(sid, &rec).await.map(|()| rec),
+        (res, _) => res,
+    };
     match launched {
         Ok(rec) => {
             pool.record_refill(t0.elapsed().as_micros() as u64);

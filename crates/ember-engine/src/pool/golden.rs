@@ -1,12 +1,19 @@
 //! Golden pools: a pool whose members start from a sandbox snapshot (their
-//! writable layer restored before their init starts, as a restore does), so
-//! a create restoring that snapshot is claimed in the usual milliseconds
+//! writable layer restored before their init starts, and each read-write
+//! workspace restored into a copy of the member's own, as a restore does),
+//! so a create restoring that snapshot is claimed in the usual milliseconds
 //! instead of paying the restore. Only such a create claims one: a plain
 //! create of the same template never gets the snapshot's files.
+//!
+//! A member's workspace copies are marked the pool's (`pool_copy`) while it
+//! is idle: the end of an idle member (the pool shrinks or goes, the member
+//! dies, a restart finds it gone) removes them, since no caller knows them;
+//! a claim hands them to the caller, who keeps them as a restore's.
 use super::{CreatePool, Pool, PoolSpec, Pools};
 use crate::create::Seed;
+use crate::sandbox::{Command, Edit};
 use crate::snapshots::SandboxSnapshotState;
-use crate::{CreateSandbox, EngineError};
+use crate::{CreateSandbox, EngineError, SandboxRecord};
 use ember_types::SandboxSpec;
 use std::sync::Arc;
 
@@ -17,14 +24,6 @@ impl Pools {
         let snap = self.snapshots.sandbox_snapshot(sid)?;
         if snap.state != SandboxSnapshotState::Ready {
             return Err(EngineError::SnapshotNotReady { id: snap.id, state: snap.state.as_str() });
-        }
-        // A member's workspaces would be made at refill and leaked by an idle
-        // member's removal; a restore (cold) handles them.
-        if !snap.workspaces.is_empty() {
-            return Err(EngineError::invalid(
-                "fromSnapshot",
-                format!("snapshot {sid} has workspaces; a golden pool restores the writable layer only"),
-            ));
         }
         if !req.template.is_empty() && req.template != snap.spec.template {
             let why = format!("snapshot {sid} is of template {}, not {}", snap.spec.template, req.template);
@@ -79,6 +78,44 @@ impl Pools {
         spec.entrypoint = Vec::new();
         let seed = Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
         Ok((spec, snap.image_uri.clone(), seed))
+    }
+
+    /// A new member's own copies of the snapshot's workspaces, restored and
+    /// mounted as a restore's are and recorded as the pool's. A member that
+    /// cannot get them is removed, with whatever copies were made.
+    pub(super) async fn golden_workspaces(&self, sid: &str, rec: &SandboxRecord) -> Result<(), EngineError> {
+        let snap = self.snapshots.sandbox_snapshot(sid)?;
+        if snap.workspaces.is_empty() {
+            return Ok(());
+        }
+        let mut mounted = match self.snapshots.restore_workspaces(rec, &snap).await {
+            Ok(m) => m,
+            Err(e) => {
+                // The restore removed the copies it made.
+                let _ = self.sandboxes.remove_any(rec.id.as_str()).await;
+                return Err(e);
+            }
+        };
+        // In the snapshot's order: a read-write one is a copy, a read-only one
+        // the shared workspace itself.
+        for (m, w) in mounted.iter_mut().zip(&snap.workspaces) {
+            m.pool_copy = w.snapshot_id.is_some();
+        }
+        let copies: Vec<String> = mounted.iter().filter(|m| m.pool_copy).map(|m| m.name.clone()).collect();
+        let edit = Command::Edit(Edit::Workspaces { mounted, launch_micros: None });
+        let recorded = match self.sandboxes.entry(rec.id.as_str()) {
+            Ok(entry) => entry.ask(edit).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = recorded {
+            // Not in its record: its end would not find them.
+            let _ = self.sandboxes.remove_any(rec.id.as_str()).await;
+            for name in copies {
+                let _ = self.workspaces.remove_workspace(&name).await;
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The golden pool a create restoring `sid` (as `spec`, the restore's

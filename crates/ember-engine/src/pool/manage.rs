@@ -71,8 +71,16 @@ impl Pools {
             pools.insert(name.clone(), pool.clone());
             pool
         };
-        if let Err(e) = self.pool_store.save(&name, &spec) {
+        // Its snapshot cannot be deleted under it from now on (`pins.rs`).
+        let pinned = match &spec.from_snapshot {
+            Some(sid) => self.snapshots.pin(sid, &name),
+            None => Ok(()),
+        };
+        if let Err(e) = pinned.and_then(|()| self.pool_store.save(&name, &spec)) {
             self.pools.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+            if let Some(sid) = &spec.from_snapshot {
+                self.snapshots.unpin(sid, &name);
+            }
             return Err(e);
         }
         driver::spawn(self, pool);
@@ -195,6 +203,11 @@ impl Pools {
         self.pool_store.remove(name)?;
         while let Some(id) = pool.pop_idle() {
             let _ = self.sandboxes.remove_any(id.as_str()).await;
+        }
+        // After its idle members: a refill under way fails once the snapshot
+        // is gone, and its member is removed (the pool is marked removed).
+        if let Some(sid) = &pool.spec().from_snapshot {
+            self.snapshots.unpin(sid, name);
         }
         Ok(())
     }

@@ -222,6 +222,9 @@ impl Pools {
         for (name, spec) in self.pool_store.recover_all() {
             match spec {
                 Ok(spec) => {
+                    if let Some(sid) = &spec.from_snapshot {
+                        self.snapshots.repin(sid, &spec.name);
+                    }
                     let pool = Arc::new(Pool::new(spec));
                     self.pools.lock().unwrap_or_else(|p| p.into_inner()).insert(name, pool);
                 }

@@ -107,6 +107,7 @@ impl Monitor {
         let launched = super::checkpoint::restore(&self.engine, &cur).await?;
         next.pid = Some(launched.pid);
         next.start_time = Some(launched.start_time);
+        next.restores += 1;
         next.event(format!("restored from checkpoint in {} ms", launched.timing.total_us / 1000));
         self.live = Some(Live::new(launched).map_err(|e| EngineError::Internal(e.to_string()))?);
         self.engine.persist(&next);
@@ -124,7 +125,11 @@ impl Monitor {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
-        next.workspaces = p.workspaces;
+        // A golden member's own workspace copies become the caller's, beside
+        // those the claim mounted.
+        next.workspaces.iter_mut().for_each(|w| w.pool_copy = false);
+        next.workspaces.extend(p.workspaces);
+        next.spec.secret_names = p.spec.secret_names;
         next.spec.env = p.spec.env;
         next.spec.metadata = p.spec.metadata;
         next.spec.entrypoint = p.spec.entrypoint;
@@ -133,6 +138,7 @@ impl Monitor {
         // The claim's (or its pool's) idle auto-pause: the monitor reads it
         // from the record once the claim is written.
         next.spec.auto_pause_secs = p.spec.auto_pause_secs;
+        next.spec.auto_pause_checkpoint = p.spec.auto_pause_checkpoint;
         next.image_uri = p.image_uri;
         next.created_at_ms = p.created_at_ms;
         next.expires_at_ms = p.expires_at_ms;
@@ -148,7 +154,9 @@ impl Monitor {
     /// A change outside the lifecycle; it counts once written.
     pub(super) fn edit(&mut self, edit: Edit) -> Result<SandboxRecord, EngineError> {
         let cur = self.entry.snapshot();
-        if cur.lifecycle.is_hidden() {
+        // An idle golden member's workspaces are recorded after its launch.
+        let member_mounts = cur.lifecycle == Lifecycle::Pooled && matches!(edit, Edit::Workspaces { .. });
+        if cur.lifecycle.is_hidden() && !member_mounts {
             return Err(EngineError::NotFound(cur.id.to_string()));
         }
         let not_running = || EngineError::NotRunning { id: cur.id.clone(), state: cur.state };

@@ -84,6 +84,7 @@ impl Sandboxes {
             pool,
             workspaces: Vec::new(),
             snapshot_id: seed.as_ref().map(|s| s.snapshot_id.clone()),
+            restores: 0,
             net_slot: None,
         };
         let net = self.network.attach(&id, &spec).await?;

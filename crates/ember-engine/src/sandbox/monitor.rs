@@ -111,8 +111,18 @@ impl Monitor {
     /// Idle long enough without proxy traffic: the user's freeze, marked
     /// ours so that the next proxy call thaws it (`crate::autopause`).
     async fn auto_pause(&mut self) {
-        if !self.entry.idle.claim_pause(&self.entry.snapshot()) {
+        let rec = self.entry.snapshot();
+        if !self.entry.idle.claim_pause(&rec) {
             return;
+        }
+        let class_can = self.engine.rt(&rec.spec.runtime_class).can_checkpoint();
+        if crate::autopause::by_checkpoint(&rec, class_can) {
+            match self.checkpoint().await {
+                Ok(_) => return,
+                // Refused (an open stream, say), or failed with the sandbox
+                // still running: the freezer's pause instead.
+                Err(e) => tracing::info!(sandbox = %rec.id, error = %e, "auto-pause by checkpoint failed; freezing"),
+            }
         }
         if let Err(e) = self.pause().await {
             // Not now (a snapshot's freeze, say): try again a whole period later.

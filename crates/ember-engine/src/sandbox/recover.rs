@@ -79,6 +79,8 @@ impl Sandboxes {
         })
         .await
         .unwrap_or(0);
+        // An idle golden member's workspace copies go with it.
+        self.workspaces.remove_pool_copies(rec.id.as_str(), &rec.workspaces).await;
         if rec.lifecycle.is_hidden() {
             // Removed on purpose, or an idle pool member no caller ever saw.
             let _ = self.store.remove(rec.id.as_str());

@@ -41,6 +41,8 @@ impl Monitor {
         }
         self.entry.write(rec.clone());
         self.engine.workspaces.release_leases(rec.id.as_str(), &rec.workspaces);
+        // Still the pool's: it was never claimed, so no caller knows them.
+        self.engine.workspaces.remove_pool_copies(rec.id.as_str(), &rec.workspaces).await;
         self.engine.network.release(&rec).await;
         if was_pooled {
             // An idle pool member died: its pool must not hand it out.

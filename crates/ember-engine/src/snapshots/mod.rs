@@ -4,6 +4,7 @@
 mod checkpoint;
 mod gc;
 mod ops;
+mod pins;
 mod restore;
 mod sandbox;
 
@@ -94,6 +95,8 @@ pub(crate) struct Snapshots {
     sandboxes: Arc<Sandboxes>,
     catalog: Arc<Catalog>,
     runtimes: Runtimes,
+    /// The golden pools that start from each sandbox snapshot (`pins.rs`).
+    pins: pins::Pins,
 }
 
 impl Snapshots {
@@ -115,6 +118,7 @@ impl Snapshots {
             sandboxes,
             catalog,
             runtimes,
+            pins: Default::default(),
         }
     }
 

@@ -68,6 +68,7 @@ impl Snapshots {
         req.secrets.validate().map_err(|e| EngineError::invalid("secrets", e.to_string()))?;
         spec.secret_names = req.secrets.names();
         spec.auto_pause_secs = crate::autopause::check(req.auto_pause_secs)?;
+        spec.auto_pause_checkpoint = req.auto_pause_checkpoint;
         if let Some(l) = spec.lower_dirs.iter().find(|l| !l.is_dir()) {
             return Err(EngineError::invalid(
                 "snapshotId",
@@ -81,8 +82,10 @@ impl Snapshots {
     }
 
     /// Restores each workspace snapshot into a new workspace `<name>-<sandbox>`
-    /// and mounts it (and each read-only workspace) at its old path.
-    async fn restore_workspaces(
+    /// and mounts it (and each read-only workspace) at its old path; the
+    /// mounts come back in the snapshot's order. On failure the new
+    /// workspaces are removed again.
+    pub(crate) async fn restore_workspaces(
         self: &Arc<Self>,
         rec: &SandboxRecord,
         snap: &SandboxSnapshotRecord,

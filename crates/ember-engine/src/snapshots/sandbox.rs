@@ -261,8 +261,15 @@ impl Snapshots {
             return Err(EngineError::SnapshotNotReady { id: rec.id, state: rec.state.as_str() });
         }
         let records = self.snapshot_records()?;
-        rec.transition(SandboxSnapshotState::Deleting, None);
-        records.save(&rec.id, &rec)?;
+        if rec.state != SandboxSnapshotState::Deleting {
+            // A golden pool's starting point stays until the pool goes; an
+            // interrupted delete is finished whatever pins it.
+            let id = rec.id.clone();
+            self.unless_pinned(&id, || {
+                rec.transition(SandboxSnapshotState::Deleting, None);
+                records.save(&rec.id, &rec)
+            })?;
+        }
         let me = self.clone();
         let r2 = rec.clone();
         tokio::task::spawn_blocking(move || {
