@@ -19,7 +19,10 @@
 //! - [`slot`]: workspaces for gVisor: mounts into a shared slot dir (from its
 //!   fd, never following a symlink), and the in-sandbox bind.
 //! - [`process`]: process control for the in-sandbox agent.
+//! - [`adopt`]: the daemon as child subreaper, and the thread that reaps the
+//!   orphans it adopts (an OCI runtime's container processes) by pidfd.
 
+pub mod adopt;
 pub mod beneath;
 mod child;
 pub mod fd;
