@@ -6,8 +6,9 @@
 //! Layout:
 //! - [`beneath`]: file work inside directories a sandbox or a snapshot store
 //!   can write, from a pinned dir fd, never following a symlink (openat2).
-//! - [`spawn`]: clone3 into fresh namespaces and the parent/child handshake;
-//!   `child.rs` holds the code that runs between clone and exec (no allocation).
+//! - [`spawn`]: clone into fresh namespaces and the parent/child handshake;
+//!   `child.rs` holds the code that runs between clone and exec (no allocation);
+//!   `vmclone.rs` the `CLONE_VM` clone on a stack of its own it uses.
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
 //! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
 //! - [`fd`]: eventfd and small fd helpers.
@@ -37,6 +38,7 @@ pub mod pty;
 pub mod seccomp;
 pub mod slot;
 pub mod spawn;
+mod vmclone;
 
 use std::io;
 
