@@ -42,6 +42,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     // runsc sandboxes run in the storage range, native, crun and runc ones in the ranges after it.
     crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     crate::datadir::check_traversable(&args.data_dir, args.uid_base.saturating_add(ember_runtime::idrange::RANGE))?;
+    ember_runtime::become_subreaper().context("becoming the subreaper of the OCI runtimes' processes")?;
     let agent = match args.agent.clone() {
         Some(p) => p,
         None => default_agent()?,

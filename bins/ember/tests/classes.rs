@@ -280,3 +280,42 @@ async fn entrypoint_exit_codes_runc() {
 async fn entrypoint_exit_codes_runsc() {
     entrypoint_exit("runsc").await;
 }
+
+/// What an OCI runtime's `create` leaves running (runsc's Sentry and gofer,
+/// crun's container init) is adopted by the daemon, its child subreaper, and
+/// reaped as soon as it exits: none of it stays a zombie after the removal.
+/// (Left to this VM's PID 1, which reaps late, a zombie Sentry kept `runsc
+/// delete` polling for ~1.4 s of every removal; docs/performance.md.)
+async fn container_processes_are_adopted(class: &str) {
+    let d = Daemon::start();
+    let s = create(&d, class, "128Mi").await;
+    let group = format!("{}-{class}", d.group);
+    let cg = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("cgroups");
+    let procs = cg.procs(&s.id).expect("the container's cgroup");
+    let daemon = d.pid() as i32;
+    // The container's processes whose parent is outside it: those `create` left.
+    let tops: Vec<(i32, Option<i32>)> = procs
+        .iter()
+        .map(|p| (*p, ember_sys::adopt::parent_of(*p)))
+        .filter(|(_, pp)| !pp.is_some_and(|pp| procs.contains(&pp)))
+        .collect();
+    assert!(!tops.is_empty(), "no process in {group}/{}", s.id);
+    assert!(tops.iter().all(|(_, pp)| *pp == Some(daemon)), "not the daemon's ({daemon}) children: {tops:?}");
+    d.client.delete_sandbox(&s.id).await.expect("delete");
+    let ours = || procs.iter().copied().filter(|p| ember_sys::adopt::parent_of(*p) == Some(daemon)).collect::<Vec<_>>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !ours().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ours().is_empty(), "still the daemon's children (zombies) after the removal: {:?}", ours());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_processes_are_adopted_runsc() {
+    container_processes_are_adopted("runsc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_processes_are_adopted_crun() {
+    container_processes_are_adopted("crun").await;
+}

@@ -46,6 +46,22 @@ async fn fork_bomb_is_capped_by_the_pids_limit() {
     assert_eq!((code, out.as_str()), (Some(0), "fine\n"));
 }
 
+/// The sandbox init is cloned with every signal blocked (it shares the
+/// daemon's memory until its exec, and no handler of the daemon's may run on
+/// its stack): the mask is restored before the exec, so the agent, PID 1,
+/// starts with nothing blocked, as the daemon's thread had. (Without the
+/// restore, the agent never saw its command's SIGCHLD: the exec hung.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_starts_with_no_signal_blocked() {
+    let d = Daemon::start();
+    let s = d.create(|_| {}).await;
+    let probe = d.sh(&s.id, "grep SigBlk /proc/1/status", None);
+    let (code, out, _) =
+        tokio::time::timeout(Duration::from_secs(60), probe).await.expect("the exec did not end within 60 s");
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.split_whitespace().nth(1), Some("0000000000000000"), "PID 1's blocked signals: {out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname() {
     let d = Daemon::start();

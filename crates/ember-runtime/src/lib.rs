@@ -33,6 +33,15 @@ pub fn post_agent(
     ember_agent_client::blocking::post(socket, path, timeout)
 }
 
+/// Makes the daemon the subreaper of the OCI runtimes' orphans (runsc's
+/// Sentry and gofer, crun's and runc's container init): they become its
+/// children when the runtime's `create` exits, and the OCI classes hand them
+/// to a reaper that reaps each as it exits (`ember_sys::adopt`), instead of
+/// leaving zombies for a PID 1 that may reap late.
+pub fn become_subreaper() -> Result<(), ember_sys::SysError> {
+    ember_sys::adopt::become_subreaper()
+}
+
 /// Reaps the sandbox init behind `pidfd` if it has exited.
 pub fn try_wait(pidfd: &OwnedFd) -> Option<ExitKind> {
     ember_sys::pidfd::pidfd_try_wait(pidfd).ok().flatten()
@@ -46,19 +55,12 @@ pub fn wait_done(pidfd: &OwnedFd) -> bool {
     match ember_sys::pidfd::pidfd_try_wait(pidfd) {
         Ok(Some(_)) | Err(_) => true,
         // No pid any more (fdinfo says -1 once it is reaped): gone.
-        Ok(None) => pidfd_pid(pidfd).is_none_or(|pid| {
+        Ok(None) => ember_sys::pidfd::pid_of(pidfd).is_none_or(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
             matches!(state, None | Some("Z") | Some("X"))
         }),
     }
-}
-
-/// The pid behind a pidfd (`Pid:` in its fdinfo).
-fn pidfd_pid(pidfd: &OwnedFd) -> Option<i32> {
-    use std::os::fd::AsRawFd;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
-    info.lines().find_map(|l| l.strip_prefix("Pid:")).and_then(|p| p.trim().parse().ok()).filter(|p| *p > 0)
 }
 
 /// Empties a notification descriptor (OOM eventfd or inotify) after it fired.

@@ -1,7 +1,8 @@
-//! The code that runs in the cloned child between clone3 and exec.
+//! The code that runs in the cloned child between clone and exec.
 //!
-//! It runs in a copy of a multi-threaded process, so it only makes raw system
-//! calls on data the parent prepared: no allocation, no locks, no panics. Any
+//! It runs in the memory of a multi-threaded process (`CLONE_VM`,
+//! vmclone.rs), so it only makes raw system calls on data the parent
+//! prepared: no allocation, no locks, no panics, no writes but to its stack. Any
 //! failure is reported as `(step, errno)` on the error pipe, then `_exit(127)`.
 use crate::spawn::{ChildFds, ExecArgs, FsOp, LaunchPlan};
 use std::ffi::CStr;
@@ -103,6 +104,9 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
                 fail(fds, 16);
             }
         }
+        // The mask the spawning thread had before it blocked every signal
+        // for the clone (vmclone.rs); exec keeps a mask.
+        libc::pthread_sigmask(libc::SIG_SETMASK, &args.sigmask, std::ptr::null_mut());
         libc::syscall(
             libc::SYS_execveat,
             fds.exe,

@@ -25,53 +25,48 @@ pub fn userns_fd(map: &str) -> Result<OwnedFd, SysError> {
 /// to `owner`, not to host root. An OCI runtime is handed it to join
 /// (`linux.namespaces[].path`): the one it would make would be root's.
 pub fn userns_fd_owned(map: &str, owner: u32) -> Result<OwnedFd, SysError> {
-    let keep = -1 as libc::c_int;
+    use crate::vmclone::{clone_vm, SignalsBlocked, Stack};
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
-    // SAFETY: raw setresuid of this thread's effective uid only (glibc's
-    // wrapper would change every thread); real and saved stay 0.
-    if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
-        return Err(SysError::last("seteuid", owner.to_string()));
-    }
-    // SAFETY: a raw clone with a null stack has fork semantics; the child
-    // only waits for its SIGKILL (no allocation, no locks).
-    let pid =
-        unsafe { libc::syscall(libc::SYS_clone, (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong, 0, 0, 0, 0) };
-    let clone_err = (pid < 0).then(|| SysError::last("clone", "idmap user namespace"));
-    if pid != 0 && owner != 0 {
-        // SAFETY: as above; back to effective root (the saved uid is 0).
-        if unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
-            return Err(SysError::last("seteuid", "0"));
-        }
-    }
-    if let Some(e) = clone_err {
-        return Err(e);
-    }
-    if pid == 0 {
-        // Killed with this thread, should the daemon die before it kills the
-        // child (a SIGKILLed node left one pausing forever, reparented to
-        // init); a parent already gone is seen by the pid check.
-        // SAFETY: raw syscalls only, as above.
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
-                libc::_exit(0);
-            }
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    let pid = pid as i32;
+    // A CLONE_VM child: no copy of the daemon's page tables (vmclone.rs).
+    let stack = Stack::new(64 << 10)?;
+    let blocked = SignalsBlocked::new();
+    // SAFETY: `pause_entry` makes raw syscalls on its own stack only and
+    // never returns; its argument is a plain integer.
+    let pid = unsafe {
+        clone_vm(libc::CLONE_NEWUSER, owner, &stack, pause_entry, parent as usize as *mut libc::c_void, None)
+    };
+    drop(blocked);
+    let pid = pid?;
     let opened = write_maps(pid, map);
     let mut status = 0;
     // SAFETY: signals and reaps the child cloned above (not yet reaped, so
     // its pid cannot name another process); status is a live int.
-    unsafe {
+    let reaped = unsafe {
         libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
+        libc::waitpid(pid, &mut status, 0) == pid
+    };
+    if !reaped {
+        stack.leak();
     }
     opened
+}
+
+/// The namespace holder: waits for its SIGKILL. Killed with the thread that
+/// cloned it, should the daemon die before it kills the child (a SIGKILLed
+/// node left one pausing forever, reparented to init); a parent already gone
+/// is seen by the pid check. Every signal but SIGKILL is blocked (inherited).
+extern "C" fn pause_entry(parent: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: raw syscalls with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent as usize as libc::pid_t {
+            libc::_exit(0);
+        }
+        loop {
+            libc::pause();
+        }
+    }
 }
 
 fn write_maps(pid: i32, map: &str) -> Result<OwnedFd, SysError> {

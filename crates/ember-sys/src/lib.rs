@@ -6,8 +6,9 @@
 //! Layout:
 //! - [`beneath`]: file work inside directories a sandbox or a snapshot store
 //!   can write, from a pinned dir fd, never following a symlink (openat2).
-//! - [`spawn`]: clone3 into fresh namespaces and the parent/child handshake;
-//!   `child.rs` holds the code that runs between clone and exec (no allocation).
+//! - [`spawn`]: clone into fresh namespaces and the parent/child handshake;
+//!   `child.rs` holds the code that runs between clone and exec (no allocation);
+//!   `vmclone.rs` the `CLONE_VM` clone on a stack of its own it uses.
 //! - [`seccomp`]: the default syscall filter, compiled with seccompiler.
 //! - [`pidfd`]: pidfds, signals and reaping without pid-reuse races.
 //! - [`fd`]: eventfd and small fd helpers.
@@ -19,7 +20,10 @@
 //! - [`slot`]: workspaces for gVisor: mounts into a shared slot dir (from its
 //!   fd, never following a symlink), and the in-sandbox bind.
 //! - [`process`]: process control for the in-sandbox agent.
+//! - [`adopt`]: the daemon as child subreaper, and the thread that reaps the
+//!   orphans it adopts (an OCI runtime's container processes) by pidfd.
 
+pub mod adopt;
 pub mod beneath;
 mod child;
 pub mod fd;
@@ -34,6 +38,7 @@ pub mod pty;
 pub mod seccomp;
 pub mod slot;
 pub mod spawn;
+mod vmclone;
 
 use std::io;
 

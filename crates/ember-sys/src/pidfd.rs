@@ -78,6 +78,13 @@ pub fn wait_exited(pidfd: &OwnedFd, timeout: std::time::Duration) -> Result<bool
     }
 }
 
+/// The pid behind a pidfd (`Pid:` in its fdinfo); `None` once the process
+/// has been reaped (the kernel then reports -1).
+pub fn pid_of(pidfd: &OwnedFd) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("Pid:")).and_then(|p| p.trim().parse().ok()).filter(|p| *p > 0)
+}
+
 /// Whether the process behind the pidfd still exists (signal 0 probe).
 pub fn is_alive(pidfd: &OwnedFd) -> bool {
     // SAFETY: signal 0 only checks existence; null siginfo is allowed.

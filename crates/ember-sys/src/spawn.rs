@@ -1,12 +1,13 @@
-//! Starting a process in fresh namespaces: clone3, the parent/child handshake and
+//! Starting a process in fresh namespaces: clone, the parent/child handshake and
 //! the error channel.
 //!
 //! The protocol, in steps:
 //! 1. The parent prepares everything the child will need (C strings, pointer
-//!    arrays, BPF programs), because the child runs in a copy of a multi-threaded
-//!    process and must not allocate (another thread may have held the allocator
-//!    lock at clone time).
-//! 2. `clone3` with new user, mount, pid, uts, ipc and net namespaces and a pidfd.
+//!    arrays, BPF programs), because the child runs in the memory of a
+//!    multi-threaded process and must not allocate.
+//! 2. `clone(CLONE_VM)` on a stack of its own (vmclone.rs: no copy of the
+//!    daemon's page tables) with new user, mount, pid, uts, ipc and net
+//!    namespaces and a pidfd.
 //! 3. The child blocks on the sync pipe; the parent writes the uid/gid maps and
 //!    runs the caller's setup (cgroup attach), then releases the child.
 //! 4. The child assembles the rootfs, pivots, drops privileges, loads seccomp and
@@ -14,6 +15,7 @@
 //!    the pipe is close-on-exec, so EOF tells the parent the exec succeeded.
 use crate::fd::{dup_above, pipe};
 use crate::pidfd::{pidfd_signal, pidfd_try_wait};
+use crate::vmclone::{clone_vm, SignalsBlocked, Stack};
 use crate::SysError;
 use seccompiler::BpfProgram;
 use std::ffi::CString;
@@ -138,22 +140,8 @@ pub(crate) struct ExecArgs {
     /// already, and the child has no CAP_NET_ADMIN over a namespace its user
     /// namespace does not own.
     pub lo_up: bool,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+    /// The spawning thread's signal mask, restored by the child just before exec.
+    pub sigmask: libc::sigset_t,
 }
 
 const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
@@ -230,62 +218,70 @@ fn spawn_inner(
         listen: listen.as_raw_fd(),
         log: log.as_raw_fd(),
     };
+    // Blocked from the clone until the child's report is read: no handler
+    // runs on the child's stack, and this thread, whose errno the child
+    // shares, makes no syscall that fails meanwhile (vmclone.rs).
+    let blocked = SignalsBlocked::new();
     let args = ExecArgs {
         argv: ptr_array(&plan.argv),
         envp: ptr_array(&plan.env),
         cap_last: cap_last_cap(),
         lo_up: ns_flags & libc::CLONE_NEWNET as u64 != 0,
+        sigmask: blocked.old,
     };
-
+    let stack = Stack::new(CHILD_STACK)?;
+    let ctx = InitCtx { plan, fds: &cfds, args: &args };
     let mut pidfd: RawFd = -1;
-    let mut cl = CloneArgs {
-        flags: ns_flags | libc::CLONE_PIDFD as u64,
-        pidfd: &mut pidfd as *mut RawFd as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        ..Default::default()
-    };
-    let pid = clone_as(plan.ns_owner, &mut cl)?;
-    if pid == 0 {
-        // In the child. This never returns.
-        crate::child::child_main(plan, &cfds, &args);
-    }
-    let pid = pid as i32;
+    // SAFETY: `init_entry` runs `child_main`, which keeps vmclone.rs's rules
+    // (raw syscalls on data prepared here, no allocation); `ctx` and what it
+    // points to live on this frame until the child has exec'd or been reaped
+    // (below); signals are blocked.
+    let pid = unsafe {
+        clone_vm(
+            ns_flags as libc::c_int,
+            plan.ns_owner,
+            &stack,
+            init_entry,
+            &ctx as *const InitCtx as *mut _,
+            Some(&mut pidfd),
+        )
+    }?;
     // SAFETY: CLONE_PIDFD stored a fresh descriptor that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((sync_r, err_w, exe, listen, log));
     let spawned = Spawned { pid, pidfd };
-    match release_child(plan, &spawned, sync_w, &err_r, parent_setup) {
+    let res = release_child(plan, &spawned, sync_w, &err_r, parent_setup);
+    drop(blocked);
+    match res {
+        // EOF on the error pipe: the child exec'd (its memory is a new one
+        // before its close-on-exec fds close) or exited; the stack is free.
         Ok(()) => Ok(spawned),
         Err(e) => {
             let _ = pidfd_signal(&spawned.pidfd, libc::SIGKILL);
-            wait_blocking(&spawned.pidfd);
+            if !wait_blocking(&spawned.pidfd) {
+                stack.leak();
+            }
             Err(e)
         }
     }
 }
 
-/// clone3 with `owner` as this thread's euid, so that it owns the new user
-/// namespace ([`LaunchPlan::ns_owner`]). Raw setresuid changes only the
-/// calling thread (glibc's wrapper would change every thread); the real and
-/// saved uids stay 0, so the effective root comes back right after.
-fn clone_as(owner: u32, cl: &mut CloneArgs) -> Result<libc::c_long, SysError> {
-    let keep = -1 as libc::c_int;
-    // SAFETY: raw setresuid of this thread's effective uid only.
-    if unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
-        return Err(SysError::last("seteuid", owner.to_string()));
-    }
-    // SAFETY: cl is a valid clone_args of the size we pass; stack 0 gives fork
-    // semantics, so the child continues on a private copy of this stack.
-    let pid = unsafe { libc::syscall(libc::SYS_clone3, cl as *mut CloneArgs, std::mem::size_of::<CloneArgs>()) };
-    let clone_err = (pid < 0).then(|| SysError::last("clone3", "sandbox init"));
-    if pid == 0 {
-        return Ok(0);
-    }
-    // SAFETY: as above; back to effective root (the saved uid is 0).
-    if unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
-        return Err(SysError::last("seteuid", "0"));
-    }
-    clone_err.map_or(Ok(pid), Err)
+/// The child's stack: `child_main`'s frames are small; pages never touched
+/// are never backed.
+const CHILD_STACK: usize = 256 << 10;
+
+/// What the child gets from the parent's frame.
+struct InitCtx<'a> {
+    plan: &'a LaunchPlan,
+    fds: &'a ChildFds,
+    args: &'a ExecArgs,
+}
+
+extern "C" fn init_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `InitCtx` on `spawn_inner`'s frame, alive until
+    // this child has exec'd or been reaped.
+    let ctx = unsafe { &*(arg as *const InitCtx) };
+    crate::child::child_main(ctx.plan, ctx.fds, ctx.args)
 }
 
 fn release_child(
@@ -326,14 +322,17 @@ fn read_child_report(err_r: &OwnedFd, timeout: Duration) -> Result<(), SpawnErro
     Err(SpawnError::Child { step: crate::child::step_name(step), source: std::io::Error::from_raw_os_error(errno) })
 }
 
-/// Blocks until the child behind `pidfd` is reaped (used only on failed spawns).
-fn wait_blocking(pidfd: &OwnedFd) {
+/// Waits up to 2 s until the child behind `pidfd` is reaped (used only on
+/// failed spawns); whether it was.
+fn wait_blocking(pidfd: &OwnedFd) -> bool {
     for _ in 0..2000 {
         match pidfd_try_wait(pidfd) {
             Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            _ => return,
+            Ok(Some(_)) => return true,
+            Err(_) => return false,
         }
     }
+    false
 }
 
 fn write_file(path: &str, data: &[u8]) -> Result<(), SysError> {

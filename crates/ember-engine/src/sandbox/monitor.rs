@@ -131,23 +131,24 @@ impl Monitor {
         }
     }
 
-    /// Why the init exited on its own.
+    /// Why the init exited on its own. A class that keeps the agent's own
+    /// exit code (the OCI classes' exit file) is asked first: its init is the
+    /// runtime's process (runsc's Sentry), which the daemon, as subreaper, may
+    /// have reaped with a status of its own. Then the init's wait status
+    /// (native: the agent itself).
     async fn exit_reason(&self) -> TerminationReason {
         if self.engine.oom_kills(&self.entry).await > 0 {
             return TerminationReason::OOMKilled;
         }
+        let rec = self.entry.snapshot();
+        let (rt, id) = (self.engine.rt(&rec.spec.runtime_class), rec.id);
+        if let Ok(Some(c)) = tokio::task::spawn_blocking(move || rt.exit_code(&id)).await {
+            return TerminationReason::Exited(c);
+        }
         match self.live.as_ref().and_then(|l| ember_runtime::try_wait(l.pidfd.get_ref())) {
             Some(ExitKind::Code(c)) => TerminationReason::Exited(c),
-            Some(ExitKind::Signal(_)) => TerminationReason::Killed,
-            // Not our child (OCI classes): the runtime knows what the agent reported.
-            _ => {
-                let rec = self.entry.snapshot();
-                let (rt, id) = (self.engine.rt(&rec.spec.runtime_class), rec.id);
-                match tokio::task::spawn_blocking(move || rt.exit_code(&id)).await {
-                    Ok(Some(c)) => TerminationReason::Exited(c),
-                    _ => TerminationReason::Killed,
-                }
-            }
+            // Killed, or not ours to read (an OCI init reaped by its parent).
+            _ => TerminationReason::Killed,
         }
     }
 

@@ -127,6 +127,7 @@ impl OciRuntime {
         }
         let pid = state.pid;
         let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        self.adopt_container_procs(id, pid);
         let t_spawn = t0.elapsed();
         self.unquiesce(id, &dir)?;
         Ok(super::launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))

@@ -140,8 +140,27 @@ impl OciRuntime {
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
         let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
+        self.adopt_container_procs(id, state.pid);
         self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
         Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
+    }
+
+    /// Hands what `create` (or `restore`) left in the container's cgroup to
+    /// the daemon's reaper, if the daemon adopted it as subreaper
+    /// (`ember_sys::adopt`): runsc's Sentry and gofer, crun's and runc's init.
+    /// Each is reaped the moment it exits, so `runsc delete`, which polls until
+    /// they are gone, is not kept waiting by a zombie. Nothing else runs in
+    /// that cgroup that the daemon spawned and waits for itself.
+    pub(super) fn adopt_container_procs(&self, id: &SandboxId, init: i32) {
+        let mut procs = self.cgroups.procs(id.as_str()).unwrap_or_default();
+        if !procs.contains(&init) {
+            procs.push(init);
+        }
+        for pid in procs {
+            if let Err(e) = ember_sys::adopt::adopt_child(pid) {
+                tracing::warn!(sandbox = %id, pid, error = %e, "adopting a container process failed");
+            }
+        }
     }
 
     /// The sandbox's id range and its layers and volumes idmapped onto it
