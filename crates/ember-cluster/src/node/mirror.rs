@@ -63,13 +63,12 @@ impl Mirror {
         st.entries.get(key).map(|(v, _)| v.clone())
     }
 
-    fn apply(&self, key: String, entry: Option<(Bytes, u64)>, caught_up: bool) {
+    fn apply(&self, key: String, entry: Option<(Bytes, u64)>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match entry {
             Some(e) => drop(st.entries.insert(key, e)),
             None => drop(st.entries.remove(&key)),
         }
-        st.synced |= caught_up;
     }
 
     /// The watch delivered the bucket's content: keys it did not deliver
@@ -112,7 +111,7 @@ impl Mirror {
             }
             let caught_up = entry.delta == 0;
             let value = (entry.operation == kv::Operation::Put).then_some((entry.value, entry.revision));
-            self.apply(entry.key, value, false);
+            self.apply(entry.key, value);
             if caught_up && delivered.is_some() {
                 self.caught_up(delivered.take().as_ref());
             }
@@ -128,11 +127,12 @@ mod tests {
     #[test]
     fn a_copy_is_read_only_once_caught_up_and_drops_deleted_keys() {
         let m = Mirror { bucket: "b".into(), state: Mutex::default() };
-        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)), false);
+        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
         assert!(m.entries().is_none(), "history still coming");
-        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)), true);
+        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
+        m.caught_up(None);
         assert_eq!(m.entries().map(|e| e.len()), Some(2));
-        m.apply("x".into(), None, false);
+        m.apply("x".into(), None);
         let left: Vec<String> = m.entries().unwrap_or_default().into_iter().map(|e| e.0).collect();
         assert_eq!(left, ["y"]);
     }
@@ -140,10 +140,11 @@ mod tests {
     #[test]
     fn a_watch_opened_again_drops_the_keys_it_did_not_deliver() {
         let m = Mirror { bucket: "b".into(), state: Mutex::default() };
-        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)), false);
-        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)), true);
+        m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
+        m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
+        m.caught_up(None);
         // Opened again: only y is in the bucket now (x's marker purged).
-        m.apply("y".into(), Some((Bytes::from_static(b"3"), 3)), false);
+        m.apply("y".into(), Some((Bytes::from_static(b"3"), 3)));
         m.caught_up(Some(&HashSet::from(["y".to_string()])));
         let left: Vec<(String, u64)> = m.entries().unwrap_or_default().into_iter().map(|e| (e.0, e.2)).collect();
         assert_eq!(left, [("y".to_string(), 3)]);
