@@ -6,6 +6,7 @@
 //! workspaces at once; one session at a time never showed it.
 use super::rebind::{rebind_request, sh_through, SharedStore};
 use super::{eventually, nats, runtime};
+use ember_types::execd::RunCommandRequest;
 use std::time::Duration;
 
 const SESSIONS: usize = 6;
@@ -37,6 +38,39 @@ fn sessions_of_a_killed_node_rebound_at_once_are_each_writable() {
     });
     a.kill9();
     runtime().block_on(async {
+        // Through both survivors, as fast as they answer: the first exec the
+        // re-created sandbox runs must see its workspace whole (the drill's
+        // first append after a rebind was refused).
+        let first = ids.iter().enumerate().map(|(i, id)| {
+            let (b, c) = (&b, &c);
+            async move {
+                let want = format!("session-{i}\n");
+                loop {
+                    for d in [b, c] {
+                        let req =
+                            RunCommandRequest { command: Some("cat /workspace/records".into()), ..Default::default() };
+                        let mut out = String::new();
+                        let res = d.client.exec(id, &req, |ev| {
+                            if ev.kind == "stdout" {
+                                out.push_str(ev.text.as_deref().unwrap_or(""));
+                                out.push('\n');
+                            }
+                        });
+                        if let Ok(r) = res.await {
+                            assert_eq!(
+                                (r.exit_code, out.as_str()),
+                                (Some(0), want.as_str()),
+                                "session {i}: its first exec"
+                            );
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        let all = futures_util::future::join_all(first);
+        tokio::time::timeout(Duration::from_secs(120), all).await.expect("every session back within 120 s");
         for (i, id) in ids.iter().enumerate() {
             let through = if i % 2 == 0 { &b } else { &c };
             let script = "echo appended >> /workspace/records && cat /workspace/records";

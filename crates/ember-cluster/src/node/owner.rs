@@ -16,6 +16,16 @@ pub(super) enum Owner {
 impl ClusterPlane {
     /// Which node holds sandbox `id` (see the module docs).
     pub(super) async fn owner(&self, id: &str) -> Result<Owner, EngineError> {
+        // Being re-created here: the engine lists it once it starts, before
+        // its workspaces are mounted into it, and an exec that reached it
+        // then found `/workspace` empty (the drill's first append after a
+        // rebind, `Permission denied`; `cluster/rebind_many.rs`).
+        if self.fence.is_rebinding(id) {
+            return Err(EngineError::NodeUnavailable {
+                node: self.cfg.name.clone(),
+                reason: format!("sandbox {id} is being re-created on it"),
+            });
+        }
         if !self.cfg.api_only {
             match self.local.get(id).await {
                 Ok(_) => return Ok(Owner::Here),

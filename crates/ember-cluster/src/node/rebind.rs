@@ -116,6 +116,11 @@ impl Fence {
         lock(&self.frozen).contains(id)
     }
 
+    /// Sandbox `id` is being re-created here (or waits its turn to be).
+    pub(super) fn is_rebinding(&self, id: &str) -> bool {
+        lock(&self.inflight).contains(id)
+    }
+
     /// Workspace `name` is being restored here by a rebind.
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
