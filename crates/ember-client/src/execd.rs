@@ -36,7 +36,7 @@ impl Client {
         let mut dec = FrameDecoder::default();
         let mut out = ExecOutcome { exit_code: None, error: None };
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+            let frame = frame.map_err(|e| ClientError::Cut { path: path.clone(), message: e.to_string() })?;
             let Ok(data) = frame.into_data() else { continue };
             dec.push(&data);
             while let Some(ev) = dec.next_event() {
@@ -77,5 +77,34 @@ impl Client {
         let resp = self.send(Method::GET, &path, Bytes::new(), None).await?;
         let resp = Self::check(&path, resp).await?;
         read_body(&path, resp).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that starts a command's stream and closes the connection
+    /// before its end, as a node does when it is killed mid-call.
+    #[tokio::test]
+    async fn an_exec_whose_stream_breaks_off_is_cut_not_a_protocol_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let event = "{\"type\":\"stdout\",\"text\":\"hi\",\"timestamp\":1}\n\n";
+            let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+            s.write_all(format!("{head}{chunk}").as_bytes()).await.expect("write");
+            // Dropped here: the chunked body never gets its last chunk.
+        });
+        let client = Client::new(&format!("http://{addr}"), None).expect("client");
+        let mut seen = 0;
+        let res = client.exec("s1", &RunCommandRequest::default(), |_| seen += 1).await;
+        assert!(matches!(res, Err(ClientError::Cut { .. })), "{res:?}");
+        assert_eq!(seen, 1, "the event before the cut was delivered");
     }
 }

@@ -53,6 +53,11 @@ pub enum ClientError {
     Api { status: u16, code: String, message: String },
     #[error("unexpected reply from {path}: {message}")]
     Protocol { path: String, message: String },
+    /// A streamed answer broke off after it began (the connection closed:
+    /// the node died mid-call). What was asked may or may not have run; a
+    /// caller retries only what is idempotent.
+    #[error("the answer from {path} broke off: {message}")]
+    Cut { path: String, message: String },
     #[error("local file {path}: {source}")]
     File {
         path: String,

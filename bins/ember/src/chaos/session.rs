@@ -1,8 +1,9 @@
 //! One session of the drill: a long agent loop through the public API,
-//! under the documented retry policy (a 503 or an unreachable node is tried
-//! again after 100 ms, doubling to 1 s, for up to 30 s; an unreachable node
-//! also sends the next try to the next node's URL, as a load balancer
-//! would). A call that still fails is a *user-visible error*.
+//! under the documented retry policy (a 503, an unreachable node or an
+//! idempotent call's answer cut off mid-stream is tried again after 100 ms,
+//! doubling to 1 s, for up to 30 s; an unreachable node or a cut also sends
+//! the next try to the next node's URL, as a load balancer would). A call
+//! that still fails is a *user-visible error*.
 //!
 //! The loop: append a checksummed record to /workspace/records by exec,
 //! every few records `POST /v1/workspaces/{name}/checkpoint`, every few
@@ -161,8 +162,13 @@ pub struct Conn {
     shared: Arc<Shared>,
 }
 
+/// A 503, an unreachable node, or an answer that broke off mid-stream (its
+/// node died during the call). The last may follow a command that ran: the
+/// drill's only streamed call, the append, is idempotent (it appends its
+/// line only if the file lacks it), as a client must make any call it
+/// retries after a cut.
 fn retryable(e: &ClientError) -> bool {
-    matches!(e, ClientError::Api { status: 503, .. } | ClientError::Connect { .. })
+    matches!(e, ClientError::Api { status: 503, .. } | ClientError::Connect { .. } | ClientError::Cut { .. })
 }
 
 impl Conn {
@@ -224,7 +230,7 @@ impl Conn {
                     first_fail.get_or_insert_with(Instant::now);
                     r.retries += 1;
                     self.shared.note(Kind::Retry);
-                    if matches!(e, ClientError::Connect { .. }) {
+                    if matches!(e, ClientError::Connect { .. } | ClientError::Cut { .. }) {
                         self.cur = (self.cur + 1) % self.clients.len();
                     }
                     tokio::time::sleep(wait).await;
@@ -364,7 +370,11 @@ impl Session {
     async fn append(&mut self, shared: &Shared, id: &str, seq: u64) {
         let line = record(self.r.index, seq);
         let req = RunCommandRequest {
-            command: Some(format!("printf '%s\\n' '{line}' >> /workspace/records")),
+            // Idempotent, so that a try cut off mid-answer can be repeated:
+            // a line already there (the cut try ran) is not appended twice.
+            command: Some(format!(
+                "grep -qxF '{line}' /workspace/records 2>/dev/null || printf '%s\\n' '{line}' >> /workspace/records"
+            )),
             ..Default::default()
         };
         // The last try's stderr, kept short: what a failed append said.

@@ -134,7 +134,7 @@ pub async fn exec(client: &Client, id: &str, opts: &ExecOpts, argv: Vec<String>)
         .await
     {
         Ok(out) => out,
-        Err(e @ ember_client::ClientError::Protocol { .. }) => {
+        Err(e @ (ember_client::ClientError::Protocol { .. } | ember_client::ClientError::Cut { .. })) => {
             // The stream broke: say why if the sandbox itself ended.
             if let Ok(s) = client.get_sandbox(id).await {
                 if s.status.state == "Failed" || s.status.state == "Terminated" {

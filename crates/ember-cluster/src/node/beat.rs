@@ -81,8 +81,15 @@ impl ClusterPlane {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // A rebind slot freed here starts the next claim at once.
+            let beat = tokio::select! {
+                _ = tick.tick() => true,
+                () = self.fence.freed.notified() => false,
+            };
             self.rebind_sweep().await;
+            if !beat {
+                continue;
+            }
             // A node that cannot renew writes no registry entry: one queued
             // while cut off would land after its sandbox was rebound.
             if !self.cfg.api_only && self.fence.renewed() {

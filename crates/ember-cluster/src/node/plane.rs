@@ -537,7 +537,7 @@ impl ControlPlane for ClusterPlane {
         self.local.runtime_classes()
     }
     fn metrics_text(&self) -> String {
-        super::metrics::with_nodes(self.local.metrics_text(), &self.live_nodes())
+        super::metrics::with_nodes(self.local.metrics_text(), &self.live_nodes(), self.fence.rebinds_run())
     }
     fn observe_exec(&self, took: std::time::Duration) {
         self.local.observe_exec(took)

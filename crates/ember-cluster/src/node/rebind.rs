@@ -66,15 +66,23 @@ pub(super) struct Fence {
     ops: tokio::sync::Mutex<()>,
     /// Rebinds under way here at once (see [`REBINDS_AT_ONCE`]).
     rebinds: RebindSlots,
-    /// Dead nodes' sandboxes left to another survivor for now.
+    /// Dead nodes' sandboxes not claimed yet, as this node saw them.
     orphans: Mutex<super::takeover::Orphans>,
+    /// A rebind ended here: its slot is free for the next orphan.
+    pub(super) freed: tokio::sync::Notify,
+    /// The revision of each rebind entry this node marked done, until its
+    /// watch shows it: an older, pending revision there is the watch
+    /// lagging, not a rebind to resume.
+    done: Mutex<HashMap<String, u64>>,
+    /// Rebinds run here (`ember_cluster_rebinds_total`).
+    runs: std::sync::atomic::AtomicU64,
 }
 
-/// How many rebinds one node runs at once. A node that took over a dead
-/// node's 30 sessions restored all 30 at once: 24 s each on the 300-session
-/// drill, and its own heartbeats starved for 13 s behind them, so the others
-/// took it for dead too and the failure spread. In turn, the first sessions
-/// are back in the time of one restore.
+/// How many rebinds one node runs at once, and so claims (`takeover.rs`).
+/// A node that took over a dead node's 30 sessions restored all 30 at once:
+/// 24 s each on the 300-session drill, and its own heartbeats starved for
+/// 13 s behind them, so the others took it for dead too and the failure
+/// spread. In turn, the first sessions are back in the time of one restore.
 pub const REBINDS_AT_ONCE: usize = 2;
 
 struct RebindSlots(tokio::sync::Semaphore);
@@ -121,6 +129,25 @@ impl Fence {
         lock(&self.inflight).contains(id)
     }
 
+    /// How many rebinds this node has run.
+    pub(super) fn rebinds_run(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether this node marked `id`'s rebind done at a revision after
+    /// `rev` (the watch that read `rev` lags); forgets it once it does not.
+    fn done_since(&self, id: &str, rev: u64) -> bool {
+        let mut done = lock(&self.done);
+        match done.get(id) {
+            Some(&at) if at > rev => true,
+            Some(_) => {
+                done.remove(id);
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Workspace `name` is being restored here by a rebind.
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
@@ -133,6 +160,28 @@ impl Fence {
 /// (no entry, or this node's and done: it was removed here).
 pub(super) fn recreating<'a>(me: &str, entry: Option<&'a RebindEntry>) -> Option<&'a str> {
     entry.filter(|e| e.node != me || e.pending).map(|e| e.node.as_str())
+}
+
+/// Where one rebind's time went (logged with "rebound here"; docs/chaos.md
+/// reads MTTR off these).
+#[derive(Default)]
+struct Steps {
+    /// The workspaces' registry entries taken over at the next epoch.
+    take: Duration,
+    /// Their last checkpoints restored (or fresh workspaces made).
+    restore: Duration,
+    /// The sandbox created under its id.
+    create: Duration,
+    /// The sandbox registry and the rebind entry pointed here.
+    registry: Duration,
+}
+
+impl std::fmt::Display for Steps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_millis();
+        let (t, r, c, g) = (ms(self.take), ms(self.restore), ms(self.create), ms(self.registry));
+        write!(f, "take {t} ms, restore {r} ms, create {c} ms, registry {g} ms")
+    }
 }
 
 fn workspace_names(req: &CreateSandbox) -> Vec<String> {
@@ -199,8 +248,7 @@ impl ClusterPlane {
         let silent = silent.filter(|(_, e, _)| self.live_node(&e.node, "").is_err()).map(|(_, e, _)| e.node.clone());
         let dead = self.confirmed_dead(silent.collect()).await;
         // Their orphans, each to one survivor first (`takeover.rs`).
-        let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
-        let mut waiting = HashSet::new();
+        let mut orphans = Vec::new();
         let mut mine = HashMap::new();
         for (id, e, rev) in entries {
             if e.node == self.name() {
@@ -215,28 +263,43 @@ impl ClusterPlane {
                 // step failed (a registry write in an election); the steps
                 // resume after the create. Left as it was, the entry stayed
                 // pending for good and every call answered 503.
-                if e.pending {
+                let lagging = self.fence.done_since(&id, rev);
+                if e.pending && !lagging {
                     self.clone().spawn_rebind(id, e.req);
                 }
             } else if here.contains(&id) {
                 self.evict(&id).await;
             } else if dead.contains(&e.node) {
-                waiting.insert(id.clone());
-                if !lock(&self.fence.orphans).take(&id, self.name(), &runners, Instant::now()) {
-                    continue;
-                }
-                let claimed = RebindEntry { node: self.name().to_string(), pending: true, req: e.req };
-                let Ok(value) = serde_json::to_vec(&claimed) else { continue };
-                // Of the survivors, the first write at this revision wins.
-                if self.rebind.update(&id, value.into(), rev).await.is_ok() {
-                    tracing::info!(sandbox = %id, dead = %e.node, "rebinding a dead node's sandbox here");
-                    mine.insert(id.clone(), workspace_names(&claimed.req));
-                    self.clone().spawn_rebind(id, claimed.req);
-                }
+                orphans.push((id, e, rev));
             }
         }
+        self.claim(orphans, &mut mine).await;
         *lock(&self.fence.mine) = mine;
-        lock(&self.fence.orphans).keep_only(&waiting);
+    }
+
+    /// Claims what this node's free rebind slots can start now of dead
+    /// nodes' `orphans` (`takeover.rs`), and starts their rebinds.
+    async fn claim(
+        self: &Arc<Self>,
+        orphans: Vec<(String, RebindEntry, u64)>,
+        mine: &mut HashMap<String, Vec<String>>,
+    ) {
+        let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
+        let ids: Vec<String> = orphans.iter().map(|(id, _, _)| id.clone()).collect();
+        let free = REBINDS_AT_ONCE.saturating_sub(lock(&self.fence.inflight).len());
+        let now = lock(&self.fence.orphans).plan(&ids, self.name(), &runners, Instant::now(), free);
+        lock(&self.fence.orphans).keep_only(&ids.iter().cloned().collect());
+        for (id, e, rev) in orphans.into_iter().filter(|(id, _, _)| now.contains(id)) {
+            let dead = e.node;
+            let claimed = RebindEntry { node: self.name().to_string(), pending: true, req: e.req };
+            let Ok(value) = serde_json::to_vec(&claimed) else { continue };
+            // Of the survivors, the first write at this revision wins.
+            if self.rebind.update(&id, value.into(), rev).await.is_ok() {
+                tracing::info!(sandbox = %id, %dead, "rebinding a dead node's sandbox here");
+                mine.insert(id.clone(), workspace_names(&claimed.req));
+                self.clone().spawn_rebind(id, claimed.req);
+            }
+        }
     }
 
     /// Thaws a rebind sandbox this node froze. It stays counted frozen (its
@@ -317,19 +380,23 @@ impl ClusterPlane {
         tokio::spawn(async move {
             let t0 = Instant::now();
             let slot = self.fence.rebinds.0.acquire().await;
+            let queued = t0.elapsed();
+            self.fence.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match self.rebind_here(&id, req).await {
-                Ok(()) => tracing::info!(sandbox = %id, took = ?t0.elapsed(), "rebound here"),
+                Ok(steps) => tracing::info!(sandbox = %id, took = ?t0.elapsed(), ?queued, %steps, "rebound here"),
                 Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind failed; the next heartbeat retries"),
             }
             drop(slot);
             lock(&self.fence.inflight).remove(&id);
+            // A slot is free: the next sweep now, not at the next beat.
+            self.fence.freed.notify_one();
         });
     }
 
     /// Re-creates sandbox `id` here: each workspace taken over at the next
     /// epoch and restored from its last checkpoint, the sandbox created under
     /// its id, the sandbox registry pointed here, the entry no longer pending.
-    async fn rebind_here(&self, id: &str, req: CreateSandbox) -> Result<(), EngineError> {
+    async fn rebind_here(&self, id: &str, req: CreateSandbox) -> Result<Steps, EngineError> {
         let names: Vec<String> = req.workspaces.iter().map(|w| w.name.clone()).collect();
         lock(&self.fence.restoring).extend(names.iter().cloned());
         let done = self.rebind_steps(id, req).await;
@@ -339,24 +406,36 @@ impl ClusterPlane {
     }
 
     /// [`Self::rebind_here`]'s steps.
-    async fn rebind_steps(&self, id: &str, mut req: CreateSandbox) -> Result<(), EngineError> {
+    async fn rebind_steps(&self, id: &str, mut req: CreateSandbox) -> Result<Steps, EngineError> {
+        let mut steps = Steps::default();
         let rec = match self.local().get(id).await {
             Ok(rec) => rec,
-            Err(EngineError::NotFound(_)) => self.recreate(id, &mut req).await?,
+            Err(EngineError::NotFound(_)) => self.recreate(id, &mut req, &mut steps).await?,
             Err(e) => return Err(e),
         };
+        let t = Instant::now();
         self.publish(id, rec.state.to_string()).await?;
         let done =
             RebindEntry { node: self.name().to_string(), pending: false, req: CreateSandbox { id: None, ..req } };
         let value = serde_json::to_vec(&done).map_err(|e| rebind_error("encode", id, &e))?;
-        self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
-        Ok(())
+        let rev = self.rebind.put(id, value.into()).await.map_err(|e| rebind_error("write", id, &e))?;
+        lock(&self.fence.done).insert(id.to_string(), rev);
+        steps.registry = t.elapsed();
+        Ok(steps)
     }
 
     /// The workspaces taken over and restored, the sandbox created under `id`.
-    async fn recreate(&self, id: &str, req: &mut CreateSandbox) -> Result<SandboxRecord, EngineError> {
+    async fn recreate(
+        &self,
+        id: &str,
+        req: &mut CreateSandbox,
+        steps: &mut Steps,
+    ) -> Result<SandboxRecord, EngineError> {
         for w in &req.workspaces {
+            let t = Instant::now();
             let entry = self.take_workspace(&w.name, w.create_size.unwrap_or(1 << 30)).await?;
+            steps.take += t.elapsed();
+            let t = Instant::now();
             if self.local().workspace(&w.name).await.is_ok() {
                 // A stale copy of an earlier stay on this node.
                 self.local().remove_workspace(&w.name).await?;
@@ -369,9 +448,13 @@ impl ClusterPlane {
                     self.local().create_workspace(w.name.clone(), entry.size_bytes).await?;
                 }
             }
+            steps.restore += t.elapsed();
         }
         req.id = Some(ember_types::SandboxId::try_from(id.to_string()).map_err(|_| rebind_error("id", id, &"bad"))?);
-        self.local().create(req.clone()).await
+        let t = Instant::now();
+        let rec = self.local().create(req.clone()).await;
+        steps.create = t.elapsed();
+        rec
     }
 
     /// The fence: every [`FENCE_TICK`], if this node has not renewed within

@@ -1,4 +1,4 @@
-//! Which survivor re-creates a dead node's sandbox.
+//! Which survivor re-creates a dead node's sandbox, and when.
 //!
 //! Every survivor's sweep sees the dead node's entries at once, and the
 //! first compare-and-set at an entry's revision wins it. Left to that race,
@@ -7,14 +7,22 @@
 //! others restored none, and its last session came back after 45 s. Each
 //! orphan now has one preferred survivor, by rendezvous hashing of its id
 //! over the live nodes that run sandboxes (the same on every node that sees
-//! the same live set, and moving only the orphans of a node that leaves it);
-//! the others leave it to that node for [`TAKEOVER_GRACE`], then any takes
-//! it (the preferred one may be slow or dying too, or see another live set).
+//! the same live set, and moving only the orphans of a node that leaves it).
+//!
+//! Claims are pulled, as tasks are: a node claims an orphan only when it
+//! has a rebind slot free ([`plan`]), its preferred orphans first. Claimed
+//! at once, a survivor's preferred orphans queued behind its own slots
+//! while others had finished theirs (drill L: 10 to 17 restores per
+//! survivor, the last session back after 34.5 s, past the client's retry
+//! budget). An orphan its preferred node has not claimed after
+//! [`TAKEOVER_GRACE`] (that node busy, slow or dying too, or seeing another
+//! live set) goes to whichever node has a slot free.
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How long an orphan is left to its preferred survivor.
-pub const TAKEOVER_GRACE: Duration = Duration::from_secs(3);
+/// How long an orphan is left to its preferred survivor: two sweeps, so a
+/// preferred node with a slot free has claimed it by then.
+pub const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
 
 /// The survivor of `nodes` preferred for orphan `id`: the highest hash of
 /// `id` and the node's name (stable across builds, unlike std's hasher, so
@@ -36,21 +44,28 @@ fn weight(id: &str, node: &str) -> u64 {
     h ^ (h >> 33)
 }
 
-/// When this node first saw each orphan it was not preferred for.
+/// When this node first saw each orphan.
 #[derive(Default)]
 pub struct Orphans {
     seen: HashMap<String, Instant>,
 }
 
 impl Orphans {
-    /// Whether `me` takes orphan `id` now: it is preferred, or the orphan
-    /// has waited [`TAKEOVER_GRACE`] since this node first saw it.
-    pub fn take(&mut self, id: &str, me: &str, live: &[String], now: Instant) -> bool {
-        if preferred(id, live) == Some(me) {
-            return true;
-        }
-        let first = *self.seen.entry(id.to_string()).or_insert(now);
-        now.duration_since(first) >= TAKEOVER_GRACE
+    /// Which of the orphans `ids` node `me` claims now, with `free` rebind
+    /// slots: those it is preferred for, then those that have waited
+    /// [`TAKEOVER_GRACE`] since this node first saw them, longest first; no
+    /// more than `free`.
+    pub fn plan(&mut self, ids: &[String], me: &str, live: &[String], now: Instant, free: usize) -> Vec<String> {
+        let mut eligible: Vec<(bool, Instant, &String)> = ids
+            .iter()
+            .filter_map(|id| {
+                let first = *self.seen.entry(id.clone()).or_insert(now);
+                let mine = preferred(id, live) == Some(me);
+                (mine || now.duration_since(first) >= TAKEOVER_GRACE).then_some((!mine, first, id))
+            })
+            .collect();
+        eligible.sort();
+        eligible.into_iter().take(free).map(|(_, _, id)| id.clone()).collect()
     }
 
     /// Forgets the orphans no longer waiting (taken, or gone).
@@ -110,12 +125,38 @@ mod tests {
     fn an_orphan_not_taken_by_its_preferred_node_is_taken_after_the_grace() {
         let live = names(3);
         let id = (0..).map(|i| format!("s{i}")).find(|id| preferred(id, &live) == Some("h1")).expect("some id");
+        let ids = [id.clone()];
         let (mut o, t0) = (Orphans::default(), Instant::now());
-        assert!(o.take(&id, "h1", &live, t0), "the preferred node takes it at once");
-        assert!(!o.take(&id, "h2", &live, t0), "another waits");
-        assert!(!o.take(&id, "h2", &live, t0 + TAKEOVER_GRACE / 2));
-        assert!(o.take(&id, "h2", &live, t0 + TAKEOVER_GRACE), "then takes it");
+        assert_eq!(o.plan(&ids, "h1", &live, t0, 2), ids, "the preferred node takes it at once");
+        assert!(o.plan(&ids, "h2", &live, t0, 2).is_empty(), "another waits");
+        assert!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE / 2, 2).is_empty());
+        assert_eq!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE, 2), ids, "then takes it");
         o.keep_only(&Default::default());
-        assert!(!o.take(&id, "h2", &live, t0 + TAKEOVER_GRACE * 2), "a new wait once forgotten");
+        assert!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE * 2, 2).is_empty(), "a new wait once forgotten");
+    }
+
+    /// A node claims no more than its free slots, its own orphans first:
+    /// what it cannot start now stays unclaimed for a node with a slot.
+    #[test]
+    fn a_node_claims_only_what_its_free_slots_can_start_its_own_first() {
+        let live = names(3);
+        let ids: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
+        let own: Vec<&String> = ids.iter().filter(|id| preferred(id, &live) == Some("h1")).collect();
+        assert!(own.len() > 2, "{own:?}");
+        let (mut o, t0) = (Orphans::default(), Instant::now());
+        let now = o.plan(&ids, "h1", &live, t0, 2);
+        assert_eq!(now.len(), 2, "two slots, two claims");
+        assert!(now.iter().all(|id| own.contains(&id)), "its own first: {now:?}");
+        assert!(o.plan(&ids, "h1", &live, t0, 0).is_empty(), "no slot, no claim");
+        // After the grace the rest are anyone's, its own still first.
+        let later = o.plan(&ids, "h1", &live, t0 + TAKEOVER_GRACE, ids.len());
+        assert_eq!(later.len(), ids.len());
+        assert!(later[..own.len()].iter().all(|id| own.contains(&id)), "{later:?}");
+        // Another node with slots takes h1's orphans once they waited.
+        let (mut o2, t1) = (Orphans::default(), Instant::now());
+        assert!(o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, t1, 4).is_empty());
+        let stolen =
+            o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, t1 + TAKEOVER_GRACE, 4);
+        assert_eq!(stolen.len(), 4.min(own.len()));
     }
 }

@@ -354,12 +354,13 @@ fn fill_workspaces(
     op: &str,
     made: &mut Vec<String>,
 ) -> Result<(), EngineError> {
-    let mut mounts = Vec::new();
+    let (mut mounts, t0) = (Vec::new(), std::time::Instant::now());
     for n in names {
         e.workspaces.create_blocking(n, size)?;
         made.push(n.clone());
         mounts.push(e.workspaces.ensure_mounted(n)?);
     }
+    let made_in = t0.elapsed();
     let Some((first, rest)) = mounts.split_first() else { return Ok(()) };
     let first_tmp = first.join(STAGING);
     // The op's total covers every workspace; a step reports only its own bytes.
@@ -367,6 +368,7 @@ fn fill_workspaces(
         |p: Progress| e.snapshot_ops.update(op, |o| o.progress = Progress { bytes_total: o.progress.bytes_total, ..p });
     let opts = RestoreOptions { progress: &progress, max_bytes: Some(size), ..Default::default() };
     let info = ember_snapshot::restore(store, id, &first_tmp, opts)?;
+    tracing::debug!(snapshot = %id, ?made_in, restored_in = ?t0.elapsed() - made_in, bytes = info.bytes, "restored");
     let item_done = || {
         e.snapshot_ops.update(op, |o| {
             o.items_done += 1;
