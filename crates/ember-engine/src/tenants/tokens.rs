@@ -75,13 +75,13 @@ impl TokenStore {
 }
 
 impl Tenants {
-    fn token_store(&self) -> std::sync::MutexGuard<'_, TokenStore> {
+    pub(super) fn token_store(&self) -> std::sync::MutexGuard<'_, TokenStore> {
         self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A new token for `sandbox` of `tenant`, on disk before it is returned
     /// (this once; only its hash is kept).
-    pub fn mint_token(
+    pub async fn mint_token(
         &self,
         sandbox: &str,
         tenant: &str,
@@ -131,7 +131,7 @@ impl Tenants {
     }
 
     /// Ends every token of `sandbox` (it ended, or was removed).
-    pub fn drop_tokens(&self, sandbox: &str) {
+    pub async fn drop_tokens(&self, sandbox: &str) {
         self.token_store().retain(|g| g.sandbox != sandbox);
     }
 }
