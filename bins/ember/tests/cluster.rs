@@ -11,8 +11,8 @@
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
-//! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants
-//! and their keys the cluster's.
+//! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
+//! keys, owners and tokens the cluster's.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;

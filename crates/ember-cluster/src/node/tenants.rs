@@ -1,21 +1,24 @@
 //! Tenants as the cluster's state (docs/tenancy.md, "Tenants across a
-//! cluster"): the bucket `<prefix>_tenants` (tenant name → its record:
-//! quotas, keys by prefix and sha256).
+//! cluster"): three buckets, `<prefix>_tenants` (tenant name → its record:
+//! quotas, keys by prefix and sha256), `<prefix>_owners` (`<kind>/<id>` →
+//! the owning tenant; `secure/<id>` for `secureAccess` sandboxes) and
+//! `<prefix>_tokens` (sha256 of a scoped token → its grant; the bucket's
+//! age limit, a day and a minute, outlives the longest token).
 //!
 //! Every write is a compare-and-set on the key's revision (a new key by KV
 //! `create`, one winner), so two nodes changing one tenant at once never
 //! lose a change: the second write is refused, reads the first's value and
-//! applies its change to it. Every node follows the bucket with a watch
+//! applies its change to it. Every node follows each bucket with a watch
 //! ([`Mirror`]) that feeds the engine's copy ([`Tenants::observe`]), which
-//! the key check reads on each request; a node reads the bucket whole
-//! before it serves.
+//! the key check reads on each request; a node reads the three buckets
+//! whole before it serves.
 use super::mirror::{Listener, Mirror};
 use super::plane::ClusterPlane;
 use super::registry;
 use super::ClusterError;
 use crate::queue::key_of;
 use async_nats::jetstream::{self, kv};
-use ember_engine::tenants::{Change, SharedTenants, Table, TenantError, Tenants, Write};
+use ember_engine::tenants::{Change, SharedTenants, Table, TenantError, Tenants, Write, MAX_TTL_SECS};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +31,8 @@ const STEP: Duration = Duration::from_secs(2);
 /// The cluster's [`SharedTenants`].
 struct Directory {
     tenants: kv::Store,
+    owners: kv::Store,
+    tokens: kv::Store,
 }
 
 /// Feeds one bucket's changes into the engine's copy.
@@ -57,14 +62,18 @@ fn unavailable(key: &str, reason: impl std::fmt::Display) -> TenantError {
     TenantError::Shared { key: key.to_string(), reason: reason.to_string() }
 }
 
-/// Opens the bucket, makes `tenants` the cluster's, and returns once the
-/// watch has delivered the bucket whole (this node's copy is then
+/// Opens the three buckets, makes `tenants` the cluster's, and returns once
+/// the watches have delivered each bucket whole (this node's copy is then
 /// the cluster's, as of the watch).
 pub async fn share_tenants(plane: &Arc<ClusterPlane>, tenants: Arc<Tenants>) -> Result<(), ClusterError> {
     let js = jetstream::new(plane.nats.clone());
     let replicas = if plane.cfg.servers.len() >= 3 { 3 } else { 1 };
     let open = |what: &str, max_age| registry::bucket(&js, format!("{}_{what}", plane.cfg.prefix), replicas, max_age);
-    let dir = Arc::new(Directory { tenants: open("tenants", Duration::ZERO).await? });
+    let dir = Arc::new(Directory {
+        tenants: open("tenants", Duration::ZERO).await?,
+        owners: open("owners", Duration::ZERO).await?,
+        tokens: open("tokens", Duration::from_secs(MAX_TTL_SECS + 60)).await?,
+    });
     // Shared before the watches start: the copy they fill starts empty.
     tenants.share(dir.clone());
     let mut mirrors = Vec::new();
@@ -87,6 +96,8 @@ impl Directory {
     fn store(&self, table: Table) -> &kv::Store {
         match table {
             Table::Tenants => &self.tenants,
+            Table::Owners => &self.owners,
+            Table::Tokens => &self.tokens,
         }
     }
 }

@@ -8,9 +8,8 @@
 //! never the key) and the owner of every object a tenant key created. An object
 //! without an entry belongs to [`DEFAULT_TENANT`]: with no tenant ever created
 //! nothing is written and the daemon behaves as a single-key one. Scoped
-//! tokens are records of their own (`tokens.rs`). On a cluster the tenants
-//! and their keys are the cluster's instead, in a table every node watches
-//! (`shared.rs`).
+//! tokens are records of their own (`tokens.rs`). On a cluster all of it is
+//! the cluster's instead, in tables every node watches (`shared.rs`).
 mod audit;
 mod quota;
 mod shared;
@@ -128,6 +127,8 @@ pub struct Tenants {
 }
 
 const RECORD: &str = "tenants";
+/// The owner-table key prefix marking a `secureAccess` sandbox.
+const SECURE: &str = "secure/";
 
 fn hash(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
@@ -277,16 +278,12 @@ impl Tenants {
     /// need no entry (and a name reused by the admin drops a stale one).
     pub async fn set_owner(&self, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
         let k = format!("{}/{id}", kind.tag());
-        if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) {
+        // An entry this node's copy lacks may be in the cluster's table
+        // (its watch not there yet): asked there, where the write checks.
+        if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) && self.shared_tables().is_none() {
             return Ok(());
         }
-        self.update(|st| {
-            match tenant {
-                DEFAULT_TENANT => st.owners.remove(&k),
-                t => st.owners.insert(k, t.to_string()),
-            };
-            Ok(())
-        })
+        self.put_entry(&k, Some(tenant).filter(|t| *t != DEFAULT_TENANT)).await
     }
 
     /// Whether a create for `tenant` may claim a member of `pool`: a
@@ -315,10 +312,7 @@ impl Tenants {
 
     /// Marks `sandbox` as created with `secureAccess: true`.
     pub async fn set_secure(&self, sandbox: &str) -> Result<(), TenantError> {
-        self.update(|st| {
-            st.secure.insert(sandbox.to_string());
-            Ok(())
-        })
+        self.put_entry(&format!("{SECURE}{sandbox}"), Some("")).await
     }
 
     pub fn is_secure(&self, sandbox: &str) -> bool {

@@ -1,7 +1,8 @@
 //! Tenants on a cluster (docs/tenancy.md, "Tenants across a cluster"): the
-//! tenants and their key hashes live in a table of the cluster's key-value
-//! store ([`SharedTenants`], `ember-cluster`'s `node/tenants.rs`), not in
-//! `<data>/tenants`. Every node keeps a copy in memory, fed by a watch of the table
+//! tenants and their key hashes, the owner entries and the scoped tokens
+//! live in three tables of the cluster's key-value store ([`SharedTenants`],
+//! `ember-cluster`'s `node/tenants.rs`), not in `<data>/tenants`. Every node
+//! keeps a copy in memory, fed by a watch of each table
 //! ([`Tenants::observe`]), and checks each request's key against it: no
 //! round trip on a request's path. A write goes to the table first, by
 //! compare-and-set on the key's revision (two keys created at once for one
@@ -12,6 +13,7 @@
 //! Every value carries the revision it was written at: a watch that lags
 //! this node's own write delivers older revisions, which are ignored, so
 //! the copy never steps back.
+use super::tokens::Grant;
 use super::{State, TenantError, TenantRecord, Tenants};
 use std::sync::Arc;
 
@@ -20,10 +22,15 @@ use std::sync::Arc;
 pub enum Table {
     /// Tenant name → its record (quotas, keys by prefix and sha256).
     Tenants,
+    /// `<kind>/<id>` → the owning tenant's name; `secure/<id>` → `""` for
+    /// a sandbox created with `secureAccess`.
+    Owners,
+    /// sha256 of a token → its [`Grant`].
+    Tokens,
 }
 
 impl Table {
-    pub const ALL: [Table; 1] = [Table::Tenants];
+    pub const ALL: [Table; 3] = [Table::Tenants, Table::Owners, Table::Tokens];
 }
 
 /// What a change writes.
@@ -74,16 +81,15 @@ impl State {
 }
 
 impl Tenants {
-    /// Makes the tenants the cluster's: this node's record of them is no
-    /// longer read (its copy starts empty, filled by the watch) nor written.
+    /// Makes the tenants the cluster's: this node's record is no longer
+    /// read (its copy starts empty, filled by the watches) nor written.
     pub fn share(&self, shared: Arc<dyn SharedTenants>) {
         if self.directory.set(shared).is_err() {
             tracing::warn!("the cluster's tenant tables were set twice; the first is kept");
             return;
         }
-        let mut st = self.lock();
-        st.tenants.clear();
-        st.revs.clear();
+        *self.lock() = State::default();
+        self.token_store().clear();
     }
 
     pub(super) fn shared_tables(&self) -> Option<&Arc<dyn SharedTenants>> {
@@ -94,14 +100,27 @@ impl Tenants {
     /// made it): `value` `None` for a delete, `revision` `None` for a key
     /// gone from the table (its delete marker purged).
     pub fn observe(&self, table: Table, key: &str, value: Option<&[u8]>, revision: Option<u64>) {
+        if table == Table::Tokens {
+            let grant = value.and_then(|v| read::<Grant>(table, key, v));
+            return self.token_store().observe(key, grant, revision);
+        }
         let mut st = self.lock();
         if !st.fresh(table, key, revision) {
             return;
         }
-        match value.map(|v| read::<TenantRecord>(table, key, v)) {
-            Some(Some(r)) => drop(st.tenants.insert(key.to_string(), r)),
-            // A record this node cannot read grants no key.
-            Some(None) | None => drop(st.tenants.remove(key)),
+        match (table, value) {
+            (Table::Tenants, Some(v)) => match read::<TenantRecord>(table, key, v) {
+                Some(r) => drop(st.tenants.insert(key.to_string(), r)),
+                // A record this node cannot read grants no key.
+                None => drop(st.tenants.remove(key)),
+            },
+            (Table::Tenants, None) => drop(st.tenants.remove(key)),
+            (_, v) => match (key.strip_prefix(super::SECURE), v) {
+                (Some(id), Some(_)) => drop(st.secure.insert(id.to_string())),
+                (Some(id), None) => drop(st.secure.remove(id)),
+                (None, Some(t)) => drop(st.owners.insert(key.to_string(), String::from_utf8_lossy(t).into_owned())),
+                (None, None) => drop(st.owners.remove(key)),
+            },
         }
     }
 
@@ -157,6 +176,48 @@ impl Tenants {
         };
         self.write_shared(shared.as_ref(), Table::Tenants, name, &mut g).await
     }
+
+    /// Sets owner-table entry `key` to `value` (`None`: no entry).
+    pub(super) async fn put_entry(&self, key: &str, value: Option<&str>) -> Result<(), TenantError> {
+        let Some(shared) = self.shared_tables().cloned() else {
+            return self.update(|st| {
+                match (key.strip_prefix(super::SECURE), value) {
+                    (Some(id), Some(_)) => drop(st.secure.insert(id.to_string())),
+                    (Some(id), None) => drop(st.secure.remove(id)),
+                    (None, Some(t)) => drop(st.owners.insert(key.to_string(), t.to_string())),
+                    (None, None) => drop(st.owners.remove(key)),
+                }
+                Ok(())
+            });
+        };
+        let mut g = |cur: Option<&[u8]>| -> Result<Write, TenantError> {
+            Ok(match (cur, value) {
+                (c, v) if c == v.map(str::as_bytes) => Write::Keep,
+                (_, Some(v)) => Write::Put(v.as_bytes().to_vec()),
+                (_, None) => Write::Delete,
+            })
+        };
+        self.write_shared(shared.as_ref(), Table::Owners, key, &mut g).await
+    }
+
+    /// Puts (or, `None`, deletes) the grant of token hash `h` in the
+    /// cluster's table.
+    pub(super) async fn put_token(
+        &self,
+        shared: &dyn SharedTenants,
+        h: &str,
+        grant: Option<&Grant>,
+    ) -> Result<(), TenantError> {
+        let value = grant.map(|g| encoded(h, g)).transpose()?;
+        let mut g = |cur: Option<&[u8]>| -> Result<Write, TenantError> {
+            Ok(match (&value, cur) {
+                (Some(v), _) => Write::Put(v.clone()),
+                (None, Some(_)) => Write::Delete,
+                (None, None) => Write::Keep,
+            })
+        };
+        self.write_shared(shared, Table::Tokens, h, &mut g).await
+    }
 }
 
 /// `v` decoded, or `None` (logged): a value this node cannot read grants
@@ -177,6 +238,7 @@ mod tests {
         assert!(st.fresh(Table::Tenants, "a", Some(5)), "a first value");
         assert!(!st.fresh(Table::Tenants, "a", Some(4)), "an older revision after this node's own write");
         assert!(st.fresh(Table::Tenants, "a", Some(5)), "the same revision again (a watch opened again)");
+        assert!(st.fresh(Table::Owners, "a", Some(1)), "another table's key of the same name");
         assert!(st.fresh(Table::Tenants, "a", None), "gone for good");
         assert!(st.fresh(Table::Tenants, "a", Some(2)), "a key made again starts afresh");
     }
