@@ -146,8 +146,8 @@ async fn task_queue(
     Ok((cfg, Some(Arc::new(q))))
 }
 
-/// With --cluster: this node joins the cluster, its tenants' sandbox quotas
-/// become the cluster's, and the API gets the plane that routes between
+/// With --cluster: this node joins the cluster, its tenants (keys, owner
+/// entries, tokens) and their sandbox quotas become the cluster's, and the API gets the plane that routes between
 /// nodes; else the engine itself.
 async fn cluster_plane(
     c: &crate::cli::ClusterArgs,
@@ -171,6 +171,8 @@ async fn cluster_plane(
     };
     tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
     let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;
+    // Tenants, keys, owners and tokens are the cluster's, read whole before serving.
+    ember_cluster::node::tenants::share_tenants(&plane, tenants.clone()).await.context("--cluster: tenants")?;
     // A tenant's running sandboxes, memory and cpu are counted cluster-wide.
     ember_cluster::node::quota::share_quotas(&plane, tenants.clone()).await.context("--cluster: tenant quotas")?;
     Ok(plane)

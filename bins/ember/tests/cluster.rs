@@ -11,7 +11,8 @@
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
-//! sandbox quotas held across nodes.
+//! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
+//! keys, owners and tokens the cluster's.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
@@ -25,6 +26,8 @@ mod rebind_many;
 mod snapshots;
 #[path = "cluster/tasks.rs"]
 mod tasks;
+#[path = "cluster/tenant_state.rs"]
+mod tenant_state;
 #[path = "cluster/tenants.rs"]
 mod tenants;
 

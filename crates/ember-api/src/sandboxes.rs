@@ -24,7 +24,7 @@ pub async fn create(
     create.tenant = p.tenant_key().map(str::to_string);
     let rec = st.engine.create(create).await?;
     if secure {
-        st.tenants.set_secure(rec.id.as_str()).map_err(crate::tenancy::quota_error)?;
+        st.tenants.set_secure(rec.id.as_str()).await.map_err(crate::tenancy::quota_error)?;
     }
     let micros = rec.launch.as_ref().map_or(0, |l| l.micros);
     let mut resp = (StatusCode::ACCEPTED, Json(sandbox_info(&rec))).into_response();
@@ -139,6 +139,7 @@ pub async fn endpoint(
         let (token, _) = st
             .tenants
             .mint_token(&id, &owner, ember_types::tenant::TokenScope::All, ttl)
+            .await
             .map_err(crate::tenancy::quota_error)?;
         out_headers.insert("OpenSandbox-Secure-Access".to_string(), token);
     }

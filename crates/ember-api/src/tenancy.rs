@@ -171,7 +171,7 @@ async fn token_reaches(
     match st.engine.get(id).await {
         Ok(r) if !r.state.is_terminal() => Ok(()),
         _ => {
-            st.tenants.drop_tokens(id);
+            st.tenants.drop_tokens(id).await;
             let msg = format!("sandbox {id} has ended: its tokens with it");
             Err(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", msg).into_response())
         }
@@ -250,10 +250,10 @@ async fn forget_deleted(st: &ApiState, route: &route::Route, succeeded: bool) {
     if let (Scope::Object(kind, id), true) = (&route.scope, route.method == Method::DELETE && route.tail.is_empty()) {
         if succeeded {
             if *kind == Kind::Sandbox {
-                st.tenants.drop_tokens(id);
+                st.tenants.drop_tokens(id).await;
             }
             let owner = st.tenants.owner(*kind, id);
-            if let Err(e) = st.tenants.set_owner(*kind, id, DEFAULT_TENANT) {
+            if let Err(e) = st.tenants.set_owner(*kind, id, DEFAULT_TENANT).await {
                 tracing::warn!(error = %e, %id, "dropping a deleted object's owner");
             }
             if *kind == Kind::Sandbox && owner != DEFAULT_TENANT {

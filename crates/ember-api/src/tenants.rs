@@ -15,7 +15,7 @@ pub async fn create(
     State(st): State<ApiState>,
     ApiJson(req): ApiJson<CreateTenantRequest>,
 ) -> Result<Response, ApiError> {
-    let t = st.tenants.create(&req.name, req.quotas).map_err(quota_error)?;
+    let t = st.tenants.create(&req.name, req.quotas).await.map_err(quota_error)?;
     Ok((StatusCode::CREATED, Json(t)).into_response())
 }
 
@@ -31,13 +31,13 @@ pub async fn get_one(State(st): State<ApiState>, ApiPath(name): ApiPath<String>)
 }
 
 pub async fn remove(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
-    st.tenants.remove(&name).map_err(quota_error)?;
+    st.tenants.remove(&name).await.map_err(quota_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// A new key, shown in this answer only.
 pub async fn create_key(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    let k = st.tenants.create_key(&name).map_err(quota_error)?;
+    let k = st.tenants.create_key(&name).await.map_err(quota_error)?;
     Ok((StatusCode::CREATED, Json(k)).into_response())
 }
 
@@ -49,7 +49,7 @@ pub async fn revoke_key(
     State(st): State<ApiState>,
     ApiPath((name, prefix)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    st.tenants.revoke_key(&name, &prefix).map_err(quota_error)?;
+    st.tenants.revoke_key(&name, &prefix).await.map_err(quota_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

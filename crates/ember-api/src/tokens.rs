@@ -34,7 +34,7 @@ pub async fn create(
         return Err(ApiError::new(StatusCode::CONFLICT, "SANDBOX::NOT_RUNNING", msg));
     }
     let owner = st.tenants.owner(Kind::Sandbox, &id);
-    let (token, g) = st.tenants.mint_token(&id, &owner, req.scope, ttl).map_err(quota_error)?;
+    let (token, g) = st.tenants.mint_token(&id, &owner, req.scope, ttl).await.map_err(quota_error)?;
     let out = ScopedToken { token, sandbox_id: id, scope: g.scope, expires_at_ms: g.expires_at_ms };
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }

@@ -2,8 +2,8 @@
 //! "Quotas across a cluster"): creates racing through two nodes take
 //! exactly the quota, a removal through one node frees a slot for a create
 //! through the other, a SIGKILLed node's sandboxes give their slots back,
-//! and usage is the cluster's on every node. Tenants and their keys are
-//! each node's own: the test makes the tenant on both.
+//! and usage is the cluster's on every node. The tenant and its key are
+//! made through one node and used through both (`tenant_state.rs`).
 use super::{eventually, nats, node, runtime};
 use crate::common::{raw, Daemon};
 use serde_json::{json, Value};
@@ -17,7 +17,7 @@ async fn call(d: &Daemon, key: &str, method: &str, path: &str, body: Option<Valu
     raw::json_call(&d.url, key, (method, path), body, HANG).await
 }
 
-/// Tenant `name` on node `d` with `quotas`, and a key of it there.
+/// Tenant `name` made through node `d` with `quotas`, and a key of it.
 async fn tenant_on(d: &Daemon, name: &str, quotas: &Value) -> String {
     let (s, b) = call(d, ADMIN, "POST", "/v1/tenants", Some(json!({"name": name, "quotas": quotas}))).await;
     assert_eq!(s, 201, "{b}");
@@ -48,7 +48,13 @@ fn a_tenants_quota_holds_across_nodes() {
     let mut nodes = [node(&nats, "a", &keyed), node(&nats, "b", &keyed)];
     runtime().block_on(async {
         let quotas = json!({"runningSandboxes": 3});
-        let keys = [tenant_on(&nodes[0], "tq", &quotas).await, tenant_on(&nodes[1], "tq", &quotas).await];
+        let key = tenant_on(&nodes[0], "tq", &quotas).await;
+        eventually(Duration::from_secs(20), "the key through b", || async {
+            let (s, _) = call(&nodes[1], &key, "GET", "/v1/sandboxes", None).await;
+            (s == 200).then_some(())
+        })
+        .await;
+        let keys = [key.clone(), key];
         // 8 creates at once, 4 through each node, against 3: exactly 3 pass.
         let creates = (0..8).map(|i| create(&nodes[i % 2], &keys[i % 2]));
         let answers = futures_util::future::join_all(creates).await;

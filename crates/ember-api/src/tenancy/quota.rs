@@ -34,7 +34,7 @@ pub(crate) fn tenant_error(e: TenantError) -> ApiError {
         T::InvalidName(_) => (StatusCode::BAD_REQUEST, "TENANT::INVALID_NAME"),
         T::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "TENANT::STORE"),
         // Never a pass: the cluster's count could not be taken or kept.
-        T::Cluster { .. } => (StatusCode::SERVICE_UNAVAILABLE, "CLUSTER::BUSY"),
+        T::Cluster { .. } | T::Shared { .. } => (StatusCode::SERVICE_UNAVAILABLE, "CLUSTER::BUSY"),
     };
     ApiError::new(status.0, status.1, e.to_string())
 }
@@ -259,7 +259,7 @@ pub(super) async fn run(
     let resp = next.run(req).await;
     if resp.status().is_success() {
         for w in &new_workspaces {
-            st.tenants.set_owner(Kind::Workspace, w, tenant).map_err(tenant_error)?;
+            st.tenants.set_owner(Kind::Workspace, w, tenant).await.map_err(tenant_error)?;
         }
     }
     let Some(kind) = route.creates.filter(|_| resp.status().is_success()) else { return Ok(resp) };
@@ -284,7 +284,7 @@ pub(super) async fn run(
         rest = &ids[1..];
     }
     for id in rest {
-        st.tenants.set_owner(kind, id, tenant).map_err(tenant_error)?;
+        st.tenants.set_owner(kind, id, tenant).await.map_err(tenant_error)?;
     }
     Ok(Response::from_parts(parts, Body::from(bytes)))
 }

@@ -11,7 +11,8 @@
 //!
 //! The copy lags the bucket by the watch's delivery; a writer that acts on
 //! it writes by compare-and-set on the revision it read, so a stale copy
-//! makes a write fail, never a wrong one.
+//! makes a write fail, never a wrong one. A [`Listener`] hears every change
+//! the watch delivers (the tenants' copy of each node, `tenants.rs`).
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -31,6 +32,14 @@ const RESYNC_EVERY: Duration = Duration::from_secs(30);
 pub(super) struct Mirror {
     bucket: String,
     state: Mutex<State>,
+    listener: Option<Arc<dyn Listener>>,
+}
+
+/// Told of each change of the bucket, in the watch's order.
+pub(super) trait Listener: Send + Sync {
+    /// `key` holds `value` (`None`: deleted) as of `revision` (`None`: gone
+    /// from the bucket while the watch was closed, its marker purged).
+    fn changed(&self, key: &str, value: Option<&[u8]>, revision: Option<u64>);
 }
 
 #[derive(Default)]
@@ -44,9 +53,19 @@ impl Mirror {
     /// Starts the watch of `store`; the copy is readable once it has caught
     /// up with the bucket.
     pub(super) fn spawn(store: kv::Store) -> Arc<Mirror> {
-        let m = Arc::new(Mirror { bucket: store.name.clone(), state: Mutex::default() });
+        Mirror::spawn_with(store, None)
+    }
+
+    /// [`Mirror::spawn`], telling `listener` of every change.
+    pub(super) fn spawn_with(store: kv::Store, listener: Option<Arc<dyn Listener>>) -> Arc<Mirror> {
+        let m = Arc::new(Mirror { bucket: store.name.clone(), state: Mutex::default(), listener });
         tokio::spawn(m.clone().follow(store));
         m
+    }
+
+    /// Whether the watch has delivered the whole bucket once.
+    pub(super) fn synced(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).synced
     }
 
     /// Every live key with its value and revision; `None` until the watch
@@ -77,7 +96,13 @@ impl Mirror {
     fn caught_up(&self, delivered: Option<&HashSet<String>>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(keys) = delivered {
-            st.entries.retain(|k, _| keys.contains(k));
+            let gone: Vec<String> = st.entries.keys().filter(|k| !keys.contains(*k)).cloned().collect();
+            for k in gone {
+                st.entries.remove(&k);
+                if let Some(l) = &self.listener {
+                    l.changed(&k, None, None);
+                }
+            }
         }
         st.synced = true;
     }
@@ -111,6 +136,9 @@ impl Mirror {
             }
             let caught_up = entry.delta == 0;
             let value = (entry.operation == kv::Operation::Put).then_some((entry.value, entry.revision));
+            if let Some(l) = &self.listener {
+                l.changed(&entry.key, value.as_ref().map(|(v, _)| &v[..]), Some(entry.revision));
+            }
             self.apply(entry.key, value);
             if caught_up && delivered.is_some() {
                 self.caught_up(delivered.take().as_ref());
@@ -126,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_copy_is_read_only_once_caught_up_and_drops_deleted_keys() {
-        let m = Mirror { bucket: "b".into(), state: Mutex::default() };
+        let m = Mirror { bucket: "b".into(), state: Mutex::default(), listener: None };
         m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
         assert!(m.entries().is_none(), "history still coming");
         m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
@@ -139,7 +167,7 @@ mod tests {
 
     #[test]
     fn a_watch_opened_again_drops_the_keys_it_did_not_deliver() {
-        let m = Mirror { bucket: "b".into(), state: Mutex::default() };
+        let m = Mirror { bucket: "b".into(), state: Mutex::default(), listener: None };
         m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
         m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
         m.caught_up(None);

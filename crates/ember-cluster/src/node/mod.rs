@@ -13,7 +13,8 @@
 //! calls to another node's API, `liveness.rs` the question a node silent in
 //! the registry is asked before its sandboxes are rebound, `takeover.rs`
 //! which survivor re-creates each, `quota.rs` tenants' quotas held across
-//! nodes.
+//! nodes, `tenants.rs` tenants, their keys, owner entries and tokens as the
+//! cluster's state.
 use async_nats::jetstream;
 use ember_engine::ControlPlane;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ mod registry;
 pub mod share;
 mod takeover;
 mod tasks;
+pub mod tenants;
 mod workspaces;
 
 pub use plane::ClusterPlane;

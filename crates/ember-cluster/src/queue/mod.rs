@@ -21,6 +21,7 @@
 //! strictly in order), a per-task lease length (the consumer's AckWait is
 //! every task's lease). docs/cluster.md has the failure model.
 mod kv;
+pub(crate) use kv::key_of;
 mod lines;
 mod ops;
 mod setup;

@@ -8,13 +8,16 @@
 //! never the key) and the owner of every object a tenant key created. An object
 //! without an entry belongs to [`DEFAULT_TENANT`]: with no tenant ever created
 //! nothing is written and the daemon behaves as a single-key one. Scoped
-//! tokens are records of their own (`tokens.rs`).
+//! tokens are records of their own (`tokens.rs`). On a cluster all of it is
+//! the cluster's instead, in tables every node watches (`shared.rs`).
 mod audit;
 mod quota;
+mod shared;
 mod tokens;
 
 pub use audit::Audit;
 pub use quota::{check, Demand, Reservation, SharedQuota};
+pub use shared::{Change, SharedTenants, Table, Write};
 pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX};
 
 use crate::record::now_ms;
@@ -23,8 +26,9 @@ use ember_types::tenant::{CreatedKey, KeyInfo, Quotas, TenantInfo, DEFAULT_TENAN
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kinds of object a tenant owns; the first part of an owner entry's key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +69,9 @@ pub enum TenantError {
     /// The cluster's quota ledger could not be read or written.
     #[error("quota of tenant {tenant:?} across the cluster: {reason}")]
     Cluster { tenant: String, reason: String },
+    /// The cluster's tenant tables could not be read or written.
+    #[error("the cluster's tenant tables, entry {key:?}: {reason}")]
+    Shared { key: String, reason: String },
     #[error("tenant store: {0}")]
     Store(#[from] crate::EngineError),
 }
@@ -103,6 +110,9 @@ struct State {
     /// endpoint answers carry a scoped token.
     #[serde(default)]
     secure: std::collections::BTreeSet<String>,
+    /// On a cluster: the revision of each table entry the copy holds.
+    #[serde(skip)]
+    revs: HashMap<(Table, String), u64>,
 }
 
 pub struct Tenants {
@@ -112,9 +122,13 @@ pub struct Tenants {
     audit: Audit,
     /// The live scoped tokens, hashed (`tokens.rs`).
     tokens: Mutex<tokens::TokenStore>,
+    /// On a cluster: where tenants, owners and tokens are kept (`shared.rs`).
+    directory: OnceLock<Arc<dyn SharedTenants>>,
 }
 
 const RECORD: &str = "tenants";
+/// The owner-table key prefix marking a `secureAccess` sandbox.
+const SECURE: &str = "secure/";
 
 fn hash(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
@@ -153,6 +167,7 @@ impl Tenants {
             quota: quota::Admission::default(),
             audit,
             tokens: Mutex::new(tokens::TokenStore::open(&data_dir.join("tenants").join("tokens"))?),
+            directory: OnceLock::new(),
         })
     }
 
@@ -176,18 +191,17 @@ impl Tenants {
         !self.lock().tenants.is_empty()
     }
 
-    pub fn create(&self, name: &str, quotas: Quotas) -> Result<TenantInfo, TenantError> {
+    pub async fn create(&self, name: &str, quotas: Quotas) -> Result<TenantInfo, TenantError> {
         if !valid_name(name) {
             return Err(TenantError::InvalidName(name.to_string()));
         }
-        self.update(|st| {
-            if st.tenants.contains_key(name) {
-                return Err(TenantError::Exists(name.to_string()));
-            }
-            let rec = TenantRecord { created_at_ms: now_ms(), quotas, keys: vec![] };
-            st.tenants.insert(name.to_string(), rec.clone());
-            Ok(info(name, &rec))
+        let rec = TenantRecord { created_at_ms: now_ms(), quotas, keys: vec![] };
+        self.change_tenant(name, |cur| match cur {
+            Some(_) => Err(TenantError::Exists(name.to_string())),
+            None => Ok(Some(rec.clone())),
         })
+        .await?;
+        Ok(info(name, &rec))
     }
 
     pub fn list(&self) -> Vec<TenantInfo> {
@@ -205,33 +219,39 @@ impl Tenants {
 
     /// Removes the tenant and its keys. Its objects stay, owned by a tenant
     /// no key names: only the admin reaches them.
-    pub fn remove(&self, name: &str) -> Result<(), TenantError> {
-        self.update(|st| st.tenants.remove(name).map(drop).ok_or_else(|| TenantError::NotFound(name.to_string())))
+    pub async fn remove(&self, name: &str) -> Result<(), TenantError> {
+        self.change_tenant(name, |cur| match cur {
+            Some(_) => Ok(None),
+            None => Err(TenantError::NotFound(name.to_string())),
+        })
+        .await
     }
 
     /// A new key for `name`, returned whole this once; only its hash is kept.
-    pub fn create_key(&self, name: &str) -> Result<CreatedKey, TenantError> {
+    pub async fn create_key(&self, name: &str) -> Result<CreatedKey, TenantError> {
         let prefix = format!("emb_{}", random_hex(4)?);
         let key = format!("{prefix}_{}", random_hex(24)?);
         let rec = KeyRecord { prefix: prefix.clone(), hash: hash(&key), created_at_ms: now_ms() };
-        self.update(|st| {
-            let t = st.tenants.get_mut(name).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+        self.change_tenant(name, |cur| {
+            let mut t = cur.ok_or_else(|| TenantError::NotFound(name.to_string()))?;
             t.keys.push(rec.clone());
-            Ok(())
-        })?;
+            Ok(Some(t))
+        })
+        .await?;
         Ok(CreatedKey { prefix, key, created_at_ms: rec.created_at_ms })
     }
 
-    pub fn revoke_key(&self, name: &str, prefix: &str) -> Result<(), TenantError> {
-        self.update(|st| {
-            let t = st.tenants.get_mut(name).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+    pub async fn revoke_key(&self, name: &str, prefix: &str) -> Result<(), TenantError> {
+        self.change_tenant(name, |cur| {
+            let mut t = cur.ok_or_else(|| TenantError::NotFound(name.to_string()))?;
             let before = t.keys.len();
             t.keys.retain(|k| k.prefix != prefix);
             if t.keys.len() == before {
                 return Err(TenantError::KeyNotFound { name: name.to_string(), prefix: prefix.to_string() });
             }
-            Ok(())
+            Ok(Some(t))
         })
+        .await
     }
 
     /// Whether tenant `name` still has the key of `prefix` (a dashboard
@@ -256,18 +276,14 @@ impl Tenants {
 
     /// Records `tenant` as the owner of `id`; the default tenant's objects
     /// need no entry (and a name reused by the admin drops a stale one).
-    pub fn set_owner(&self, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
+    pub async fn set_owner(&self, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
         let k = format!("{}/{id}", kind.tag());
-        if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) {
+        // An entry this node's copy lacks may be in the cluster's table
+        // (its watch not there yet): asked there, where the write checks.
+        if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) && self.shared_tables().is_none() {
             return Ok(());
         }
-        self.update(|st| {
-            match tenant {
-                DEFAULT_TENANT => st.owners.remove(&k),
-                t => st.owners.insert(k, t.to_string()),
-            };
-            Ok(())
-        })
+        self.put_entry(&k, Some(tenant).filter(|t| *t != DEFAULT_TENANT)).await
     }
 
     /// Whether a create for `tenant` may claim a member of `pool`: a
@@ -295,11 +311,8 @@ impl Tenants {
     }
 
     /// Marks `sandbox` as created with `secureAccess: true`.
-    pub fn set_secure(&self, sandbox: &str) -> Result<(), TenantError> {
-        self.update(|st| {
-            st.secure.insert(sandbox.to_string());
-            Ok(())
-        })
+    pub async fn set_secure(&self, sandbox: &str) -> Result<(), TenantError> {
+        self.put_entry(&format!("{SECURE}{sandbox}"), Some("")).await
     }
 
     pub fn is_secure(&self, sandbox: &str) -> bool {

@@ -195,7 +195,7 @@ impl Tenants {
                 tracing::warn!(tenant = %t.tenant, ticket = %t.id, error = %e, "settling a quota hold");
             }
         }
-        let out = self.set_owner(kind, id, tenant);
+        let out = self.set_owner(kind, id, tenant).await;
         drop(r);
         out
     }

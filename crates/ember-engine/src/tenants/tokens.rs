@@ -6,6 +6,8 @@
 //! live token; memory holds the same map for the key check. A token dies at
 //! its expiry (its record is swept then), when revoked with its sandbox
 //! ([`Tenants::drop_tokens`]), or at its first use after the sandbox ended.
+//! On a cluster the grants are the cluster's table's (`shared.rs`), which
+//! every node's map follows, and no record is written here.
 use super::{hash, random_hex, TenantError, Tenants};
 use crate::record::now_ms;
 use crate::store::Store;
@@ -38,6 +40,9 @@ pub struct Grant {
 pub(super) struct TokenStore {
     store: Store<Grant>,
     live: HashMap<String, Grant>,
+    /// On a cluster: the grants are the table's (no record here), and the
+    /// revision of each the map holds.
+    shared: Option<HashMap<String, u64>>,
 }
 
 impl TokenStore {
@@ -59,7 +64,7 @@ impl TokenStore {
                 }
             }
         }
-        Ok(TokenStore { store, live })
+        Ok(TokenStore { store, live, shared: None })
     }
 
     /// Drops the grants `keep` refuses, their records with them.
@@ -67,21 +72,46 @@ impl TokenStore {
         let gone: Vec<String> = self.live.iter().filter(|(_, g)| !keep(g)).map(|(h, _)| h.clone()).collect();
         for h in gone {
             self.live.remove(&h);
+            if self.shared.is_some() {
+                // The table's entry expires with the bucket's age limit.
+                continue;
+            }
             if let Err(e) = self.store.remove(&h) {
                 tracing::warn!(error = %e, "removing a token record");
             }
         }
     }
+
+    /// The grants become the cluster's table's: the map starts empty.
+    pub(super) fn clear(&mut self) {
+        self.live.clear();
+        self.shared = Some(HashMap::new());
+    }
+
+    /// Token hash `h`'s grant as the table holds it at `revision` (see
+    /// [`Tenants::observe`]).
+    pub(super) fn observe(&mut self, h: &str, grant: Option<Grant>, revision: Option<u64>) {
+        let Some(revs) = self.shared.as_mut() else { return };
+        match revision {
+            None => drop(revs.remove(h)),
+            Some(r) if revs.get(h).is_some_and(|known| *known > r) => return,
+            Some(r) => drop(revs.insert(h.to_string(), r)),
+        }
+        match grant {
+            Some(g) => drop(self.live.insert(h.to_string(), g)),
+            None => drop(self.live.remove(h)),
+        }
+    }
 }
 
 impl Tenants {
-    fn token_store(&self) -> std::sync::MutexGuard<'_, TokenStore> {
+    pub(super) fn token_store(&self) -> std::sync::MutexGuard<'_, TokenStore> {
         self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A new token for `sandbox` of `tenant`, on disk before it is returned
     /// (this once; only its hash is kept).
-    pub fn mint_token(
+    pub async fn mint_token(
         &self,
         sandbox: &str,
         tenant: &str,
@@ -98,21 +128,31 @@ impl Tenants {
             expires_at_ms: now.saturating_add(ttl_ms),
             prefix: token[..TOKEN_PREFIX.len() + 8].to_string(),
         };
-        let mut tokens = self.token_store();
-        tokens.retain(|g| g.expires_at_ms > now);
-        if tokens.live.len() >= MAX_TOKENS {
-            let used = tokens.live.len() as u64;
-            return Err(TenantError::QuotaExceeded {
-                tenant: tenant.to_string(),
-                quota: "liveTokens",
-                limit: MAX_TOKENS as u64,
-                used,
-                asked: 1,
-            });
-        }
         let h = hash(&token);
-        tokens.store.save(&h, &grant)?;
-        tokens.live.insert(h, grant.clone());
+        {
+            let mut tokens = self.token_store();
+            tokens.retain(|g| g.expires_at_ms > now);
+            if tokens.live.len() >= MAX_TOKENS {
+                let used = tokens.live.len() as u64;
+                return Err(TenantError::QuotaExceeded {
+                    tenant: tenant.to_string(),
+                    quota: "liveTokens",
+                    limit: MAX_TOKENS as u64,
+                    used,
+                    asked: 1,
+                });
+            }
+            if self.shared_tables().is_none() {
+                tokens.store.save(&h, &grant)?;
+                tokens.live.insert(h, grant.clone());
+                return Ok((token, grant));
+            }
+        }
+        // On a cluster: in the table before it is answered, so every node
+        // takes it once its watch delivers it.
+        if let Some(shared) = self.shared_tables().cloned() {
+            self.put_token(shared.as_ref(), &h, Some(&grant)).await?;
+        }
         Ok((token, grant))
     }
 
@@ -130,9 +170,20 @@ impl Tenants {
         }
     }
 
-    /// Ends every token of `sandbox` (it ended, or was removed).
-    pub fn drop_tokens(&self, sandbox: &str) {
-        self.token_store().retain(|g| g.sandbox != sandbox);
+    /// Ends every token of `sandbox` (it ended, or was removed); on a
+    /// cluster, those of the table this node's copy holds.
+    pub async fn drop_tokens(&self, sandbox: &str) {
+        let Some(shared) = self.shared_tables().cloned() else {
+            return self.token_store().retain(|g| g.sandbox != sandbox);
+        };
+        let mine: Vec<String> =
+            self.token_store().live.iter().filter(|(_, g)| g.sandbox == sandbox).map(|(h, _)| h.clone()).collect();
+        for h in mine {
+            if let Err(e) = self.put_token(shared.as_ref(), &h, None).await {
+                // The sandbox is gone: a use of the token finds that and refuses it.
+                tracing::warn!(%sandbox, error = %e, "dropping a token from the cluster's table");
+            }
+        }
     }
 }
 
