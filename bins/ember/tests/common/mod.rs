@@ -151,6 +151,20 @@ impl Daemon {
         self.client.create_sandbox(&req).await.expect("create sandbox").0
     }
 
+    /// Polls until pool `name` has `n` idle members (at most ~30 s, a bound
+    /// on a hang); the idle count last seen.
+    pub async fn pool_idle(&self, name: &str, n: u32) -> u32 {
+        let mut idle = u32::MAX;
+        for _ in 0..1200 {
+            idle = self.client.get_pool(name).await.expect("pool").idle;
+            if idle == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        idle
+    }
+
     /// A pool `host` of the host template with a fixed target of `idle`,
     /// returned once that many members are idle.
     pub async fn warm_pool(&self, idle: u32) {
