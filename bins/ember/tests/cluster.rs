@@ -11,7 +11,8 @@
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
-//! sandbox quotas held across nodes.
+//! sandbox quotas held across nodes. The dashboard (`cluster/ui.rs`): the
+//! node list in headless Chromium.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
@@ -27,6 +28,8 @@ mod snapshots;
 mod tasks;
 #[path = "cluster/tenants.rs"]
 mod tenants;
+#[path = "cluster/ui.rs"]
+mod ui;
 
 use bytes::Bytes;
 use common::Daemon;

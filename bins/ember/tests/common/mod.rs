@@ -27,6 +27,23 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// playwright-core's install dir (for the dashboard's tests in headless
+/// Chromium): `$EMBER_PLAYWRIGHT_DIR`, else what scripts/playwright.sh
+/// installs (once) under target/.
+pub fn playwright_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("EMBER_PLAYWRIGHT_DIR") {
+        return PathBuf::from(d);
+    }
+    let out = Command::new(repo().join("scripts/playwright.sh")).output().expect("run scripts/playwright.sh");
+    assert!(out.status.success(), "scripts/playwright.sh: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
 pub struct Daemon {
     child: Option<Child>,
     pub url: String,
