@@ -284,6 +284,13 @@ async fn a_pool_from_a_checkpoint_hands_out_members_with_the_primed_memory() {
         .await
         .expect("resize");
     assert_eq!(d.pool_idle("primed", 0).await, 0);
+    // No refill under way either: its member would end after the checks below.
+    for _ in 0..1200 {
+        if d.client.get_pool("primed").await.expect("pool").starting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let miss = d.client.create_sandbox(&claim).await.expect_err("a miss");
     assert_eq!(api_err(miss), (409, "POOL::EMPTY".to_string()));
 

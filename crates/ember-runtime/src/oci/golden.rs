@@ -88,7 +88,8 @@ impl OciRuntime {
         self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
-        let (bundle_dir, sock_dir) = self.bundle(id, spec, &dir)?;
+        // runsc keeps the storage range: no user namespace fd to hold.
+        let (bundle_dir, sock_dir, _userns) = self.bundle(id, spec, &dir)?;
         let sock = sock_dir.join("agent.sock");
         let log = dir.join("agent.log");
         self.cli.restore(id.as_str(), &image, &bundle_dir, &log).map_err(Self::oci_err(id))?;

@@ -113,9 +113,11 @@ impl OciRuntime {
     /// init waits to be started: an entrypoint that exits at once can be gone
     /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
-        let (bundle_dir, sock_dir) = self.bundle(id, spec, dir)?;
+        let (bundle_dir, sock_dir, userns) = self.bundle(id, spec, dir)?;
         let log = dir.join("agent.log");
         self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
+        // The bundle names the namespace by this fd's /proc path: open until `create` joined it.
+        drop(userns);
         let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
         let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
         self.adopt_container_procs(id, state.pid);
@@ -124,8 +126,15 @@ impl OciRuntime {
     }
 
     /// Assembles the rootfs and writes the bundle; returns the bundle's and
-    /// the agent socket's dirs.
-    fn bundle(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(PathBuf, PathBuf), RuntimeError> {
+    /// the agent socket's dirs, and the user namespace fd the bundle names
+    /// by its `/proc/self/fd` path (crun, runc), which must stay open until
+    /// the runtime has joined it.
+    fn bundle(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        dir: &Path,
+    ) -> Result<(PathBuf, PathBuf, Option<OwnedFd>), RuntimeError> {
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let trees = self.trees(id, spec)?;
         // Owned by the range (as a native sandbox's): per-uid counts are its
@@ -150,7 +159,7 @@ impl OciRuntime {
             cgroup_v2: self.cgroups.version() == "v2",
             listen_fd: false,
         })?;
-        Ok((prepared.bundle_dir, prepared.socket_dir))
+        Ok((prepared.bundle_dir, prepared.socket_dir, userns))
     }
 
     /// Hands what `create` (or `restore`) left in the container's cgroup to
