@@ -104,12 +104,9 @@ egress_id=$(create_running '{"template":"host","network":"egress","timeout":600}
 # fuzzed there: here random quantities (below the 16Mi an agent needs, say)
 # would leave the fuzzing phase no valid pool at all.
 cat >"$data/schemathesis.toml" <<TOML
-# A pool from a gVisor checkpoint (fromCheckpoint) is not built: 501 by
-# design (docs/warm-pools.md), as createSandbox's below.
 [[operations]]
 include-operation-id = "createPool"
 parameters = { "body.template" = "host", "body.min" = 0, "body.max" = 1, "body.target" = 0, "body.resources" = {} }
-checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "501"]
 
 # A create asking for an OpenSandbox feature ember lacks (secureAccess: true,
 # ossfs volumes) is answered 501 by design (docs/opensandbox.md): no other

@@ -2,12 +2,13 @@
 //! sandbox's processes, with their memory, stop on `checkpoint` and run again
 //! on `resume`; a daemon restart keeps a checkpointed sandbox; other classes are refused; an
 //! open exec stream refuses the checkpoint rather than being cut; removal
-//! leaves nothing. Fails, not skips, without runsc (`.ci/run` installs it).
+//! leaves nothing; a golden pool from a checkpoint restores the primed
+//! processes into every member. Fails, not skips, without runsc (`.ci/run` installs it).
 mod common;
 
 use common::Daemon;
 use ember_client::ClientError;
-use ember_types::api::{CreateSandboxRequest, ResourcesSpec};
+use ember_types::api::{CreatePoolRequest, CreateSandboxRequest, ResizePoolRequest, ResourcesSpec};
 use std::time::Duration;
 
 async fn create(d: &Daemon, class: &str) -> String {
@@ -218,4 +219,88 @@ async fn an_agent_left_quiesced_by_a_daemon_crash_is_woken_at_adoption() {
     assert_eq!((code, out.as_str()), (Some(0), "awake\n"));
     d.client.delete_sandbox(&id).await.expect("remove");
     assert_eq!(d.leftovers("runsc", &id), Vec::<String>::new());
+}
+
+/// A golden pool from a checkpoint (`fromCheckpoint`): a runsc sandbox
+/// primed with a file and a loop holding a random value only in memory is
+/// checkpointed into a pool; each member claimed (through the pool's own
+/// snapshot) has that loop with the same value and pid and the file, in a
+/// rootfs of its own; a miss is refused rather than served cold without the
+/// primed processes; removing the pool removes its image, its snapshot and
+/// its idle members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_from_a_checkpoint_hands_out_members_with_the_primed_memory() {
+    let d = Daemon::start();
+    let src = create(&d, "runsc").await;
+    let (code, _, err) = d.sh(&src, "echo primed > /opt/model", Some(0)).await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = d.sh(&src, &format!("({HOLDER}) >/dev/null 2>&1 &"), None).await;
+    assert_eq!(code, Some(0), "{err}");
+    let before = ask_holder(&d, &src).await;
+    let req = CreatePoolRequest {
+        name: Some("primed".into()),
+        from_checkpoint: Some(src.clone()),
+        min: 2,
+        max: 2,
+        target: Some(2.into()),
+        ..Default::default()
+    };
+    // Refused before anything is touched: an unknown source, another class.
+    let native = create(&d, "native").await;
+    for (from, want) in
+        [("no-such-sandbox", (404, "SANDBOX::NOT_FOUND")), (&native, (400, "SANDBOX::UNSUPPORTED_RUNTIME"))]
+    {
+        let bad = CreatePoolRequest { from_checkpoint: Some(from.to_string()), ..req.clone() };
+        let e = d.client.create_pool(&bad).await.expect_err(from);
+        assert_eq!(api_err(e), (want.0, want.1.to_string()));
+    }
+    d.client.delete_sandbox(&native).await.expect("remove");
+    let p = d.client.create_pool(&req).await.expect("a pool from a checkpoint");
+    assert_eq!((p.from_checkpoint.as_deref(), p.runtime_class.as_str()), (Some(src.as_str()), "runsc"));
+    let sid = p.from_snapshot.clone().expect("the pool's own snapshot");
+    assert_eq!(d.client.get_sandbox(&src).await.expect("source").status.state, "Paused");
+    let image = d.data_dir.join(format!("oci/runsc/golden/{sid}/checkpoint.img"));
+    assert!(image.is_file(), "no golden image at {}", image.display());
+    assert_eq!(d.pool_idle("primed", 2).await, 2, "members restored from the image");
+
+    let claim = CreateSandboxRequest { snapshot_id: Some(sid.clone()), ..Default::default() };
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        let (s, _) = d.client.create_sandbox(&claim).await.expect("claim");
+        assert_eq!(s.launch.as_ref().expect("launch").kind, "warm");
+        assert_eq!(ask_holder(&d, &s.id).await, before, "member {}: the primed loop, its value and pid", s.id);
+        let (code, out, _) = d.sh(&s.id, "cat /opt/model", None).await;
+        assert_eq!((code, out.as_str()), (Some(0), "primed\n"), "member {}: the primed file", s.id);
+        members.push(s.id);
+    }
+    // Each member's writable layer is its own.
+    d.sh(&members[0], "echo mine > /tmp/own", None).await;
+    let (_, out, _) = d.sh(&members[1], "cat /tmp/own 2>/dev/null || echo absent", None).await;
+    assert_eq!(out, "absent\n");
+
+    // Empty (resized to none): a miss is refused, not a cold start without the loop.
+    d.client
+        .resize_pool("primed", &ResizePoolRequest { min: Some(0), max: Some(0), target: Some(0.into()) })
+        .await
+        .expect("resize");
+    assert_eq!(d.pool_idle("primed", 0).await, 0);
+    // No refill under way either: its member would end after the checks below.
+    for _ in 0..1200 {
+        if d.client.get_pool("primed").await.expect("pool").starting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let miss = d.client.create_sandbox(&claim).await.expect_err("a miss");
+    assert_eq!(api_err(miss), (409, "POOL::EMPTY".to_string()));
+
+    d.client.delete_pool("primed").await.expect("remove the pool");
+    assert!(!image.parent().expect("dir").exists(), "the golden image is removed with the pool");
+    assert!(d.client.get_sandbox_snapshot(&sid).await.is_err(), "the pool's snapshot is removed with it");
+    for id in members.iter().chain([&src]) {
+        d.client.delete_sandbox(id).await.expect("remove");
+        assert_eq!(d.leftovers("runsc", id), Vec::<String>::new());
+    }
+    let left: Vec<_> = std::fs::read_dir(d.data_dir.join("oci/runsc/sandboxes")).expect("dir").collect();
+    assert!(left.is_empty(), "sandbox dirs left: {left:?}");
 }

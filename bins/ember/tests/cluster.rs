@@ -12,7 +12,8 @@
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
 //! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
-//! keys, owners and tokens the cluster's.
+//! keys, owners and tokens the cluster's. The dashboard (`cluster/ui.rs`):
+//! the node list in headless Chromium.
 mod common;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
@@ -30,6 +31,8 @@ mod tasks;
 mod tenant_state;
 #[path = "cluster/tenants.rs"]
 mod tenants;
+#[path = "cluster/ui.rs"]
+mod ui;
 
 use bytes::Bytes;
 use common::Daemon;

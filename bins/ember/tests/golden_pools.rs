@@ -8,19 +8,6 @@ use common::Daemon;
 use ember_types::api::{AutoPause, CreatePoolRequest, CreateSandboxRequest, WorkspaceMountSpec};
 use std::time::Duration;
 
-/// Waits until pool `name` has `n` idle members.
-async fn wait_idle(d: &Daemon, name: &str, n: u32) -> u32 {
-    let mut idle = 0;
-    for _ in 0..800 {
-        idle = d.client.get_pool(name).await.expect("pool").idle;
-        if idle == n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    idle
-}
-
 /// A source sandbox primed as root (a file made, a template file changed,
 /// one deleted), snapshotted and removed: the snapshot's id.
 async fn primed_snapshot(d: &Daemon) -> String {
@@ -52,7 +39,7 @@ async fn a_golden_pools_claimed_member_sees_the_snapshots_files() {
     };
     let p = d.client.create_pool(&req).await.expect("golden pool");
     assert_eq!((p.template.as_str(), p.from_snapshot.as_deref()), ("host", Some(sid.as_str())));
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+    assert_eq!(d.pool_idle("golden", 1).await, 1);
 
     // A plain create of the same template is not served by the golden pool.
     let plain = d.create(|_| {}).await;
@@ -76,7 +63,7 @@ async fn a_golden_pools_claimed_member_sees_the_snapshots_files() {
     assert_eq!(d.client.get_pool("golden").await.expect("pool").claims_total, 1);
 
     // The pool refills from the snapshot, which stays while the pool does.
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+    assert_eq!(d.pool_idle("golden", 1).await, 1);
     let e = d.client.delete_sandbox_snapshot(&sid).await.expect_err("a golden pool's snapshot").to_string();
     assert!(e.contains("SNAPSHOT::IN_USE") && e.contains("golden"), "{e}");
     d.client.delete_pool("golden").await.expect("remove the pool");
@@ -133,7 +120,7 @@ async fn golden_members_get_their_own_copies_of_the_snapshots_workspaces() {
         ..Default::default()
     };
     d.client.create_pool(&req).await.expect("a golden pool of a snapshot with workspaces");
-    assert_eq!(wait_idle(&d, "golden", 2).await, 2);
+    assert_eq!(d.pool_idle("golden", 2).await, 2);
     let copies = |names: &[String]| names.iter().filter(|n| n.starts_with("data-")).cloned().collect::<Vec<_>>();
     assert_eq!(copies(&workspace_names(&d).await).len(), 2, "one copy per idle member");
 
@@ -154,7 +141,7 @@ async fn golden_members_get_their_own_copies_of_the_snapshots_workspaces() {
     // The claimed copy is the caller's: it outlives the sandbox.
     d.client.delete_sandbox(&s.id).await.expect("delete the claim");
     assert_eq!(d.read_ws(&mine, "model").await, "mine\n");
-    assert_eq!(wait_idle(&d, "golden", 2).await, 2, "the pool refills");
+    assert_eq!(d.pool_idle("golden", 2).await, 2, "the pool refills");
     assert_eq!(copies(&workspace_names(&d).await).len(), 3, "two idle members' copies and the caller's");
 
     // Idle members' copies go with them.
@@ -183,7 +170,7 @@ async fn golden_pools_refuse_what_they_cannot_serve() {
     };
     let cases: [(Edit, &str); 6] = [
         (|r| r.name = None, "a golden pool needs a name"),
-        (|r| r.from_checkpoint = Some("any".into()), "SANDBOX::API_NOT_SUPPORTED"),
+        (|r| r.from_checkpoint = Some("any".into()), "give fromSnapshot or fromCheckpoint"),
         (|r| r.template = "nope".into(), "is of template host"),
         (|r| r.network = Some("egress".into()), "network are its snapshot's"),
         (|r| r.from_snapshot = Some("no-such-snapshot".into()), "SNAPSHOT::NOT_FOUND"),
@@ -218,7 +205,7 @@ async fn claims_inherit_the_pools_auto_pause_unless_they_ask_for_their_own() {
     };
     let p = d.client.create_pool(&req).await.expect("pool");
     assert_eq!(p.auto_pause, Some(AutoPause { after_seconds: 1, ..Default::default() }));
-    assert_eq!(wait_idle(&d, "host", 2).await, 2);
+    assert_eq!(d.pool_idle("host", 2).await, 2);
     let inherits = d.create(|_| {}).await;
     let own = d.create(|r| r.auto_pause = Some(AutoPause { after_seconds: 3600, ..Default::default() })).await;
     for s in [&inherits, &own] {
@@ -304,22 +291,22 @@ async fn an_idle_members_copies_go_when_it_dies_or_after_a_restart() {
         ..Default::default()
     };
     d.client.create_pool(&req).await.expect("pool");
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1);
+    assert_eq!(d.pool_idle("golden", 1).await, 1);
     let m1 = member(&d).await;
     kill_all(&d, &m1).await;
     assert!(gone(&d, &format!("data-{}", &m1[..8])).await, "a dead idle member's copy stayed");
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the pool refills");
+    assert_eq!(d.pool_idle("golden", 1).await, 1, "the pool refills");
 
     let m2 = member(&d).await;
     d.kill9();
     kill_all(&d, &m2).await;
     d.spawn();
     assert!(gone(&d, &format!("data-{}", &m2[..8])).await, "a member found dead at the restart kept its copy");
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the pool refills after the restart");
+    assert_eq!(d.pool_idle("golden", 1).await, 1, "the pool refills after the restart");
 
     d.kill9();
     d.spawn();
-    assert_eq!(wait_idle(&d, "golden", 1).await, 1, "the member is re-adopted");
+    assert_eq!(d.pool_idle("golden", 1).await, 1, "the member is re-adopted");
     d.client.delete_pool("golden").await.expect("remove the pool");
     assert_eq!(workspace_names(&d).await, ["data"], "a re-adopted member's copy stayed");
 }

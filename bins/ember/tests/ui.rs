@@ -6,26 +6,10 @@
 //! to target/ui-screenshots.
 mod common;
 
-use common::Daemon;
-use std::path::PathBuf;
+use common::{playwright_dir, repo, Daemon};
 use std::process::Command;
 
 const KEY: &str = "ui-test-key";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// playwright-core's install dir: `$EMBER_PLAYWRIGHT_DIR`, else what
-/// scripts/playwright.sh installs (once) under target/.
-fn playwright_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("EMBER_PLAYWRIGHT_DIR") {
-        return PathBuf::from(d);
-    }
-    let out = Command::new(repo().join("scripts/playwright.sh")).output().expect("run scripts/playwright.sh");
-    assert!(out.status.success(), "scripts/playwright.sh: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_pools_updates_live_and_opens_a_terminal() {

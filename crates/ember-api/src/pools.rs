@@ -51,6 +51,7 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
         },
         network: (s.spec.network == ember_types::NetworkMode::Egress).then(|| "egress".to_string()),
         from_snapshot: s.spec.from_snapshot.clone(),
+        from_checkpoint: s.spec.from_checkpoint.clone(),
         auto_pause: s
             .spec
             .auto_pause_secs
@@ -63,18 +64,10 @@ pub fn info(s: &PoolStatus) -> PoolInfo {
     }
 }
 
-/// Why `fromCheckpoint` is refused (docs/warm-pools.md, "Golden pools").
-const FROM_CHECKPOINT: &str = "fromCheckpoint: golden pools restored from a gVisor checkpoint are not built yet: \
-    a member would have to start by `runsc restore` of the pool's image instead of a launch, and no such start \
-    exists; use fromSnapshot (the writable layer and workspaces, without the processes' memory)";
-
 pub async fn create(
     State(st): State<ApiState>,
     ApiJson(req): ApiJson<CreatePoolRequest>,
 ) -> Result<Response, ApiError> {
-    if req.from_checkpoint.is_some() {
-        return Err(ApiError::not_supported(FROM_CHECKPOINT));
-    }
     if req.auto_pause.is_some_and(|a| a.checkpoint) {
         return Err(ApiError::bad_request("autoPause.checkpoint is a create's choice, not a pool's"));
     }
@@ -96,6 +89,7 @@ pub async fn create(
             network,
             egress,
             from_snapshot: req.from_snapshot,
+            from_checkpoint: req.from_checkpoint,
             auto_pause_secs: req.auto_pause.map(|a| a.after_seconds),
         })
         .await?;

@@ -254,8 +254,15 @@ impl Provisioner {
         let spec = self.snapshots.restored_spec(&snap, req)?;
         let Some(pool) = self.pools.golden_pool(sid, &spec, req.pool.as_deref())? else { return Ok(None) };
         let spec = inherit_auto_pause(spec, &pool);
-        let span = tracing::info_span!("pool_claim", pool = %pool.spec().name);
-        tracing::Instrument::instrument(self.pools.claim(&pool, &spec, req, t0), span).await
+        let ps = pool.spec();
+        let span = tracing::info_span!("pool_claim", pool = %ps.name);
+        let claimed = tracing::Instrument::instrument(self.pools.claim(&pool, &spec, req, t0), span).await?;
+        // The primed processes are only in the members: a cold restore of
+        // the snapshot would hand out the files without them.
+        if claimed.is_none() && ps.from_checkpoint.is_some() {
+            return Err(EngineError::PoolEmpty(ps.name));
+        }
+        Ok(claimed)
     }
 }
 
@@ -272,6 +279,10 @@ fn inherit_auto_pause(mut spec: ember_types::SandboxSpec, pool: &crate::pool::Po
 pub(crate) struct Seed {
     pub snapshot_id: String,
     pub layer: String,
+    /// A golden pool from a gVisor checkpoint: its member starts by restoring
+    /// this golden image (the runtime's key: the pool's snapshot id) instead
+    /// of a launch, its writable layer seeded first.
+    pub golden_image: Option<String>,
 }
 
 /// 16 random bytes for an id, from the kernel's CSPRNG.

@@ -40,7 +40,7 @@ pub mod tenants;
 mod workspaces;
 
 pub use process_metrics::splice as splice_metrics;
-pub use seam::{AgentRoute, ControlPlane, Liveness, NodeCall, TaskLogWire};
+pub use seam::{AgentRoute, ControlPlane, Liveness, NodeCall, NodeView, TaskLogWire};
 pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use snapshots::{SnapshotStoreConfig, StoreOpener};

@@ -59,6 +59,27 @@ pub enum AgentRoute {
 /// Sandbox ids are cluster-unique; "the sandbox's node" below is the node
 /// whose engine holds its record. Idle pool members are invisible to every
 /// sandbox call (`NotFound`), as on one node.
+/// One cluster node as this node sees it: what its last heartbeat said and
+/// whether it is live by this node's judgement.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    /// `http://host:port` of its API.
+    pub advertise: String,
+    /// Runs no sandboxes.
+    pub api_only: bool,
+    pub alive: bool,
+    /// How long it had been silent at this node's last beat, ms.
+    pub silent_ms: u64,
+    /// The host's available memory, bytes: its capacity for new sandboxes.
+    pub free_memory_bytes: u64,
+    /// Sandboxes it holds, as its heartbeat says.
+    pub sandboxes: u64,
+    /// Idle pool members among them.
+    pub idle_members: u64,
+}
+
 #[async_trait::async_trait]
 pub trait ControlPlane: Send + Sync {
     // ---- Sandbox lifecycle -------------------------------------------------
@@ -91,6 +112,12 @@ pub trait ControlPlane: Send + Sync {
     /// or before the first heartbeat got through.
     fn renewed_ms_ago(&self) -> Option<u64> {
         None
+    }
+
+    /// Every node this node has heard a heartbeat from, live or not, by name
+    /// (the dashboard's node list). Empty (the default) off a cluster.
+    fn cluster_nodes(&self) -> Vec<NodeView> {
+        Vec::new()
     }
 
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.

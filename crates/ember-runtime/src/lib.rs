@@ -282,6 +282,21 @@ pub trait Runtime: Send + Sync {
     fn drop_checkpoint(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
         Ok(())
     }
+    /// Keeps a copy of checkpointed sandbox `src`'s image (its spec bounds
+    /// the copy) as the starting point `key` of a golden pool's members.
+    fn save_golden_image(&self, _src: &SandboxId, _spec: &SandboxSpec, _key: &str) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported { class: self.class(), what: "golden pools from a checkpoint" })
+    }
+    /// Starts a new sandbox by restoring golden image `key` into it (its own
+    /// rootfs, prepared beforehand as a launch's) and returns once its agent
+    /// answers `/ping`.
+    fn launch_from_golden(&self, _id: &SandboxId, _spec: &SandboxSpec, _key: &str) -> Result<Launched, RuntimeError> {
+        Err(RuntimeError::Unsupported { class: self.class(), what: "golden pools from a checkpoint" })
+    }
+    /// Removes golden image `key`. Idempotent.
+    fn drop_golden_image(&self, _key: &str) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     /// The host path of the sandbox's agent socket, when the class has one per
     /// sandbox (a checkpointed sandbox re-adopted after a restart has no
     /// [`Launched`] to say it).

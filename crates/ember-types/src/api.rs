@@ -335,9 +335,9 @@ pub struct CreatePoolRequest {
     /// claims one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
-    /// A golden pool restored from a gVisor checkpoint of this sandbox (its
-    /// processes' memory): not built, answered `501 SANDBOX::API_NOT_SUPPORTED`
-    /// with the reason (docs/warm-pools.md).
+    /// A golden pool restored from a gVisor checkpoint of this Running runsc
+    /// sandbox: its members start with its processes and memory. The source
+    /// is left checkpointed (docs/warm-pools.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_checkpoint: Option<String>,
     /// Idle auto-pause of the sandboxes claimed from the pool (a claim's own
@@ -401,6 +401,9 @@ pub struct PoolInfo {
     /// The sandbox snapshot a golden pool's members start from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// The sandbox a golden pool from a checkpoint was primed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause: Option<AutoPause>,
     /// On a cluster: each node's share of the target and its idle and

@@ -6,10 +6,10 @@ use clap::Subcommand;
 pub enum PoolCmd {
     /// Keep sandboxes of a template started ahead of demand.
     Create {
-        /// Template of the pool's sandboxes (required unless --from-snapshot).
+        /// Template of the pool's sandboxes (required unless --from-snapshot or --from-checkpoint).
         #[arg(long, required_unless_present_any = ["from_snapshot", "from_checkpoint"])]
         template: Option<String>,
-        /// Pool name (default: the template's; required with --from-snapshot).
+        /// Pool name (default: the template's; required with --from-snapshot or --from-checkpoint).
         #[arg(long)]
         name: Option<String>,
         /// A golden pool: every member starts with this sandbox snapshot's
@@ -19,9 +19,13 @@ pub enum PoolCmd {
         /// while the pool exists).
         #[arg(long, value_name = "SNAP", conflicts_with_all = ["network", "allow"])]
         from_snapshot: Option<String>,
-        /// A golden pool restored from a gVisor checkpoint of this sandbox
-        /// (its processes' memory too): not built; the daemon answers why.
-        #[arg(long, value_name = "SANDBOX", conflicts_with = "from_snapshot")]
+        /// A golden pool restored from a gVisor checkpoint of this Running
+        /// runsc sandbox: every member starts with its processes and memory
+        /// (and its files, through a snapshot `pool-NAME` the pool owns).
+        /// The sandbox is left checkpointed (`ember sandbox resume` brings it
+        /// back); `ember sandbox create --snapshot SNAP` of the pool's
+        /// snapshot claims a member (`ember pool inspect` names it).
+        #[arg(long, value_name = "SANDBOX", conflicts_with_all = ["from_snapshot", "network", "allow"])]
         from_checkpoint: Option<String>,
         /// Idle auto-pause of the sandboxes claimed from the pool, e.g. 5m
         /// (a claim's own --auto-pause wins; default: none).

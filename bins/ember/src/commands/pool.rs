@@ -18,6 +18,9 @@ fn print_inspect(p: &PoolInfo) {
     if let Some(sid) = &p.from_snapshot {
         println!("  golden          members start from sandbox snapshot {sid}");
     }
+    if let Some(src) = &p.from_checkpoint {
+        println!("  golden          members are restored from a gVisor checkpoint of sandbox {src}");
+    }
     if let Some(a) = &p.auto_pause {
         println!("  auto-pause      claimed sandboxes freeze after {} s idle", a.after_seconds);
     }

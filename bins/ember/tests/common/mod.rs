@@ -27,6 +27,23 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// playwright-core's install dir (for the dashboard's tests in headless
+/// Chromium): `$EMBER_PLAYWRIGHT_DIR`, else what scripts/playwright.sh
+/// installs (once) under target/.
+pub fn playwright_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("EMBER_PLAYWRIGHT_DIR") {
+        return PathBuf::from(d);
+    }
+    let out = Command::new(repo().join("scripts/playwright.sh")).output().expect("run scripts/playwright.sh");
+    assert!(out.status.success(), "scripts/playwright.sh: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
 pub struct Daemon {
     child: Option<Child>,
     pub url: String,
@@ -149,6 +166,20 @@ impl Daemon {
         let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
         f(&mut req);
         self.client.create_sandbox(&req).await.expect("create sandbox").0
+    }
+
+    /// Polls until pool `name` has `n` idle members (at most ~30 s, a bound
+    /// on a hang); the idle count last seen.
+    pub async fn pool_idle(&self, name: &str, n: u32) -> u32 {
+        let mut idle = u32::MAX;
+        for _ in 0..1200 {
+            idle = self.client.get_pool(name).await.expect("pool").idle;
+            if idle == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        idle
     }
 
     /// A pool `host` of the host template with a fixed target of `idle`,

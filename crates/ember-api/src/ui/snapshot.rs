@@ -1,7 +1,8 @@
 //! What the dashboard shows, once a second: pools (with the sizing
 //! arithmetic), sandboxes, latency histograms, queue depth, denied flows and
-//! nodes (read back from the `/metrics` exposition: one source for both),
-//! and the reports directory's listing.
+//! the count of live nodes (read back from the `/metrics` exposition: one
+//! source for both), a cluster's node list (the node registry as this node
+//! sees it) and the reports directory's listing.
 use crate::error::ApiError;
 use crate::{ApiPath, ApiState};
 use axum::extract::State;
@@ -60,6 +61,8 @@ pub(super) async fn take(st: &ApiState, p: &crate::Principal) -> Value {
         "queue": by_label(&metrics, "ember_task_queue_depth", "tier"),
         "denied": by_label(&metrics, "ember_network_denied_flows_total", "rule"),
         "nodesAlive": sample(&metrics, "ember_cluster_nodes_alive"),
+        // A cluster's nodes, with capacity and liveness: the daemon's figures, as `/metrics`.
+        "nodes": if admin { st.engine.cluster_nodes() } else { Vec::new() },
         "reports": if admin { reports(st) } else { Vec::new() },
     })
 }

@@ -536,6 +536,19 @@ impl ControlPlane for ClusterPlane {
     fn runtime_classes(&self) -> Vec<RuntimeClassInfo> {
         self.local.runtime_classes()
     }
+    fn cluster_nodes(&self) -> Vec<ember_engine::NodeView> {
+        let view = |(n, alive, silent): (NodeInfo, bool, std::time::Duration)| ember_engine::NodeView {
+            idle_members: n.pools.values().map(|p| u64::from(p.idle)).sum(),
+            name: n.name,
+            advertise: n.advertise,
+            api_only: n.api_only,
+            alive,
+            silent_ms: silent.as_millis() as u64,
+            free_memory_bytes: n.free_memory_bytes,
+            sandboxes: n.sandboxes,
+        };
+        self.nodes.all().into_iter().map(view).collect()
+    }
     fn metrics_text(&self) -> String {
         super::metrics::with_nodes(self.local.metrics_text(), &self.live_nodes(), self.fence.rebinds_run())
     }

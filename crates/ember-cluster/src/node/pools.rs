@@ -143,6 +143,7 @@ fn local_request(spec: &PoolSpec, min: u32, max: u32, target: Target) -> CreateP
         // A policy is refused without egress (the spec keeps a default one).
         egress: (spec.network == ember_types::NetworkMode::Egress).then(|| spec.egress.clone()),
         from_snapshot: spec.from_snapshot.clone(),
+        from_checkpoint: None,
         auto_pause_secs: spec.auto_pause_secs,
     }
 }
@@ -268,6 +269,13 @@ impl ClusterPlane {
     /// (a pool of no member, dropped again on an API-only node), then put in
     /// the bucket, which refuses a name taken.
     pub(super) async fn create_cluster_pool(&self, req: CreatePool) -> Result<PoolStatus, EngineError> {
+        if req.from_checkpoint.is_some() {
+            // Its image and source live on one node; members elsewhere could not restore it.
+            return Err(EngineError::invalid(
+                "fromCheckpoint",
+                "a pool from a checkpoint is a single node's, not a cluster's",
+            ));
+        }
         let name = req.name.clone().unwrap_or_else(|| req.template.clone());
         let target = req.target.unwrap_or(Target::Auto);
         check_bounds(req.min, req.max, target)?;

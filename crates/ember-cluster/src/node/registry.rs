@@ -146,6 +146,22 @@ impl Nodes {
         out
     }
 
+    /// Every node heard of, by name: its last heartbeat, whether it is live
+    /// and how long it had been silent at this node's last beat.
+    pub fn all(&self) -> Vec<(NodeInfo, bool, Duration)> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = seen
+            .nodes
+            .values()
+            .map(|b| {
+                let silent = seen.silence(&self.me, b.at);
+                (b.info.clone(), silent < DEAD_AFTER, silent)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out
+    }
+
     /// `name`'s last heartbeat, live or not (`None`: never heard of).
     pub fn last_seen(&self, name: &str) -> Option<NodeInfo> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).nodes.get(name).map(|b| b.info.clone())

@@ -57,6 +57,7 @@ impl Pools {
             network: spec.network,
             egress: spec.egress,
             from_snapshot: Some(sid.to_string()),
+            from_checkpoint: None,
             auto_pause_secs: None,
         })
     }
@@ -76,7 +77,9 @@ impl Pools {
         let mut spec = self.snapshots.restored_spec(&snap, &CreateSandbox::default())?;
         spec.resources = pool.resources.clone();
         spec.entrypoint = Vec::new();
-        let seed = Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
+        // A pool from a checkpoint keys its golden image by its snapshot.
+        let golden_image = pool.from_checkpoint.as_ref().map(|_| snap.id.clone());
+        let seed = Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone(), golden_image };
         Ok((spec, snap.image_uri.clone(), seed))
     }
 

@@ -25,6 +25,9 @@ pub struct CreatePool {
     /// A golden pool restoring this sandbox snapshot (its template, class and
     /// network are the snapshot's; `template` may be empty).
     pub from_snapshot: Option<String>,
+    /// A golden pool from a gVisor checkpoint of this Running runsc sandbox
+    /// (`checkpointed.rs`); the sandbox is left checkpointed.
+    pub from_checkpoint: Option<String>,
     /// Idle auto-pause for the sandboxes claimed from it.
     pub auto_pause_secs: Option<u64>,
 }
@@ -47,29 +50,39 @@ pub fn check_bounds(min: u32, max: u32, target: Target) -> Result<(), EngineErro
 
 impl Pools {
     pub async fn create_pool(self: &Arc<Self>, req: CreatePool) -> Result<PoolStatus, EngineError> {
-        let name = match (&req.name, &req.from_snapshot) {
+        let golden = req.from_snapshot.is_some() || req.from_checkpoint.is_some();
+        let name = match (&req.name, golden) {
             (Some(n), _) => n.clone(),
-            (None, None) => req.template.clone(),
-            (None, Some(_)) => return Err(EngineError::invalid("name", "a golden pool needs a name")),
+            (None, false) => req.template.clone(),
+            (None, true) => return Err(EngineError::invalid("name", "a golden pool needs a name")),
         };
         ember_types::SandboxId::try_from(name.clone())
             .map_err(|_| EngineError::invalid("name", format!("{name:?}: 1-63 of [a-z0-9-]")))?;
         let target = req.target.unwrap_or(Target::Auto);
         check_bounds(req.min, req.max, target)?;
         let auto_pause_secs = crate::autopause::check(req.auto_pause_secs)?;
-        let spec = match &req.from_snapshot {
-            Some(sid) => self.golden_spec(sid, &name, &req)?,
-            None => self.template_spec(&name, req.clone())?,
+        let spec = match (&req.from_snapshot, &req.from_checkpoint) {
+            (Some(_), Some(_)) => {
+                return Err(EngineError::invalid("fromCheckpoint", "give fromSnapshot or fromCheckpoint"))
+            }
+            (None, Some(src)) => self.checkpoint_spec(src, &name, &req).await?,
+            (Some(sid), None) => self.golden_spec(sid, &name, &req)?,
+            (None, None) => self.template_spec(&name, req.clone())?,
         };
         let spec = PoolSpec { target, auto_pause_secs, ..spec };
         let pool = {
             let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-            if pools.contains_key(&name) {
-                return Err(EngineError::PoolExists(name));
-            }
+            let fresh = !pools.contains_key(&name);
             let pool = Arc::new(Pool::new(spec.clone()));
-            pools.insert(name.clone(), pool.clone());
-            pool
+            if fresh {
+                pools.insert(name.clone(), pool.clone());
+            }
+            fresh.then_some(pool)
+        };
+        let Some(pool) = pool else {
+            // Another create of that name won while this one primed its start.
+            self.drop_checkpoint_start(&spec).await;
+            return Err(EngineError::PoolExists(name));
         };
         // Its snapshot cannot be deleted under it from now on (`pins.rs`).
         let pinned = match &spec.from_snapshot {
@@ -81,6 +94,7 @@ impl Pools {
             if let Some(sid) = &spec.from_snapshot {
                 self.snapshots.unpin(sid, &name);
             }
+            self.drop_checkpoint_start(&spec).await;
             return Err(e);
         }
         driver::spawn(self, pool);
@@ -112,6 +126,7 @@ impl Pools {
             network: sandbox.network,
             egress: sandbox.egress,
             from_snapshot: None,
+            from_checkpoint: None,
             auto_pause_secs: None,
         })
     }
@@ -206,9 +221,11 @@ impl Pools {
         }
         // After its idle members: a refill under way fails once the snapshot
         // is gone, and its member is removed (the pool is marked removed).
-        if let Some(sid) = &pool.spec().from_snapshot {
+        let spec = pool.spec();
+        if let Some(sid) = &spec.from_snapshot {
             self.snapshots.unpin(sid, name);
         }
+        self.drop_checkpoint_start(&spec).await;
         Ok(())
     }
 }

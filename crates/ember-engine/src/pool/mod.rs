@@ -5,6 +5,7 @@
 //!
 //! Single use: a claimed sandbox is never returned to a pool; when it is
 //! removed or expires it is destroyed like any other.
+mod checkpointed;
 mod claim;
 mod driver;
 mod golden;
@@ -57,6 +58,12 @@ pub struct PoolSpec {
     /// that snapshot claims one (`golden.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// A golden pool from a gVisor checkpoint of this sandbox: its snapshot
+    /// (`from_snapshot`, the pool's own) gives each member's writable layer,
+    /// and each member is restored from the pool's copy of the checkpoint
+    /// image, with the source's processes and memory (`checkpointed.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<String>,
     /// Idle auto-pause given to the sandboxes claimed from the pool, unless
     /// the claim asks for its own (docs/auto-pause.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

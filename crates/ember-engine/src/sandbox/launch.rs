@@ -17,7 +17,8 @@ impl Sandboxes {
     /// Starts a sandbox cold. The record is persisted as Pending before anything
     /// is started, so a crash mid-create is found and reaped on restart.
     /// `pool`: started by that pool's refill, idle until claimed; `seed`: a
-    /// golden pool's snapshot, restored into its writable layer first.
+    /// golden pool's snapshot, restored into its writable layer first (and
+    /// for one from a checkpoint, its image restored instead of a launch).
     pub(crate) async fn launch(
         self: &Arc<Self>,
         spec: SandboxSpec,
@@ -99,14 +100,15 @@ impl Sandboxes {
         let (lid, lspec) = (id.clone(), spec.clone());
         let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
         let store = self.snapshots.clone();
-        let layer = seed.map(|s| s.layer);
+        let (layer, golden) = seed.map_or((None, None), |s| (Some(s.layer), s.golden_image));
         let launched = tokio::task::spawn_blocking(move || {
             if let Some(l) = &layer {
                 seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
             }
-            match join {
-                Some(j) => rt.launch_in_network(&lid, &lspec, &j),
-                None => rt.launch(&lid, &lspec),
+            match (join, golden) {
+                (_, Some(key)) => rt.launch_from_golden(&lid, &lspec, &key),
+                (Some(j), None) => rt.launch_in_network(&lid, &lspec, &j),
+                (None, None) => rt.launch(&lid, &lspec),
             }
             .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
         })

@@ -22,7 +22,11 @@ impl Snapshots {
             return Err(EngineError::SnapshotNotReady { id: snap.id, state: snap.state.as_str() });
         }
         let spec = self.restored_spec(&snap, &req)?;
-        let seed = crate::create::Seed { snapshot_id: snap.id.clone(), layer: snap.layer_snapshot.clone() };
+        let seed = crate::create::Seed {
+            snapshot_id: snap.id.clone(),
+            layer: snap.layer_snapshot.clone(),
+            golden_image: None,
+        };
         let rec = self.sandboxes.launch_seeded(spec, snap.image_uri.clone(), t0, seed).await?;
         match self.restore_workspaces(&rec, &snap).await {
             Ok(mounted) if mounted.is_empty() => Ok(rec),

@@ -28,7 +28,7 @@ const RESUME: &str = "resume";
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl OciRuntime {
-    fn check_checkpoint_class(&self) -> Result<(), RuntimeError> {
+    pub(super) fn check_checkpoint_class(&self) -> Result<(), RuntimeError> {
         if self.cfg.class != OciClass::Runsc {
             return Err(RuntimeError::Unsupported { class: self.cfg.class.name(), what: "checkpoint and restore" });
         }
@@ -88,7 +88,7 @@ impl OciRuntime {
     }
 
     /// Lets a quiesced agent listen again and waits for its `/ping`.
-    fn unquiesce(&self, id: &SandboxId, dir: &Path) -> Result<(), RuntimeError> {
+    pub(super) fn unquiesce(&self, id: &SandboxId, dir: &Path) -> Result<(), RuntimeError> {
         let sock_dir = dir.join("sock");
         let pinned = PinnedDir::open(&sock_dir)?;
         let _ = pinned.remove_file("agent.sock");
@@ -188,7 +188,7 @@ fn write_resume(sock_dir: &PinnedDir) -> Result<(), RuntimeError> {
     }
 }
 
-fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
+pub(super) fn remove_dir(path: &Path) -> Result<(), RuntimeError> {
     match std::fs::remove_dir_all(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(RuntimeError::Prepare { what: "remove checkpoint dir", path: path.to_path_buf(), source: e })

@@ -11,12 +11,14 @@
 //! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
 //! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log, checkpoint/}`,
 //! for runsc `ws/`, the workspace slot (`slot.rs`), and `checkpoint/`, a runsc
-//! checkpoint image ([`checkpoint`]).
+//! checkpoint image ([`checkpoint`]); `golden/<key>/`, a golden pool's copy of
+//! one ([`golden`]).
 pub mod bundle;
 mod checkpoint;
 mod class;
 pub mod cli;
 mod exit;
+mod golden;
 pub mod prepare;
 pub mod rootfs;
 pub mod slot;
@@ -111,6 +113,28 @@ impl OciRuntime {
     /// init waits to be started: an entrypoint that exits at once can be gone
     /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
+        let (bundle_dir, sock_dir, userns) = self.bundle(id, spec, dir)?;
+        let log = dir.join("agent.log");
+        self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
+        // The bundle names the namespace by this fd's /proc path: open until `create` joined it.
+        drop(userns);
+        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
+        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
+        self.adopt_container_procs(id, state.pid);
+        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
+        Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
+    }
+
+    /// Assembles the rootfs and writes the bundle; returns the bundle's and
+    /// the agent socket's dirs, and the user namespace fd the bundle names
+    /// by its `/proc/self/fd` path (crun, runc), which must stay open until
+    /// the runtime has joined it.
+    fn bundle(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        dir: &Path,
+    ) -> Result<(PathBuf, PathBuf, Option<OwnedFd>), RuntimeError> {
         let slot = if self.cfg.class == OciClass::Runsc { Some(slot::prepare(dir)?) } else { None };
         let trees = self.trees(id, spec)?;
         // Owned by the range (as a native sandbox's): per-uid counts are its
@@ -135,14 +159,7 @@ impl OciRuntime {
             cgroup_v2: self.cgroups.version() == "v2",
             listen_fd: false,
         })?;
-        let (bundle_dir, sock_dir) = (prepared.bundle_dir, prepared.socket_dir);
-        let log = dir.join("agent.log");
-        self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
-        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
-        self.adopt_container_procs(id, state.pid);
-        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
-        Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
+        Ok((prepared.bundle_dir, prepared.socket_dir, userns))
     }
 
     /// Hands what `create` (or `restore`) left in the container's cgroup to
@@ -174,6 +191,16 @@ impl OciRuntime {
             return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
         }
         idmapped::trees(&self.cfg.ranges, &self.host_template, id.as_str(), spec)
+    }
+
+    /// The sandbox's dir, made 0711: its bundle holds the sandbox's env; host
+    /// users may pass, not list.
+    fn make_dir(&self, id: &SandboxId) -> Result<PathBuf, RuntimeError> {
+        let dir = self.dir(id.as_str());
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir);
+        made.and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)))
+            .map_err(|source| RuntimeError::Prepare { what: "sandbox dir", path: dir.clone(), source })?;
+        Ok(dir)
     }
 
     /// Polls until the agent has bound its socket and answers `/ping`, or the
@@ -236,11 +263,7 @@ impl Runtime for OciRuntime {
 
     fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
         let t0 = Instant::now();
-        let dir = self.dir(id.as_str());
-        // 0711: its bundle holds the sandbox's env; host users may pass, not list.
-        let made = std::fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir);
-        made.and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)))
-            .map_err(|source| RuntimeError::Prepare { what: "sandbox dir", path: dir.clone(), source })?;
+        let dir = self.make_dir(id)?;
         self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
@@ -434,6 +457,18 @@ impl Runtime for OciRuntime {
 
     fn drop_checkpoint(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         self.drop_checkpoint_image(id)
+    }
+
+    fn save_golden_image(&self, src: &SandboxId, spec: &SandboxSpec, key: &str) -> Result<(), RuntimeError> {
+        self.save_golden(src, spec, key)
+    }
+
+    fn launch_from_golden(&self, id: &SandboxId, spec: &SandboxSpec, key: &str) -> Result<Launched, RuntimeError> {
+        self.launch_golden(id, spec, key)
+    }
+
+    fn drop_golden_image(&self, key: &str) -> Result<(), RuntimeError> {
+        self.drop_golden(key)
     }
 
     fn agent_socket_path(&self, id: &SandboxId) -> Option<PathBuf> {

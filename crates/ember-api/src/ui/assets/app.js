@@ -28,6 +28,18 @@ function pools(list) {
   }));
 }
 
+const fmtMiB = (b) => (b / (1 << 20)).toFixed(0) + " MiB";
+
+// A cluster node's view of every node it heard of (none on a lone daemon).
+function nodes(list) {
+  $("#nodebox").hidden = list.length === 0;
+  fill($("#nodelist tbody"), list.map((n) => el("tr", { "data-node": n.name, class: n.alive ? "alive" : "dead" },
+    el("td", {}, n.name), el("td", { class: "alive" }, n.alive ? "live" : `dead (silent ${fmtSecs(n.silentMs / 1000)})`),
+    el("td", {}, n.apiOnly ? "api only" : "sandboxes"), el("td", { class: "free" }, fmtMiB(n.freeMemoryBytes)),
+    el("td", { class: "sandboxes" }, n.sandboxes), el("td", { class: "idle" }, n.idleMembers),
+    el("td", { class: "mono" }, n.advertise))));
+}
+
 function quantile(h, q) {
   const want = q * h.count;
   for (const [le, n] of h.buckets) if (n >= want && h.count > 0) return le === "+Inf" ? Infinity : Number(le);
@@ -84,6 +96,7 @@ function render(s) {
   kv("#queue", s.queue);
   kv("#denied", s.denied);
   $("#nodes").textContent = s.nodesAlive == null ? "" : `nodes alive: ${s.nodesAlive}`;
+  nodes(s.nodes || []);
   $("#reports").replaceChildren(...s.reports.map((r) => el("li", {}, el("a", { href: "/ui/reports/" + encodeURIComponent(r) }, r))));
   sandboxes(s.sandboxes, s.sandboxesTotal);
 }
