@@ -21,6 +21,10 @@ fn create_attach_freeze_destroy_on_the_real_hierarchy() {
         f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
     };
     cg.freeze("c1", true).expect("freeze");
+    // Read after a moment: time run just before the freeze can reach
+    // /proc a tick late (the cgroup v2 guest under qemu saw 4 then 5 ticks);
+    // a busy loop running while frozen would add some 30 in the 300 ms.
+    std::thread::sleep(std::time::Duration::from_millis(100));
     let frozen_at = cpu();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(cpu(), frozen_at, "a frozen process used CPU");
