@@ -81,6 +81,10 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
         },
         // A cluster's store is shared: its sweeps follow the interval only.
         snapshot_gc_after_delete: args.cluster.cluster.is_empty(),
+        // A cluster node restores dead nodes' workspaces on its rebinds' path.
+        workspace_spares: args
+            .workspace_spares
+            .map_or(if args.cluster.cluster.is_empty() { 0 } else { 4 }, |n| n as usize),
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     let (tasks, queue) = task_queue(&args.cluster, args.tasks.config()?).await?;

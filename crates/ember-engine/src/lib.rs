@@ -92,6 +92,10 @@ pub struct EngineConfig {
     /// Host directories (and everything under them) that `host` volumes may
     /// bind into sandboxes. Empty: no host volumes.
     pub allowed_host_paths: Vec<PathBuf>,
+    /// Spare workspace volumes kept made (formatted and mounted) for each
+    /// size asked for lately: a create of that size, a rebind's restore above
+    /// all, is then a rename. 0: none.
+    pub workspace_spares: usize,
 }
 
 /// The composition root: it builds the services, wires them, runs restart
@@ -144,6 +148,10 @@ impl Engine {
         engine.recover().await?;
         tokio::spawn(pool::idle_ended_loop(Arc::downgrade(&engine.pools), idle_rx));
         tokio::spawn(sandbox::gc_loop(Arc::downgrade(&engine.sandboxes)));
+        if engine.cfg.workspace_spares > 0 {
+            let (ws, want) = (Arc::downgrade(&engine.workspaces), engine.cfg.workspace_spares);
+            tokio::spawn(workspaces::spare_loop(ws, want, engine.metrics.clone()));
+        }
         if let Some(every) = engine.cfg.snapshot_gc_interval {
             let after_delete = engine.cfg.snapshot_gc_after_delete;
             tokio::spawn(snapshots::gc_loop(Arc::downgrade(&engine.snapshots), every, after_delete));
@@ -190,6 +198,8 @@ impl Engine {
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
         let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        // Spares an earlier process left (made again by this one if it keeps any).
+        workspaces.clear_spares()?;
         let registry = Arc::new(sandbox::Registry::default());
         let workspaces = Arc::new(workspaces::Workspaces::new(workspaces, runtimes.clone(), registry.clone()));
         let snapshot_store = snapshots::open_store(&cfg)?;

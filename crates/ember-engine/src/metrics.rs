@@ -53,6 +53,10 @@ pub struct Metrics {
     /// streamed reply (the command's run included), observed by the proxy.
     pub exec_seconds: Histogram,
     pub pools: PoolGauges,
+    /// Spare workspace volumes ready, and creates that took one (copied from
+    /// the store by the refill loop, `workspaces::spare_loop`).
+    pub workspace_spares_ready: Gauge,
+    pub workspace_spares_taken: Counter,
 }
 
 /// Per-pool figures, copied from the pools at scrape time, so the claim path
@@ -120,6 +124,18 @@ impl Metrics {
         );
         let pools = PoolGauges::default();
         pools.register(&mut registry);
+        let workspace_spares_ready = Gauge::default();
+        registry.register(
+            "workspace_spares_ready",
+            "Workspace volumes made ahead and ready to be taken by a create",
+            workspace_spares_ready.clone(),
+        );
+        let workspace_spares_taken = Counter::default();
+        registry.register(
+            "workspace_spares_taken",
+            "Workspace creates (restores included) that took a spare volume",
+            workspace_spares_taken.clone(),
+        );
         Metrics {
             registry,
             launch_seconds,
@@ -131,6 +147,8 @@ impl Metrics {
             sandboxes_by_class,
             exec_seconds,
             pools,
+            workspace_spares_ready,
+            workspace_spares_taken,
         }
     }
 

@@ -16,7 +16,12 @@ use ember_runtime::Runtimes;
 use ember_types::SandboxState;
 use ember_workspace::{WorkspaceError, WorkspaceMeta, WorkspaceStore};
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The size spare volumes are made in until a create asks for another (the
+/// API's default for a volume without one).
+const SPARE_DEFAULT_SIZE: u64 = 1 << 30;
 
 /// A workspace a create or claim asks for.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -380,5 +385,45 @@ impl From<WorkspaceError> for EngineError {
 impl From<ember_workspace::LeaseError> for EngineError {
     fn from(e: ember_workspace::LeaseError) -> Self {
         EngineError::Workspace(WorkspaceError::Lease(e))
+    }
+}
+
+/// Keeps `want` spare volumes ready of each size asked for lately
+/// (`ember_workspace`'s `spares.rs`): looks every second, and after a failure
+/// (a full disk, say) waits a minute, creates then making their images.
+/// Copies the store's figures into `metrics` as it goes.
+pub(crate) async fn spare_loop(workspaces: Weak<Workspaces>, want: usize, metrics: Arc<crate::Metrics>) {
+    let mut taken = 0;
+    loop {
+        let Some(me) = workspaces.upgrade() else { return };
+        let res = tokio::task::spawn_blocking(move || {
+            let made = me.store.refill_spares(want, SPARE_DEFAULT_SIZE);
+            let ready: usize = me.store.spares_ready().values().sum();
+            (made, ready, me.store.spares_taken())
+        })
+        .await;
+        let pause = match res {
+            Ok((made, ready, now_taken)) => {
+                metrics.workspace_spares_ready.set(ready as i64);
+                metrics.workspace_spares_taken.inc_by(now_taken.saturating_sub(taken));
+                taken = now_taken;
+                match made {
+                    Ok(0) => Duration::from_secs(1),
+                    Ok(made) => {
+                        tracing::debug!(made, ready, "spare workspace volumes made");
+                        Duration::from_secs(1)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "making spare workspace volumes failed; retrying in a minute");
+                        Duration::from_secs(60)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the spare volume refill panicked; retrying in a minute");
+                Duration::from_secs(60)
+            }
+        };
+        tokio::time::sleep(pause).await;
     }
 }

@@ -134,7 +134,9 @@ pub fn gc(store: &dyn ObjectStore, opts: GcOptions) -> Result<GcReport, Snapshot
 fn sweep(store: &dyn ObjectStore, opts: GcOptions) -> Result<GcReport, SnapshotError> {
     let mut report = GcReport::default();
     let mut live = HashSet::new();
+    let mut touched = std::time::Instant::now();
     for id in manifest_ids(store)? {
+        coord::touch_gc(store, &mut touched)?;
         let m = load(store, &id)?;
         report.manifests += 1;
         live.extend(m.chunk_ids().map(str::to_string));
@@ -146,6 +148,7 @@ fn sweep(store: &dyn ObjectStore, opts: GcOptions) -> Result<GcReport, SnapshotE
         let Some(id) = obj.key.strip_prefix("chunks/") else { continue };
         report.chunks_seen += 1;
         present.insert(id.to_string());
+        coord::touch_gc(store, &mut touched)?;
         if live.contains(id) {
             continue;
         }

@@ -62,6 +62,9 @@ pub struct SnapshotOptions<'a> {
     /// Set by [`snapshot_layer`](crate::snapshot_layer): the tree is an overlay
     /// upper dir whose opaque dirs carry this xattr; its marks go in a label.
     pub(crate) layer_xattr: Option<String>,
+    /// How long to wait for a gc sweep of the store to end before refusing
+    /// with [`SnapshotError::GcRunning`] (default 30 s).
+    pub gc_wait: Duration,
 }
 
 impl<'a> SnapshotOptions<'a> {
@@ -74,6 +77,7 @@ impl<'a> SnapshotOptions<'a> {
             chunking: Chunking::default(),
             threads: default_threads(),
             layer_xattr: None,
+            gc_wait: Duration::from_secs(30),
         }
     }
 
@@ -140,7 +144,7 @@ pub fn snapshot(dir: &Path, store: &dyn ObjectStore, opts: SnapshotOptions<'_>) 
     if store.exists(&key)? {
         return Err(SnapshotError::AlreadyExists { id: id.to_string() });
     }
-    coord::begin_snapshot(store, id)?;
+    coord::begin_snapshot(store, id, opts.gc_wait)?;
     let result = build_and_commit(dir, store, &opts, &key);
     let summary = match result {
         Ok(summary) => summary,

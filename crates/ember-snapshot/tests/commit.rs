@@ -116,7 +116,9 @@ fn gc_and_snapshots_exclude_each_other() {
     assert!(keys(&store, "pending/").is_empty());
 
     store.put("locks/gc", b"").unwrap();
-    let err = snapshot(&src, &store, SnapshotOptions::new("s")).unwrap_err();
+    let mut no_wait = SnapshotOptions::new("s");
+    no_wait.gc_wait = Duration::ZERO;
+    let err = snapshot(&src, &store, no_wait).unwrap_err();
     assert!(matches!(err, SnapshotError::GcRunning { .. }), "{err:?}");
     assert!(keys(&store, "pending/").is_empty() && keys(&store, "chunks/").is_empty());
     store.delete("locks/gc").unwrap();
@@ -125,6 +127,44 @@ fn gc_and_snapshots_exclude_each_other() {
     assert!(matches!(dup, SnapshotError::AlreadyExists { .. }));
     let bad = snapshot(&src, &store, SnapshotOptions::new("../x")).unwrap_err();
     assert!(matches!(bad, SnapshotError::InvalidId { .. }));
+}
+
+/// A checkpoint that meets a sweep waits for it instead of failing (the
+/// drill saw `409 SNAPSHOT::BUSY` from another node's scheduled gc), and
+/// does not announce itself while it waits; a killed gc's lock goes stale.
+#[test]
+fn a_snapshot_waits_for_a_running_gc_and_ignores_a_dead_ones_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    tree(&src, 6, 2);
+    let store = std::sync::Arc::new(common::local_store(&tmp.path().join("store")));
+    store.put("locks/gc", b"gc").unwrap();
+    let sweeper = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let mut markers_seen = 0;
+            for _ in 0..10 {
+                std::thread::sleep(Duration::from_millis(60));
+                markers_seen += keys(&*store, "pending/").len();
+            }
+            store.delete("locks/gc").unwrap();
+            markers_seen
+        })
+    };
+    let t0 = std::time::Instant::now();
+    snapshot(&src, &*store, SnapshotOptions::new("waited")).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(600), "the snapshot ran beside the lock");
+    assert_eq!(sweeper.join().unwrap(), 0, "a waiting snapshot left its marker for the sweep to see");
+    assert!(keys(&*store, "pending/").is_empty());
+
+    // A lock last written three minutes ago is a killed gc's: ignored.
+    store.put("locks/gc", b"gc").unwrap();
+    let lock = tmp.path().join("store/locks/gc");
+    let old = std::time::SystemTime::now() - Duration::from_secs(180);
+    fs::File::options().write(true).open(&lock).unwrap().set_modified(old).unwrap();
+    let mut no_wait = SnapshotOptions::new("past-a-dead-gc");
+    no_wait.gc_wait = Duration::ZERO;
+    snapshot(&src, &*store, no_wait).unwrap();
 }
 
 /// A store that counts listings and answers everything else from a local one.

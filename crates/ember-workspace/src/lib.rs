@@ -23,6 +23,7 @@
 mod layer;
 mod lease;
 mod merge;
+mod spares;
 mod volume;
 
 pub use layer::Idmap;

@@ -43,6 +43,8 @@ pub struct WorkspaceStore {
     /// unmounted (the remount would leak, and the removal fail). Taken before
     /// `layers` wherever both are held.
     mounts: parking_lot::Mutex<()>,
+    /// Which sizes to keep spare volumes of (`spares.rs`).
+    pub(crate) spares: crate::spares::Spares,
 }
 
 /// The host-only dir at the root of every workspace filesystem.
@@ -63,7 +65,7 @@ pub(crate) fn run(command: &'static str, args: &[&str], path: &Path) -> Result<(
 /// Makes the renames in `dir` durable. The record holds the lease and its
 /// fencing epoch: were the rename lost to a power loss, the epoch would roll
 /// back and a fenced writer's commit could be accepted again.
-fn sync_dir(dir: &Path) -> Result<(), WorkspaceError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), WorkspaceError> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync", dir))
 }
 
@@ -74,7 +76,17 @@ fn now_ms() -> i64 {
 impl WorkspaceStore {
     pub fn open(root: PathBuf, owner: (u32, u32)) -> Result<WorkspaceStore, WorkspaceError> {
         std::fs::create_dir_all(&root).map_err(io("mkdir", &root))?;
-        Ok(WorkspaceStore { root, owner, layers: parking_lot::Mutex::new(()), mounts: parking_lot::Mutex::new(()) })
+        Ok(WorkspaceStore {
+            root,
+            owner,
+            layers: parking_lot::Mutex::new(()),
+            mounts: parking_lot::Mutex::new(()),
+            spares: Default::default(),
+        })
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
     }
 
     pub(crate) fn dir(&self, name: &str) -> PathBuf {
@@ -92,7 +104,9 @@ impl WorkspaceStore {
     }
 
     /// Creates the image, the filesystem (root owned by the sandbox user) and
-    /// the record, in a temp dir renamed into place, then mounts it.
+    /// the record, in a temp dir renamed into place, then mounts it. A spare
+    /// volume of that size, made ahead (`spares.rs`), stands in for the image
+    /// and the mounts when there is one.
     pub fn create(&self, name: &str, size_bytes: u64) -> Result<WorkspaceMeta, WorkspaceError> {
         check_name(name)?;
         if size_bytes < MIN_SIZE {
@@ -106,21 +120,21 @@ impl WorkspaceStore {
             return Err(WorkspaceError::Exists(name.to_string()));
         }
         let tmp = self.root.join(format!(".{name}.tmp"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("mnt")).map_err(io("mkdir", &tmp))?;
-        std::fs::create_dir(tmp.join("fs")).map_err(io("mkdir", &tmp))?;
-        let img = tmp.join("disk.img");
-        let f = std::fs::File::create(&img).map_err(io("create", &img))?;
-        f.set_len(size_bytes).map_err(io("truncate", &img))?;
-        drop(f);
-        let owner = format!("root_owner={}:{}", self.owner.0, self.owner.1);
-        let img_s = img.to_string_lossy().into_owned();
-        run("mkfs.ext4", &["-q", "-F", "-m", "0", "-E", &owner, &img_s], &img)?;
+        discard_dir(&tmp)?;
         let meta =
             WorkspaceMeta { name: name.into(), size_bytes, created_at_ms: now_ms(), leases: LeaseState::default() };
-        self.write_meta(&tmp, &meta)?;
-        std::fs::rename(&tmp, &dir).map_err(io("rename", &dir))?;
-        sync_dir(&self.root)?;
+        let spare = self.take_spare(size_bytes, &tmp);
+        if !spare {
+            make_image(&tmp, size_bytes, self.owner)?;
+        }
+        let placed = self.write_meta(&tmp, &meta).and_then(|()| {
+            std::fs::rename(&tmp, &dir).map_err(io("rename", &dir))?;
+            sync_dir(&self.root)
+        });
+        if let Err(e) = placed {
+            let _ = discard_dir(&tmp);
+            return Err(e);
+        }
         self.ensure_mounted(name)?;
         Ok(meta)
     }
@@ -214,14 +228,13 @@ impl WorkspaceStore {
         Ok(())
     }
 
-    /// Bytes used and available on the workspace's filesystem.
+    /// Bytes used and the filesystem's size (what `df` shows as used and
+    /// size), from `statvfs`: no process per status read.
     pub fn usage(&self, name: &str) -> Result<(u64, u64), WorkspaceError> {
         let mnt = self.ensure_mounted(name)?;
-        let out =
-            Command::new("df").args(["-B1", "--output=used,size"]).arg(&mnt).output().map_err(io("run df", &mnt))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut nums = text.lines().nth(1).unwrap_or("").split_whitespace().filter_map(|n| n.parse::<u64>().ok());
-        Ok((nums.next().unwrap_or(0), nums.next().unwrap_or(0)))
+        let st = rustix::fs::statvfs(&mnt).map_err(|e| io("statvfs", &mnt)(e.into()))?;
+        let used = st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(st.f_frsize);
+        Ok((used, st.f_blocks.saturating_mul(st.f_frsize)))
     }
 
     /// Unmounts and deletes the workspace and its data. Refused while a live
@@ -238,6 +251,35 @@ impl WorkspaceStore {
     }
 }
 
+/// A volume's dir `dir` (not yet a workspace's): `mnt/`, `fs/` and a sparse
+/// `disk.img` of `size` bytes holding a fresh ext4 whose root is `owner`'s.
+pub(crate) fn make_image(dir: &Path, size: u64, owner: (u32, u32)) -> Result<(), WorkspaceError> {
+    std::fs::create_dir_all(dir.join("mnt")).map_err(io("mkdir", dir))?;
+    std::fs::create_dir(dir.join("fs")).map_err(io("mkdir", dir))?;
+    let img = dir.join("disk.img");
+    let f = std::fs::File::create(&img).map_err(io("create", &img))?;
+    f.set_len(size).map_err(io("truncate", &img))?;
+    drop(f);
+    let owner = format!("root_owner={}:{}", owner.0, owner.1);
+    let img_s = img.to_string_lossy().into_owned();
+    run("mkfs.ext4", &["-q", "-F", "-m", "0", "-E", &owner, &img_s], &img)
+}
+
+/// Removes a volume's dir that no workspace record names (a create's temp
+/// dir, a spare): its bind and its filesystem are unmounted first, so that
+/// the removal never walks into a mounted filesystem. Absent is fine.
+pub(crate) fn discard_dir(dir: &Path) -> Result<(), WorkspaceError> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for p in [dir.join("mnt"), dir.join("fs")] {
+        if mounted(&p) {
+            run("umount", &[&p.to_string_lossy()], &p)?;
+        }
+    }
+    std::fs::remove_dir_all(dir).map_err(io("remove", dir))
+}
+
 /// Whether something is mounted at `path`.
 pub(crate) fn mounted(path: &Path) -> bool {
     let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -250,7 +292,7 @@ pub(crate) fn mounted(path: &Path) -> bool {
 /// but `.ember-ws` and `lost+found` goes to `data.new`, renamed `data` last, so
 /// a crash half-way is finished by the next mount. Paths here are the host's:
 /// no sandbox ever saw the filesystem's root through `fs/`.
-fn migrate(fs: &Path, owner: (u32, u32)) -> Result<PathBuf, WorkspaceError> {
+pub(crate) fn migrate(fs: &Path, owner: (u32, u32)) -> Result<PathBuf, WorkspaceError> {
     use std::os::unix::fs::{chown, PermissionsExt};
     let host = fs.join(HOST_DIR);
     let data = host.join("data");

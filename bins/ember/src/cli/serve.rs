@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// `off`: only by `ember snapshot gc`.
     #[arg(long, default_value = "1h")]
     pub snapshot_gc_interval: String,
+    /// Workspace volumes kept made ahead (image, filesystem and mounts) for
+    /// each size created lately, so that a create or a rebind's restore of
+    /// that size is a rename (default 4 on a cluster node, else 0).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub workspace_spares: Option<u64>,
     /// Where workspace snapshots go: a directory (default <data-dir>/snapshots)
     /// or s3://bucket[/prefix] (endpoint in EMBER_S3_ENDPOINT, credentials in
     /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), or `nats`: the cluster's

@@ -31,10 +31,15 @@ impl SharedStore {
 
     /// A node on `servers` (a subset of the cluster's URLs) using this store.
     pub(super) fn node(&self, servers: &[String], name: &str) -> Daemon {
+        self.node_with(servers, name, &[])
+    }
+
+    /// [`node`](Self::node) with more `ember serve` arguments.
+    pub(super) fn node_with(&self, servers: &[String], name: &str, more: &[&str]) -> Daemon {
         let urls = servers.join(",");
         let store = self.dir.join("store");
         let key = self.dir.join("snapshot.key");
-        let args = [
+        let mut args = vec![
             "--cluster",
             urls.as_str(),
             "--node",
@@ -44,6 +49,7 @@ impl SharedStore {
             "--snapshot-key-file",
             key.to_str().expect("utf-8"),
         ];
+        args.extend_from_slice(more);
         // EMBER_TEST_LOGS=DIR: each node's log, at info, in DIR/<test>-<node>.log.
         match std::env::var_os("EMBER_TEST_LOGS") {
             Some(dir) => {

@@ -3,7 +3,9 @@
 //! its user afterwards. The 300-session drill saw appends refused after a
 //! rebind (`Permission denied`, on a mounted idmapped workspace, or on a
 //! `/workspace` left the bare mount point), on nodes restoring two
-//! workspaces at once; one session at a time never showed it.
+//! workspaces at once; one session at a time never showed it. The
+//! survivors restore into spare volumes made ahead (a rename, not an image,
+//! a mkfs and two mounts on the rebind's path).
 use super::rebind::{rebind_request, sh_through, SharedStore};
 use super::{eventually, nats, runtime};
 use crate::common::{raw, Daemon};
@@ -18,9 +20,21 @@ fn sessions_of_a_killed_node_rebound_at_once_are_each_writable() {
     let store = SharedStore::new("many");
     let urls = nats.urls();
     let mut a = store.node(&urls, "a");
-    let b = store.node(&urls, "b");
-    let c = store.node(&urls, "c");
+    // As many spares as sessions: whichever survivor restores them all, each
+    // takes a spare, so the count below is exact.
+    let spares = SESSIONS.to_string();
+    let b = store.node_with(&urls, "b", &["--workspace-spares", &spares]);
+    let c = store.node_with(&urls, "c", &["--workspace-spares", &spares]);
     let ids = runtime().block_on(async {
+        // Each survivor has made a workspace of the sessions' size (its own
+        // sessions would have): its refill keeps spares of that size.
+        for (d, ws) in [(&b, "own-b"), (&c, "own-c")] {
+            d.client.create_workspace(ws, "64Mi").await.expect("a workspace of the survivor's own");
+            eventually(Duration::from_secs(60), "spares of 64 MiB made", || async {
+                (metric(d, "ember_workspace_spares_ready").await == SESSIONS as u64).then_some(())
+            })
+            .await;
+        }
         let mut ids = Vec::new();
         for i in 0..SESSIONS {
             let ws = format!("many-{i}");
@@ -88,17 +102,26 @@ fn sessions_of_a_killed_node_rebound_at_once_are_each_writable() {
         // next sweep (234 runs for 11 sessions on one node of the drill).
         // Some sweeps later, the count has not moved on.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let runs = rebinds_run(&b).await + rebinds_run(&c).await;
+        let runs = metric(&b, "ember_cluster_rebinds_total").await + metric(&c, "ember_cluster_rebinds_total").await;
         assert_eq!(runs, SESSIONS as u64, "rebinds run by the survivors");
+        // Every restore took a spare (the loop copies the count each second).
+        eventually(Duration::from_secs(10), "each restore took a spare", || async {
+            let taken = metric(&b, "ember_workspace_spares_taken_total").await
+                + metric(&c, "ember_workspace_spares_taken_total").await;
+            (taken == SESSIONS as u64).then_some(())
+        })
+        .await;
     });
 }
 
-/// A node's `ember_cluster_rebinds_total`.
-async fn rebinds_run(d: &Daemon) -> u64 {
+/// A node's metric `name` (a counter or a gauge without labels).
+async fn metric(d: &Daemon, name: &str) -> u64 {
     let addr = d.url.trim_start_matches("http://").to_string();
     let (_, _, metrics) =
         raw::exchange(&addr, "GET /metrics", &[format!("Host: {addr}")], "", Duration::from_secs(60)).await;
-    let line =
-        metrics.lines().find(|l| l.starts_with("ember_cluster_rebinds_total ")).unwrap_or_else(|| panic!("{metrics}"));
+    let line = metrics
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')))
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"));
     line.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
