@@ -130,6 +130,11 @@ pub struct ClusterArgs {
     /// (`extensions.restartPolicy: rebind`) this often (`10s`); 0: never.
     #[arg(long, value_name = "DURATION", default_value = "0", value_parser = crate::commands::parse_duration)]
     pub checkpoint_every: std::time::Duration,
+    /// How many dead nodes' rebind sandboxes this node restores and starts at
+    /// once; it claims no more than that (docs/cluster.md).
+    #[arg(long, value_name = "N", default_value_t = ember_cluster::node::REBINDS_AT_ONCE, requires = "cluster",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub rebinds_at_once: usize,
 }
 
 /// Egress networking of `ember serve`.

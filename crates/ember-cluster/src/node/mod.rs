@@ -40,7 +40,7 @@ pub mod tenants;
 mod workspaces;
 
 pub use plane::ClusterPlane;
-pub use rebind::{RebindEntry, FREEZE_AFTER};
+pub use rebind::{RebindEntry, FREEZE_AFTER, REBINDS_AT_ONCE};
 pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
 pub use workspaces::WorkspaceEntry;
 
@@ -74,6 +74,9 @@ pub struct NodeConfig {
     /// How often the workspaces of this node's rebind sandboxes are
     /// checkpointed (`ember serve --checkpoint-every`); zero: never.
     pub checkpoint_every: Duration,
+    /// How many dead nodes' sandboxes this node re-creates at once
+    /// (default [`REBINDS_AT_ONCE`]).
+    pub rebinds_at_once: usize,
 }
 
 #[derive(Debug, thiserror::Error)]

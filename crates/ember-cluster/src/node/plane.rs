@@ -87,6 +87,7 @@ impl ClusterPlane {
         let fwd = Forwarder::new(cfg.api_key.clone(), nodes.clone());
         let Buckets { sandboxes, workspaces, rebind, pools, templates } = buckets;
         let desired = Desired::new(pools, templates);
+        let fence = Fence::new(cfg.rebinds_at_once);
         ClusterPlane {
             cfg,
             local,
@@ -94,7 +95,7 @@ impl ClusterPlane {
             workspaces,
             rebind_seen: super::mirror::Mirror::spawn(rebind.clone()),
             rebind,
-            fence: Fence::default(),
+            fence,
             nodes,
             fwd,
             published: Mutex::default(),

@@ -64,7 +64,7 @@ pub(super) struct Fence {
     /// steps of a freeze, where its resume would find the sandbox still
     /// running and the pause that follows would leave it paused for good.
     ops: tokio::sync::Mutex<()>,
-    /// Rebinds under way here at once (see [`REBINDS_AT_ONCE`]).
+    /// Rebinds under way here at once (default [`REBINDS_AT_ONCE`]).
     rebinds: RebindSlots,
     /// Dead nodes' sandboxes not claimed yet, as this node saw them.
     orphans: Mutex<super::takeover::Orphans>,
@@ -78,18 +78,27 @@ pub(super) struct Fence {
     runs: std::sync::atomic::AtomicU64,
 }
 
-/// How many rebinds one node runs at once, and so claims (`takeover.rs`).
+/// How many rebinds one node runs at once by default, and so claims
+/// (`takeover.rs`; `ember serve --rebinds-at-once`).
 /// A node that took over a dead node's 30 sessions restored all 30 at once:
 /// 24 s each on the 300-session drill, and its own heartbeats starved for
 /// 13 s behind them, so the others took it for dead too and the failure
 /// spread. In turn, the first sessions are back in the time of one restore.
 pub const REBINDS_AT_ONCE: usize = 2;
 
-struct RebindSlots(tokio::sync::Semaphore);
+/// The rebind slots: the semaphore a rebind holds while it runs, and its size.
+struct RebindSlots(tokio::sync::Semaphore, usize);
 
 impl Default for RebindSlots {
     fn default() -> Self {
-        RebindSlots(tokio::sync::Semaphore::new(REBINDS_AT_ONCE))
+        RebindSlots::new(REBINDS_AT_ONCE)
+    }
+}
+
+impl RebindSlots {
+    fn new(n: usize) -> Self {
+        let n = n.max(1);
+        RebindSlots(tokio::sync::Semaphore::new(n), n)
     }
 }
 
@@ -98,6 +107,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Fence {
+    /// A node's fence that runs up to `rebinds` rebinds at once.
+    pub(super) fn new(rebinds: usize) -> Fence {
+        Fence { rebinds: RebindSlots::new(rebinds), ..Fence::default() }
+    }
+
     /// A heartbeat sent at `sent` got through.
     pub(super) fn renewed_at(&self, sent: Instant) {
         *lock(&self.renewed) = Some(sent);
@@ -286,7 +300,7 @@ impl ClusterPlane {
     ) {
         let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
         let ids: Vec<String> = orphans.iter().map(|(id, _, _)| id.clone()).collect();
-        let free = REBINDS_AT_ONCE.saturating_sub(lock(&self.fence.inflight).len());
+        let free = self.fence.rebinds.1.saturating_sub(lock(&self.fence.inflight).len());
         let now = lock(&self.fence.orphans).plan(&ids, self.name(), &runners, Instant::now(), free);
         lock(&self.fence.orphans).keep_only(&ids.iter().cloned().collect());
         for (id, e, rev) in orphans.into_iter().filter(|(id, _, _)| now.contains(id)) {
