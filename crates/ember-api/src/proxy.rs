@@ -15,6 +15,7 @@
 //! origin's host name (`origin.rs`, `--sandbox-domain`), whose whole request
 //! is the port's and whose answer is the sandbox's own.
 use crate::error::{chain, ApiError};
+use crate::tenancy::Principal;
 use crate::{ApiPath, ApiState};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -153,6 +154,7 @@ async fn forward(
         let _ = conn.with_upgrades().await;
     });
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let caller = parts.extensions.get::<Principal>().cloned();
     parts.uri = path.parse().map_err(|_| ApiError::bad_request(format!("bad proxied path {path:?}")))?;
     strip_hop_by_hop(&mut parts.headers, NOT_FORWARDED);
     if on_api_origin {
@@ -177,9 +179,15 @@ async fn forward(
         let Some(client_upgrade) = client_upgrade else {
             return Err(ApiError::bad_request("the sandbox switched protocols for a request that was no upgrade"));
         };
+        let st = st.clone();
         tokio::spawn(async move {
             if let (Ok(a), Ok(b)) = (client_upgrade.await, agent_upgrade.await) {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+                let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                    // Both sides dropped: the terminal closes with its key.
+                    () = key_revoked(&st, caller) => {}
+                }
             }
         });
     }
@@ -195,6 +203,18 @@ async fn forward(
         None => Body::new(rbody),
     };
     Ok(Response::from_parts(rparts, body))
+}
+
+/// Ends once the tenant key that opened a spliced connection (a terminal's
+/// WebSocket, say) is revoked or its tenant removed, looking each second; a
+/// request checks its key once, a connection that outlives it would keep
+/// the key's access. Never, for the admin and scoped tokens (a token's
+/// sandbox ending closes the agent's side).
+async fn key_revoked(st: &ApiState, caller: Option<Principal>) {
+    let Some(Principal::Tenant { name, key }) = caller else { return std::future::pending().await };
+    while st.tenants.holds_key(&name, &key) {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// Observes `ember_exec_seconds` when dropped.

@@ -4,8 +4,10 @@
 //! tenant's.
 use super::{call, create_sandbox, tenant, ADMIN, HANG};
 use crate::common::{raw, Daemon};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
 
 /// The session cookie (`ember_ui=...`) of a login with `key`.
 async fn login(addr: &str, key: &str) -> String {
@@ -77,7 +79,8 @@ async fn a_tenants_dashboard_session_sees_and_touches_its_own_alone() {
 }
 
 /// A session ends with the key it logged in with: once the key is revoked
-/// its event stream, open before, ends and its calls are 401s.
+/// its event stream and its terminal, open before, end, and its calls are
+/// 401s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dashboard_session_ends_with_its_key() {
     let d = Daemon::start_with(&["--ui", "--api-key", ADMIN]);
@@ -96,6 +99,7 @@ async fn a_dashboard_session_ends_with_its_key() {
         assert!(n > 0, "the stream ended before its first event");
         got.extend_from_slice(&buf[..n]);
     }
+    let mut term = open_terminal(&addr, &cookie, &mine).await;
     let boundary = format!("GET /ui/sandboxes/{mine}/boundary");
     assert_eq!(ui_call(&addr, &cookie, &boundary).await, 200);
     let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/ur", None).await;
@@ -108,6 +112,38 @@ async fn a_dashboard_session_ends_with_its_key() {
         let n = tokio::time::timeout(HANG, s.read(&mut buf)).await.expect("the stream to end").expect("read");
         if n == 0 {
             break;
+        }
+    }
+    // So does the terminal's WebSocket (it was spliced through before).
+    loop {
+        match tokio::time::timeout(HANG, term.next()).await.expect("the terminal to close with its key") {
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+type Terminal = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A PTY session in sandbox `id` through the dashboard, its WebSocket open
+/// and its `connected` frame read.
+async fn open_terminal(addr: &str, cookie: &str, id: &str) -> Terminal {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let h = [format!("Host: {addr}"), format!("Cookie: {cookie}"), "Content-Type: application/json".into()];
+    let (status, _, body) = raw::exchange(addr, &format!("POST /ui/sandboxes/{id}/pty"), &h, "{}", HANG).await;
+    assert_eq!(status, 201, "{body}");
+    let sid = serde_json::from_str::<Value>(&body).expect("json")["session_id"].as_str().expect("sid").to_string();
+    let mut req = format!("ws://{addr}/ui/sandboxes/{id}/pty/{sid}/ws").into_client_request().expect("request");
+    req.headers_mut().insert("cookie", cookie.parse().expect("cookie header"));
+    let (mut ws, _) = tokio::time::timeout(HANG, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect hung")
+        .expect("the terminal's upgrade");
+    loop {
+        match tokio::time::timeout(HANG, ws.next()).await.expect("a frame in time") {
+            Some(Ok(Message::Text(t))) if t.contains("connected") => return ws,
+            Some(Ok(_)) => {}
+            other => panic!("the terminal ended before it connected: {other:?}"),
         }
     }
 }

@@ -220,10 +220,15 @@ async fn pty_rest(
     forward_pty(st, id, format!("/{rest}"), req).await
 }
 
-async fn forward_pty(State(st): State<ApiState>, id: String, rest: String, req: Request) -> Result<Response, ApiError> {
-    if principal(&st, req.headers()).is_none() {
-        return Err(refused());
-    }
+async fn forward_pty(
+    State(st): State<ApiState>,
+    id: String,
+    rest: String,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    let Some(p) = principal(&st, req.headers()) else { return Err(refused()) };
+    // The session's principal: the proxy closes its terminal with its key.
+    req.extensions_mut().insert(p);
     same_origin(req.headers())?;
     // The proxy route's way to the agent (its cookie stripped there).
     crate::proxy::forward_path(st, id, EXECD_PORT, format!("pty{rest}"), req).await
