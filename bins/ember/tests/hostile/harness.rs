@@ -92,6 +92,22 @@ impl Arena {
         self.assert_no_leftovers(id).await;
     }
 
+    /// Waits for the sandbox to end in one of `ends` (state, reason) and
+    /// checks nothing of it is left on the host.
+    pub async fn assert_ended_as_one_of(&self, id: &str, ends: &[(&str, &str)], within: Duration) {
+        let deadline = Instant::now() + within;
+        let s = loop {
+            let s = self.d.client.get_sandbox(id).await.expect("get the attacker");
+            if ["Terminated", "Failed"].contains(&s.status.state.as_str()) || Instant::now() > deadline {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let end = (s.status.state.as_str(), s.status.reason.as_deref().unwrap_or(""));
+        assert!(ends.contains(&end), "{}: attacker ended as {:?}, not one of {ends:?}", self.class, s.status);
+        self.assert_no_leftovers(id).await;
+    }
+
     /// Removes the attacker and checks nothing of it is left on the host.
     pub async fn remove(&self, id: &str) {
         self.d.client.delete_sandbox(id).await.expect("delete the attacker");
