@@ -27,7 +27,7 @@ async fn fork_bomb(class: &'static str) {
     if class == "runsc" {
         // The limit binds on host tasks (Sentry threads, ptrace stubs; see
         // OciClass::host_pids): reaching it ends the whole gVisor sandbox,
-        // killed, or (1 CI run in ~10) by the Sentry's own exit: Go's runtime
+        // killed, or (seen once in CI) by the Sentry's own exit: Go's runtime
         // exits with status 2 when it cannot start an OS thread.
         let ends = [("Terminated", "Killed"), ("Failed", "Exited(2)")];
         a.assert_ended_as_one_of(&bomb.id, &ends, Duration::from_secs(30)).await;
