@@ -12,7 +12,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("ember-agent-client", &["ember-types"]),
         ("ember-runtime", &["ember-types", "ember-sys", "ember-cgroups", "ember-agent-client"]),
         ("ember-image", &["ember-sys"]),
-        ("ember-workspace", &[]),
+        ("ember-workspace", &["ember-sys"]),
         ("ember-queue", &["ember-types"]),
         (
             "ember-cluster",
