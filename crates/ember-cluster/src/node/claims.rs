@@ -11,9 +11,7 @@
 //! registry and answers it. No subscriber is NATS's immediate "no
 //! responders": a miss, and the requesting node places a cold create by
 //! best-of-two on free memory (`plane.rs`). A responder whose last member
-//! went between its tick and the request (a claim, a shrink) answers a miss
-//! too, after it has closed its subscription; the requester then asks again
-//! ([`MISS_ASKS`] in all), so a member on another node is still found.
+//! went between its tick and the request answers a miss too.
 use super::plane::ClusterPlane;
 use ember_engine::{CreateSandbox, EngineError, LaunchMode, SandboxRecord};
 use futures_util::StreamExt;
@@ -29,10 +27,6 @@ pub const SUBSCRIPTIONS: Duration = Duration::from_millis(100);
 /// How long a requester waits for a responder's answer: a claim is a pop
 /// and one agent exchange (the agent's own deadline is 5 s).
 const CLAIM_WAIT: Duration = Duration::from_secs(10);
-/// How many times a requester asks before it starts cold. Each miss comes
-/// from a node that closed its subscription before answering, so each ask
-/// reaches another node or none ("no responders").
-const MISS_ASKS: usize = 3;
 
 /// A responder's answer.
 #[derive(Serialize, Deserialize)]
@@ -49,12 +43,10 @@ enum ClaimReply {
     },
 }
 
-/// This node's claim subscriptions: pool → the stop of its serving task,
-/// which answers once the server has been told (the unsubscribe is queued
-/// on the connection ahead of anything published after).
+/// This node's claim subscriptions: pool → the stop of its serving task.
 #[derive(Default)]
 pub(super) struct Subscriptions {
-    open: Mutex<HashMap<String, oneshot::Sender<oneshot::Sender<()>>>>,
+    open: Mutex<HashMap<String, oneshot::Sender<()>>>,
 }
 
 impl ClusterPlane {
@@ -95,7 +87,7 @@ impl ClusterPlane {
             return;
         }
         if !want {
-            self.unsubscribe(name).await;
+            self.unsubscribe(name);
             return;
         }
         match self.nats.queue_subscribe(self.claim_subject(name), name.to_string()).await {
@@ -108,15 +100,10 @@ impl ClusterPlane {
         }
     }
 
-    /// Closes pool `name`'s claim subscription (its task drains it) and
-    /// returns once the unsubscribe is on the connection.
-    async fn unsubscribe(&self, name: &str) {
-        let stop = self.subs.open.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
-        if let Some(stop) = stop {
-            let (told, sent) = oneshot::channel();
-            if stop.send(told).is_ok() {
-                let _ = sent.await;
-            }
+    /// Closes pool `name`'s claim subscription (its task drains it).
+    fn unsubscribe(&self, name: &str) {
+        if let Some(stop) = self.subs.open.lock().unwrap_or_else(|p| p.into_inner()).remove(name) {
+            let _ = stop.send(());
         }
     }
 
@@ -126,19 +113,16 @@ impl ClusterPlane {
         self: Arc<Self>,
         pool: String,
         mut sub: async_nats::Subscriber,
-        mut stopped: oneshot::Receiver<oneshot::Sender<()>>,
+        mut stopped: oneshot::Receiver<()>,
     ) {
         let mut draining = false;
         loop {
             let msg = tokio::select! {
                 m = sub.next() => m,
-                told = &mut stopped, if !draining => {
+                _ = &mut stopped, if !draining => {
                     draining = true;
                     if let Err(e) = sub.drain().await {
                         tracing::warn!(pool = %pool, error = %e, "draining the pool's claims");
-                    }
-                    if let Ok(told) = told {
-                        let _ = told.send(());
                     }
                     continue;
                 }
@@ -154,17 +138,13 @@ impl ClusterPlane {
             Ok(req) => self.claim_here(req).await,
             Err(e) => ClaimReply::Invalid { message: format!("unreadable claim: {e}") },
         };
-        // No member here: out of the queue group before the requester asks again.
-        if matches!(reply, ClaimReply::Miss) {
-            self.unsubscribe(&pool).await;
-        }
         let body = serde_json::to_vec(&reply).unwrap_or_default();
         if let Err(e) = self.nats.publish(reply_to, body.into()).await {
             tracing::warn!(pool = %pool, error = %e, "answering a claim");
         }
         // The last idle member gone: stop taking this pool's claims now.
         if matches!(self.local().pool_status(&pool).await, Ok(s) if s.idle == 0) {
-            self.unsubscribe(&pool).await;
+            self.unsubscribe(&pool);
         }
     }
 
@@ -205,44 +185,34 @@ impl ClusterPlane {
     }
 
     /// Asks the nodes with an idle member of `req.pool` for one: the claimed
-    /// sandbox, or `None` on a miss (no responder, or none left after
-    /// [`MISS_ASKS`] asks).
+    /// sandbox, or `None` on a miss (no responder, or none left).
     pub(super) async fn claim_anywhere(
         &self,
         pool: &str,
         req: &CreateSandbox,
     ) -> Result<Option<SandboxRecord>, EngineError> {
-        let body: bytes::Bytes =
-            serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?.into();
-        for _ in 0..MISS_ASKS {
-            let request = async_nats::Request::new().payload(body.clone()).timeout(Some(CLAIM_WAIT));
-            let sent = self.nats.send_request(self.claim_subject(pool), request);
-            let span = tracing::info_span!("claim_request", pool = %pool);
-            let answer = match tracing::Instrument::instrument(sent, span).await {
-                Ok(m) => m,
-                Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => return Ok(None),
-                Err(e) => {
-                    // NATS unreachable, or a responder that never answered: a
-                    // cold create still serves the client.
-                    tracing::warn!(pool = %pool, error = %e, "a claim over NATS; starting cold");
-                    return Ok(None);
-                }
-            };
-            match serde_json::from_slice::<ClaimReply>(&answer.payload) {
-                Ok(ClaimReply::Claimed(rec)) => return Ok(Some(*rec)),
-                Ok(ClaimReply::Miss) => {
-                    tracing::debug!(pool = %pool, "a miss; asking again");
-                    continue;
-                }
-                Ok(ClaimReply::Invalid { message }) => {
-                    return Err(EngineError::InvalidRequest { field: "poolRef", message })
-                }
-                Ok(ClaimReply::Failed { message }) => {
-                    return Err(EngineError::Internal(format!("pool {pool}: a claim: {message}")))
-                }
-                Err(e) => return Err(EngineError::Internal(format!("pool {pool}: an unreadable claim answer: {e}"))),
+        let body = serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?;
+        let request = async_nats::Request::new().payload(body.into()).timeout(Some(CLAIM_WAIT));
+        let sent = self.nats.send_request(self.claim_subject(pool), request);
+        let span = tracing::info_span!("claim_request", pool = %pool);
+        let answer = match tracing::Instrument::instrument(sent, span).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => return Ok(None),
+            Err(e) => {
+                // NATS unreachable, or a responder that never answered: a
+                // cold create still serves the client.
+                tracing::warn!(pool = %pool, error = %e, "a claim over NATS; starting cold");
+                return Ok(None);
             }
+        };
+        match serde_json::from_slice::<ClaimReply>(&answer.payload) {
+            Ok(ClaimReply::Claimed(rec)) => Ok(Some(*rec)),
+            Ok(ClaimReply::Miss) => Ok(None),
+            Ok(ClaimReply::Invalid { message }) => Err(EngineError::InvalidRequest { field: "poolRef", message }),
+            Ok(ClaimReply::Failed { message }) => {
+                Err(EngineError::Internal(format!("pool {pool}: a claim: {message}")))
+            }
+            Err(e) => Err(EngineError::Internal(format!("pool {pool}: an unreadable claim answer: {e}"))),
         }
-        Ok(None)
     }
 }
