@@ -130,6 +130,17 @@ pub fn is_mount_root(path: &Path) -> Result<Option<bool>, SysError> {
     }
 }
 
+/// Whether something is mounted on `path`: [`is_mount_root`], or on a
+/// kernel without that attribute a scan of `/proc/self/mountinfo` for the
+/// path as a mount point. An error reads as not mounted.
+pub fn mounted(path: &Path) -> bool {
+    if let Ok(Some(root)) = is_mount_root(path) {
+        return root;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +158,7 @@ mod tests {
         assert_eq!(is_mount_root(Path::new("/")).unwrap(), Some(true), "the root");
         mount_tmpfs(&d, "size=1048576,mode=0700").expect("mount (the tests run as root)");
         assert_eq!(is_mount_root(&d).unwrap(), Some(true), "a tmpfs mounted on it");
+        assert!(mounted(&d) && !mounted(&inner.join("x")));
         std::fs::create_dir(d.join("sub")).unwrap();
         assert_eq!(is_mount_root(&d.join("sub")).unwrap(), Some(false), "a dir on the tmpfs");
         assert!(unmount_detach(&d).unwrap());

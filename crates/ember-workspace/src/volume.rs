@@ -280,16 +280,11 @@ pub(crate) fn discard_dir(dir: &Path) -> Result<(), WorkspaceError> {
     std::fs::remove_dir_all(dir).map_err(io("remove", dir))
 }
 
-/// Whether something is mounted at `path`: `statx`'s mount-root attribute,
-/// on a kernel without it a scan of the mount table (every status read and
-/// mount check passes here; the scan was 17 % of the machine's CPU on the
-/// 10-node drill).
+/// Whether something is mounted at `path` (one `statx`: every status read
+/// and mount check passes here, and a scan of the mount table was 17 % of
+/// the machine's CPU on the 10-node drill).
 pub(crate) fn mounted(path: &Path) -> bool {
-    if let Ok(Some(root)) = ember_sys::fs::is_mount_root(path) {
-        return root;
-    }
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == path))
+    ember_sys::fs::mounted(path)
 }
 
 /// Makes `.ember-ws/{data,attempts,committed}` in the filesystem mounted at

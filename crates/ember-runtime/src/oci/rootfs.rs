@@ -156,11 +156,6 @@ pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
 }
 
 pub(super) fn is_mountpoint(p: &Path) -> bool {
-    // One statx, not a scan of the host's mount table (`ember_sys::fs`).
-    if let Ok(Some(root)) = ember_sys::fs::is_mount_root(p) {
-        return root;
-    }
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let want = p.display().to_string();
-    mounts.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    // One statx, not a scan of the host's mount table.
+    ember_sys::fs::mounted(p)
 }
