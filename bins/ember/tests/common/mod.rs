@@ -302,7 +302,8 @@ fn serve_command(data_dir: &Path, group: &str, extra: &[String]) -> Command {
         .arg("--agent")
         .arg(agent_bin())
         .args(extra)
-        .env("EMBER_LOG", "warn")
+        // EMBER_TEST_DAEMON_LOG: the daemons' filter when a test is debugged.
+        .env("EMBER_LOG", std::env::var("EMBER_TEST_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::piped());
     cmd
 }

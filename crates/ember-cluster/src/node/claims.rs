@@ -1,29 +1,35 @@
 //! Warm claims pulled over NATS, not pushed.
 //!
-//! A create naming a pool (`extensions.poolRef`) through any node is a core
-//! NATS request to `<prefix>.pool.<name>.claim` (`ember.pool.<name>.claim`)
-//! in queue group `<name>`: NATS hands it to one subscriber, and only nodes
-//! with an idle member of the pool subscribe (each [`SUBSCRIPTIONS`] tick,
-//! and at once after a claim that left none). The responder claims locally
-//! (`LaunchMode::Warm`: the engine's claim path binds env, user and
-//! workspaces; a pop from the pool's idle queue under its lock, so two
-//! requests never get one member), records the sandbox in the sandbox
-//! registry and answers it. No subscriber is NATS's immediate "no
-//! responders": a miss, and the requesting node places a cold create by
-//! best-of-two on free memory (`plane.rs`). A responder whose last member
-//! went between its tick and the request answers a miss too.
+//! A create naming a pool (`extensions.poolRef`) through any node is claimed
+//! first on that node if it has an idle member (no NATS at all), else asked
+//! of the nodes whose heartbeats say they have one, in [`claim_order`]: a
+//! core NATS request to each node's own subject `<prefix>.node.<name>.claim`
+//! (`ember.node.h3.claim`), at most [`CLAIM_TRIES`] of them. Every node that
+//! runs sandboxes subscribes to its subject once, for its life: nothing
+//! subscribes or unsubscribes as members come and go. (Before, a node joined
+//! a pool's queue group while it had an idle member and left it at none;
+//! a request in flight as it left was lost, because async-nats drops a
+//! drained subscription once its UNSUB is written, and its requester waited
+//! 10 s: `ember bench cluster` showed the stall in 3 of 10 figures.)
+//!
+//! The responder claims locally (`LaunchMode::Warm`: the engine's claim path
+//! binds env, user and workspaces; a pop from the pool's idle queue under its
+//! lock, so two requests never get one member), records the sandbox in the
+//! sandbox registry and answers it. A node whose last member went since its
+//! heartbeat answers a miss and the requester asks the next; when none is
+//! left the requesting node places a cold create by best-of-two on free
+//! memory (`plane.rs`).
 use super::plane::ClusterPlane;
+use super::registry::NodeInfo;
 use ember_engine::{CreateSandbox, EngineError, LaunchMode, SandboxRecord};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
-/// How often a node brings its claim subscriptions in line with its idle
-/// members (a claim that empties a pool does so at once).
-pub const SUBSCRIPTIONS: Duration = Duration::from_millis(100);
+/// How many nodes a claim asks before it starts cold: a heartbeat's idle
+/// count is up to one beat old, so the first may have none left.
+pub const CLAIM_TRIES: usize = 3;
 /// How long a requester waits for a responder's answer: a claim is a pop
 /// and one agent exchange (the agent's own deadline is 5 s).
 const CLAIM_WAIT: Duration = Duration::from_secs(10);
@@ -43,96 +49,54 @@ enum ClaimReply {
     },
 }
 
-/// This node's claim subscriptions: pool → the stop of its serving task.
-#[derive(Default)]
-pub(super) struct Subscriptions {
-    open: Mutex<HashMap<String, oneshot::Sender<()>>>,
+/// The nodes to ask for a member of `pool`, in order: those that run
+/// sandboxes, `me` left out, whose heartbeat counts an idle member, drawn
+/// by weight of their idle count (a node with more is likelier first, and
+/// concurrent requesters spread over the holders), at most [`CLAIM_TRIES`].
+pub(super) fn claim_order(me: &str, pool: &str, live: &[NodeInfo], rng: &mut fastrand::Rng) -> Vec<NodeInfo> {
+    let mut left: Vec<(u64, &NodeInfo)> = live
+        .iter()
+        .filter(|n| !n.api_only && n.name != me)
+        .filter_map(|n| n.pools.get(pool).map(|l| (u64::from(l.idle), n)))
+        .filter(|(idle, _)| *idle > 0)
+        .collect();
+    let mut out = Vec::new();
+    while !left.is_empty() && out.len() < CLAIM_TRIES {
+        let total: u64 = left.iter().map(|(w, _)| w).sum();
+        let mut at = rng.u64(..total);
+        let mut i = 0;
+        while at >= left[i].0 {
+            at -= left[i].0;
+            i += 1;
+        }
+        out.push(left.swap_remove(i).1.clone());
+    }
+    out
 }
 
 impl ClusterPlane {
-    fn claim_subject(&self, pool: &str) -> String {
-        format!("{}.pool.{pool}.claim", self.cfg.prefix)
+    fn claim_subject(&self, node: &str) -> String {
+        format!("{}.node.{node}.claim", self.cfg.prefix)
     }
 
-    /// Keeps a subscription open for each pool with an idle member here,
-    /// for the process's life; feeds the heartbeat's pool loads.
-    pub(super) async fn subscription_loop(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(SUBSCRIPTIONS);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match self.local_pools().await {
-                Ok(pools) => {
-                    for (name, s) in pools {
-                        self.subscribed(&name, s.idle > 0).await;
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "this node's pools"),
+    /// Answers the claims asked of this node, for the process's life (the
+    /// client resubscribes after a reconnect by itself).
+    pub(super) async fn serve_claims(self: Arc<Self>) {
+        let subject = self.claim_subject(self.name());
+        let mut sub = loop {
+            match self.nats.subscribe(subject.clone()).await {
+                Ok(sub) => break sub,
+                Err(e) => tracing::warn!(subject = %subject, error = %e, "subscribing to this node's claims"),
             }
-            let gone: Vec<String> = {
-                let loads = self.desired.loads();
-                let open = self.subs.open.lock().unwrap_or_else(|p| p.into_inner());
-                open.keys().filter(|n| !loads.contains_key(*n)).cloned().collect()
-            };
-            for name in gone {
-                self.subscribed(&name, false).await;
-            }
+            tokio::time::sleep(super::registry::HEARTBEAT).await;
+        };
+        while let Some(msg) = sub.next().await {
+            tokio::spawn(self.clone().answer_claim(msg));
         }
+        tracing::warn!(subject = %subject, "this node's claims: the subscription ended");
     }
 
-    /// Opens or closes pool `name`'s claim subscription.
-    async fn subscribed(self: &Arc<Self>, name: &str, want: bool) {
-        let open = self.subs.open.lock().unwrap_or_else(|p| p.into_inner()).contains_key(name);
-        if want == open {
-            return;
-        }
-        if !want {
-            self.unsubscribe(name);
-            return;
-        }
-        match self.nats.queue_subscribe(self.claim_subject(name), name.to_string()).await {
-            Ok(sub) => {
-                let (stop, stopped) = oneshot::channel();
-                self.subs.open.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), stop);
-                tokio::spawn(self.clone().serve_claims(name.to_string(), sub, stopped));
-            }
-            Err(e) => tracing::warn!(pool = %name, error = %e, "subscribing to the pool's claims"),
-        }
-    }
-
-    /// Closes pool `name`'s claim subscription (its task drains it).
-    fn unsubscribe(&self, name: &str) {
-        if let Some(stop) = self.subs.open.lock().unwrap_or_else(|p| p.into_inner()).remove(name) {
-            let _ = stop.send(());
-        }
-    }
-
-    /// Answers the claims of one pool until told to stop; then drains: the
-    /// requests already delivered are answered, none is left unanswered.
-    async fn serve_claims(
-        self: Arc<Self>,
-        pool: String,
-        mut sub: async_nats::Subscriber,
-        mut stopped: oneshot::Receiver<()>,
-    ) {
-        let mut draining = false;
-        loop {
-            let msg = tokio::select! {
-                m = sub.next() => m,
-                _ = &mut stopped, if !draining => {
-                    draining = true;
-                    if let Err(e) = sub.drain().await {
-                        tracing::warn!(pool = %pool, error = %e, "draining the pool's claims");
-                    }
-                    continue;
-                }
-            };
-            let Some(msg) = msg else { return };
-            tokio::spawn(self.clone().answer_claim(pool.clone(), msg));
-        }
-    }
-
-    async fn answer_claim(self: Arc<Self>, pool: String, msg: async_nats::Message) {
+    async fn answer_claim(self: Arc<Self>, msg: async_nats::Message) {
         let Some(reply_to) = msg.reply.clone() else { return };
         let reply = match serde_json::from_slice::<CreateSandbox>(&msg.payload) {
             Ok(req) => self.claim_here(req).await,
@@ -140,11 +104,7 @@ impl ClusterPlane {
         };
         let body = serde_json::to_vec(&reply).unwrap_or_default();
         if let Err(e) = self.nats.publish(reply_to, body.into()).await {
-            tracing::warn!(pool = %pool, error = %e, "answering a claim");
-        }
-        // The last idle member gone: stop taking this pool's claims now.
-        if matches!(self.local().pool_status(&pool).await, Ok(s) if s.idle == 0) {
-            self.unsubscribe(&pool);
+            tracing::warn!(error = %e, "answering a claim");
         }
     }
 
@@ -161,7 +121,7 @@ impl ClusterPlane {
         let rebind = req.rebind.then(|| CreateSandbox { launch: LaunchMode::Cold, ..req.clone() });
         let rec = match self.local().create(CreateSandbox { launch: LaunchMode::Warm, ..req }).await {
             Ok(rec) => rec,
-            // Its pool went (removed from the cluster) since the tick: no member.
+            // None left (claimed since the heartbeat), or the pool went: no member.
             Err(EngineError::PoolEmpty(_) | EngineError::PoolNotFound(_)) => return ClaimReply::Miss,
             Err(EngineError::InvalidRequest { message, .. }) => return ClaimReply::Invalid { message },
             Err(e) => return ClaimReply::Failed { message: e.to_string() },
@@ -184,35 +144,116 @@ impl ClusterPlane {
         ClaimReply::Claimed(Box::new(rec))
     }
 
-    /// Asks the nodes with an idle member of `req.pool` for one: the claimed
-    /// sandbox, or `None` on a miss (no responder, or none left).
+    /// A member of pool `pool` for `req`: this node's own if it had an idle
+    /// one at its last count, else one from the nodes [`claim_order`] picks; `None` when all
+    /// of them missed (the caller starts it cold).
     pub(super) async fn claim_anywhere(
         &self,
         pool: &str,
         req: &CreateSandbox,
     ) -> Result<Option<SandboxRecord>, EngineError> {
-        let body = serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?;
-        let request = async_nats::Request::new().payload(body.into()).timeout(Some(CLAIM_WAIT));
-        let sent = self.nats.send_request(self.claim_subject(pool), request);
-        let span = tracing::info_span!("claim_request", pool = %pool);
-        let answer = match tracing::Instrument::instrument(sent, span).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => return Ok(None),
-            Err(e) => {
-                // NATS unreachable, or a responder that never answered: a
-                // cold create still serves the client.
-                tracing::warn!(pool = %pool, error = %e, "a claim over NATS; starting cold");
-                return Ok(None);
+        // This node's count as of its last convergence (≤ one heartbeat
+        // old; a pool's status reads every member's memory, too dear here).
+        let here = self.desired.loads().get(pool).is_some_and(|l| l.idle > 0);
+        if !self.api_only() && here {
+            let claimed = answered(pool, self.claim_here(req.clone()).await)?;
+            tracing::debug!(pool = %pool, node = %self.name(), warm = claimed.is_some(), "a claim asked here");
+            if let Some(rec) = claimed {
+                return Ok(Some(rec));
             }
-        };
-        match serde_json::from_slice::<ClaimReply>(&answer.payload) {
-            Ok(ClaimReply::Claimed(rec)) => Ok(Some(*rec)),
-            Ok(ClaimReply::Miss) => Ok(None),
-            Ok(ClaimReply::Invalid { message }) => Err(EngineError::InvalidRequest { field: "poolRef", message }),
-            Ok(ClaimReply::Failed { message }) => {
-                Err(EngineError::Internal(format!("pool {pool}: a claim: {message}")))
-            }
-            Err(e) => Err(EngineError::Internal(format!("pool {pool}: an unreadable claim answer: {e}"))),
         }
+        let order = claim_order(self.name(), pool, &self.live_nodes(), &mut fastrand::Rng::new());
+        if order.is_empty() {
+            return Ok(None);
+        }
+        let body: bytes::Bytes =
+            serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?.into();
+        for node in order {
+            let request = async_nats::Request::new().payload(body.clone()).timeout(Some(CLAIM_WAIT));
+            let sent = self.nats.send_request(self.claim_subject(&node.name), request);
+            let span = tracing::info_span!("claim_request", pool = %pool, node = %node.name);
+            let reply = match tracing::Instrument::instrument(sent, span).await {
+                Ok(m) => match serde_json::from_slice::<ClaimReply>(&m.payload) {
+                    Ok(r) => r,
+                    Err(e) => ClaimReply::Failed { message: format!("an unreadable claim answer: {e}") },
+                },
+                // Gone since its heartbeat (no responders), NATS unreachable,
+                // or no answer in time: ask the next.
+                Err(e) => {
+                    tracing::warn!(pool = %pool, node = %node.name, error = %e, "a claim over NATS");
+                    continue;
+                }
+            };
+            let claimed = answered(pool, reply)?;
+            tracing::debug!(pool = %pool, node = %node.name, warm = claimed.is_some(), "a claim asked");
+            if let Some(rec) = claimed {
+                return Ok(Some(rec));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A claim's answer as the requester takes it: the sandbox, a miss, or an error.
+fn answered(pool: &str, reply: ClaimReply) -> Result<Option<SandboxRecord>, EngineError> {
+    match reply {
+        ClaimReply::Claimed(rec) => Ok(Some(*rec)),
+        ClaimReply::Miss => Ok(None),
+        ClaimReply::Invalid { message } => Err(EngineError::InvalidRequest { field: "poolRef", message }),
+        ClaimReply::Failed { message } => Err(EngineError::Internal(format!("pool {pool}: a claim: {message}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::registry::PoolLoad;
+
+    fn node(name: &str, idle: u32, api_only: bool) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            advertise: format!("http://{name}:1"),
+            api_only,
+            free_memory_bytes: 1 << 30,
+            sandboxes: 0,
+            pools: [("py".to_string(), PoolLoad { idle, ..Default::default() })].into(),
+        }
+    }
+
+    fn names(v: &[NodeInfo]) -> Vec<&str> {
+        v.iter().map(|n| n.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_claim_asks_only_other_nodes_with_an_idle_member() {
+        let live = [node("me", 5, false), node("a", 0, false), node("b", 2, false), node("api", 9, true)];
+        let mut rng = fastrand::Rng::with_seed(1);
+        assert_eq!(names(&claim_order("me", "py", &live, &mut rng)), ["b"]);
+        assert!(claim_order("me", "other", &live, &mut rng).is_empty());
+    }
+
+    #[test]
+    fn a_claim_asks_at_most_its_tries_each_node_once() {
+        let live: Vec<NodeInfo> = (0..10).map(|i| node(&format!("n{i}"), 1, false)).collect();
+        for seed in 0..50 {
+            let order = claim_order("n0", "py", &live, &mut fastrand::Rng::with_seed(seed));
+            let mut seen = names(&order);
+            assert_eq!(seen.len(), CLAIM_TRIES);
+            assert!(!seen.contains(&"n0"));
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), CLAIM_TRIES, "{order:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_with_more_idle_members_is_asked_first_more_often() {
+        let live = [node("few", 1, false), node("many", 9, false)];
+        let mut rng = fastrand::Rng::with_seed(7);
+        let first_many = (0..1000).filter(|_| claim_order("me", "py", &live, &mut rng)[0].name == "many").count();
+        // Expected 900 of 1000; far from an even draw's 500.
+        assert!((800..990).contains(&first_many), "{first_many}");
+        // Both are asked whichever comes first.
+        assert_eq!(claim_order("me", "py", &live, &mut rng).len(), 2);
     }
 }

@@ -125,7 +125,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     tokio::spawn(plane.clone().fence_watch());
     tokio::spawn(plane.clone().converge_loop());
     if !plane.api_only() {
-        tokio::spawn(plane.clone().subscription_loop());
+        tokio::spawn(plane.clone().serve_claims());
     }
     if !plane.checkpoint_every().is_zero() {
         tokio::spawn(plane.clone().checkpoint_loop(plane.checkpoint_every()));

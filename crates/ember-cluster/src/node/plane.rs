@@ -15,7 +15,6 @@
 //! templates are the cluster's desired state (`pools.rs`). Everything else
 //! (workspace snapshots, images, tasks) is this node's own for now
 //! (docs/cluster.md says what is not routed yet).
-use super::claims::Subscriptions;
 use super::forward::Forwarder;
 use super::owner::Owner;
 use super::pools::Desired;
@@ -63,7 +62,6 @@ pub struct ClusterPlane {
     pub(super) desired: Desired,
     /// Core NATS: warm claims (`claims.rs`).
     pub(super) nats: async_nats::Client,
-    pub(super) subs: Subscriptions,
 }
 
 /// Runs a sandbox call where the sandbox is: `$local` here, `$call` forwarded.
@@ -102,7 +100,6 @@ impl ClusterPlane {
             held: Default::default(),
             desired,
             nats,
-            subs: Default::default(),
         }
     }
 
