@@ -74,16 +74,21 @@ pub struct Client {
 }
 
 impl Client {
-    /// `url` is `http://host:port` (the daemon's address).
+    /// `url` is `http://host:port` (the daemon's address). A connection not
+    /// made within [`CONNECT_WAIT`] is [`ClientError::Connect`]: a host cut
+    /// off drops the SYN, and without a bound the kernel's retries held a
+    /// call for over 20 s (the partition drill, docs/chaos.md).
     pub fn new(url: &str, api_key: Option<String>) -> Result<Client, ClientError> {
         let base = url.trim_end_matches('/').to_string();
         if !base.starts_with("http://") || base.len() <= 7 {
             return Err(ClientError::Url(url.into()));
         }
-        let mut conn = HttpConnector::new();
-        conn.set_nodelay(true);
-        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(conn);
-        Ok(Client { base, api_key, http })
+        Ok(Client { base, api_key, http: http_client(CONNECT_WAIT) })
+    }
+
+    /// The same client with connections bounded by `wait` instead.
+    pub fn with_connect_timeout(self, wait: std::time::Duration) -> Client {
+        Client { http: http_client(wait), ..self }
     }
 
     /// The daemon's address this client calls (`http://host:port`).
@@ -399,6 +404,16 @@ pub(crate) async fn read_body(path: &str, resp: Response<Incoming>) -> Result<By
         .await
         .map(|c| c.to_bytes())
         .map_err(|e| ClientError::Protocol { path: path.into(), message: e.to_string() })
+}
+
+/// How long a client waits for a TCP connection to a daemon.
+pub const CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn http_client(connect_wait: std::time::Duration) -> hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>> {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(connect_wait));
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(conn)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -8,6 +8,7 @@
 //! `verify.rs` (records and tasks at the end), `report.rs` (report.json,
 //! report.md, the SVG timeline, through the labs' `LabReport`).
 mod faults;
+mod health;
 mod report;
 mod session;
 mod verify;
@@ -113,6 +114,7 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
         t0: Instant::now(),
         stop: false.into(),
         events: Default::default(),
+        health: Default::default(),
         sandboxes: Default::default(),
     });
     // Names this run's workspaces and task keys apart from any earlier run's.

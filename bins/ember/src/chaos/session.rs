@@ -2,8 +2,10 @@
 //! under the documented retry policy (a 503, an unreachable node or an
 //! idempotent call's answer cut off mid-stream is tried again after 100 ms,
 //! doubling to 1 s, for up to 30 s; an unreachable node or a cut also sends
-//! the next try to the next node's URL, as a load balancer would). A call
-//! that still fails is a *user-visible error*.
+//! the next try to the next node's URL that has not failed lately, as a
+//! load balancer would; a try whose node fails its health probes is an
+//! unreachable node's, `health.rs`). A call that still fails is a
+//! *user-visible error*.
 //!
 //! The loop: append a checksummed record to /workspace/records by exec,
 //! every few records `POST /v1/workspaces/{name}/checkpoint`, every few
@@ -64,6 +66,8 @@ pub struct Shared {
     pub events: Mutex<Vec<Event>>,
     /// (node, sandbox id) of every session opened: the faults' MTTD probes.
     pub sandboxes: Mutex<Vec<(String, String)>>,
+    /// The nodes seen failing a try, passed over when a session moves.
+    pub health: super::health::Health,
 }
 
 impl Shared {
@@ -211,19 +215,19 @@ impl Conn {
         r.calls += 1;
         let (start, mut wait, mut first_fail) = (Instant::now(), BACKOFF_FIRST, None);
         loop {
-            // A call that hangs is given up as a load balancer would, and
-            // tried again through the next node: one into a copy frozen for
-            // good had held the 300-session drill's end for over 20 min.
+            // A call that hangs is given up as a load balancer would (its
+            // node failing health probes, or no answer in CALL_WAIT), and
+            // tried again through the next node that has not failed lately:
+            // one into a copy frozen for good had held the 300-session
+            // drill's end for over 20 min.
             let client = self.clients[self.cur].clone();
             let url = client.base_url().to_string();
-            let res = match tokio::time::timeout(CALL_WAIT, f(client)).await {
-                Ok(res) => res,
-                Err(_) => Err(ClientError::Connect { url, message: format!("no answer within {CALL_WAIT:?}") }),
-            };
+            let res = super::health::watched(&url, CALL_WAIT, f(client)).await;
             r.took(what, self.shared.ms(start), start.elapsed());
             match res {
                 Ok(v) => {
                     self.shared.note(Kind::Ok);
+                    self.shared.health.mark_up(&url);
                     return (Ok(v), first_fail);
                 }
                 Err(e) if retryable(&e) && start.elapsed() + wait <= RETRY_FOR => {
@@ -231,7 +235,9 @@ impl Conn {
                     r.retries += 1;
                     self.shared.note(Kind::Retry);
                     if matches!(e, ClientError::Connect { .. } | ClientError::Cut { .. }) {
-                        self.cur = (self.cur + 1) % self.clients.len();
+                        self.shared.health.mark_down(&url);
+                        let urls: Vec<&str> = self.clients.iter().map(Client::base_url).collect();
+                        self.cur = self.shared.health.next(&urls, self.cur);
                     }
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(BACKOFF_MAX);
