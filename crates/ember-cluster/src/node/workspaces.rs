@@ -188,20 +188,162 @@ impl ClusterPlane {
             }
         };
         let snap = self.local().checkpoint_workspace(name).await?;
-        // A concurrent checkpoint of this node moves the revision: read again.
-        for _ in 0..8 {
-            let (mut w, rev) = match self.ws_entry(name).await? {
-                Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
-                now => return Err(fenced(name, &me, epoch, now.as_ref().map(|(w, _)| w))),
-            };
-            w.checkpoint = Some(snap.snapshot_id.clone());
-            let value = serde_json::to_vec(&w).map_err(|e| kv_error("encode", name, &e))?;
-            match self.workspaces.update(name, value.into(), rev).await {
-                Ok(_) => return Ok(WorkspaceCheckpoint { epoch, ..snap }),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
-                Err(e) => return Err(kv_error("commit the checkpoint of", name, &e)),
+        commit(self, name, &me, epoch, &snap.snapshot_id, RETRY_BUDGET).await?;
+        Ok(WorkspaceCheckpoint { epoch, ..snap })
+    }
+}
+
+/// What a compare-and-set of a workspace entry came to.
+pub(super) enum Cas {
+    Done,
+    /// The revision moved (another write came first): read again.
+    Moved,
+    /// No answer (a stream electing a leader, a lost connection): it may
+    /// or may not have taken.
+    Transient(String),
+}
+
+/// The workspace registry as a checkpoint's commit uses it.
+#[async_trait::async_trait]
+pub(super) trait Entries: Sync {
+    async fn read(&self, name: &str) -> Result<Option<(WorkspaceEntry, u64)>, EngineError>;
+    async fn cas(&self, name: &str, w: &WorkspaceEntry, rev: u64) -> Cas;
+}
+
+#[async_trait::async_trait]
+impl Entries for ClusterPlane {
+    async fn read(&self, name: &str) -> Result<Option<(WorkspaceEntry, u64)>, EngineError> {
+        self.ws_entry(name).await
+    }
+
+    async fn cas(&self, name: &str, w: &WorkspaceEntry, rev: u64) -> Cas {
+        let value = match serde_json::to_vec(w) {
+            Ok(v) => v,
+            Err(e) => return Cas::Transient(e.to_string()),
+        };
+        match self.workspaces.update(name, value.into(), rev).await {
+            Ok(_) => Cas::Done,
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Cas::Moved,
+            Err(e) => Cas::Transient(e.to_string()),
+        }
+    }
+}
+
+/// Makes `snapshot` workspace `name`'s checkpoint: a compare-and-set of its
+/// entry that holds only while `me` is the holder at `epoch`. A write with
+/// no answer is tried again for up to `budget`, as the queue's are: during a
+/// leader election of the bucket's stream the update timed out, and the
+/// 300-session drill counted that checkpoint a user-visible error. A write
+/// that took though its answer was lost is seen on the next read.
+pub(super) async fn commit(
+    reg: &dyn Entries,
+    name: &str,
+    me: &str,
+    epoch: u64,
+    snapshot: &str,
+    budget: std::time::Duration,
+) -> Result<(), EngineError> {
+    let start = tokio::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(50);
+    loop {
+        let mut w = match reg.read(name).await? {
+            Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
+            now => return Err(fenced(name, me, epoch, now.as_ref().map(|(w, _)| w))),
+        };
+        if w.0.checkpoint.as_deref() == Some(snapshot) {
+            return Ok(());
+        }
+        w.0.checkpoint = Some(snapshot.to_string());
+        match reg.cas(name, &w.0, w.1).await {
+            Cas::Done => return Ok(()),
+            // A concurrent checkpoint of this node moved the revision.
+            Cas::Moved if start.elapsed() < budget => {}
+            Cas::Moved => return Err(kv_error("commit the checkpoint of", name, &"the entry kept changing")),
+            Cas::Transient(e) if start.elapsed() + wait > budget => {
+                return Err(kv_error("commit the checkpoint of", name, &e))
+            }
+            Cas::Transient(e) => {
+                tracing::warn!(workspace = %name, error = %e, "committing a checkpoint; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(1));
             }
         }
-        Err(kv_error("commit the checkpoint of", name, &"the entry kept changing"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// One entry; `cas` answers from `script` first (then does it).
+    struct Fake {
+        entry: Mutex<(WorkspaceEntry, u64)>,
+        /// Per call: `Some(took)` = no answer, having taken (`true`) or not.
+        script: Mutex<Vec<Option<bool>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Entries for Fake {
+        async fn read(&self, _: &str) -> Result<Option<(WorkspaceEntry, u64)>, EngineError> {
+            Ok(Some(self.entry.lock().unwrap().clone()))
+        }
+        async fn cas(&self, _: &str, w: &WorkspaceEntry, rev: u64) -> Cas {
+            let step = {
+                let mut s = self.script.lock().unwrap();
+                (!s.is_empty()).then(|| s.remove(0)).flatten()
+            };
+            let mut e = self.entry.lock().unwrap();
+            if e.1 != rev {
+                return Cas::Moved;
+            }
+            if step != Some(false) {
+                *e = (w.clone(), rev + 1);
+            }
+            match step {
+                Some(_) => Cas::Transient("timed out".into()),
+                None => Cas::Done,
+            }
+        }
+    }
+
+    fn fake(holder: &str, epoch: u64, script: Vec<Option<bool>>) -> Fake {
+        let w = WorkspaceEntry { holder: holder.into(), epoch, checkpoint: None, size_bytes: 1, created_ms: 0 };
+        Fake { entry: Mutex::new((w, 7)), script: Mutex::new(script) }
+    }
+
+    fn checkpoint(f: &Fake) -> Option<String> {
+        f.entry.lock().unwrap().0.checkpoint.clone()
+    }
+
+    #[tokio::test]
+    async fn a_commit_without_an_answer_is_tried_again() {
+        // Two timeouts that did not take, then the write.
+        let f = fake("a", 3, vec![Some(false), Some(false)]);
+        commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect("committed");
+        assert_eq!(checkpoint(&f).as_deref(), Some("s1"));
+    }
+
+    #[tokio::test]
+    async fn a_commit_that_took_without_an_answer_is_seen_taken() {
+        let f = fake("a", 3, vec![Some(true)]);
+        commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect("committed");
+        assert_eq!(f.entry.lock().unwrap().1, 8, "written once");
+    }
+
+    #[tokio::test]
+    async fn a_commit_that_never_answers_fails_after_its_budget() {
+        let f = fake("a", 3, vec![Some(false); 100]);
+        let e = commit(&f, "w", "a", 3, "s1", Duration::from_secs(2)).await.expect_err("no answer");
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_node_that_lost_the_workspace_cannot_commit() {
+        let f = fake("b", 4, vec![]);
+        let e = commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect_err("fenced");
+        assert!(matches!(e, EngineError::WorkspaceFenced { .. }), "{e}");
+        assert_eq!(checkpoint(&f), None);
     }
 }
