@@ -123,6 +123,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     plane.clone().spawn_beat().map_err(ClusterError::Heartbeat)?;
     tokio::spawn(plane.clone().upkeep());
     tokio::spawn(plane.clone().fence_watch());
+    tokio::spawn(plane.clone().pulse());
     tokio::spawn(plane.clone().converge_loop());
     if !plane.api_only() {
         tokio::spawn(plane.clone().serve_claims());
