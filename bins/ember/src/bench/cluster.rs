@@ -121,6 +121,11 @@ pub async fn run(api_key: Option<String>, args: ClusterArgs) -> anyhow::Result<i
                 f.claims_per_sec
             );
         }
+        for f in figs.iter().filter(|f| f.failed > 0) {
+            if let Some(e) = &f.warm.first_error {
+                println!("{}: {} failed, the first: {e}", f.through, f.failed);
+            }
+        }
     }
     Ok(i32::from(figs.iter().any(|f| f.failed > 0)))
 }
