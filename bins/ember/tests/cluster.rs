@@ -10,7 +10,7 @@
 //! checkpointed to a shared store, sessions re-created on a live node.
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
-//! pulled over NATS queue groups. Tenants (`cluster/tenants.rs`): a tenant's
+//! asked of the nodes with a member over NATS. Tenants (`cluster/tenants.rs`): a tenant's
 //! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
 //! keys, owners and tokens the cluster's. The dashboard (`cluster/ui.rs`):
 //! the node list in headless Chromium.

@@ -1,5 +1,5 @@
 //! Pools and templates as the cluster's desired state, and warm claims
-//! pulled over NATS queue groups: a pool created through one node is kept
+//! asked of the nodes with a member over NATS: a pool created through one node is kept
 //! across the nodes that run sandboxes, a claim through any node (an
 //! API-only one included) is warm from whichever node has an idle member,
 //! concurrent claims never get one sandbox twice, and a killed node's share

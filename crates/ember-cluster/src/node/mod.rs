@@ -8,7 +8,7 @@
 //! `rebind.rs` sessions re-created on a live node when theirs dies, and the
 //! freeze of a node that cannot renew,
 //! `pools.rs` templates and pools as desired state (each node's share
-//! planned by `share.rs`), `claims.rs` warm claims over NATS queue groups,
+//! planned by `share.rs`), `claims.rs` warm claims asked of nodes over NATS,
 //! `elsewhere.rs` sandbox snapshot records and workspaces across nodes, `forward.rs` the
 //! calls to another node's API, `liveness.rs` the question a node silent in
 //! the registry is asked before its sandboxes are rebound, `takeover.rs`
