@@ -53,7 +53,7 @@ enum ClaimReply {
 /// sandboxes, `me` left out, whose heartbeat counts an idle member, drawn
 /// by weight of their idle count (a node with more is likelier first, and
 /// concurrent requesters spread over the holders), at most [`CLAIM_TRIES`].
-pub(super) fn claim_order(me: &str, pool: &str, live: &[NodeInfo], rng: &mut fastrand::Rng) -> Vec<NodeInfo> {
+pub(super) fn claim_order(me: &str, pool: &str, live: &[NodeInfo], rng: &mut fastrand::Rng) -> Vec<String> {
     let mut left: Vec<(u64, &NodeInfo)> = live
         .iter()
         .filter(|n| !n.api_only && n.name != me)
@@ -69,7 +69,7 @@ pub(super) fn claim_order(me: &str, pool: &str, live: &[NodeInfo], rng: &mut fas
             at -= left[i].0;
             i += 1;
         }
-        out.push(left.swap_remove(i).1.clone());
+        out.push(left.swap_remove(i).1.name.clone());
     }
     out
 }
@@ -168,10 +168,10 @@ impl ClusterPlane {
         }
         let body: bytes::Bytes =
             serde_json::to_vec(req).map_err(|e| EngineError::Internal(format!("encode a claim: {e}")))?.into();
-        for node in order {
+        for node in &order {
             let request = async_nats::Request::new().payload(body.clone()).timeout(Some(CLAIM_WAIT));
-            let sent = self.nats.send_request(self.claim_subject(&node.name), request);
-            let span = tracing::info_span!("claim_request", pool = %pool, node = %node.name);
+            let sent = self.nats.send_request(self.claim_subject(node), request);
+            let span = tracing::info_span!("claim_request", pool = %pool, node = %node);
             let reply = match tracing::Instrument::instrument(sent, span).await {
                 Ok(m) => match serde_json::from_slice::<ClaimReply>(&m.payload) {
                     Ok(r) => r,
@@ -180,12 +180,12 @@ impl ClusterPlane {
                 // Gone since its heartbeat (no responders), NATS unreachable,
                 // or no answer in time: ask the next.
                 Err(e) => {
-                    tracing::warn!(pool = %pool, node = %node.name, error = %e, "a claim over NATS");
+                    tracing::warn!(pool = %pool, node = %node, error = %e, "a claim over NATS");
                     continue;
                 }
             };
             let claimed = answered(pool, reply)?;
-            tracing::debug!(pool = %pool, node = %node.name, warm = claimed.is_some(), "a claim asked");
+            tracing::debug!(pool = %pool, node = %node, warm = claimed.is_some(), "a claim asked");
             if let Some(rec) = claimed {
                 return Ok(Some(rec));
             }
@@ -220,8 +220,8 @@ mod tests {
         }
     }
 
-    fn names(v: &[NodeInfo]) -> Vec<&str> {
-        v.iter().map(|n| n.name.as_str()).collect()
+    fn names(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
     }
 
     #[test]
@@ -250,7 +250,7 @@ mod tests {
     fn a_node_with_more_idle_members_is_asked_first_more_often() {
         let live = [node("few", 1, false), node("many", 9, false)];
         let mut rng = fastrand::Rng::with_seed(7);
-        let first_many = (0..1000).filter(|_| claim_order("me", "py", &live, &mut rng)[0].name == "many").count();
+        let first_many = (0..1000).filter(|_| claim_order("me", "py", &live, &mut rng)[0] == "many").count();
         // Expected 900 of 1000; far from an even draw's 500.
         assert!((800..990).contains(&first_many), "{first_many}");
         // Both are asked whichever comes first.

@@ -246,15 +246,15 @@ pub(super) async fn commit(
     let start = tokio::time::Instant::now();
     let mut wait = std::time::Duration::from_millis(50);
     loop {
-        let mut w = match reg.read(name).await? {
+        let (mut w, rev) = match reg.read(name).await? {
             Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
             now => return Err(fenced(name, me, epoch, now.as_ref().map(|(w, _)| w))),
         };
-        if w.0.checkpoint.as_deref() == Some(snapshot) {
+        if w.checkpoint.as_deref() == Some(snapshot) {
             return Ok(());
         }
-        w.0.checkpoint = Some(snapshot.to_string());
-        match reg.cas(name, &w.0, w.1).await {
+        w.checkpoint = Some(snapshot.to_string());
+        match reg.cas(name, &w, rev).await {
             Cas::Done => return Ok(()),
             // A concurrent checkpoint of this node moved the revision.
             Cas::Moved if start.elapsed() < budget => {}
