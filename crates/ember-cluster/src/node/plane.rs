@@ -62,6 +62,8 @@ pub struct ClusterPlane {
     pub(super) desired: Desired,
     /// Core NATS: warm claims (`claims.rs`).
     pub(super) nats: async_nats::Client,
+    /// Orders this node's workspace checkpoints (`workspaces.rs`).
+    pub(super) checkpoints: super::workspaces::CheckpointClock,
 }
 
 /// Runs a sandbox call where the sandbox is: `$local` here, `$call` forwarded.
@@ -100,6 +102,7 @@ impl ClusterPlane {
             held: Default::default(),
             desired,
             nats,
+            checkpoints: super::workspaces::CheckpointClock::new(),
         }
     }
 

@@ -26,8 +26,41 @@ pub struct WorkspaceEntry {
     pub epoch: u64,
     /// The snapshot of its last committed checkpoint.
     pub checkpoint: Option<String>,
+    /// When that checkpoint's call began, in its holder's run: a commit of an
+    /// earlier call of the same run never replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_order: Option<CheckpointOrder>,
     pub size_bytes: u64,
     pub created_ms: i64,
+}
+
+/// Orders one node's checkpoints: its run (a random id drawn at start) and
+/// the call's place in it. Two checkpoints of one workspace on one node (an
+/// explicit one beside `--checkpoint-every`) can commit in either order;
+/// the one whose call began later has every byte the earlier one has, so
+/// the earlier one must not land over it. Calls of another run (a restart,
+/// another holder) are not compared: the entry's holder and epoch fence them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointOrder {
+    pub run: u64,
+    pub seq: u64,
+}
+
+/// Hands out [`CheckpointOrder`]s for one node's run.
+pub(super) struct CheckpointClock {
+    run: u64,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl CheckpointClock {
+    pub(super) fn new() -> CheckpointClock {
+        CheckpointClock { run: fastrand::u64(..), next: Default::default() }
+    }
+
+    /// The order of a checkpoint whose call begins now.
+    pub(super) fn tick(&self) -> CheckpointOrder {
+        CheckpointOrder { run: self.run, seq: self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+    }
 }
 
 fn kv_error(op: &str, name: &str, e: &dyn std::fmt::Display) -> EngineError {
@@ -67,6 +100,7 @@ impl ClusterPlane {
             holder: holder.to_string(),
             epoch: 1,
             checkpoint: None,
+            checkpoint_order: None,
             size_bytes,
             created_ms: ember_engine::record::now_ms(),
         };
@@ -176,6 +210,8 @@ impl ClusterPlane {
     /// holder at the epoch read before the snapshot.
     pub(super) async fn checkpoint_here(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
         self.not_restoring(name)?;
+        // Before the snapshot: its freeze comes after this call began.
+        let order = self.checkpoints.tick();
         let me = self.name().to_string();
         let epoch = match self.ws_entry(name).await? {
             Some((w, _)) if w.holder == me => w.epoch,
@@ -188,7 +224,8 @@ impl ClusterPlane {
             }
         };
         let snap = self.local().checkpoint_workspace(name).await?;
-        commit(self, name, &me, epoch, &snap.snapshot_id, RETRY_BUDGET).await?;
+        let at = Held { me: &me, epoch, order };
+        commit(self, name, at, &snap.snapshot_id, RETRY_BUDGET).await?;
         Ok(WorkspaceCheckpoint { epoch, ..snap })
     }
 }
@@ -229,8 +266,19 @@ impl Entries for ClusterPlane {
     }
 }
 
+/// Who commits a checkpoint: the holder `me` at `epoch`, for a call of
+/// `order`.
+#[derive(Clone, Copy)]
+pub(super) struct Held<'a> {
+    pub me: &'a str,
+    pub epoch: u64,
+    pub order: CheckpointOrder,
+}
+
 /// Makes `snapshot` workspace `name`'s checkpoint: a compare-and-set of its
-/// entry that holds only while `me` is the holder at `epoch`. A write with
+/// entry that holds only while `at.me` is the holder at `at.epoch`, and
+/// that never replaces a checkpoint of a later call of the same run (that
+/// one stands, and has this one's bytes). A write with
 /// no answer is tried again for up to `budget`, as the queue's are: during a
 /// leader election of the bucket's stream the update timed out, and the
 /// 300-session drill counted that checkpoint a user-visible error. A write
@@ -238,11 +286,11 @@ impl Entries for ClusterPlane {
 pub(super) async fn commit(
     reg: &dyn Entries,
     name: &str,
-    me: &str,
-    epoch: u64,
+    at: Held<'_>,
     snapshot: &str,
     budget: std::time::Duration,
 ) -> Result<(), EngineError> {
+    let Held { me, epoch, order } = at;
     let start = tokio::time::Instant::now();
     let mut wait = std::time::Duration::from_millis(50);
     loop {
@@ -250,10 +298,12 @@ pub(super) async fn commit(
             Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
             now => return Err(fenced(name, me, epoch, now.as_ref().map(|(w, _)| w))),
         };
-        if w.checkpoint.as_deref() == Some(snapshot) {
+        let later = w.checkpoint_order.filter(|o| o.run == order.run && o.seq > order.seq);
+        if w.checkpoint.as_deref() == Some(snapshot) || later.is_some() {
             return Ok(());
         }
         w.checkpoint = Some(snapshot.to_string());
+        w.checkpoint_order = Some(order);
         match reg.cas(name, &w, rev).await {
             Cas::Done => return Ok(()),
             // A concurrent checkpoint of this node moved the revision.
@@ -309,8 +359,21 @@ mod tests {
     }
 
     fn fake(holder: &str, epoch: u64, script: Vec<Option<bool>>) -> Fake {
-        let w = WorkspaceEntry { holder: holder.into(), epoch, checkpoint: None, size_bytes: 1, created_ms: 0 };
+        let w = WorkspaceEntry {
+            holder: holder.into(),
+            epoch,
+            checkpoint: None,
+            checkpoint_order: None,
+            size_bytes: 1,
+            created_ms: 0,
+        };
         Fake { entry: Mutex::new((w, 7)), script: Mutex::new(script) }
+    }
+
+    const RUN: u64 = 9;
+
+    fn at(me: &str, epoch: u64, seq: u64) -> Held<'_> {
+        Held { me, epoch, order: CheckpointOrder { run: RUN, seq } }
     }
 
     fn checkpoint(f: &Fake) -> Option<String> {
@@ -321,29 +384,45 @@ mod tests {
     async fn a_commit_without_an_answer_is_tried_again() {
         // Two timeouts that did not take, then the write.
         let f = fake("a", 3, vec![Some(false), Some(false)]);
-        commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(checkpoint(&f).as_deref(), Some("s1"));
     }
 
     #[tokio::test]
     async fn a_commit_that_took_without_an_answer_is_seen_taken() {
         let f = fake("a", 3, vec![Some(true)]);
-        commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(f.entry.lock().unwrap().1, 8, "written once");
     }
 
     #[tokio::test]
     async fn a_commit_that_never_answers_fails_after_its_budget() {
         let f = fake("a", 3, vec![Some(false); 100]);
-        let e = commit(&f, "w", "a", 3, "s1", Duration::from_secs(2)).await.expect_err("no answer");
+        let e = commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(2)).await.expect_err("no answer");
         assert!(e.to_string().contains("timed out"), "{e}");
     }
 
     #[tokio::test]
     async fn a_node_that_lost_the_workspace_cannot_commit() {
         let f = fake("b", 4, vec![]);
-        let e = commit(&f, "w", "a", 3, "s1", Duration::from_secs(30)).await.expect_err("fenced");
+        let e = commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect_err("fenced");
         assert!(matches!(e, EngineError::WorkspaceFenced { .. }), "{e}");
         assert_eq!(checkpoint(&f), None);
+    }
+
+    #[tokio::test]
+    async fn an_earlier_call_never_lands_over_a_later_one() {
+        // Calls 1 and 2 of one run: 2's commit lands first, then 1's.
+        let f = fake("a", 3, vec![]);
+        commit(&f, "w", at("a", 3, 2), "later", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), "earlier", Duration::from_secs(30)).await.expect("superseded, not an error");
+        assert_eq!(checkpoint(&f).as_deref(), Some("later"));
+        // In order, each replaces the one before.
+        commit(&f, "w", at("a", 3, 3), "next", Duration::from_secs(30)).await.expect("committed");
+        assert_eq!(checkpoint(&f).as_deref(), Some("next"));
+        // Another run's (the node restarted) is not compared: it replaces.
+        let other = Held { me: "a", epoch: 3, order: CheckpointOrder { run: RUN + 1, seq: 0 } };
+        commit(&f, "w", other, "restarted", Duration::from_secs(30)).await.expect("committed");
+        assert_eq!(checkpoint(&f).as_deref(), Some("restarted"));
     }
 }
