@@ -167,14 +167,26 @@ pub async fn list_templates(State(st): State<ApiState>) -> Result<Response, ApiE
     Ok(Json(st.engine.templates().await?.into_iter().map(template_out).collect::<Vec<_>>()).into_response())
 }
 
+/// The template a path names does not exist: a 404, as for every other
+/// object a path names (a create naming an unknown template stays a 400
+/// `SANDBOX::UNKNOWN_TEMPLATE`: there the body is at fault, not the path).
+fn by_path(e: ember_engine::EngineError) -> ApiError {
+    match e {
+        ember_engine::EngineError::UnknownTemplate(name) => {
+            ApiError::new(StatusCode::NOT_FOUND, "TEMPLATE::NOT_FOUND", format!("template {name} not found"))
+        }
+        e => e.into(),
+    }
+}
+
 pub async fn get_template(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    Ok(Json(template_out(st.engine.template(&name).await?)).into_response())
+    Ok(Json(template_out(st.engine.template(&name).await.map_err(by_path)?)).into_response())
 }
 
 pub async fn delete_template(
     State(st): State<ApiState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.engine.delete_template(&name).await?;
+    st.engine.delete_template(&name).await.map_err(by_path)?;
     Ok(StatusCode::NO_CONTENT)
 }

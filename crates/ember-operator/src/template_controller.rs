@@ -98,8 +98,9 @@ async fn get(ctx: &Ctx, node: &str) -> Result<Option<TemplateInfo>, Error> {
     absent(ctx.ember.get_template(node).await).map_err(ember_err(ctx))
 }
 
-/// ember's answer, with "no such template" as `None` (ember answers it 400
-/// `SANDBOX::UNKNOWN_TEMPLATE`, as a create naming one).
+/// ember's answer, with "no such template" as `None`: a 404
+/// `TEMPLATE::NOT_FOUND`, or the 400 `SANDBOX::UNKNOWN_TEMPLATE` that nodes
+/// before 2026-12-03 answered (as they still do to a create naming one).
 fn absent<T>(r: Result<T, ClientError>) -> Result<Option<T>, ClientError> {
     match found(r) {
         Err(ClientError::Api { code, .. }) if code == "SANDBOX::UNKNOWN_TEMPLATE" => Ok(None),

@@ -47,7 +47,10 @@ pub async fn images_and_templates(api: &Api, reg: &str) {
         api.req("GET", "/v1/templates/{name}", &["oa-t"]).send().await.json()["resources"]["memoryBytes"],
         64 << 20
     );
-    assert_eq!(api.req("GET", "/v1/templates/{name}", &["nope"]).send().await.status, 400);
+    let r = api.req("GET", "/v1/templates/{name}", &["nope"]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("TEMPLATE::NOT_FOUND")), "{}", r.text());
+    let r = api.req("DELETE", "/v1/templates/{name}", &["nope"]).send().await;
+    assert_eq!((r.status, r.json()["code"].as_str()), (404, Some("TEMPLATE::NOT_FOUND")), "{}", r.text());
     let r = api.req("DELETE", "/v1/images/{name}", &[name]).send().await;
     assert_eq!((r.status, r.json()["code"].as_str()), (409, Some("IMAGE::IN_USE")));
     assert_eq!(api.req("DELETE", "/v1/templates/{name}", &["host"]).send().await.status, 400);
