@@ -229,7 +229,7 @@ async fn an_agent_left_quiesced_by_a_daemon_crash_is_woken_at_adoption() {
 /// primed processes; removing the pool removes its image, its snapshot and
 /// its idle members.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "unreliable here: some gVisor checkpoints restore into a panicking agent (2 of 3 runs under load on 2026-12-02), and after a re-prime the empty pool's miss was once served instead of POOL::EMPTY (docs/warm-pools.md); run with --ignored"]
+#[ignore = "unreliable here: some gVisor checkpoints restore into a panicking agent (2 of 3 runs under load on 2026-12-02; docs/warm-pools.md); run with --ignored"]
 async fn a_pool_from_a_checkpoint_hands_out_members_with_the_primed_memory() {
     let d = Daemon::start();
     let pool = |src: &str| CreatePoolRequest {

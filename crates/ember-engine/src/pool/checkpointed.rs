@@ -80,7 +80,7 @@ impl Pools {
     }
 }
 
-fn empty() -> PoolSpec {
+pub(super) fn empty() -> PoolSpec {
     PoolSpec {
         name: String::new(),
         template: String::new(),

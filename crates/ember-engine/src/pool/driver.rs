@@ -74,10 +74,12 @@ async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
     match launched {
         Ok(rec) => {
             pool.record_refill(t0.elapsed().as_micros() as u64);
-            if pool.removed.load(Ordering::Relaxed) {
-                let _ = engine.sandboxes.remove_any(rec.id.as_str()).await;
-            } else {
-                pool.push_idle(rec.id);
+            let extra = match pool.removed.load(Ordering::Relaxed) {
+                true => Some(rec.id),
+                false => pool.push_refilled(rec.id).err(),
+            };
+            if let Some(id) = extra {
+                let _ = engine.sandboxes.remove_any(id.as_str()).await;
             }
         }
         Err(e) => {

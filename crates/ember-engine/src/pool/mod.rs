@@ -159,6 +159,22 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).push_back(id);
     }
 
+    /// A refilled member joins the idle ones unless the pool already holds
+    /// its `max` of them: a pool shrunk (to none, say) while the member
+    /// started never hands it out, where the reconciler's trim came only
+    /// after it had been claimable (a checkpoint pool resized to 0 served a
+    /// claim instead of `POOL::EMPTY`). Checked and pushed under one lock,
+    /// so two refills ending at once cannot both pass the last place.
+    pub fn push_refilled(&self, id: SandboxId) -> Result<(), SandboxId> {
+        let max = self.spec.lock().unwrap_or_else(|p| p.into_inner()).max;
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() >= max as usize {
+            return Err(id);
+        }
+        idle.push_back(id);
+        Ok(())
+    }
+
     pub fn idle_len(&self) -> u32 {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).len() as u32
     }
@@ -343,5 +359,27 @@ pub(crate) async fn idle_ended_loop(
             pool.idle.lock().unwrap_or_else(|p| p.into_inner()).retain(|i| *i != ev.id);
             pool.wake.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> SandboxId {
+        SandboxId::from_random(crate::create::random16())
+    }
+
+    #[test]
+    fn a_refilled_member_past_the_max_is_never_idle() {
+        let pool = Pool::new(PoolSpec { max: 2, ..checkpointed::empty() });
+        assert!(pool.push_refilled(id()).is_ok() && pool.push_refilled(id()).is_ok());
+        let extra = id();
+        assert_eq!(pool.push_refilled(extra.clone()), Err(extra), "a third member in a pool of at most 2");
+        // Resized to none while two refills were under way: both are refused.
+        pool.spec.lock().unwrap().max = 0;
+        while pool.pop_idle().is_some() {}
+        assert!(pool.push_refilled(id()).is_err() && pool.push_refilled(id()).is_err());
+        assert_eq!(pool.idle_len(), 0);
     }
 }
