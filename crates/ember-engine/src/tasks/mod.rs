@@ -8,6 +8,7 @@
 //! capped writes, reads from an offset), `metrics.rs`.
 mod commit;
 mod execd;
+mod idle;
 mod log;
 mod metrics;
 mod reuse;
@@ -68,6 +69,8 @@ pub struct TaskService {
     logs: PathBuf,
     /// Wakes one idle worker (a permit is kept if none waits).
     wake: Notify,
+    /// One idle worker at a time polls the queue (`worker.rs`, `idle_wait`).
+    poller: std::sync::atomic::AtomicBool,
     metrics: metrics::TaskMetrics,
     /// Background removals of task sandboxes in flight (see `reuse.rs`).
     reapers: Arc<tokio::sync::Semaphore>,
@@ -116,6 +119,7 @@ impl Tasks {
             queue,
             logs,
             wake: Notify::new(),
+            poller: Default::default(),
             metrics: metrics::TaskMetrics::new(),
             reapers: Arc::new(tokio::sync::Semaphore::new(cfg.workers.max(1) as usize)),
         });

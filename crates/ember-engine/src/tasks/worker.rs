@@ -70,10 +70,7 @@ pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot
                     }
                 }
                 drop(e);
-                tokio::select! {
-                    _ = svc.wake.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                }
+                super::idle::wait(&svc.wake, &svc.poller).await;
             }
             Err(err) => {
                 tracing::error!(worker = %name, error = %err, "leasing a task failed");
