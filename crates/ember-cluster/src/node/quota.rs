@@ -14,6 +14,7 @@
 //! its own entries true: sandboxes that ended by themselves (exit, TTL) go,
 //! holds of creates it no longer runs go (its restart), and its running
 //! sandboxes of a tenant the value lacks come back.
+use super::mirror::Mirror;
 use super::plane::ClusterPlane;
 use super::registry::{self, SandboxEntry};
 use super::ClusterError;
@@ -21,7 +22,6 @@ use async_nats::jetstream::{self, kv};
 use ember_engine::tenants::{check, Demand, Kind, SharedQuota, TenantError, Tenants};
 use ember_engine::ListFilter;
 use ember_types::tenant::{Quotas, Usage, DEFAULT_TENANT};
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +99,11 @@ impl TenantUse {
 /// The cluster's [`SharedQuota`]: this node's view of the bucket.
 pub struct Ledger {
     kv: kv::Store,
+    /// The bucket as a watch keeps it: the sweep takes the tenants' names
+    /// from it. Listing the keys each second was an ephemeral consumer a
+    /// second per node (created and deleted through the meta leader), on
+    /// an idle cluster with no tenant too.
+    seen: Arc<Mirror>,
     plane: Arc<ClusterPlane>,
     tenants: Arc<Tenants>,
     /// Names this node's holds: unique across its restarts.
@@ -116,6 +121,7 @@ pub async fn share_quotas(plane: &Arc<ClusterPlane>, tenants: Arc<Tenants>) -> R
     let name = format!("{}_tenant_usage", plane.cfg.prefix);
     let kv = registry::bucket(&js, name, replicas, Duration::ZERO).await?;
     let ledger = Arc::new(Ledger {
+        seen: Mirror::spawn(kv.clone()),
         kv,
         plane: plane.clone(),
         tenants: tenants.clone(),
@@ -223,13 +229,17 @@ impl Ledger {
     /// before it, so it is listed), then each value changed on the revision
     /// read (a conflict waits for the next pass).
     async fn sweep(&self) -> Result<(), String> {
-        let mut keys = self.kv.keys().await.map_err(|e| e.to_string())?;
-        let mut names = BTreeSet::new();
-        while let Some(k) = tokio::time::timeout(STEP, keys.next()).await.map_err(|_| "listing keys: no answer")? {
-            names.insert(k.map_err(|e| e.to_string())?);
-        }
+        let mut names: BTreeSet<String> = match self.seen.entries() {
+            Some(entries) => entries.into_iter().map(|(k, _, _)| k).collect(),
+            None => return Ok(()),
+        };
         let tenants: BTreeSet<String> = self.tenants.list().into_iter().map(|t| t.name).collect();
         names.extend(tenants.iter().cloned());
+        // The default tenant has no quotas and is never written (below).
+        names.remove(DEFAULT_TENANT);
+        if names.is_empty() {
+            return Ok(());
+        }
         let mut read = Vec::new();
         for t in names {
             read.push((self.read(&t).await?, t));
