@@ -90,8 +90,32 @@ pub async fn tasks(clients: &[Client], faults: &Faults, sessions: &[Session]) ->
         }
     }
     f.unfinished = pending.len() as u64;
-    f.lost_ids.extend(pending.iter().take(5).map(|id| format!("{id} (not ended)")));
+    for id in pending.iter().take(5) {
+        let at = match live.first() {
+            Some(c) => c.get_task(id).await.map_err(|e| e.to_string()),
+            None => Err("no live node to ask".into()),
+        };
+        f.lost_ids.push(format!("{id} (not ended: {})", stuck(at)));
+    }
     f
+}
+
+/// Where an unfinished task stands, for the report: a drill that leaves one
+/// behind is diagnosed from this alone (the cluster is gone afterwards).
+fn stuck(at: Result<TaskRecord, String>) -> String {
+    let t = match at {
+        Ok(t) => t,
+        Err(e) => return format!("not readable: {e}"),
+    };
+    let last = t.transitions.last().map(|x| format!("{} at {} ms", x.state.as_str(), x.at_ms));
+    let attempt = t.attempts.last().map(|a| format!("attempt {} by {}", a.attempt, a.worker));
+    format!(
+        "{}, submitted at {} ms, last transition {}, {}",
+        t.state.as_str(),
+        t.submitted_at_ms,
+        last.as_deref().unwrap_or("none"),
+        attempt.as_deref().unwrap_or("never leased"),
+    )
 }
 
 /// Reads every session's records (all at once: a session whose node died
