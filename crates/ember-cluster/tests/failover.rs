@@ -143,3 +143,23 @@ fn drill(test: &str, leader: impl Fn(&NatsCluster) -> String) {
         assert_eq!(ends, 1, "{}: {:?}", r.id, r.transitions);
     }
 }
+
+/// A listing the queue cannot read is an error, never a shorter list: the
+/// API answers 503, and a tenant's `tasks` quota, which counts from it,
+/// does not pass on an empty count. Here every server is frozen (SIGSTOP)
+/// past the retry budget. Before, the listing answered `Ok([])`.
+#[test]
+fn a_listing_the_queue_cannot_read_is_an_error_not_an_empty_list() {
+    let cluster = NatsCluster::start("listdown", 3);
+    let cfg = JetStreamConfig { retry_budget: Duration::from_secs(3), ..JetStreamConfig::new(cluster.urls()) };
+    let q = JetStreamQueue::open(cfg, QueueConfig::default(), system_clock()).expect("open");
+    q.submit("t0", spec(Tier::Standard, 3)).expect("submit");
+    assert_eq!(q.list(&Default::default()).expect("list").len(), 1);
+    let names: Vec<String> = cluster.servers.iter().map(|s| s.name.clone()).collect();
+    names.iter().for_each(|n| cluster.signal(n, "STOP"));
+    let listed = q.list(&Default::default());
+    names.iter().for_each(|n| cluster.signal(n, "CONT"));
+    let e = listed.map(|l| l.len()).expect_err("a frozen queue listed");
+    assert!(matches!(e, ember_queue::QueueError::Unavailable { .. }), "{e}");
+    assert_eq!(q.list(&Default::default()).expect("list after").len(), 1, "the task is still there");
+}

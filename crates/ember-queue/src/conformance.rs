@@ -160,7 +160,7 @@ pub fn another_handle_sees_every_state(h: &dyn Harness) {
     let state = |id: &str| q.get(id).unwrap().state;
     use TaskState::*;
     assert_eq!([state("q"), state("l"), state("d"), state("c")], [Queued, Leased, Succeeded, Cancelled]);
-    let ids = |f: TaskFilter| q.list(&f).into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let ids = |f: TaskFilter| q.list(&f).expect("list").into_iter().map(|r| r.id).collect::<Vec<_>>();
     assert_eq!(ids(TaskFilter { states: vec![Leased], ..Default::default() }), ["l"]);
     assert_eq!(ids(TaskFilter { tiers: vec![Tier::Batch], ..Default::default() }), ["q", "c"]);
     assert_eq!(ids(TaskFilter::default()), ["q", "l", "d", "c"], "oldest first");
@@ -241,7 +241,7 @@ pub fn retention_drops_old_and_surplus_finished_tasks_for_good(h: &dyn Harness) 
     assert!(created && again.id == "new");
     drop(q);
     let q = h.open(cfg);
-    let all: Vec<String> = q.list(&Default::default()).into_iter().map(|r| r.id).collect();
+    let all: Vec<String> = q.list(&Default::default()).expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(all, ["waiting", "new"], "the dropped tasks are gone for good");
 }
 

@@ -419,10 +419,10 @@ impl TaskQueue for EmbeddedQueue {
         self.lock().tasks.get(id).cloned().ok_or_else(|| QueueError::NotFound(id.into()))
     }
 
-    fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord> {
+    fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, QueueError> {
         let mut out: Vec<TaskRecord> = self.lock().tasks.values().filter(|r| filter.matches(r)).cloned().collect();
         out.sort_by(|a, b| (a.submitted_at_ms, &a.id).cmp(&(b.submitted_at_ms, &b.id)));
-        out
+        Ok(out)
     }
 
     fn stats(&self) -> QueueStats {

@@ -207,7 +207,8 @@ pub trait TaskQueue: Send + Sync {
     /// Drops finished tasks past the retention (see [`Retention`]).
     fn prune(&self) -> Result<Vec<Pruned>, QueueError>;
     fn get(&self, id: &str) -> Result<TaskRecord, QueueError>;
-    /// Matching tasks, oldest first.
-    fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord>;
+    /// Matching tasks, oldest first. A queue it cannot read whole is an
+    /// error, never a shorter list: a tenant's `tasks` quota counts from it.
+    fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, QueueError>;
     fn stats(&self) -> QueueStats;
 }

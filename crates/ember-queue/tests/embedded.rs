@@ -96,7 +96,7 @@ fn reopening_restores_every_state_and_gives_leases_a_fresh_deadline() {
         [state("q"), state("l"), state("d"), state("c")],
         [TaskState::Queued, TaskState::Leased, TaskState::Succeeded, TaskState::Cancelled]
     );
-    assert_eq!(q.list(&TaskFilter { states: vec![TaskState::Leased], ..Default::default() }).len(), 1);
+    assert_eq!(q.list(&TaskFilter { states: vec![TaskState::Leased], ..Default::default() }).expect("list").len(), 1);
     f.advance(999);
     assert!(q.expire().unwrap().is_empty(), "a full lease after the restart");
     f.advance(1);

@@ -179,10 +179,13 @@ impl TaskQueue for JetStreamQueue {
     }
 
     /// Reads every record: O(tasks) requests, fine for a first step; the
-    /// registry work of issue 15 will keep an index.
-    fn list(&self, filter: &TaskFilter) -> Vec<TaskRecord> {
+    /// registry work of issue 15 will keep an index. A read that fails
+    /// (through the retry budget: an election is waited out) is the error:
+    /// an empty list in an outage passed a tenant's `tasks` quota, and
+    /// `GET /v1/tasks` answered no tasks.
+    fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, QueueError> {
         let filter = filter.clone();
-        self.run("list", "", |q| async move { q.list(&filter).await }).unwrap_or_default()
+        self.run("list", "", |q| async move { q.list(&filter).await })
     }
 
     /// From the consumers: pending messages (queued, including tasks waiting

@@ -196,7 +196,7 @@ impl Tasks {
 
     pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, EngineError> {
         let f = filter.clone();
-        Ok(self.svc.call("list", "", move |q| Ok(q.list(&f))).await?)
+        Ok(self.svc.call("list", "", move |q| q.list(&f)).await?)
     }
 
     /// Cancels a task; a running attempt's sandbox is destroyed.
