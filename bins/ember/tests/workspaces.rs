@@ -276,3 +276,49 @@ async fn a_list_amid_creates_and_removals_never_fails() {
     churn.await.expect("churn");
     assert!(lists > 0);
 }
+
+/// A gauge of the daemon's `/metrics` (no labels).
+async fn gauge(d: &Daemon, name: &str) -> u64 {
+    let (_, body) = d.client.get_raw("/metrics").await.expect("metrics");
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')))
+        .unwrap_or_else(|| panic!("no {name} in the metrics"));
+    line.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+/// A launch clones a new mount namespace, which copies every mount of the
+/// table it starts from (~3 µs each here, under the kernel's global
+/// namespace lock). The host's table holds a tmpfs per sandbox and the
+/// workspaces' mounts, so a launch from it slowed with each sandbox on the
+/// host (docs/performance.md, "What a launch copies"). The table a launch
+/// copies stays as it was while sandboxes come; a sandbox launched from it
+/// still writes to its writable layer on the host's tmpfs, and to its
+/// workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_copies_a_mount_table_that_does_not_grow_with_the_sandboxes() {
+    let d = Daemon::start();
+    let host = || std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo").lines().count();
+    let (table, host_before) = (gauge(&d, "ember_launch_table_mounts").await, host());
+    d.client.create_workspace("lt", "32Mi").await.expect("workspace");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(d.create(|r| r.workspaces = vec![mount("lt")]).await.id);
+        // One writer at a time: the next takes the lease over.
+        let last = ids.last().expect("an id");
+        let (code, _, err) = d.sh(last, "echo layer > /probe && echo ws >> /workspace/probe", Some(0)).await;
+        assert_eq!(code, Some(0), "{err}");
+        let upper = d.data_dir.join("sandboxes").join(last).join("mnt/upper/probe");
+        assert_eq!(std::fs::read_to_string(&upper).ok().as_deref(), Some("layer\n"), "{}", upper.display());
+        d.client.delete_sandbox(last).await.expect("remove");
+    }
+    for _ in 0..3 {
+        ids.push(d.create(|_| {}).await.id);
+    }
+    assert!(host() >= host_before + 3, "the sandboxes added no host mounts: {} → {}", host_before, host());
+    assert_eq!(gauge(&d, "ember_launch_table_mounts").await, table, "the table a launch copies grew");
+    let reader = d.create(|r| r.workspaces = vec![mount("lt")]).await;
+    let (code, out, err) = d.sh(&reader.id, "cat /workspace/probe", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "ws\nws\nws\n"), "{err}");
+}

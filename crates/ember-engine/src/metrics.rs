@@ -57,6 +57,9 @@ pub struct Metrics {
     /// the store by the refill loop, `workspaces::spare_loop`).
     pub workspace_spares_ready: Gauge,
     pub workspace_spares_taken: Counter,
+    /// The mounts a native launch copies (set at scrape time): flat, or
+    /// every launch slows with the sandboxes on the host.
+    pub launch_table_mounts: Gauge,
 }
 
 /// Per-pool figures, copied from the pools at scrape time, so the claim path
@@ -136,6 +139,12 @@ impl Metrics {
             "Workspace creates (restores included) that took a spare volume",
             workspace_spares_taken.clone(),
         );
+        let launch_table_mounts = Gauge::default();
+        registry.register(
+            "launch_table_mounts",
+            "Mounts in the table a native launch copies (its clone copies each)",
+            launch_table_mounts.clone(),
+        );
         Metrics {
             registry,
             launch_seconds,
@@ -149,6 +158,7 @@ impl Metrics {
             pools,
             workspace_spares_ready,
             workspace_spares_taken,
+            launch_table_mounts,
         }
     }
 

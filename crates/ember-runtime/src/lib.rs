@@ -220,6 +220,12 @@ pub trait Runtime: Send + Sync {
     /// The host uid/gid a sandbox uid/gid maps to in the storage range (the
     /// owner of workspaces and layers on disk).
     fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32);
+    /// How many mounts the table a launch copies holds (a clone with a new
+    /// mount namespace copies them all); `None` for a class that does not
+    /// clone its sandboxes itself.
+    fn launch_table_mounts(&self) -> Option<usize> {
+        None
+    }
     /// The first host id of the range `id`'s ids map to, and the host id a
     /// snapshot's recorded owner becomes in it (classes with one range per
     /// sandbox; `None`: the storage range, ids kept as recorded).

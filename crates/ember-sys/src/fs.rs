@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-fn cpath(op: &'static str, p: &Path) -> Result<CString, SysError> {
+pub(crate) fn cpath(op: &'static str, p: &Path) -> Result<CString, SysError> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| SysError::new(op, p.display().to_string(), std::io::ErrorKind::InvalidInput.into()))
 }

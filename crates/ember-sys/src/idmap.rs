@@ -86,6 +86,13 @@ pub fn idmapped_tree(source: &Path, readonly: bool, userns: BorrowedFd<'_>) -> R
     crate::inject::detached_copy(source, readonly, Some(userns))
 }
 
+/// A detached copy of the mount tree at `source` (recursive; nosuid, nodev,
+/// read-only if asked), ids as they are: for a child cloned from a
+/// [`crate::mountns::LaunchNs`], where the host's later mounts are not.
+pub fn plain_tree(source: &Path, readonly: bool) -> Result<OwnedFd, SysError> {
+    crate::inject::detached_copy(source, readonly, None)
+}
+
 /// Whether `path` is on an overlay, which cannot be idmapped (overlayfs does
 /// not set `FS_ALLOW_IDMAP`: `mount_setattr` is EINVAL).
 pub fn is_overlay(path: &Path) -> Result<bool, SysError> {

@@ -151,37 +151,52 @@ const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWNET) as u64;
 
-/// Starts the sandbox init. `parent_setup` runs once the child exists and before it
-/// continues (attach it to its cgroups there).
-pub fn spawn_sandbox(
-    plan: &LaunchPlan,
-    fds: LaunchFds<'_>,
-    parent_setup: impl FnOnce(i32) -> Result<(), String>,
-) -> Result<Spawned, SpawnError> {
-    spawn_inner(plan, fds, parent_setup, NS_FLAGS)
+/// The namespaces a sandbox init is cloned from, other than the daemon's.
+#[derive(Clone, Copy, Default)]
+pub struct SpawnFrom<'a> {
+    /// A mount namespace to copy instead of the host's
+    /// ([`crate::mountns::LaunchNs`]): what the plan mounts from the host's
+    /// later mounts must come as detached trees ([`FsOp::Attach`]).
+    pub mounts: Option<BorrowedFd<'a>>,
+    /// A network namespace to join instead of a fresh one (a prepared slot).
+    pub netns: Option<BorrowedFd<'a>>,
 }
 
-/// Like [`spawn_sandbox`], but the sandbox joins the network namespace `netns`
-/// (a pre-created network slot) instead of getting a fresh one.
+/// Starts the sandbox init from the namespaces `from` names. `parent_setup`
+/// runs once the child exists and before it continues (attach it to its
+/// cgroups there).
 ///
 /// A process can only enter a network namespace with CAP_SYS_ADMIN over the
 /// user namespace that owns it, which the child loses the moment it enters its
 /// new user namespace. So the parent enters first: a short-lived thread calls
-/// `setns(netns)` (which changes only that thread) and runs the clone from
-/// there, without CLONE_NEWNET, so the child inherits the slot's namespace. The
-/// thread then exits and the daemon's other threads never leave the host's
-/// namespace. The child is reparented to another thread of this process; its
-/// pidfd and wait status are the process's, as before.
-pub fn spawn_sandbox_in_netns(
-    netns: BorrowedFd<'_>,
+/// `setns` (which changes only that thread) and runs the clone from there
+/// (without CLONE_NEWNET when it joined a network namespace, so the child
+/// inherits it; its new mount namespace is a copy of the one the thread is
+/// in). The thread then exits and the daemon's other threads never leave the
+/// host's namespaces. The child is reparented to another thread of this
+/// process; its pidfd and wait status are the process's, as before.
+pub fn spawn_sandbox_from(
+    from: SpawnFrom<'_>,
     plan: &LaunchPlan,
     fds: LaunchFds<'_>,
     parent_setup: impl FnOnce(i32) -> Result<(), String> + Send,
 ) -> Result<Spawned, SpawnError> {
+    if from.mounts.is_none() && from.netns.is_none() {
+        return spawn_inner(plan, fds, parent_setup, NS_FLAGS);
+    }
+    let flags = match from.netns {
+        Some(_) => NS_FLAGS & !(libc::CLONE_NEWNET as u64),
+        None => NS_FLAGS,
+    };
     std::thread::scope(|s| {
         let t = s.spawn(|| {
-            crate::netns::enter(netns)?;
-            spawn_inner(plan, fds, parent_setup, NS_FLAGS & !(libc::CLONE_NEWNET as u64))
+            if let Some(m) = from.mounts {
+                crate::mountns::enter(m)?;
+            }
+            if let Some(n) = from.netns {
+                crate::netns::enter(n)?;
+            }
+            spawn_inner(plan, fds, parent_setup, flags)
         });
         t.join().unwrap_or_else(|_| {
             Err(SysError::new("spawn thread", "sandbox init", std::io::Error::other("the spawn thread panicked"))

@@ -269,6 +269,9 @@ impl ControlPlane for Arc<Engine> {
     fn metrics_text(&self) -> String {
         let recs = self.sandboxes.refresh_gauges();
         self.pools.refresh_metrics(&Engine::metrics(self).pools, &recs);
+        if let Some(n) = self.runtimes.default_runtime().launch_table_mounts() {
+            Engine::metrics(self).launch_table_mounts.set(n as i64);
+        }
         let mut body = Engine::metrics(self).encode();
         if let Some(tasks) = self.tasks.get().and_then(|t| t.encode_task_metrics()) {
             body = crate::process_metrics::splice(body, &tasks);

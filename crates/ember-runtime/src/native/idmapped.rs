@@ -31,7 +31,7 @@ pub(crate) fn trees(
         // test). Such a sandbox stays in the storage range with plain
         // mounts. A workspace or task layer (storage-owned) is idmapped.
         let base = ranges.use_storage(name);
-        return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+        return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new(), layer: None });
     }
     let base = ranges.allocate(name)?;
     let userns = ember_sys::idmap::userns_fd(&ranges.storage_map(base))?;
@@ -40,13 +40,13 @@ pub(crate) fn trees(
     let volumes = spec.volumes.iter().map(|v| tree(&v.host_path, v.read_only)).collect::<Result<Vec<_>, _>>();
     let made = volumes.and_then(|v| Ok((v, lowers.iter().map(|l| tree(l, true)).collect::<Result<Vec<_>, _>>()?)));
     match made {
-        Ok((volumes, lowers)) => Ok(Trees { base, lowers, volumes }),
+        Ok((volumes, lowers)) => Ok(Trees { base, lowers, volumes, layer: None }),
         // A volume or a layer on a filesystem without idmapped mounts (a
         // tmpfs or initramfs data dir: every create failed in the cgroup v2
         // guest): the storage range with plain mounts.
         Err(e) if e.source.raw_os_error() == Some(EINVAL) => {
             let base = ranges.use_storage(name);
-            Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() })
+            Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new(), layer: None })
         }
         Err(e) => Err(e.into()),
     }
@@ -74,18 +74,45 @@ fn in_storage_range(ranges: &IdRanges, path: &Path) -> bool {
 /// What `mount_setattr` answers for a filesystem without idmapped mounts.
 const EINVAL: i32 = 22;
 
-/// Detached idmapped trees of one launch, open until the child has attached them.
+/// Detached trees of one launch, open until the child has attached them.
 pub(crate) struct Trees {
     pub(crate) base: u32,
-    /// Empty in the storage range: the layers and volumes are used as they are.
+    /// Empty in the storage range: the layers and volumes are used as they
+    /// are (by path; from a launch namespace the volumes by plain trees,
+    /// [`Trees::for_launch_ns`]).
     pub(crate) lowers: Vec<OwnedFd>,
     pub(crate) volumes: Vec<OwnedFd>,
+    /// The writable layer's tmpfs, for a launch from a launch namespace.
+    pub(crate) layer: Option<OwnedFd>,
 }
 
 impl Trees {
     pub(super) fn raw(&self) -> Idmapped {
         let raw = |v: &[OwnedFd]| v.iter().map(|f| f.as_raw_fd()).collect();
-        Idmapped { base: self.base, lowers: raw(&self.lowers), volumes: raw(&self.volumes) }
+        Idmapped {
+            base: self.base,
+            lowers: raw(&self.lowers),
+            volumes: raw(&self.volumes),
+            layer: self.layer.as_ref().map(|f| f.as_raw_fd()),
+        }
+    }
+
+    /// What a child cloned from a launch namespace needs of the host's mounts
+    /// made since it was: the layer's tmpfs at `mnt` and, in the storage
+    /// range, each volume, as detached trees of the host's table (the
+    /// idmapped ones are trees already; the lowers and `/usr` are not mounts
+    /// ember makes).
+    pub(crate) fn for_launch_ns(
+        &mut self,
+        mnt: &Path,
+        volumes: &[ember_types::VolumeMount],
+    ) -> Result<(), RuntimeError> {
+        if self.volumes.len() != volumes.len() {
+            let plain = |v: &ember_types::VolumeMount| ember_sys::idmap::plain_tree(&v.host_path, v.read_only);
+            self.volumes = volumes.iter().map(plain).collect::<Result<_, _>>()?;
+        }
+        self.layer = Some(ember_sys::idmap::plain_tree(mnt, false)?);
+        Ok(())
     }
 }
 
@@ -94,6 +121,7 @@ pub(super) struct Idmapped {
     pub(super) base: u32,
     pub(super) lowers: Vec<RawFd>,
     pub(super) volumes: Vec<RawFd>,
+    pub(super) layer: Option<RawFd>,
 }
 
 /// Mounts `source` (a workspace) at `target` in the running sandbox `id`,

@@ -13,7 +13,7 @@ pub mod rootfs;
 use crate::idrange::IdRanges;
 use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer};
 use ember_cgroups::{Cgroups, Limits};
-use ember_sys::spawn::{spawn_sandbox, spawn_sandbox_in_netns, FsOp, LaunchFds, LaunchPlan};
+use ember_sys::spawn::{spawn_sandbox_from, FsOp, LaunchFds, LaunchPlan, SpawnFrom};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use idmapped::Idmapped;
 use rootfs::{cstr, RootfsPlan, ID_RANGE};
@@ -67,6 +67,9 @@ pub struct NativeRuntime {
     seccomp: Vec<ember_sys::seccomp::BpfProgram>,
     host_template: PathBuf,
     ranges: Arc<IdRanges>,
+    /// The mount namespace sandboxes are cloned from (`None`: the host's,
+    /// when it could not be made): its table does not grow with them.
+    launch_ns: Option<ember_sys::mountns::LaunchNs>,
 }
 
 impl NativeRuntime {
@@ -82,6 +85,7 @@ impl NativeRuntime {
             source,
         })?;
         Ok(NativeRuntime {
+            launch_ns: launch_ns(&cfg.data_dir),
             ranges: Arc::new(IdRanges::new(cfg.uid_base, cfg.id_ranges)?),
             seccomp: ember_sys::seccomp::default_filters()?,
             agent_fd: agent.into(),
@@ -89,6 +93,11 @@ impl NativeRuntime {
             cgroups,
             host_template,
         })
+    }
+
+    /// The namespace launches clone from, if not the host's.
+    fn launch_from<'a>(&'a self, netns: Option<&'a OwnedFd>) -> SpawnFrom<'a> {
+        SpawnFrom { mounts: self.launch_ns.as_ref().map(|n| n.as_fd()), netns: netns.map(|f| f.as_fd()) }
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -126,6 +135,7 @@ impl NativeRuntime {
             host_binds: &binds,
             volumes: &spec.volumes,
             volume_trees: &ids.volumes,
+            layer_tree: ids.layer,
             disk_bytes: spec.resources.disk_bytes,
             hostname: &hostname,
         };
@@ -162,9 +172,12 @@ impl NativeRuntime {
             move |source| RuntimeError::Prepare { what, path, source }
         };
         std::fs::create_dir_all(&dir).map_err(prep("sandbox dir"))?;
-        let trees = idmapped::trees(&self.ranges, &self.host_template, name, spec)?;
+        let mut trees = idmapped::trees(&self.ranges, &self.host_template, name, spec)?;
         let base = trees.base;
         let upper = rootfs::prepare_layer(&dir.join("mnt"), spec.resources.disk_bytes, base)?;
+        if self.launch_ns.is_some() {
+            trees.for_launch_ns(&dir.join("mnt"), &spec.volumes)?;
+        }
         // The child's mount plan walks these paths before `pivot_root`, where a
         // symlink in a restored layer would name a host path.
         let mounted: Vec<&str> = spec.volumes.iter().map(|v| v.mount_path.trim_start_matches('/')).collect();
@@ -191,11 +204,9 @@ impl NativeRuntime {
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
         let setup = |pid| cg.attach(name, pid).map_err(|e| e.to_string());
-        let spawned = match net {
-            None => spawn_sandbox(&plan, fds, setup),
-            Some(n) => spawn_sandbox_in_netns(ember_sys::netns::open(&n.netns)?.as_fd(), &plan, fds, setup),
-        }
-        .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
+        let netns = net.map(|n| ember_sys::netns::open(&n.netns)).transpose()?;
+        let spawned = spawn_sandbox_from(self.launch_from(netns.as_ref()), &plan, fds, setup)
+            .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
         drop((listener, trees));
         let t_spawn = t0.elapsed();
         crate::ping_agent(&sock, self.cfg.ready_timeout)
@@ -215,6 +226,26 @@ impl NativeRuntime {
 
     fn cg_err(id: &SandboxId) -> impl FnOnce(ember_cgroups::CgroupError) -> RuntimeError + '_ {
         move |source| RuntimeError::Cgroup { id: id.clone(), source }
+    }
+}
+
+/// The launch namespace of a daemon whose data dir is `data_dir`
+/// (`ember_sys::mountns`): what a launch reads by path (the data dir's
+/// layers and templates, `/usr` for the host template, `/dev`, `/proc`, and
+/// `/sys` for the cgroups the spawning thread attaches the child to), none
+/// of the mounts ember makes in the data dir per sandbox and workspace.
+/// Without one (a kernel or host that refuses it) launches copy the host's
+/// table, as before.
+fn launch_ns(data_dir: &Path) -> Option<ember_sys::mountns::LaunchNs> {
+    let data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut keep = ["/proc", "/dev", "/sys", "/usr"].map(PathBuf::from).to_vec();
+    keep.push(data.clone());
+    match ember_sys::mountns::LaunchNs::new(&keep, &[data]) {
+        Ok(ns) => Some(ns),
+        Err(e) => {
+            tracing::warn!(error = %e, "no launch mount namespace: launches copy the host's mount table");
+            None
+        }
     }
 }
 
@@ -305,6 +336,13 @@ impl Runtime for NativeRuntime {
 
     fn launch_in_network(&self, id: &SandboxId, spec: &SandboxSpec, net: &NetJoin) -> Result<Launched, RuntimeError> {
         self.launch_with(id, spec, Some(net))
+    }
+
+    fn launch_table_mounts(&self) -> Option<usize> {
+        match &self.launch_ns {
+            Some(ns) => ns.mount_points().ok().map(|p| p.len()),
+            None => std::fs::read_to_string("/proc/self/mountinfo").ok().map(|t| t.lines().count()),
+        }
     }
 
     fn adopt(&self, id: &SandboxId, pid: i32, start_time: u64) -> Result<Launched, RuntimeError> {

@@ -188,8 +188,13 @@ pub struct RootfsPlan<'a> {
     pub host_binds: &'a [PathBuf],
     /// Host directories bound at their mount paths (read-only or not).
     pub volumes: &'a [ember_types::VolumeMount],
-    /// Idmapped detached trees of the volumes' host paths, in order (or none).
+    /// Detached trees of the volumes' host paths, in order (or none): idmapped,
+    /// or as they are when launched from a [`ember_sys::mountns::LaunchNs`].
     pub volume_trees: &'a [RawFd],
+    /// A detached copy of the writable layer's tmpfs (`mnt`), attached there
+    /// first: a sandbox cloned from a launch namespace, which does not have
+    /// the host's later mounts, gets it so.
+    pub layer_tree: Option<RawFd>,
     pub disk_bytes: u64,
     pub hostname: &'a str,
 }
@@ -212,6 +217,9 @@ impl RootfsPlan<'_> {
         let mnt = self.mnt();
         let root = self.new_root();
         let mut ops = Vec::new();
+        if let Some(tree) = self.layer_tree {
+            ops.push(FsOp::Attach { tree, target: cstr(&mnt) });
+        }
         let lowers: Vec<PathBuf> = if self.lower_trees.is_empty() {
             self.lower_dirs.to_vec()
         } else {

@@ -188,7 +188,7 @@ impl OciRuntime {
     fn trees(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Trees, RuntimeError> {
         if self.cfg.class == OciClass::Runsc {
             let base = self.cfg.ranges.use_storage(id.as_str());
-            return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new() });
+            return Ok(Trees { base, lowers: Vec::new(), volumes: Vec::new(), layer: None });
         }
         idmapped::trees(&self.cfg.ranges, &self.host_template, id.as_str(), spec)
     }
