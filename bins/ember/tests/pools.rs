@@ -288,3 +288,34 @@ async fn a_pooled_sandbox_that_ends_before_its_claim_is_skipped() {
     let (code, out, _) = d.sh(&s.id, "echo $X", None).await;
     assert_eq!((code, out.trim()), (Some(0), "1"), "the sandbox it got runs and has the caller's env");
 }
+
+/// The nice value of every thread of process `pid` (field 19 of its stat).
+fn thread_nices(pid: i32) -> Vec<i64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    let nice = |t: std::fs::DirEntry| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+    };
+    tasks.flatten().filter_map(nice).collect()
+}
+
+/// A refill runs behind the claims: its launch on a niced thread, which the
+/// sandbox it clones inherits (`ember_sys::nice`). The sandbox is set back
+/// once up: its agent, and what a caller runs in it once claimed, are not
+/// niced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refilled_sandbox_runs_its_commands_at_normal_priority() {
+    let d = Daemon::start();
+    pool(&d, 1, 2, 1.into()).await;
+    assert_eq!(wait_idle(&d, 1).await, 1);
+    let (id, kind) = claim(&d, |_| {}).await;
+    assert_eq!(kind, "warm");
+    let procs = d.procs(&id);
+    assert!(!procs.is_empty(), "no process in the claimed sandbox");
+    for pid in procs {
+        let nices = thread_nices(pid);
+        assert!(!nices.is_empty() && nices.iter().all(|n| *n == 0), "pid {pid}: threads at nice {nices:?}");
+    }
+    let (code, out, err) = d.sh(&id, "nice", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "0\n"), "{err}");
+}

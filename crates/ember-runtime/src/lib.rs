@@ -38,6 +38,19 @@ pub fn post_agent(
 /// children when the runtime's `create` exits, and the OCI classes hand them
 /// to a reaper that reaps each as it exits (`ember_sys::adopt`), instead of
 /// leaving zombies for a PID 1 that may reap late.
+/// A pool's refill, behind the claims (`ember_sys::nice`): `launch` runs on
+/// this thread niced to `ember_sys::nice::BACKGROUND` (its clone and the new
+/// sandbox's setup with it), then the thread and the sandbox it started are
+/// set back to the thread's value before. Unniced when it cannot be set.
+pub fn in_background<E>(launch: impl FnOnce() -> Result<Launched, E>) -> Result<Launched, E> {
+    let Some(bg) = ember_sys::nice::Background::enter() else { return launch() };
+    let launched = launch()?;
+    if let Err(e) = ember_sys::nice::set_process(launched.pid, bg.before()) {
+        tracing::warn!(pid = launched.pid, error = %e, "setting a refilled sandbox back to its priority");
+    }
+    Ok(launched)
+}
+
 pub fn become_subreaper() -> Result<(), ember_sys::SysError> {
     ember_sys::adopt::become_subreaper()
 }

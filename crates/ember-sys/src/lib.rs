@@ -33,6 +33,7 @@ pub mod inject;
 pub mod mountns;
 pub mod netns;
 pub mod nflog;
+pub mod nice;
 pub mod pidfd;
 pub mod process;
 pub mod pty;

@@ -101,16 +101,25 @@ impl Sandboxes {
         let join = net.map(|a| ember_runtime::NetJoin { netns: a.netns, resolver: a.resolver });
         let store = self.snapshots.clone();
         let (layer, golden) = seed.map_or((None, None), |s| (Some(s.layer), s.golden_image));
+        // A native refill runs behind the claims it is for (an OCI runtime's
+        // processes would keep the value: they are not the launch's own).
+        let background = rec.pool.is_some() && rt.class() == "native";
         let launched = tokio::task::spawn_blocking(move || {
-            if let Some(l) = &layer {
-                seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+            let launch = || {
+                if let Some(l) = &layer {
+                    seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
+                }
+                match (join, golden) {
+                    (_, Some(key)) => rt.launch_from_golden(&lid, &lspec, &key),
+                    (Some(j), None) => rt.launch_in_network(&lid, &lspec, &j),
+                    (None, None) => rt.launch(&lid, &lspec),
+                }
+                .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
+            };
+            match background {
+                true => ember_runtime::in_background(launch),
+                false => launch(),
             }
-            match (join, golden) {
-                (_, Some(key)) => rt.launch_from_golden(&lid, &lspec, &key),
-                (Some(j), None) => rt.launch_in_network(&lid, &lspec, &j),
-                (None, None) => rt.launch(&lid, &lspec),
-            }
-            .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?;
