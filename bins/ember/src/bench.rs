@@ -21,6 +21,7 @@ mod golden;
 pub(crate) mod image;
 pub mod k8s;
 mod k8s_agents;
+mod mounts;
 mod network;
 mod oci;
 pub(crate) mod pool;
@@ -51,6 +52,10 @@ pub async fn run(client: &Client, cmd: BenchCmd) -> anyhow::Result<i32> {
             let report = tokio::task::spawn_blocking(move || ember_snapshot::bench::bench(&cfg)).await??;
             println!("{report}");
             Ok(0)
+        }
+        BenchCmd::Mounts { runs, tables, work_dir } => {
+            let a = mounts::Args { runs, tables, work_dir };
+            tokio::task::spawn_blocking(move || mounts::run(&a)).await?
         }
         BenchCmd::Create { runs, no_crun, json } => create(client, runs, no_crun, json).await,
         BenchCmd::Image { runs, size, size_mib, registry_port, json } => {

@@ -55,6 +55,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "ember-cgroups",
                 "ember-image",
                 "ember-snapshot",
+                "ember-workspace",
                 "ember-net",
                 "ember-queue",
                 "ember-cluster",

@@ -169,7 +169,10 @@ async fn a_claim_answered_just_before_a_kill9_stays_the_callers() {
     })
     .await;
     assert_eq!(kind, "warm");
+    // The claim's refill is launching: the kill lands amid it.
     d.kill9();
+    let left = d.forks_left();
+    assert!(left.is_empty(), "processes of the killed daemon still running: {left:?}");
     d.spawn();
     let got = d.client.get_sandbox(&id).await.expect("the claimed sandbox after the restart");
     assert_eq!(got.status.state, "Running");

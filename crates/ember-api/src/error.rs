@@ -128,7 +128,7 @@ fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'stati
         W::InUse { .. } => (S::CONFLICT, "WORKSPACE::IN_USE"),
         W::Lease(LeaseError::Held { .. }) => (S::CONFLICT, "WORKSPACE::LEASED"),
         W::Lease(LeaseError::Fenced { .. }) => (S::CONFLICT, "WORKSPACE::FENCED"),
-        W::Io { .. } | W::Command { .. } => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
+        W::Io { .. } | W::Command { .. } | W::Sys(_) => (S::INTERNAL_SERVER_ERROR, "WORKSPACE::IO_ERROR"),
     }
 }
 

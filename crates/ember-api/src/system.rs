@@ -20,7 +20,7 @@ pub async fn runtimes(State(st): State<ApiState>) -> Response {
 }
 
 pub async fn metrics(State(st): State<ApiState>) -> Response {
-    let mut body = st.engine.metrics_text();
+    let mut body = metrics_text(&st).await;
     let tenants = crate::tenants::metrics_text(&st).await;
     // Before OpenMetrics' closing `# EOF`.
     match body.rfind("# EOF") {
@@ -28,6 +28,14 @@ pub async fn metrics(State(st): State<ApiState>) -> Response {
         None => body.push_str(&tenants),
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// The engine's metrics, gathered on the blocking pool: on a cluster the
+/// task queue's figures are requests to JetStream, which wait through a
+/// stream leader's election and must not hold an async worker meanwhile.
+pub(crate) async fn metrics_text(st: &ApiState) -> String {
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.metrics_text()).await.unwrap_or_default()
 }
 
 /// The SDK's fire-and-forget create telemetry: accepted and dropped.

@@ -27,6 +27,7 @@ const STEPS: &[&str] = &[
     "seccomp",
     "exec agent",
     "attach idmapped mount",
+    "close inherited descriptors",
 ];
 
 pub(crate) fn step_name(step: u32) -> &'static str {
@@ -63,8 +64,7 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
     // SAFETY: every call below is a raw syscall on descriptors and C strings the
     // parent prepared and keeps alive (this is a fork-style copy of its memory).
     unsafe {
-        libc::close(fds.sync_w);
-        libc::close(fds.err_r);
+        close_inherited(fds, &args.keep_fds);
         let mut b = [0u8; 1];
         if libc::read(fds.sync_r, b.as_mut_ptr().cast(), 1) != 1 {
             libc::_exit(127);
@@ -258,6 +258,31 @@ unsafe fn drop_caps(fds: &ChildFds, keep: u64, last: u32) {
             }
         }
         check!(fds, 14, libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0));
+    }
+}
+
+/// Closes every descriptor from 3 up but `keep` (ascending), before
+/// the child blocks on its sync pipe. Without `CLONE_FILES` the clone copied
+/// the daemon's whole table, close-on-exec or not, including the pipe ends of
+/// launches in flight on other threads: a child holding another launch's sync
+/// write end keeps that launch's init from seeing EOF when the daemon dies
+/// (two inits each holding the other's were left blocked forever by a daemon
+/// killed mid-launch), and one holding its error write end delays that
+/// launch's exec report until this child execs. 0-2 stay until `stdio`
+/// replaces them.
+unsafe fn close_inherited(fds: &ChildFds, keep: &[libc::c_int]) {
+    let mut from = 3u32;
+    // SAFETY: close_range on this process's own table; `keep` was built by
+    // the parent and is only read.
+    unsafe {
+        for &k in keep {
+            let k = k as u32;
+            if k > from {
+                check!(fds, 19, libc::syscall(libc::SYS_close_range, from, k - 1, 0u32));
+            }
+            from = from.max(k + 1);
+        }
+        check!(fds, 19, libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32));
     }
 }
 

@@ -85,6 +85,22 @@ pub fn mount_tmpfs(target: &Path, options: &str) -> Result<(), SysError> {
     Ok(())
 }
 
+/// Mounts an overlayfs at `target` with the given options (`lowerdir=...,
+/// upperdir=...,workdir=...`): a workspace's attempt layer, on every task's
+/// path, where mount(8) was a process that read the host's mount table.
+pub fn mount_overlay(target: &Path, options: &str) -> Result<(), SysError> {
+    let t = cpath("mount overlay", target)?;
+    let data = CString::new(options)
+        .map_err(|_| SysError::new("mount overlay", options, std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: every pointer is a NUL-terminated string that lives across the
+    // call; the literals are static.
+    let r = unsafe { libc::mount(c"overlay".as_ptr(), t.as_ptr(), c"overlay".as_ptr(), 0, data.as_ptr().cast()) };
+    if r != 0 {
+        return Err(SysError::last("mount overlay", target.display().to_string()));
+    }
+    Ok(())
+}
+
 /// Lazily unmounts `target` (`MNT_DETACH`). Returns `false` when nothing was
 /// mounted there (or the path does not exist), so callers can run it on every
 /// removal without checking first.

@@ -56,9 +56,12 @@ pub fn userns_fd_owned(map: &str, owner: u32) -> Result<OwnedFd, SysError> {
 /// cloned it, should the daemon die before it kills the child (a SIGKILLed
 /// node left one pausing forever, reparented to init); a parent already gone
 /// is seen by the pid check. Every signal but SIGKILL is blocked (inherited).
+/// It holds no descriptor: its copy of the daemon's table would keep the pipe
+/// ends of launches in flight open while it lives (child.rs).
 extern "C" fn pause_entry(parent: *mut libc::c_void) -> libc::c_int {
     // SAFETY: raw syscalls with integer arguments only.
     unsafe {
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         if libc::getppid() != parent as usize as libc::pid_t {
             libc::_exit(0);

@@ -30,6 +30,7 @@ pub mod fd;
 pub mod fs;
 pub mod idmap;
 pub mod inject;
+pub mod loopdev;
 pub mod mountns;
 pub mod netns;
 pub mod nflog;

@@ -8,8 +8,10 @@
 //! 2. `clone(CLONE_VM)` on a stack of its own (vmclone.rs: no copy of the
 //!    daemon's page tables) with new user, mount, pid, uts, ipc and net
 //!    namespaces and a pidfd.
-//! 3. The child blocks on the sync pipe; the parent writes the uid/gid maps and
-//!    runs the caller's setup (cgroup attach), then releases the child.
+//! 3. The child closes every descriptor but its own (its copy of the daemon's
+//!    table holds other launches' pipe ends), then blocks on the sync pipe; the
+//!    parent writes the uid/gid maps and runs the caller's setup (cgroup
+//!    attach), then releases the child.
 //! 4. The child assembles the rootfs, pivots, drops privileges, loads seccomp and
 //!    execs the agent. A failure is reported as `(step, errno)` on the error pipe;
 //!    the pipe is close-on-exec, so EOF tells the parent the exec succeeded.
@@ -123,8 +125,6 @@ pub enum SpawnError {
 /// clobber them.
 pub(crate) struct ChildFds {
     pub sync_r: RawFd,
-    pub sync_w: RawFd,
-    pub err_r: RawFd,
     pub err_w: RawFd,
     pub exe: RawFd,
     pub listen: RawFd,
@@ -142,6 +142,9 @@ pub(crate) struct ExecArgs {
     pub lo_up: bool,
     /// The spawning thread's signal mask, restored by the child just before exec.
     pub sigmask: libc::sigset_t,
+    /// The descriptors the child keeps, ascending: its own ends of the pipes,
+    /// the exec, socket and log fds, and the detached trees it attaches.
+    pub keep_fds: Vec<RawFd>,
 }
 
 const NS_FLAGS: u64 = (libc::CLONE_NEWUSER
@@ -213,21 +216,18 @@ fn spawn_inner(
 ) -> Result<Spawned, SpawnError> {
     let (sync_r, sync_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
+    // The child's ends (the parent's are closed in the child with the rest).
     let keep = [
         dup_above(sync_r.as_raw_fd(), 10)?,
-        dup_above(sync_w.as_raw_fd(), 10)?,
-        dup_above(err_r.as_raw_fd(), 10)?,
         dup_above(err_w.as_raw_fd(), 10)?,
         dup_above(fds.exe.as_raw_fd(), 10)?,
         dup_above(fds.listen.as_raw_fd(), 10)?,
         dup_above(fds.log.as_raw_fd(), 10)?,
     ];
-    drop((sync_r, sync_w, err_r, err_w));
-    let [sync_r, sync_w, err_r, err_w, exe, listen, log] = keep;
+    drop((sync_r, err_w));
+    let [sync_r, err_w, exe, listen, log] = keep;
     let cfds = ChildFds {
         sync_r: sync_r.as_raw_fd(),
-        sync_w: sync_w.as_raw_fd(),
-        err_r: err_r.as_raw_fd(),
         err_w: err_w.as_raw_fd(),
         exe: exe.as_raw_fd(),
         listen: listen.as_raw_fd(),
@@ -243,6 +243,7 @@ fn spawn_inner(
         cap_last: cap_last_cap(),
         lo_up: ns_flags & libc::CLONE_NEWNET as u64 != 0,
         sigmask: blocked.old,
+        keep_fds: keep_fds(&cfds, plan),
     };
     let stack = Stack::new(CHILD_STACK)?;
     let ctx = InitCtx { plan, fds: &cfds, args: &args };
@@ -281,6 +282,17 @@ fn spawn_inner(
     }
 }
 
+fn keep_fds(c: &ChildFds, plan: &LaunchPlan) -> Vec<RawFd> {
+    let trees = plan.fs_ops.iter().filter_map(|op| match op {
+        FsOp::Attach { tree, .. } => Some(*tree),
+        _ => None,
+    });
+    let mut keep: Vec<RawFd> = [c.sync_r, c.err_w, c.exe, c.listen, c.log].into_iter().chain(trees).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    keep
+}
+
 /// The child's stack: `child_main`'s frames are small; pages never touched
 /// are never backed.
 const CHILD_STACK: usize = 256 << 10;
@@ -311,7 +323,13 @@ fn release_child(
     parent_setup(s.pid).map_err(|message| SpawnError::ParentSetup { pid: s.pid, message })?;
     // SAFETY: writes one byte from a live buffer to a pipe we own.
     if unsafe { libc::write(sync_w.as_raw_fd(), b"g".as_ptr().cast(), 1) } != 1 {
-        return Err(SysError::last("release sandbox init", s.pid.to_string()).into());
+        let e = SysError::last("release sandbox init", s.pid.to_string());
+        // The child exits before the release only after a failed step,
+        // which it reported.
+        return Err(match read_child_report(err_r, Duration::ZERO) {
+            Err(reported @ SpawnError::Child { .. }) => reported,
+            _ => e.into(),
+        });
     }
     drop(sync_w);
     read_child_report(err_r, plan.exec_timeout)

@@ -26,7 +26,7 @@
 //! 6. remove the layer's dir. A crash after step 2 is finished by the next
 //! `ensure_mounted` (`roll_forward`); before it, the layer is dropped.
 use crate::merge::{copy_owner_and_mode, merge, open_dir};
-use crate::volume::{mounted, run, HOST_DIR};
+use crate::volume::{mounted, HOST_DIR};
 use crate::{check_name, io, WorkspaceError, WorkspaceStore};
 use std::path::{Path, PathBuf};
 
@@ -86,8 +86,7 @@ impl WorkspaceStore {
                 option_path(&upper)?,
                 option_path(&work)?
             );
-            let m = merged.to_string_lossy().into_owned();
-            run("mount", &["-t", "overlay", "overlay", "-o", &opts, &m], &merged)
+            Ok(ember_sys::fs::mount_overlay(&merged, &opts)?)
         });
         let detached = self.detach_mapped(name, holder);
         if let Err(e) = mounted.and(detached) {
@@ -275,7 +274,7 @@ impl WorkspaceStore {
 /// of it is a mount of its own, and the host side must go regardless.
 fn detach(path: &Path) -> Result<(), WorkspaceError> {
     if mounted(path) {
-        run("umount", &["-l", &path.to_string_lossy()], path)?;
+        ember_sys::fs::unmount_detach(path)?;
     }
     Ok(())
 }

@@ -16,10 +16,12 @@
 //! over the workspace, merged into it (`merge.rs`) only when the attempt
 //! succeeds under a current epoch, dropped otherwise.
 //!
-//! Synchronous: mkfs and mount take tens of milliseconds; the engine calls this
+//! Synchronous: mkfs takes tens of milliseconds, a mount (syscalls,
+//! `ember_sys::loopdev`) around one; the engine calls this
 //! from blocking threads and serialises operations on one workspace.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 mod layer;
 mod lease;
 mod merge;
@@ -53,6 +55,9 @@ pub enum WorkspaceError {
     },
     #[error("{command} failed for {path}: {stderr}")]
     Command { command: &'static str, path: PathBuf, stderr: String },
+    /// A mount, bind or unmount the daemon made itself (op and path inside).
+    #[error(transparent)]
+    Sys(#[from] ember_sys::SysError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
     #[error("workspace {name} is in use by sandbox {holder}; remove that sandbox first")]

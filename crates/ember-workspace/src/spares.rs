@@ -11,7 +11,7 @@
 //! renamed to its ready name once whole, so a crash leaves either a whole
 //! spare or a build, and [`WorkspaceStore::clear_spares`] removes both at the
 //! next start. Names starting with `.` are never workspaces (`list`).
-use crate::volume::{discard_dir, make_image, migrate, run, WorkspaceStore};
+use crate::volume::{discard_dir, make_image, migrate, mount_image, WorkspaceStore};
 use crate::{io, WorkspaceError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -136,11 +136,9 @@ impl WorkspaceStore {
         let tmp = self.root().join(format!("{BUILDING}{n}"));
         let built = make_image(&tmp, size, self.owner).and_then(|()| {
             let (img, fs, mnt) = (tmp.join("disk.img"), tmp.join("fs"), tmp.join("mnt"));
-            let (i, f) = (img.to_string_lossy().into_owned(), fs.to_string_lossy().into_owned());
-            run("mount", &["-o", "loop,nosuid,nodev", &i, &f], &img)?;
+            mount_image(&img, &fs)?;
             let data = migrate(&fs, self.owner)?;
-            let (d, m) = (data.to_string_lossy().into_owned(), mnt.to_string_lossy().into_owned());
-            run("mount", &["--bind", &d, &m], &data)?;
+            ember_sys::loopdev::bind(&data, &mnt)?;
             let ready = self.root().join(format!("{READY}{size}-{n}"));
             std::fs::rename(&tmp, &ready).map_err(io("rename", &ready))
         });

@@ -10,6 +10,7 @@
 //! root; the first mount moves it into `data/` (`migrate`).
 use crate::lease::LeaseState;
 use crate::{check_name, io, WorkspaceError};
+use ember_sys::loopdev;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -197,18 +198,16 @@ impl WorkspaceStore {
             }
             if mounted(&mnt) {
                 // An image mounted at mnt/ by a daemon from before `fs/`.
-                run("umount", &[&mnt.to_string_lossy()], &mnt)?;
+                loopdev::unmount(&mnt)?;
             }
             std::fs::create_dir_all(&fs).map_err(io("mkdir", &fs))?;
-            let (i, m) = (img.to_string_lossy().into_owned(), fs.to_string_lossy().into_owned());
-            run("mount", &["-o", "loop,nosuid,nodev", &i, &m], &img)?;
+            mount_image(&img, &fs)?;
         }
         let data = migrate(&fs, self.owner)?;
         self.roll_forward(name)?;
         if !mounted(&mnt) {
             std::fs::create_dir_all(&mnt).map_err(io("mkdir", &mnt))?;
-            let (d, m) = (data.to_string_lossy().into_owned(), mnt.to_string_lossy().into_owned());
-            run("mount", &["--bind", &d, &m], &data)?;
+            loopdev::bind(&data, &mnt)?;
         }
         Ok(mnt)
     }
@@ -222,7 +221,7 @@ impl WorkspaceStore {
         self.unmount_layers(name)?;
         for p in [self.mount_path(name), self.fs_path(name)] {
             if mounted(&p) {
-                run("umount", &[&p.to_string_lossy()], &p)?;
+                loopdev::unmount(&p)?;
             }
         }
         Ok(())
@@ -274,10 +273,17 @@ pub(crate) fn discard_dir(dir: &Path) -> Result<(), WorkspaceError> {
     }
     for p in [dir.join("mnt"), dir.join("fs")] {
         if mounted(&p) {
-            run("umount", &[&p.to_string_lossy()], &p)?;
+            loopdev::unmount(&p)?;
         }
     }
     std::fs::remove_dir_all(dir).map_err(io("remove", dir))
+}
+
+/// Mounts a workspace's ext4 image at `fs` (nosuid, nodev) through a loop
+/// device, with syscalls: mount(8) was a process per mount that read the
+/// host's whole mount table (ember_sys::loopdev).
+pub(crate) fn mount_image(img: &Path, fs: &Path) -> Result<(), WorkspaceError> {
+    Ok(loopdev::mount_image(img, fs, c"ext4")?)
 }
 
 /// Whether something is mounted at `path` (one `statx`: every status read

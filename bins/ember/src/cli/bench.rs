@@ -23,6 +23,21 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A workspace's mount round trip (loop mount, bind, two unmounts) made
+    /// with syscalls as ember does, beside mount(8)/umount(8) in the same
+    /// run, at growing sizes of the host's mount table. Local, in this
+    /// process (no daemon needed); root.
+    Mounts {
+        /// Round trips per figure, each way.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Extra mounts on the host for each figure (small tmpfs mounts).
+        #[arg(long, value_delimiter = ',', default_value = "0,1000,3000")]
+        tables: Vec<usize>,
+        /// Where the image, the mount points and the fill are made.
+        #[arg(long, default_value = "/var/tmp/ember-bench-mounts")]
+        work_dir: std::path::PathBuf,
+    },
     /// Workspace snapshots: full, 1% incremental, restore and fork of a tree
     /// the bench builds, beside `tar | zstd -T0 -3` of the same directory. Local, in
     /// this process (no daemon needed).

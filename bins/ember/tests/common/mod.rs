@@ -158,6 +158,36 @@ impl Daemon {
         }
     }
 
+    /// Waits (up to 10 s) until no process but a live daemon runs with this
+    /// daemon's command line, and returns those that still do: after a kill,
+    /// such a process is a sandbox init cloned by the daemon that never got
+    /// its go-ahead (a `CLONE_VM` child keeps the daemon's argv until it
+    /// execs) or a user-namespace holder.
+    pub fn forks_left(&self) -> Vec<u32> {
+        let needle = format!("--data-dir\0{}\0", self.data_dir.display());
+        let live = self.child.as_ref().map(Child::id);
+        let scan = || -> Vec<u32> {
+            std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+                .filter(|pid| Some(*pid) != live)
+                .filter(|pid| {
+                    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    cmd.windows(needle.len()).any(|w| w == needle.as_bytes())
+                })
+                .collect()
+        };
+        for _ in 0..100 {
+            if scan().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        scan()
+    }
+
     pub fn cgroups(&self) -> Box<dyn ember_cgroups::Cgroups> {
         ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &self.group).expect("cgroups")
     }

@@ -24,7 +24,7 @@ const MAX_REPORT_BYTES: u64 = 4 << 20;
 pub(super) async fn take(st: &ApiState, p: &crate::Principal) -> Value {
     use ember_engine::tenants::Kind;
     let admin = p.tenant_key().is_none();
-    let metrics = if admin { st.engine.metrics_text() } else { String::new() };
+    let metrics = if admin { crate::system::metrics_text(st).await } else { String::new() };
     let pools = st.engine.list_pools().await.unwrap_or_default();
     let pools = crate::tenancy::visible(st, p, Kind::Pool, pools, |x| &x.spec.name);
     let claimed = by_label(&metrics, "ember_pool_claimed", "pool");

@@ -12,6 +12,8 @@ mod idle;
 mod log;
 mod metrics;
 mod reuse;
+#[cfg(test)]
+mod upkeep_tests;
 mod worker;
 
 use crate::create::Provisioner;
