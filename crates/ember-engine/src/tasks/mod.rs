@@ -12,8 +12,6 @@ mod idle;
 mod log;
 mod metrics;
 mod reuse;
-#[cfg(test)]
-mod upkeep_tests;
 mod worker;
 
 use crate::create::Provisioner;

@@ -93,44 +93,30 @@ pub(super) async fn expiry_loop(engine: Weak<Tasks>, svc: Arc<TaskService>) {
         if engine.strong_count() == 0 {
             return;
         }
-        let prune_now = last_prune.elapsed() >= prune_every;
-        if prune_now {
+        if last_prune.elapsed() >= prune_every {
             last_prune = Instant::now();
+            prune(&svc).await;
         }
-        upkeep(&svc, prune_now).await;
-    }
-}
-
-/// One round of [`expiry_loop`]. Both queue calls run on the blocking pool
-/// (`TaskService::call`): a cluster's prune reads every task record over
-/// the network, and through a stream leader's election each read waits its
-/// retry budget. Made on the async worker, it held one of the node's main
-/// runtime workers for over 10 s in the 10-node drill: the runtime's pulse
-/// went stale, the node withheld its heartbeat, and the others took it for
-/// dead and rebound its sessions.
-pub(super) async fn upkeep(svc: &Arc<TaskService>, prune_now: bool) {
-    if prune_now {
-        prune(svc).await;
-    }
-    match svc.call("expire", "", |q| q.expire()).await {
-        Ok(expired) => {
-            for x in &expired {
-                svc.metrics.lease_expiries.inc();
-                svc.metrics.outcome("expired");
-                svc.metrics.mttd_seconds.observe(x.silent_ms as f64 / 1e3);
-                tracing::info!(task = %x.task, attempt = x.attempt, worker = %x.worker, silent_ms = x.silent_ms, now = ?x.now, "task lease expired");
+        match svc.queue.expire() {
+            Ok(expired) => {
+                for x in &expired {
+                    svc.metrics.lease_expiries.inc();
+                    svc.metrics.outcome("expired");
+                    svc.metrics.mttd_seconds.observe(x.silent_ms as f64 / 1e3);
+                    tracing::info!(task = %x.task, attempt = x.attempt, worker = %x.worker, silent_ms = x.silent_ms, now = ?x.now, "task lease expired");
+                }
+                if expired.iter().any(|x| x.now == TaskState::Queued) {
+                    svc.wake.notify_one();
+                }
             }
-            if expired.iter().any(|x| x.now == TaskState::Queued) {
-                svc.wake.notify_one();
-            }
+            Err(err) => tracing::error!(error = %err, "expiring task leases failed"),
         }
-        Err(err) => tracing::error!(error = %err, "expiring task leases failed"),
     }
 }
 
 /// Drops finished tasks past the retention, and their logs.
 async fn prune(svc: &Arc<TaskService>) {
-    let pruned = match svc.call("prune", "", |q| q.prune()).await {
+    let pruned = match svc.queue.prune() {
         Ok(p) => p,
         Err(err) => return tracing::error!(error = %err, "pruning finished tasks failed"),
     };
