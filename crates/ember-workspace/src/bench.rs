@@ -28,6 +28,13 @@ struct Paths {
 /// `runs` round trips each way for each extra-mount count in `tables`
 /// (ascending), in `dir` (made, then removed with everything mounted there).
 pub fn mounts(dir: &Path, runs: usize, tables: &[usize], mut row: impl FnMut(MountRow)) -> Result<(), WorkspaceError> {
+    // Only a dir this bench made (or nothing) is cleared: a mistyped
+    // `--work-dir` naming a directory of the user's is refused, not removed.
+    if dir.exists() && !dir.join("disk.img").exists() {
+        return Err(io("use as the bench's work dir (exists, not made by it)", dir)(
+            std::io::ErrorKind::AlreadyExists.into(),
+        ));
+    }
     cleanup(dir);
     let fill = dir.join("fill");
     std::fs::create_dir_all(&fill).map_err(io("mkdir", &fill))?;
