@@ -163,3 +163,67 @@ fn a_listing_the_queue_cannot_read_is_an_error_not_an_empty_list() {
     assert!(matches!(e, ember_queue::QueueError::Unavailable { .. }), "{e}");
     assert_eq!(q.list(&Default::default()).expect("list after").len(), 1, "the task is still there");
 }
+
+/// A submit that died after writing its task's record and before its
+/// message was published (its node SIGKILLed, or the publish given up in
+/// an election) left a record no worker could fetch: the task stayed
+/// Queued for good, though the client's retry, finding the record, was
+/// answered as submitted (5 tasks of a 300-session drill). The half-done
+/// submit is written here as the queue writes it (the record, and for a
+/// keyed task the key's claim; no message). A retry of the submit, by its
+/// id or by its idempotency key, must leave the task leasable. Before the
+/// fix neither was ever leased.
+#[test]
+fn a_submit_that_died_before_publishing_is_finished_by_its_retry() {
+    let cluster = NatsCluster::start("halfsubmit", 3);
+    let q = open(&cluster);
+    half_submit(&cluster.urls(), "t0", None);
+    half_submit(&cluster.urls(), "t1", Some("k1"));
+
+    let (r0, created) = q.submit("t0", spec(Tier::Standard, 3)).expect("the retry by id");
+    assert_eq!((r0.id.as_str(), created, r0.state), ("t0", false, TaskState::Queued));
+    let keyed = ember_types::task::TaskSpec { key: Some("k1".into()), ..spec(Tier::Standard, 3) };
+    let (r1, created) = q.submit("t2", keyed).expect("the retry by key");
+    assert_eq!((r1.id.as_str(), created), ("t1", false), "the key's task answers");
+
+    let mut leased = Vec::new();
+    while let Some((lease, _)) = q.lease("w").expect("lease") {
+        q.finish(&lease, Outcome::Succeeded).expect("finish");
+        leased.push(lease.task);
+    }
+    leased.sort();
+    assert_eq!(leased, ["t0", "t1"], "each half-submitted task is leased once its submit is retried");
+    // A retry of a task that was leased publishes nothing more.
+    q.submit("t0", spec(Tier::Standard, 3)).expect("a later retry");
+    assert!(q.lease("w").expect("lease").is_none(), "a finished task is not leased again");
+}
+
+/// Writes what a submit of task `id` leaves when it dies right after its
+/// record: the key's claim (keyed tasks), the Queued record, no message.
+fn half_submit(urls: &[String], id: &str, key: Option<&str>) {
+    let mut spec = spec(Tier::Standard, 3);
+    spec.key = key.map(str::to_string);
+    let now = system_clock()();
+    let mut record = ember_types::task::TaskRecord {
+        id: id.into(),
+        spec,
+        state: TaskState::Queued,
+        submitted_at_ms: now,
+        transitions: Vec::new(),
+        attempts: Vec::new(),
+    };
+    record.transition(TaskState::Queued, now, None);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::ConnectOptions::new().connect(urls).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        if let Some(k) = key {
+            let claim = serde_json::json!({ "task": id, "at_ms": now });
+            let keys = js.get_key_value("ember_task_keys").await.expect("keys bucket");
+            keys.create(k, serde_json::to_vec(&claim).unwrap().into()).await.expect("claim the key");
+        }
+        let records = js.get_key_value("ember_tasks").await.expect("records bucket");
+        let stored = serde_json::json!({ "record": record });
+        records.create(id, serde_json::to_vec(&stored).unwrap().into()).await.expect("write the record");
+    });
+}

@@ -108,12 +108,40 @@ impl Bucket {
         .await
     }
 
-    /// Every live key of the bucket.
-    pub async fn keys(&self) -> Result<Vec<String>, QueueError> {
-        use futures_util::TryStreamExt;
-        retry(self.budget, "kv keys", &self.name, || async {
-            let keys = self.store.keys().await.map_err(again)?;
-            keys.try_collect::<Vec<String>>().await.map_err(again)
+    /// Every live value of the bucket with its key, in one pass: an ordered
+    /// consumer on the bucket's stream delivers each key's last message.
+    /// Listing the keys and then reading each was a round trip per key: the
+    /// prune of the 300-session drill read 9,300 records so, every minute,
+    /// on each node, and through an election each read waited its retries.
+    pub async fn values(&self) -> Result<Vec<(String, Bytes)>, QueueError> {
+        use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
+        use futures_util::StreamExt;
+        retry(self.budget, "kv values", &self.name, || async {
+            let cfg = OrderedConfig {
+                filter_subject: format!("{}>", self.store.prefix),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            };
+            let mut consumer = self.store.stream.create_consumer(cfg).await.map_err(again)?;
+            let mut out = Vec::new();
+            let left = consumer.info().await.map_err(again)?.num_pending;
+            if left == 0 {
+                return Ok(out);
+            }
+            let mut messages = consumer.messages().await.map_err(again)?;
+            while let Some(m) = messages.next().await {
+                let m = m.map_err(again)?;
+                let pending = m.info().map_err(again)?.pending;
+                // A delete or purge leaves a marker as the key's last message.
+                let removed = m.headers.as_ref().is_some_and(|h| h.get("KV-Operation").is_some());
+                if let Some(key) = m.subject.strip_prefix(self.store.prefix.as_str()).filter(|_| !removed) {
+                    out.push((key.to_string(), m.payload.clone()));
+                }
+                if pending == 0 {
+                    return Ok(out);
+                }
+            }
+            Err(again(format!("the listing of bucket {} ended early", self.name)))
         })
         .await
     }

@@ -74,12 +74,9 @@ impl Inner {
 
     async fn all(&self) -> Result<Vec<TaskRecord>, QueueError> {
         let mut out = Vec::new();
-        for key in self.records.0.keys().await? {
-            // A key is the task id or its `=hex` form: load by the stored id.
-            if let Some((bytes, _)) = self.records.0.get(&key).await? {
-                if let Ok(st) = serde_json::from_slice::<super::kv::Stored>(&bytes) {
-                    out.push(st.record);
-                }
+        for (_, bytes) in self.records.0.values().await? {
+            if let Ok(st) = serde_json::from_slice::<super::kv::Stored>(&bytes) {
+                out.push(st.record);
             }
         }
         out.sort_by(|a, b| (a.submitted_at_ms, &a.id).cmp(&(b.submitted_at_ms, &b.id)));

@@ -157,6 +157,7 @@ impl Inner {
     pub async fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError> {
         if let Some(key) = spec.key.clone() {
             if let Some(existing) = self.claim_key(&key, id).await? {
+                self.enqueue_again(&existing).await?;
                 return Ok((existing, false));
             }
         }
@@ -177,14 +178,39 @@ impl Inner {
         // record a worker has moved since.
         if self.records.save(&st, None).await? == Cas::Conflict {
             let existing = self.records.load(id).await?.map(|(s, _)| s.record);
-            return existing.map(|r| (r, false)).ok_or_else(|| QueueError::NotFound(id.to_string()));
+            let existing = existing.ok_or_else(|| QueueError::NotFound(id.to_string()))?;
+            self.enqueue_again(&existing).await?;
+            return Ok((existing, false));
         }
-        let rank = st.record.spec.tier.rank();
-        self.publish(&self.subjects[rank], id, Bytes::from(id.to_string())).await?;
-        if let Some(ws) = &st.record.spec.workspace {
-            self.join_line(ws, id).await?;
-        }
+        self.enqueue(&st.record).await?;
         Ok((st.record, true))
+    }
+
+    /// The message side of a submit: the task's message, under its id as
+    /// the message id, then its place in its workspace's line.
+    async fn enqueue(&self, r: &TaskRecord) -> Result<(), QueueError> {
+        let rank = r.spec.tier.rank();
+        self.publish(&self.subjects[rank], &r.id, Bytes::from(r.id.clone())).await?;
+        if let Some(ws) = &r.spec.workspace {
+            self.join_line(ws, &r.id).await?;
+        }
+        Ok(())
+    }
+
+    /// A submit that found its task's record already there (a retry, or a
+    /// second submit of its idempotency key) enqueues it again while it has
+    /// never been leased: the submit that wrote the record may have died,
+    /// or given up in an election, before its message was published, and a
+    /// record with no message is never fetched, so never leased. Five tasks
+    /// of a 300-session drill stayed Queued so, each acknowledged to its
+    /// session by the retry that found the record. A message that did land
+    /// makes this publish a duplicate, dropped by the stream's window (or,
+    /// past it, by `claim`: a second message for a leased task is termed).
+    async fn enqueue_again(&self, r: &TaskRecord) -> Result<(), QueueError> {
+        if r.state == TaskState::Queued && r.attempts.is_empty() {
+            self.enqueue(r).await?;
+        }
+        Ok(())
     }
 
     /// Claims idempotency key `key` for task `id`; `Some` is the task that

@@ -12,6 +12,8 @@ mod idle;
 mod log;
 mod metrics;
 mod reuse;
+#[cfg(test)]
+mod upkeep_tests;
 mod worker;
 
 use crate::create::Provisioner;
@@ -127,7 +129,9 @@ impl Tasks {
         for slot in 0..cfg.workers {
             tokio::spawn(worker::worker_loop(Arc::downgrade(&tasks), svc.clone(), slot));
         }
-        tokio::spawn(worker::expiry_loop(Arc::downgrade(&tasks), svc));
+        let engine = Arc::downgrade(&tasks);
+        worker::spawn_upkeep(move || engine.strong_count() > 0, svc)
+            .map_err(|e| EngineError::Internal(format!("starting the task upkeep's thread: {e}")))?;
         Ok(tasks)
     }
 

@@ -80,42 +80,56 @@ pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot
     }
 }
 
-/// Returns expired leases to the queue, counting them and their MTTD, and
-/// applies the retention of finished tasks.
-pub(super) async fn expiry_loop(engine: Weak<Tasks>, svc: Arc<TaskService>) {
+/// Starts the upkeep (expired leases returned, finished tasks past their
+/// retention dropped) on a thread of its own, for as long as `alive` says.
+/// The queue's calls are synchronous, and a cluster's may wait on the
+/// network: a prune through a stream leader's election, made on an async
+/// worker, held one of a drill node's two main-runtime workers for over
+/// 10 s; its runtime's pulse went stale, the node withheld its heartbeat,
+/// and the others took it for dead and rebound its sessions.
+pub(super) fn spawn_upkeep(alive: impl Fn() -> bool + Send + 'static, svc: Arc<TaskService>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("ember-task-upkeep".into()).spawn(move || upkeep_loop(alive, &svc)).map(drop)
+}
+
+fn upkeep_loop(alive: impl Fn() -> bool, svc: &TaskService) {
     // Pruning rewrites the journal when it drops anything, so it runs at
     // half the retention age, at most once a minute and at least every 100 ms.
     let age = svc.cfg.queue.retention.max_age_ms.map_or(120_000, |a| a.max(0) as u64);
     let prune_every = Duration::from_millis((age / 2).clamp(100, 60_000));
     let mut last_prune = Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        if engine.strong_count() == 0 {
+        std::thread::sleep(Duration::from_millis(25));
+        if !alive() {
             return;
         }
         if last_prune.elapsed() >= prune_every {
             last_prune = Instant::now();
-            prune(&svc).await;
+            prune(svc);
         }
-        match svc.queue.expire() {
-            Ok(expired) => {
-                for x in &expired {
-                    svc.metrics.lease_expiries.inc();
-                    svc.metrics.outcome("expired");
-                    svc.metrics.mttd_seconds.observe(x.silent_ms as f64 / 1e3);
-                    tracing::info!(task = %x.task, attempt = x.attempt, worker = %x.worker, silent_ms = x.silent_ms, now = ?x.now, "task lease expired");
-                }
-                if expired.iter().any(|x| x.now == TaskState::Queued) {
-                    svc.wake.notify_one();
-                }
+        expire(svc);
+    }
+}
+
+/// Returns expired leases to the queue, counting them and their MTTD.
+fn expire(svc: &TaskService) {
+    match svc.queue.expire() {
+        Ok(expired) => {
+            for x in &expired {
+                svc.metrics.lease_expiries.inc();
+                svc.metrics.outcome("expired");
+                svc.metrics.mttd_seconds.observe(x.silent_ms as f64 / 1e3);
+                tracing::info!(task = %x.task, attempt = x.attempt, worker = %x.worker, silent_ms = x.silent_ms, now = ?x.now, "task lease expired");
             }
-            Err(err) => tracing::error!(error = %err, "expiring task leases failed"),
+            if expired.iter().any(|x| x.now == TaskState::Queued) {
+                svc.wake.notify_one();
+            }
         }
+        Err(err) => tracing::error!(error = %err, "expiring task leases failed"),
     }
 }
 
 /// Drops finished tasks past the retention, and their logs.
-async fn prune(svc: &Arc<TaskService>) {
+fn prune(svc: &TaskService) {
     let pruned = match svc.queue.prune() {
         Ok(p) => p,
         Err(err) => return tracing::error!(error = %err, "pruning finished tasks failed"),
@@ -125,16 +139,13 @@ async fn prune(svc: &Arc<TaskService>) {
     }
     let logs: Vec<_> = pruned.iter().flat_map(|p| (1..=p.attempts).map(|a| svc.log_path(&p.task, a))).collect();
     tracing::info!(tasks = pruned.len(), logs = logs.len(), "finished tasks past their retention dropped");
-    let _ = tokio::task::spawn_blocking(move || {
-        for path in logs {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "removing a task log failed"),
-            }
+    for path in logs {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "removing a task log failed"),
         }
-    })
-    .await;
+    }
 }
 
 /// How an attempt left its worker.
