@@ -142,6 +142,24 @@ pub fn a_key_returns_the_same_task_and_cancel_fences_a_lease(h: &dyn Harness) {
     assert!(q.lease("w").unwrap().is_none(), "a cancelled queued task is not offered");
 }
 
+/// An idempotency key is its tenant's: another tenant's submit of the same
+/// key is a task of its own (it answered the first tenant's task, command
+/// and env included), and a second submit within one tenant is still the
+/// first task.
+pub fn a_key_is_its_tenants(h: &dyn Harness) {
+    let q = h.open(QueueConfig::default());
+    let keyed = |tenant: &str| {
+        let mut s = spec(Tier::Standard, 1);
+        (s.key, s.tenant) = (Some("k".into()), Some(tenant.into()));
+        s
+    };
+    let (a, new_a) = q.submit("ta", keyed("acme")).unwrap();
+    let (b, new_b) = q.submit("tb", keyed("globex")).unwrap();
+    assert_eq!((a.id.as_str(), b.id.as_str(), new_a, new_b), ("ta", "tb", true, true));
+    let (again, new) = q.submit("tc", keyed("globex")).unwrap();
+    assert_eq!((again.id.as_str(), new), ("tb", false));
+}
+
 pub fn another_handle_sees_every_state(h: &dyn Harness) {
     {
         let q = h.open(QueueConfig::default());
@@ -255,6 +273,7 @@ macro_rules! conformance_tests {
             failures_retry_then_dead_letter_and_term_is_final,
             tiers_are_taken_in_order,
             a_key_returns_the_same_task_and_cancel_fences_a_lease,
+            a_key_is_its_tenants,
             another_handle_sees_every_state,
             a_held_workspace_is_not_leased_again_until_its_attempt_ends,
             another_handle_still_holds_the_workspaces_of_live_attempts,

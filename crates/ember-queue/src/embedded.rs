@@ -121,9 +121,9 @@ impl State {
     /// Drops one finished task from memory; the caller rewrites the journal.
     fn forget(&mut self, id: &str) -> Option<Pruned> {
         let r = self.tasks.remove(id)?;
-        if let Some(k) = &r.spec.key {
-            if self.keys.get(k).is_some_and(|t| t == id) {
-                self.keys.remove(k);
+        if let Some(k) = r.spec.idempotency_scope() {
+            if self.keys.get(&k).is_some_and(|t| t == id) {
+                self.keys.remove(&k);
             }
         }
         Some(Pruned { task: r.id.clone(), attempts: r.attempt() })
@@ -187,8 +187,8 @@ impl EmbeddedQueue {
         let mut recs: Vec<TaskRecord> = tasks.into_values().collect();
         recs.sort_by(|a, b| (a.submitted_at_ms, &a.id).cmp(&(b.submitted_at_ms, &b.id)));
         for r in recs {
-            if let Some(k) = &r.spec.key {
-                st.keys.insert(k.clone(), r.id.clone());
+            if let Some(k) = r.spec.idempotency_scope() {
+                st.keys.insert(k, r.id.clone());
             }
             match r.state {
                 TaskState::Queued => st.enqueue(&r),
@@ -236,7 +236,7 @@ impl EmbeddedQueue {
 impl TaskQueue for EmbeddedQueue {
     fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError> {
         self.write(|st, now| {
-            if let Some(existing) = spec.key.as_ref().and_then(|k| st.keys.get(k)) {
+            if let Some(existing) = spec.idempotency_scope().and_then(|k| st.keys.get(&k)) {
                 let r = st.tasks.get(existing).cloned().ok_or_else(|| QueueError::NotFound(existing.clone()))?;
                 return Ok((r, false));
             }
@@ -249,8 +249,8 @@ impl TaskQueue for EmbeddedQueue {
                 attempts: Vec::new(),
             };
             r.transition(TaskState::Queued, now, None);
-            if let Some(k) = &r.spec.key {
-                st.keys.insert(k.clone(), r.id.clone());
+            if let Some(k) = r.spec.idempotency_scope() {
+                st.keys.insert(k, r.id.clone());
             }
             st.tasks.insert(r.id.clone(), r.clone());
             st.enqueue(&r);

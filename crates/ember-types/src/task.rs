@@ -160,6 +160,18 @@ impl TaskSpec {
     pub fn tenant(&self) -> &str {
         self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
     }
+
+    /// The name under which the queue keeps this task's idempotency key:
+    /// the key within its tenant (`tenant/key`), so two tenants' keys never
+    /// meet (a second tenant's submit of a key answered the first tenant's
+    /// task); a task of no tenant keeps the bare key, as before.
+    pub fn idempotency_scope(&self) -> Option<String> {
+        let key = self.key.as_ref()?;
+        Some(match &self.tenant {
+            Some(t) => format!("{t}/{key}"),
+            None => key.clone(),
+        })
+    }
 }
 
 /// One state change, with who made it and in which attempt.

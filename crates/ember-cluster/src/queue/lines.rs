@@ -109,8 +109,8 @@ impl Inner {
             if !old && !many {
                 break;
             }
-            if let Some(k) = &r.spec.key {
-                self.keys.delete(&key_of(k), None).await?;
+            if let Some(k) = r.spec.idempotency_scope() {
+                self.keys.delete(&key_of(&k), None).await?;
             }
             self.records.0.delete(&key_of(&r.id), None).await?;
             left -= 1;

@@ -178,8 +178,9 @@ impl TaskQueue for JetStreamQueue {
         })
     }
 
-    /// Reads every record: O(tasks) requests, fine for a first step; the
-    /// registry work of issue 15 will keep an index. A read that fails
+    /// Reads every record in one pass over the records bucket (an ordered
+    /// consumer delivering each key's last value, `kv.rs` `values`): O(tasks)
+    /// bytes, one request. A read that fails
     /// (through the retry budget: an election is waited out) is the error:
     /// an empty list in an outage passed a tenant's `tasks` quota, and
     /// `GET /v1/tasks` answered no tasks.

@@ -155,7 +155,7 @@ impl Inner {
     }
 
     pub async fn submit(&self, id: &str, spec: TaskSpec) -> Result<(TaskRecord, bool), QueueError> {
-        if let Some(key) = spec.key.clone() {
+        if let Some(key) = spec.idempotency_scope() {
             if let Some(existing) = self.claim_key(&key, id).await? {
                 self.enqueue_again(&existing).await?;
                 return Ok((existing, false));

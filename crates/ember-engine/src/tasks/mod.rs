@@ -185,7 +185,7 @@ impl Tasks {
             tenant: req.tenant,
             reuse_sandbox: req.reuse_sandbox.unwrap_or(false),
         };
-        let id = format!("t-{}", hex(&crate::create::random16()[..8]));
+        let id = task_id(&spec);
         let out = svc.call("submit", &id.clone(), move |q| q.submit(&id, spec)).await?;
         if out.1 {
             svc.wake.notify_one();
@@ -264,6 +264,20 @@ impl TaskService {
     }
 }
 
+/// A new task's id: random, or for a task with an idempotency key derived
+/// from the key within its tenant, so that a retry of a submit whose node
+/// died half-way continues that submit under the same id. With a random id
+/// the retry found the key claimed by a task whose record never came, and
+/// waited out the queue's retry budget (30 s) before taking the key over: a
+/// session's submit hung 30 s across its node's SIGKILL in the drill.
+fn task_id(spec: &TaskSpec) -> String {
+    use sha2::Digest;
+    match spec.idempotency_scope() {
+        Some(scope) => format!("t-{}", hex(&sha2::Sha256::digest(scope.as_bytes())[..8])),
+        None => format!("t-{}", hex(&crate::create::random16()[..8])),
+    }
+}
+
 /// A tenant name: 1 to 64 of `[A-Za-z0-9._-]` (it appears in flags and metrics).
 pub fn check_tenant(t: &str) -> Result<(), String> {
     let ok = (1..=64).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
@@ -277,5 +291,40 @@ fn hex(b: &[u8]) -> String {
 impl From<QueueError> for EngineError {
     fn from(e: QueueError) -> Self {
         EngineError::Task(e)
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::task_id;
+    use ember_types::task::{TaskSpec, Tier};
+
+    fn keyed(key: Option<&str>, tenant: Option<&str>) -> TaskSpec {
+        TaskSpec {
+            command: vec!["true".into()],
+            template: "host".into(),
+            workspace: None,
+            tier: Tier::Standard,
+            key: key.map(Into::into),
+            timeout_secs: 60,
+            max_attempts: 1,
+            lease_ms: 1_000,
+            heartbeat_ms: 300,
+            env: Default::default(),
+            tenant: tenant.map(Into::into),
+            reuse_sandbox: false,
+        }
+    }
+
+    /// A retry of a keyed submit names the same task; another tenant's
+    /// key, another task; no key, a new id each time.
+    #[test]
+    fn a_keyed_task_id_is_its_key_within_its_tenant() {
+        let a = task_id(&keyed(Some("k"), Some("acme")));
+        assert_eq!(a, task_id(&keyed(Some("k"), Some("acme"))));
+        assert_ne!(a, task_id(&keyed(Some("k"), Some("globex"))));
+        assert_ne!(a, task_id(&keyed(Some("k"), None)));
+        assert_ne!(task_id(&keyed(None, None)), task_id(&keyed(None, None)));
+        assert!(a.starts_with("t-") && a.len() == 18, "{a}");
     }
 }
