@@ -69,3 +69,27 @@ fn a_get_over_the_cap_is_refused_before_reading() {
     assert!(!tight.exists("chunks/other").expect("exists"));
     assert!(roomy.get("chunks/big").expect("get") == big);
 }
+
+/// An object of one part is read from its part's subject directly (two
+/// requests, no consumer): the bytes found there must still match the
+/// object's digest. Here a message of other bytes, the same length, is
+/// appended to the part's subject, so it is the last one there: the get
+/// refuses it rather than handing back what the digest does not vouch for.
+#[test]
+fn a_one_part_object_whose_part_does_not_match_its_digest_is_refused() {
+    let cluster = NatsCluster::start("objdigest", 3);
+    let store = bucket(cluster.urls(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
+    store.put("chunks/x", b"hello").expect("put");
+    assert_eq!(store.get("chunks/x").expect("get"), b"hello");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::ConnectOptions::new().connect(cluster.urls().as_slice()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let objects = js.get_object_store("ember_snapshots").await.expect("bucket");
+        let nuid = objects.info("chunks/x").await.expect("info").nuid;
+        let ack = js.publish(format!("$O.ember_snapshots.C.{nuid}"), "HELLO".into()).await.expect("publish");
+        ack.await.expect("stored");
+    });
+    let err = store.get("chunks/x").expect_err("bytes that do not match the digest");
+    assert!(matches!(&err, StoreError::Backend { reason, .. } if reason.contains("digest")), "{err:?}");
+}
