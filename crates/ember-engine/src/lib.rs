@@ -160,7 +160,7 @@ impl Engine {
     }
 
     /// Opens the task queue in the data dir and starts this node's workers
-    /// and the lease-expiry loop.
+    /// and the task upkeep thread.
     pub fn start_tasks(&self, cfg: tasks::TaskConfig) -> Result<(), EngineError> {
         self.start_tasks_on(cfg, None)
     }

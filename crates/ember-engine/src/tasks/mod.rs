@@ -94,8 +94,9 @@ pub(crate) struct Tasks {
 }
 
 impl Tasks {
-    /// Starts this node's workers and the lease-expiry loop on `queue`, or
-    /// (`None`) on the embedded journal in the data dir.
+    /// Starts this node's workers and the upkeep thread (lease expiry,
+    /// retention) on `queue`, or (`None`) on the embedded journal in the
+    /// data dir.
     pub fn start(
         engine: &crate::EngineConfig,
         cfg: TaskConfig,
