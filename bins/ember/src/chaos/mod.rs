@@ -5,10 +5,12 @@
 //!
 //! Layout: `session.rs` (one session's loop under the retry policy),
 //! `faults.rs` (the node kills or cuts, MTTD, the queue leader's kill),
-//! `verify.rs` (records and tasks at the end), `report.rs` (report.json,
+//! `verify.rs` (records and tasks at the end), `host.rs` (the host's CPU
+//! in the warm-up), `report.rs` (report.json,
 //! report.md, the SVG timeline, through the labs' `LabReport`).
 mod faults;
 mod health;
+mod host;
 mod report;
 mod session;
 mod verify;
@@ -154,7 +156,10 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!("chaos: sessions open after {:?}; warming up {:?}", shared.t0.elapsed(), a.warmup);
+    let mark = host::Mark::now();
     tokio::time::sleep(a.warmup).await;
+    let warm = host::WarmUp::between(mark, host::Mark::now());
+    println!("chaos: warm-up: {}", warm.line());
     let faults = faults::run(st, a, k, &shared, &clients).await?;
     tokio::time::sleep(a.run_on).await;
     shared.stop.store(true, Ordering::Relaxed);
@@ -166,7 +171,7 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
     }
     let tasks = verify::tasks(&clients, &faults, &sessions).await;
     let sessions = verify::records(sessions).await;
-    report::build(st, a, out, &shared, &faults, &sessions, &tasks, stopped_ms)
+    report::build(st, a, out, &shared, &faults, &sessions, &tasks, (&warm, stopped_ms))
 }
 
 /// Lab 7: the drill at a scale (small: what CI runs; full: issue 15's

@@ -2,6 +2,7 @@
 //! MTTR p50/p99/max, tasks and records, one row per session, the
 //! invariants, and an SVG timeline of the calls (the labs' `svg.rs`).
 use super::faults::Faults;
+use super::host::{loadavg, WarmUp};
 use super::session::{Kind, Session, SessionResult, Shared};
 use super::verify::TaskFigures;
 use super::RunArgs;
@@ -10,6 +11,7 @@ use crate::lab::report::{LabReport, Table};
 use crate::lab::Scale;
 use serde_json::json;
 use std::path::Path;
+use std::time::Duration;
 
 /// The value at quantile `q` of sorted `v` (nearest rank).
 fn quantile(v: &[u64], q: f64) -> Option<u64> {
@@ -63,10 +65,6 @@ fn timeline(shared: &Shared, faults: &Faults, stopped_ms: u64) -> String {
     crate::lab::svg::lines("Calls through the drill", "seconds", "per second", &series)
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split(' ').take(3).collect::<Vec<_>>().join(" ")
-}
-
 #[allow(clippy::too_many_arguments, reason = "the drill's parts, each built by its own step")]
 pub fn build(
     st: &State,
@@ -76,7 +74,7 @@ pub fn build(
     faults: &Faults,
     sessions: &[Session],
     tasks: &TaskFigures,
-    stopped_ms: u64,
+    (warm, stopped_ms): (&WarmUp, u64),
 ) -> anyhow::Result<LabReport> {
     let scale = if a.sessions >= 100 { Scale::Full } else { Scale::Small };
     let mut rep = LabReport::new(crate::lab::lab(7), scale);
@@ -126,6 +124,7 @@ pub fn build(
             format!("{} / {}", sum(&rs, |r| r.rebinds_seen), sum(&rs, |r| r.written_lost - r.acked_lost)),
         ),
         ("acknowledged records lost or corrupted, all", all_acked_bad.to_string()),
+        ("host in the warm-up, before any fault", warm.line()),
         ("load average at the end", loadavg()),
     ];
     for (k, v) in rows {
@@ -170,12 +169,13 @@ pub fn build(
         rep.notes.push("the cluster answers no POST /v1/workspaces/{name}/checkpoint (rebind not built): no record was acknowledged, and the sessions of lost nodes stay lost (counted above)".into());
     }
     rep.notes.push(format!(
-        "{} nodes, kill {} ({}), queue leader kill: {}, seed {}",
+        "{} nodes, kill {} ({}), queue leader kill: {}, seed {}, pace {:?}",
         st.hosts.len(),
         a.kill_nodes,
         if a.partition { "partition" } else { "SIGKILL" },
         a.kill_queue_leader,
-        a.seed
+        a.seed,
+        a.pace_ms.map_or(a.pace, Duration::from_millis)
     ));
     rep.chart(out, "timeline.svg", timeline(shared, faults, stopped_ms))?;
     rep.data = json!({
@@ -191,6 +191,7 @@ pub fn build(
         },
         "checkpointRoute": !unsupported,
         "loadavg": loadavg(),
+        "warmUp": warm,
     });
     Ok(rep)
 }
