@@ -1,5 +1,5 @@
 //! Several sessions of one node rebound at once: the survivors restore
-//! their workspaces two at a time each, and every session is writable by
+//! their workspaces several at a time each (`--rebinds-at-once`), and every session is writable by
 //! its user afterwards. The 300-session drill saw appends refused after a
 //! rebind (`Permission denied`, on a mounted idmapped workspace, or on a
 //! `/workspace` left the bare mount point), on nodes restoring two

@@ -84,7 +84,12 @@ pub(super) struct Fence {
 /// 24 s each on the 300-session drill, and its own heartbeats starved for
 /// 13 s behind them, so the others took it for dead too and the failure
 /// spread. In turn, the first sessions are back in the time of one restore.
-pub const REBINDS_AT_ONCE: usize = 2;
+/// Two while a restore made an image and a filesystem (drill D: six at
+/// once, 13 s each); four since a rebind takes ~0.5-1.3 s: on the
+/// 300-session drill four at once brought the last session back in
+/// 8.4 s where two took 11.2 s (a saturated host), 4.7 s where two took
+/// 4.9 s (a host with room; docs/chaos.md, drills U-Y).
+pub const REBINDS_AT_ONCE: usize = 4;
 
 /// The rebind slots: the semaphore a rebind holds while it runs, and its size.
 struct RebindSlots(tokio::sync::Semaphore, usize);

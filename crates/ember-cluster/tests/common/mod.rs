@@ -183,6 +183,11 @@ impl Drop for NatsCluster {
                 let _ = c.wait();
             }
         }
+        // A failed test keeps its servers' logs (elections, routes) to read.
+        if std::thread::panicking() {
+            eprintln!("NATS servers' logs kept in {}", self.dir.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
