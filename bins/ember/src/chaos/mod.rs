@@ -72,6 +72,14 @@ pub struct RunArgs {
     pub pace_ms: Option<u64>,
 }
 
+impl RunArgs {
+    /// Each session's pause between two records (`--pace`, or the old
+    /// `--pace-ms`).
+    pub fn pace(&self) -> Duration {
+        self.pace_ms.map_or(self.pace, Duration::from_millis)
+    }
+}
+
 pub async fn run(cmd: ChaosCmd) -> anyhow::Result<i32> {
     let ChaosCmd::Run(a) = cmd;
     let st = State::load(&a.dir)?;
@@ -135,8 +143,7 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
             ..Default::default()
         };
         let mut s = Session { conn: Conn::new(clients.clone(), node, shared.clone()), r, run: run_id.clone() };
-        let (shared, opening, pace) =
-            (shared.clone(), opening.clone(), a.pace_ms.map_or(a.pace, Duration::from_millis));
+        let (shared, opening, pace) = (shared.clone(), opening.clone(), a.pace());
         let done = opened.clone();
         tasks.push(tokio::spawn(async move {
             let permit = opening.acquire_owned().await;
@@ -171,7 +178,7 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
     }
     let tasks = verify::tasks(&clients, &faults, &sessions).await;
     let sessions = verify::records(sessions).await;
-    report::build(st, a, out, &shared, &faults, &sessions, &tasks, (&warm, stopped_ms))
+    report::build(st, a, out, &shared, &faults, &sessions, &tasks, &warm, stopped_ms)
 }
 
 /// Lab 7: the drill at a scale (small: what CI runs; full: issue 15's

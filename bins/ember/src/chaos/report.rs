@@ -11,7 +11,6 @@ use crate::lab::report::{LabReport, Table};
 use crate::lab::Scale;
 use serde_json::json;
 use std::path::Path;
-use std::time::Duration;
 
 /// The value at quantile `q` of sorted `v` (nearest rank).
 fn quantile(v: &[u64], q: f64) -> Option<u64> {
@@ -74,7 +73,8 @@ pub fn build(
     faults: &Faults,
     sessions: &[Session],
     tasks: &TaskFigures,
-    (warm, stopped_ms): (&WarmUp, u64),
+    warm: &WarmUp,
+    stopped_ms: u64,
 ) -> anyhow::Result<LabReport> {
     let scale = if a.sessions >= 100 { Scale::Full } else { Scale::Small };
     let mut rep = LabReport::new(crate::lab::lab(7), scale);
@@ -175,7 +175,7 @@ pub fn build(
         if a.partition { "partition" } else { "SIGKILL" },
         a.kill_queue_leader,
         a.seed,
-        a.pace_ms.map_or(a.pace, Duration::from_millis)
+        a.pace()
     ));
     rep.chart(out, "timeline.svg", timeline(shared, faults, stopped_ms))?;
     rep.data = json!({
