@@ -136,8 +136,6 @@ async fn task_queue(
         bail!("--task-cap and --task-tenant-cap are not supported with --cluster yet");
     }
     let mut js = ember_cluster::JetStreamConfig::new(c.cluster.clone());
-    // R3 on a cluster of three servers or more, as the node registry.
-    js.replicas = if c.cluster.len() >= 3 { 3 } else { 1 };
     js.ack_wait = cfg.lease;
     let queue = cfg.queue.clone();
     // Opening connects and may wait through an election: off the async workers.

@@ -9,6 +9,8 @@
 //! Rebind (`cluster/rebind.rs`): workspaces claimed once cluster-wide,
 //! checkpointed to a shared store, sessions re-created on a live node.
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
+//! Replicas (`cluster/replicas.rs`): R3 on three servers, whatever URLs a
+//! node was given.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! asked of the nodes with a member over NATS. Tenants (`cluster/tenants.rs`): a tenant's
 //! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
@@ -23,6 +25,8 @@ mod pools;
 mod rebind;
 #[path = "cluster/rebind_many.rs"]
 mod rebind_many;
+#[path = "cluster/replicas.rs"]
+mod replicas;
 #[path = "cluster/snapshots.rs"]
 mod snapshots;
 #[path = "cluster/tasks.rs"]

@@ -15,6 +15,7 @@
 mod bridge;
 pub mod node;
 pub mod queue;
+pub mod replicas;
 mod retry;
 pub mod store;
 

@@ -50,8 +50,10 @@ pub struct NatsStoreConfig {
     pub servers: Vec<String>,
     /// `[A-Za-z0-9_-]+`.
     pub bucket: String,
-    /// 3 on a cluster of three servers or more (survives one), else 1.
-    pub replicas: usize,
+    /// The bucket's replicas; `None` (the default): as the cluster keeps
+    /// them, 3 on a cluster of three servers or more (survives one), else 1
+    /// (`replicas.rs`).
+    pub replicas: Option<usize>,
     /// How long a call retries through an election.
     pub retry_budget: Duration,
     /// The largest object put or read ([`ember_snapshot::MAX_OBJECT_BYTES`];
@@ -61,11 +63,10 @@ pub struct NatsStoreConfig {
 
 impl NatsStoreConfig {
     pub fn new(servers: Vec<String>) -> NatsStoreConfig {
-        let replicas = if servers.len() >= 3 { 3 } else { 1 };
         NatsStoreConfig {
             servers,
             bucket: DEFAULT_BUCKET.into(),
-            replicas,
+            replicas: None,
             retry_budget: crate::RETRY_BUDGET,
             max_object: ember_snapshot::MAX_OBJECT_BYTES,
         }
@@ -91,7 +92,8 @@ struct Inner {
 
 impl NatsBucket {
     /// Connects, and creates the bucket if it does not exist (an existing
-    /// one is used as it is, but for reads moved to its leader).
+    /// one is used as it is, but for reads moved to its leader and its
+    /// replicas raised to the cluster's, `replicas.rs`).
     pub fn connect(cfg: NatsStoreConfig) -> Result<NatsBucket, StoreError> {
         let name = cfg.bucket.clone();
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
@@ -119,6 +121,10 @@ async fn open(
         async_nats::ConnectOptions::new().connection_timeout(STEP).connect(cfg.servers.as_slice()).await.map_err(again)
     })
     .await?;
+    let replicas = match cfg.replicas {
+        Some(n) => n,
+        None => crate::replicas::for_cluster(&client, cfg.servers.len()).await,
+    };
     let js = jetstream::ContextBuilder::new().timeout(STEP).build(client);
     retry(budget, "create bucket", &name, || async {
         if js.get_object_store(&name).await.is_ok() {
@@ -128,13 +134,13 @@ async fn open(
             bucket: name.clone(),
             description: Some("ember snapshots: content-addressed chunks and signed manifests".into()),
             storage: jetstream::stream::StorageType::File,
-            num_replicas: cfg.replicas,
+            num_replicas: replicas,
             ..Default::default()
         };
         js.create_object_store(config).await.map(|_| ()).map_err(again)
     })
     .await?;
-    crate::queue::reads_from_leader(&js, &format!("OBJ_{name}"), budget).await?;
+    crate::queue::settle_stream(&js, &format!("OBJ_{name}"), replicas, budget).await?;
     // Fetched again: the handle keeps the stream's settings it was made with.
     let store = retry(budget, "open bucket", &name, || async { js.get_object_store(&name).await.map_err(again) });
     let stream =

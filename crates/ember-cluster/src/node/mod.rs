@@ -107,7 +107,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
         .map_err(|e| ClusterError::Connect { servers: cfg.servers.clone(), reason: e.to_string() })?;
     let js = jetstream::new(client.clone());
     // R3 on a cluster of three servers or more (one may be lost), else R1.
-    let replicas = if cfg.servers.len() >= 3 { 3 } else { 1 };
+    let replicas = crate::replicas::for_cluster(&client, cfg.servers.len()).await;
     let nodes = registry::open_nodes(&js, &cfg.prefix, replicas).await?;
     let bucket = |what: &str| registry::bucket(&js, format!("{}_{what}", cfg.prefix), replicas, Duration::ZERO);
     let buckets = Buckets {

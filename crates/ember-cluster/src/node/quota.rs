@@ -117,7 +117,7 @@ pub struct Ledger {
 /// starts this node's sweep.
 pub async fn share_quotas(plane: &Arc<ClusterPlane>, tenants: Arc<Tenants>) -> Result<(), ClusterError> {
     let js = jetstream::new(plane.nats.clone());
-    let replicas = if plane.cfg.servers.len() >= 3 { 3 } else { 1 };
+    let replicas = crate::replicas::for_cluster(&plane.nats, plane.cfg.servers.len()).await;
     let name = format!("{}_tenant_usage", plane.cfg.prefix);
     let kv = registry::bucket(&js, name, replicas, Duration::ZERO).await?;
     let ledger = Arc::new(Ledger {

@@ -227,8 +227,7 @@ async fn open_bucket(
     }
     let mut stream = js.get_stream(format!("KV_{name}")).await.map_err(|e| e.to_string())?;
     let mut config = stream.info().await.map_err(|e| e.to_string())?.config.clone();
-    if config.allow_direct {
-        config.allow_direct = false;
+    if crate::replicas::settle(&mut config, replicas) {
         js.update_stream(config).await.map_err(|e| e.to_string())?;
     }
     js.get_key_value(name).await.map_err(|e| e.to_string())

@@ -67,7 +67,7 @@ fn unavailable(key: &str, reason: impl std::fmt::Display) -> TenantError {
 /// the cluster's, as of the watch).
 pub async fn share_tenants(plane: &Arc<ClusterPlane>, tenants: Arc<Tenants>) -> Result<(), ClusterError> {
     let js = jetstream::new(plane.nats.clone());
-    let replicas = if plane.cfg.servers.len() >= 3 { 3 } else { 1 };
+    let replicas = crate::replicas::for_cluster(&plane.nats, plane.cfg.servers.len()).await;
     let open = |what: &str, max_age| registry::bucket(&js, format!("{}_{what}", plane.cfg.prefix), replicas, max_age);
     let dir = Arc::new(Directory {
         tenants: open("tenants", Duration::ZERO).await?,

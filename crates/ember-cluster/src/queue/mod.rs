@@ -26,7 +26,7 @@ mod lines;
 mod ops;
 mod setup;
 
-pub(crate) use setup::reads_from_leader;
+pub(crate) use setup::settle_stream;
 
 use crate::bridge::Bridge;
 use ember_queue::{Clock, Expired, Lease, Outcome, Pruned, QueueConfig, QueueError, QueueStats, TaskFilter, TaskQueue};
@@ -44,9 +44,10 @@ pub struct JetStreamConfig {
     /// Prefix of every stream, subject and bucket (several queues can share
     /// a cluster): `[a-z0-9_]+`.
     pub name: String,
-    /// Replicas of every stream and bucket: 3 on a 3-server cluster (R3
-    /// survives one server), 1 on a single server.
-    pub replicas: usize,
+    /// Replicas of every stream and bucket; `None` (the default): as the
+    /// cluster keeps them, 3 on a cluster of three servers or more (R3
+    /// survives one server), else 1 (`replicas.rs`).
+    pub replicas: Option<usize>,
     /// The lease of every task: the consumers' AckWait.
     pub ack_wait: Duration,
     /// How long a task whose workspace another task holds waits (its Nak
@@ -63,7 +64,7 @@ impl JetStreamConfig {
         JetStreamConfig {
             servers,
             name: "ember".into(),
-            replicas: 3,
+            replicas: None,
             ack_wait: Duration::from_secs(30),
             held_retry: Duration::from_secs(1),
             max_ack_pending: 10_000,
@@ -79,7 +80,8 @@ pub struct JetStreamQueue {
 
 impl JetStreamQueue {
     /// Connects, and creates the streams, consumers and buckets that do not
-    /// exist yet (an existing one is used as it is).
+    /// exist yet (an existing one is used as it is, but for the two settings
+    /// `setup.rs` settles).
     pub fn open(cfg: JetStreamConfig, queue: QueueConfig, clock: Clock) -> Result<JetStreamQueue, QueueError> {
         let refuse = |reason: &str| QueueError::Unavailable { op: "open", id: cfg.name.clone(), reason: reason.into() };
         if queue.tier_caps.iter().any(Option::is_some) || queue.tenant_cap.is_some() || !queue.tenant_caps.is_empty() {

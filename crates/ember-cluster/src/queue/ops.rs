@@ -115,6 +115,10 @@ impl Inner {
                 .map_err(again)
         })
         .await?;
+        let replicas = match cfg.replicas {
+            Some(n) => n,
+            None => crate::replicas::for_cluster(&client, cfg.servers.len()).await,
+        };
         let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client);
         let upper = name.to_uppercase();
         let subjects = Tier::ALL.map(|t| format!("{name}.tasks.{}", t.as_str()));
@@ -122,10 +126,10 @@ impl Inner {
         let mut consumers = Vec::new();
         for (t, subject) in Tier::ALL.iter().zip(&subjects) {
             let stream = format!("{upper}_TASKS_{}", t.as_str().to_uppercase());
-            consumers.push(super::setup::work_queue(&js, &cfg, &stream, subject).await?);
+            consumers.push(super::setup::work_queue(&js, &cfg, replicas, &stream, subject).await?);
         }
-        super::setup::dead_letters(&js, &cfg, &format!("{upper}_TASKS_DEAD"), &dead_subject).await?;
-        let bucket = |suffix: &str| super::setup::bucket(&js, &cfg, format!("{name}_{suffix}"));
+        super::setup::dead_letters(&js, &cfg, replicas, &format!("{upper}_TASKS_DEAD"), &dead_subject).await?;
+        let bucket = |suffix: &str| super::setup::bucket(&js, &cfg, replicas, format!("{name}_{suffix}"));
         let records = Records(bucket("tasks").await?);
         let (keys, lines) = (bucket("task_keys").await?, bucket("task_workspaces").await?);
         let consumers: [PullConsumer; 3] = consumers.try_into().map_err(|_| QueueError::Unavailable {

@@ -1,6 +1,8 @@
-//! The streams, consumers and buckets the queue needs, created if absent
-//! (an existing one is used as it is: changing a live stream's settings is
-//! an operator's decision, not a side effect of a node starting).
+//! The streams, consumers and buckets the queue needs, created if absent.
+//! An existing one is used as it is (changing a live stream's settings is
+//! an operator's decision, not a side effect of a node starting), but for
+//! two settings ember's correctness rests on: its reads go to its leader,
+//! and it has the replicas the cluster keeps (`replicas.rs`).
 use super::kv::Bucket;
 use super::JetStreamConfig;
 use crate::retry::{again, retry};
@@ -15,10 +17,11 @@ const DEDUP_WINDOW: Duration = Duration::from_secs(120);
 pub(crate) async fn work_queue(
     js: &jetstream::Context,
     cfg: &JetStreamConfig,
+    replicas: usize,
     name: &str,
     subject: &str,
 ) -> Result<consumer::PullConsumer, QueueError> {
-    let stream = create_stream(js, cfg, name, subject, stream::RetentionPolicy::WorkQueue).await?;
+    let stream = create_stream(js, cfg, replicas, name, subject, stream::RetentionPolicy::WorkQueue).await?;
     let config = consumer::pull::Config {
         durable_name: Some("workers".into()),
         ack_policy: consumer::AckPolicy::Explicit,
@@ -39,15 +42,17 @@ pub(crate) async fn work_queue(
 pub(crate) async fn dead_letters(
     js: &jetstream::Context,
     cfg: &JetStreamConfig,
+    replicas: usize,
     name: &str,
     subject: &str,
 ) -> Result<(), QueueError> {
-    create_stream(js, cfg, name, subject, stream::RetentionPolicy::Limits).await.map(|_| ())
+    create_stream(js, cfg, replicas, name, subject, stream::RetentionPolicy::Limits).await.map(|_| ())
 }
 
 async fn create_stream(
     js: &jetstream::Context,
     cfg: &JetStreamConfig,
+    replicas: usize,
     name: &str,
     subject: &str,
     retention: stream::RetentionPolicy,
@@ -57,18 +62,26 @@ async fn create_stream(
         subjects: vec![subject.to_string()],
         retention,
         storage: stream::StorageType::File,
-        num_replicas: cfg.replicas,
+        num_replicas: replicas,
         duplicate_window: DEDUP_WINDOW,
         ..Default::default()
     };
     retry(cfg.retry_budget, "create stream", name, || async {
         js.get_or_create_stream(config.clone()).await.map_err(again)
     })
-    .await
+    .await?;
+    settle_stream(js, name, replicas, cfg.retry_budget).await?;
+    // Fetched again: the handle keeps the stream's settings it was made with.
+    retry(cfg.retry_budget, "open stream", name, || async { js.get_stream(name).await.map_err(again) }).await
 }
 
 /// A key-value bucket keeping the last value of each key.
-pub(crate) async fn bucket(js: &jetstream::Context, cfg: &JetStreamConfig, name: String) -> Result<Bucket, QueueError> {
+pub(crate) async fn bucket(
+    js: &jetstream::Context,
+    cfg: &JetStreamConfig,
+    replicas: usize,
+    name: String,
+) -> Result<Bucket, QueueError> {
     let store = retry(cfg.retry_budget, "create bucket", &name, || async {
         if let Ok(kv) = js.get_key_value(name.as_str()).await {
             return Ok(kv);
@@ -77,13 +90,13 @@ pub(crate) async fn bucket(js: &jetstream::Context, cfg: &JetStreamConfig, name:
             bucket: name.clone(),
             history: 1,
             storage: stream::StorageType::File,
-            num_replicas: cfg.replicas,
+            num_replicas: replicas,
             ..Default::default()
         };
         js.create_key_value(config).await.map_err(again)
     })
     .await?;
-    reads_from_leader(js, &store.stream_name, cfg.retry_budget).await?;
+    settle_stream(js, &store.stream_name, replicas, cfg.retry_budget).await?;
     // Fetched again: the handle keeps the stream's settings it was made with.
     let store = retry(cfg.retry_budget, "open bucket", &name, || async {
         js.get_key_value(name.as_str()).await.map_err(again)
@@ -92,21 +105,22 @@ pub(crate) async fn bucket(js: &jetstream::Context, cfg: &JetStreamConfig, name:
     Ok(Bucket { store, name, budget: cfg.retry_budget })
 }
 
-/// Turns `stream`'s direct gets off: reads go to the stream leader, not to
-/// any replica. A lagging follower answers an older revision or none at
-/// all, and the queue decides on what it reads (a missing record, a fenced
-/// attempt; the failover test saw both once direct gets were on), as a
-/// restore does (a manifest another node has just written).
-pub(crate) async fn reads_from_leader(
+/// Settles `stream` ([`crate::replicas::settle`]): its direct gets off, so
+/// reads go to the stream leader, not to any replica (a lagging follower
+/// answers an older revision or none at all, and the queue decides on what
+/// it reads: a missing record, a fenced attempt; the failover test saw both
+/// once direct gets were on, as a restore does: a manifest another node has
+/// just written), and `replicas` at least.
+pub(crate) async fn settle_stream(
     js: &jetstream::Context,
     stream: &str,
+    replicas: usize,
     budget: Duration,
 ) -> Result<(), QueueError> {
-    retry(budget, "stream reads from its leader", stream, || async {
+    retry(budget, "settle stream", stream, || async {
         let mut handle = js.get_stream(stream).await.map_err(again)?;
         let mut config = handle.info().await.map_err(again)?.config.clone();
-        if config.allow_direct {
-            config.allow_direct = false;
+        if crate::replicas::settle(&mut config, replicas) {
             js.update_stream(config).await.map_err(again)?;
         }
         Ok(())

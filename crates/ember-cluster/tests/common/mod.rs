@@ -81,8 +81,11 @@ impl NatsCluster {
             let name = format!("n{i}");
             let sdir = dir.join(&name);
             std::fs::create_dir_all(&sdir).expect("server dir");
+            // EMBER_TEST_NATS_DEBUG=1: the servers log at debug (Raft
+            // votes and elections among it).
+            let debug = std::env::var_os("EMBER_TEST_NATS_DEBUG").is_some();
             let conf = format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:-1\"\nports_file_dir: \"{d}\"\n\
+                "server_name: {name}\nlisten: \"127.0.0.1:-1\"\nports_file_dir: \"{d}\"\ndebug: {debug}\n\
                  jetstream {{ store_dir: \"{d}/js\" }}\n\
                  cluster {{ name: ember-test, listen: \"127.0.0.1:{port}\", routes: [{routes}] }}\n",
                 d = sdir.display(),
@@ -194,6 +197,12 @@ impl Drop for NatsCluster {
 
 /// One core NATS request with an empty body, its JSON reply.
 pub fn request(urls: &[String], subject: &str) -> Result<serde_json::Value, String> {
+    request_with(urls, subject, "")
+}
+
+/// One core NATS request with `body`, its JSON reply.
+pub fn request_with(urls: &[String], subject: &str, body: &str) -> Result<serde_json::Value, String> {
+    let body = bytes::Bytes::from(body.to_string());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let client = async_nats::ConnectOptions::new()
@@ -201,7 +210,7 @@ pub fn request(urls: &[String], subject: &str) -> Result<serde_json::Value, Stri
             .connect(urls)
             .await
             .map_err(|e| e.to_string())?;
-        let reply = tokio::time::timeout(Duration::from_secs(3), client.request(subject.to_string(), "".into()))
+        let reply = tokio::time::timeout(Duration::from_secs(3), client.request(subject.to_string(), body))
             .await
             .map_err(|_| format!("{subject}: timed out"))?
             .map_err(|e| e.to_string())?;
