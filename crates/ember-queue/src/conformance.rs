@@ -145,19 +145,28 @@ pub fn a_key_returns_the_same_task_and_cancel_fences_a_lease(h: &dyn Harness) {
 /// An idempotency key is its tenant's: another tenant's submit of the same
 /// key is a task of its own (it answered the first tenant's task, command
 /// and env included), and a second submit within one tenant is still the
-/// first task.
+/// first task. The admin's key `acme/k` (no tenant) is not tenant acme's
+/// key `k` either way round.
 pub fn a_key_is_its_tenants(h: &dyn Harness) {
     let q = h.open(QueueConfig::default());
-    let keyed = |tenant: &str| {
+    let keyed = |tenant: Option<&str>, key: &str| {
         let mut s = spec(Tier::Standard, 1);
-        (s.key, s.tenant) = (Some("k".into()), Some(tenant.into()));
+        (s.key, s.tenant) = (Some(key.into()), tenant.map(String::from));
         s
     };
-    let (a, new_a) = q.submit("ta", keyed("acme")).unwrap();
-    let (b, new_b) = q.submit("tb", keyed("globex")).unwrap();
+    let (a, new_a) = q.submit("ta", keyed(Some("acme"), "k")).unwrap();
+    let (b, new_b) = q.submit("tb", keyed(Some("globex"), "k")).unwrap();
     assert_eq!((a.id.as_str(), b.id.as_str(), new_a, new_b), ("ta", "tb", true, true));
-    let (again, new) = q.submit("tc", keyed("globex")).unwrap();
+    let (again, new) = q.submit("tc", keyed(Some("globex"), "k")).unwrap();
     assert_eq!((again.id.as_str(), new), ("tb", false));
+    let (admin, new) = q.submit("td", keyed(None, "acme/k")).unwrap();
+    assert_eq!((admin.id.as_str(), new), ("td", true), "the admin's acme/k is not acme's k");
+    let (other, new) = q.submit("te", keyed(Some("acme"), "k2")).unwrap();
+    assert_eq!((other.id.as_str(), new), ("te", true));
+    let (admin, new) = q.submit("tf", keyed(None, "acme/k2")).unwrap();
+    assert_eq!((admin.id.as_str(), new), ("tf", true), "nor is acme's k2 the admin's acme/k2");
+    let (again, new) = q.submit("tg", keyed(None, "acme/k")).unwrap();
+    assert_eq!((again.id.as_str(), new), ("td", false), "the admin's own key is still its own");
 }
 
 pub fn another_handle_sees_every_state(h: &dyn Harness) {

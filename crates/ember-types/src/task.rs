@@ -164,11 +164,15 @@ impl TaskSpec {
     /// The name under which the queue keeps this task's idempotency key:
     /// the key within its tenant (`tenant/key`), so two tenants' keys never
     /// meet (a second tenant's submit of a key answered the first tenant's
-    /// task); a task of no tenant keeps the bare key, as before.
+    /// task). A task of no tenant keeps the bare key, as before, unless the
+    /// key has a `/`: then `/key`. Kept bare, the admin's key `acme/k` was
+    /// tenant acme's key `k`, and either submit answered the other's task.
+    /// A tenant's name has no `/` and is never empty, so no two scopes meet.
     pub fn idempotency_scope(&self) -> Option<String> {
         let key = self.key.as_ref()?;
         Some(match &self.tenant {
             Some(t) => format!("{t}/{key}"),
+            None if key.contains('/') => format!("/{key}"),
             None => key.clone(),
         })
     }
