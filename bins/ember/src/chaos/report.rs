@@ -78,6 +78,9 @@ pub fn build(
 ) -> anyhow::Result<LabReport> {
     let scale = if a.sessions >= 100 { Scale::Full } else { Scale::Small };
     let mut rep = LabReport::new(crate::lab::lab(7), scale);
+    // The report is made once the drill is over: its start is the drill's
+    // (it said the time the report was written, minutes later).
+    rep.started = rep.started.saturating_sub(shared.t0.elapsed().as_secs());
     let rs: Vec<&SessionResult> = sessions.iter().map(|s| &s.r).collect();
     let lost_node = |r: &&SessionResult| faults.killed(&r.node).is_some();
     let (on_lost, on_live): (Vec<&SessionResult>, Vec<&SessionResult>) = rs.iter().copied().partition(lost_node);
