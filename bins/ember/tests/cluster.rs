@@ -9,8 +9,8 @@
 //! Rebind (`cluster/rebind.rs`): workspaces claimed once cluster-wide,
 //! checkpointed to a shared store, sessions re-created on a live node.
 //! Snapshots (`cluster/snapshots.rs`): one store for the cluster.
-//! Replicas (`cluster/replicas.rs`): R3 on three servers, whatever URLs a
-//! node was given.
+//! The NATS servers (`cluster/servers.rs`): R3 on three servers, whatever
+//! URLs a node was given; a node whose server goes silent moves to another.
 //! Pools (`cluster/pools.rs`): desired state kept across nodes, warm claims
 //! asked of the nodes with a member over NATS. Tenants (`cluster/tenants.rs`): a tenant's
 //! sandbox quotas held across nodes; (`cluster/tenant_state.rs`) tenants,
@@ -25,8 +25,8 @@ mod pools;
 mod rebind;
 #[path = "cluster/rebind_many.rs"]
 mod rebind_many;
-#[path = "cluster/replicas.rs"]
-mod replicas;
+#[path = "cluster/servers.rs"]
+mod servers;
 #[path = "cluster/snapshots.rs"]
 mod snapshots;
 #[path = "cluster/tasks.rs"]
@@ -75,6 +75,16 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
         assert!(start.elapsed() < within, "{what}: not within {within:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The value of a node's metric `name` (a counter or a gauge without
+/// labels) as its `/metrics` prints it; `None` when it has none.
+async fn metric(d: &Daemon, name: &str) -> Option<String> {
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let (_, _, metrics) =
+        common::raw::exchange(&addr, "GET /metrics", &[format!("Host: {addr}")], "", Duration::from_secs(60)).await;
+    let line = metrics.lines().find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')))?;
+    line.rsplit(' ').next().map(String::from)
 }
 
 async fn ids(d: &Daemon) -> Option<Vec<String>> {

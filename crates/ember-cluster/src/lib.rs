@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod bridge;
+pub mod connect;
 pub mod node;
 pub mod queue;
 pub mod replicas;

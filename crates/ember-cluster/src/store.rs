@@ -118,7 +118,7 @@ async fn open(
     let budget = cfg.retry_budget;
     let name = cfg.bucket.clone();
     let client = retry(budget, "connect", &name, || async {
-        async_nats::ConnectOptions::new().connection_timeout(STEP).connect(cfg.servers.as_slice()).await.map_err(again)
+        crate::connect::options(STEP).connect(cfg.servers.as_slice()).await.map_err(again)
     })
     .await?;
     let replicas = match cfg.replicas {

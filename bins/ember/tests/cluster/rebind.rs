@@ -15,6 +15,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The streams every node opens as it joins (with a directory snapshot
+/// store): the task queue's four streams and three buckets, the registry's
+/// six buckets, the tenants' four.
+pub(super) const EVERY_STREAM: usize = 17;
+
 /// A snapshot store and manifest key every node of one test shares.
 pub(super) struct SharedStore {
     dir: PathBuf,
@@ -199,11 +204,15 @@ fn two_nodes_creating_one_workspace_name_at_once_one_wins() {
 
 #[test]
 fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_holder() {
-    let nats = nats::NatsCluster::start("rebind-cut", 3);
+    // The servers do not advertise one another: A, given server 0 only,
+    // knows no other, and stopping server 0 cuts it off (advertised, it
+    // moves to another server within seconds: `cluster.rs`
+    // `a_node_whose_nats_server_goes_silent_moves_to_another`). B talks to
+    // servers 1 and 2. Every stream is R3 before the cut (C, given all
+    // three, raises one that A or B made R1).
+    let nats = nats::NatsCluster::start_unadvertised("rebind-cut", 3);
     let store = SharedStore::new("cut");
     let urls = nats.urls();
-    // The first node opens the buckets R3 (all three servers); A talks to
-    // server 0 only, B to servers 1 and 2: stopping server 0 cuts A off.
     let _c = store.node(&urls, "c");
     let a = store.node(&urls[..1], "a");
     let b = store.node(&urls[1..], "b");
@@ -217,6 +226,7 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_h
         eventually(Duration::from_secs(60), "b routes to a", || async { b.client.get_sandbox(&id).await.ok() }).await;
         id
     });
+    nats.wait_replicas(EVERY_STREAM, 3);
     let server = nats.servers[0].name.clone();
     nats.signal(&server, "STOP");
     let stopped = Instant::now();
@@ -256,7 +266,9 @@ fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_h
 /// /workspace mount point).
 #[test]
 fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
-    let nats = nats::NatsCluster::start("rebind-back", 3);
+    // Servers that do not advertise one another, as above: stopping server
+    // 0 cuts A off.
+    let nats = nats::NatsCluster::start_unadvertised("rebind-back", 3);
     let store = SharedStore::new("back");
     let urls = nats.urls();
     let mut c = store.node(&urls, "c");
@@ -273,6 +285,7 @@ fn a_session_rebound_back_onto_a_node_with_a_stale_copy_is_writable_there() {
         id
     });
     // A cut off: the session goes to b or c.
+    nats.wait_replicas(EVERY_STREAM, 3);
     let server = nats.servers[0].name.clone();
     nats.signal(&server, "STOP");
     rt.block_on(async {

@@ -8,7 +8,7 @@
 //! a mkfs and two mounts on the rebind's path).
 use super::rebind::{rebind_request, sh_through, SharedStore};
 use super::{eventually, nats, runtime};
-use crate::common::{raw, Daemon};
+use crate::common::Daemon;
 use ember_types::execd::RunCommandRequest;
 use std::time::Duration;
 
@@ -114,14 +114,8 @@ fn sessions_of_a_killed_node_rebound_at_once_are_each_writable() {
     });
 }
 
-/// A node's metric `name` (a counter or a gauge without labels).
+/// A node's counter `name` (without labels).
 async fn metric(d: &Daemon, name: &str) -> u64 {
-    let addr = d.url.trim_start_matches("http://").to_string();
-    let (_, _, metrics) =
-        raw::exchange(&addr, "GET /metrics", &[format!("Host: {addr}")], "", Duration::from_secs(60)).await;
-    let line = metrics
-        .lines()
-        .find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')))
-        .unwrap_or_else(|| panic!("no {name} in {metrics}"));
-    line.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+    let value = super::metric(d, name).await.unwrap_or_else(|| panic!("no {name} on {}", d.url));
+    value.parse().unwrap_or_else(|_| panic!("{name} {value}"))
 }

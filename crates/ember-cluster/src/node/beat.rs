@@ -115,8 +115,7 @@ impl ClusterPlane {
     async fn beat_store(&self) -> kv::Store {
         let bucket = format!("{}_nodes", self.cfg.prefix);
         loop {
-            let client = async_nats::ConnectOptions::new()
-                .connection_timeout(std::time::Duration::from_secs(2))
+            let client = crate::connect::options(std::time::Duration::from_secs(2))
                 .name(format!("{}-heartbeat", self.cfg.name))
                 .connect(self.cfg.servers.as_slice())
                 .await;

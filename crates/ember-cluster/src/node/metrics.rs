@@ -5,9 +5,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// `body` (an OpenMetrics exposition) with `ember_cluster_nodes_alive`: the
-/// nodes whose heartbeats this node hears, itself included; and
-/// `ember_cluster_rebinds_total`: the rebinds this node ran (`rebinds`).
-pub(super) fn with_nodes(body: String, live: &[NodeInfo], rebinds: u64) -> String {
+/// nodes whose heartbeats this node hears, itself included;
+/// `ember_cluster_rebinds_total`: the rebinds this node ran (`rebinds`); and
+/// `ember_cluster_heartbeat_age_seconds`: how long ago this node's last
+/// heartbeat that got through was sent (`beat_age`; absent before the
+/// first). Past a second the node freezes its rebind sandboxes, and the
+/// others soon take it for dead: a node cut off from NATS shows here.
+pub(super) fn with_nodes(
+    body: String,
+    live: &[NodeInfo],
+    rebinds: u64,
+    beat_age: Option<std::time::Duration>,
+) -> String {
     let mut registry = Registry::with_prefix("ember_cluster");
     let alive = Gauge::<i64>::default();
     alive.set(live.len() as i64);
@@ -19,6 +28,15 @@ pub(super) fn with_nodes(body: String, live: &[NodeInfo], rebinds: u64) -> Strin
         "Rebinds this node ran (a dead node's sandbox re-created here, or its steps resumed)",
         ran,
     );
+    if let Some(age) = beat_age {
+        let gauge = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        gauge.set(age.as_secs_f64());
+        registry.register(
+            "heartbeat_age_seconds",
+            "How long ago this node's last heartbeat that got through was sent",
+            gauge,
+        );
+    }
     let mut ours = String::new();
     if prometheus_client::encoding::text::encode(&mut ours, &registry).is_err() {
         return body;

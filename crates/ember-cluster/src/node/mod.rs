@@ -99,8 +99,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
     if cfg.name.is_empty() || !cfg.name.chars().all(valid) {
         return Err(ClusterError::BadName(cfg.name));
     }
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(std::time::Duration::from_secs(2))
+    let client = crate::connect::options(Duration::from_secs(2))
         .retry_on_initial_connect()
         .connect(cfg.servers.as_slice())
         .await

@@ -551,7 +551,13 @@ impl ControlPlane for ClusterPlane {
         self.nodes.all().into_iter().map(view).collect()
     }
     fn metrics_text(&self) -> String {
-        super::metrics::with_nodes(self.local.metrics_text(), &self.live_nodes(), self.fence.rebinds_run())
+        let fence = &self.fence;
+        super::metrics::with_nodes(
+            self.local.metrics_text(),
+            &self.live_nodes(),
+            fence.rebinds_run(),
+            fence.renewed_ago(),
+        )
     }
     fn observe_exec(&self, took: std::time::Duration) {
         self.local.observe_exec(took)

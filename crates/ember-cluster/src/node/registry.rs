@@ -179,6 +179,10 @@ impl Nodes {
     }
 }
 
+/// How long the create of a missing bucket is waited for before the bucket
+/// is looked up (another node may have made it meanwhile).
+const CREATE_WAIT: Duration = Duration::from_secs(2);
+
 /// Opens (creates if absent) a bucket read from its leader: a direct get is
 /// answered by any replica, and a lagging one misses a sandbox just put (see
 /// `queue/setup.rs`). async-nats creates buckets with direct gets on, so the
@@ -220,9 +224,14 @@ async fn open_bucket(
             ..Default::default()
         };
         // Another node may create it at the same moment: its error is ours
-        // only if the stream is then still missing (below).
-        if let Err(e) = js.create_key_value(config).await {
-            tracing::debug!(bucket = %name, error = %e, "create bucket");
+        // only if the stream is then still missing (below). Of two creates
+        // at once NATS answered one and left the other unanswered until its
+        // timeout (10 s a bucket: a node took 40 s to join beside another
+        // started with it), so the create is waited for [`CREATE_WAIT`].
+        match tokio::time::timeout(CREATE_WAIT, js.create_key_value(config)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(bucket = %name, error = %e, "create bucket"),
+            Err(_) => tracing::debug!(bucket = %name, "create bucket: no answer within {CREATE_WAIT:?}"),
         }
     }
     let mut stream = js.get_stream(format!("KV_{name}")).await.map_err(|e| e.to_string())?;

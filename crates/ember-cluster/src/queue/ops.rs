@@ -108,8 +108,7 @@ impl Inner {
         let budget = cfg.retry_budget;
         let name = cfg.name.clone();
         let client = retry(budget, "connect", &name, || async {
-            async_nats::ConnectOptions::new()
-                .connection_timeout(std::time::Duration::from_secs(2))
+            crate::connect::options(std::time::Duration::from_secs(2))
                 .connect(cfg.servers.as_slice())
                 .await
                 .map_err(again)

@@ -58,15 +58,27 @@ impl NatsCluster {
     /// first (bound to port 0, released): another process may take one in
     /// between, and then the whole start is tried again.
     pub fn start(test: &str, n: usize) -> NatsCluster {
+        NatsCluster::start_advertising(test, n, true)
+    }
+
+    /// [`start`](Self::start) with servers that do not advertise one
+    /// another to clients (`no_advertise`): a client knows only the servers
+    /// it was given, so one given a single server is cut off when that
+    /// server is stopped (with them advertised, it moves to another).
+    pub fn start_unadvertised(test: &str, n: usize) -> NatsCluster {
+        NatsCluster::start_advertising(test, n, false)
+    }
+
+    fn start_advertising(test: &str, n: usize, advertise: bool) -> NatsCluster {
         for _ in 0..3 {
-            if let Some(c) = NatsCluster::try_start(test, n) {
+            if let Some(c) = NatsCluster::try_start(test, n, advertise) {
                 return c;
             }
         }
         panic!("a {n}-server NATS cluster did not start (see the server.log files above)");
     }
 
-    fn try_start(test: &str, n: usize) -> Option<NatsCluster> {
+    fn try_start(test: &str, n: usize, advertise: bool) -> Option<NatsCluster> {
         let bin = server_bin();
         let dir = std::env::temp_dir().join(format!("ember-nats-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -87,8 +99,10 @@ impl NatsCluster {
             let conf = format!(
                 "server_name: {name}\nlisten: \"127.0.0.1:-1\"\nports_file_dir: \"{d}\"\ndebug: {debug}\n\
                  jetstream {{ store_dir: \"{d}/js\" }}\n\
-                 cluster {{ name: ember-test, listen: \"127.0.0.1:{port}\", routes: [{routes}] }}\n",
+                 cluster {{ name: ember-test, listen: \"127.0.0.1:{port}\", routes: [{routes}], \
+                 no_advertise: {no_advertise} }}\n",
                 d = sdir.display(),
+                no_advertise = !advertise,
             );
             std::fs::write(sdir.join("server.conf"), conf).expect("server.conf");
             let log = std::fs::File::create(sdir.join("server.log")).expect("server.log");
@@ -151,6 +165,39 @@ impl NatsCluster {
     fn leader(&self, subject: &str) -> String {
         let v = request(&self.urls_running(), subject).unwrap_or_else(|e| panic!("{subject}: {e}"));
         v["cluster"]["leader"].as_str().unwrap_or_else(|| panic!("no leader in {subject}: {v}")).to_string()
+    }
+
+    /// Waits (60 s at most) until the cluster has `streams` streams or more,
+    /// each with `replicas` replicas, every follower current: a test that
+    /// stops a server relies on every stream surviving it (one raised from
+    /// R1 has to have caught up first).
+    pub fn wait_replicas(&self, streams: usize, replicas: usize) {
+        let start = Instant::now();
+        loop {
+            let names = request(&self.urls_running(), "$JS.API.STREAM.NAMES").unwrap_or_default();
+            let names: Vec<String> = names["streams"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                .unwrap_or_default();
+            let behind: Vec<String> = names
+                .iter()
+                .filter(|name| {
+                    let info =
+                        request(&self.urls_running(), &format!("$JS.API.STREAM.INFO.{name}")).unwrap_or_default();
+                    let followers = info["cluster"]["replicas"].as_array().cloned().unwrap_or_default();
+                    info["config"]["num_replicas"] != replicas
+                        || followers.len() + 1 != replicas
+                        || !followers.iter().all(|f| f["current"] == true)
+                })
+                .cloned()
+                .collect();
+            if names.len() >= streams && behind.is_empty() {
+                return;
+            }
+            let late = start.elapsed() > Duration::from_secs(60);
+            assert!(!late, "{} streams, not all R{replicas} and current: {behind:?}", names.len());
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The client URL of server `name`.
