@@ -150,3 +150,29 @@ fn every_response_declares_x_request_id_and_every_ref_resolves() {
     }
     assert!(checked > 100);
 }
+
+/// Every operation whose answer can come from the engine or a sandbox's
+/// agent (it documents a 500, or the 502 of an unreachable agent; a
+/// registry's 502 is not one) documents the 503 a cluster node
+/// answers when the node holding the object is dead or the sandbox is being
+/// re-created elsewhere (`CLUSTER::NODE_UNAVAILABLE`), which the documented
+/// client policy retries. The document had none.
+#[test]
+fn every_operation_that_can_fail_server_side_documents_the_retryable_503() {
+    let doc = load_doc();
+    let mut missing = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            let Some(responses) = op.get("responses").and_then(Value::as_object) else { continue };
+            let agent = responses.get("502").is_some_and(|r| r["$ref"] == "#/components/responses/AgentUnreachable");
+            let server_side = responses.contains_key("500") || agent;
+            if server_side && !responses.contains_key("503") {
+                missing.push(format!("{method} {path}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no 503 documented: {missing:#?}");
+    let unavailable = &doc["components"]["responses"]["Unavailable"]["description"];
+    let says = unavailable.as_str().unwrap_or_default();
+    assert!(says.contains("CLUSTER::NODE_UNAVAILABLE") && says.contains("TASK::QUEUE_UNAVAILABLE"), "{unavailable}");
+}
