@@ -206,7 +206,7 @@ fn two_nodes_creating_one_workspace_name_at_once_one_wins() {
 fn a_node_cut_off_from_nats_freezes_its_copy_and_its_checkpoints_go_to_the_new_holder() {
     // The servers do not advertise one another: A, given server 0 only,
     // knows no other, and stopping server 0 cuts it off (advertised, it
-    // moves to another server within seconds: `cluster.rs`
+    // moves to another server within seconds: `cluster/servers.rs`
     // `a_node_whose_nats_server_goes_silent_moves_to_another`). B talks to
     // servers 1 and 2. Every stream is R3 before the cut (C, given all
     // three, raises one that A or B made R1).
