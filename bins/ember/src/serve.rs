@@ -171,6 +171,7 @@ async fn cluster_plane(
         prefix: "ember".into(),
         checkpoint_every: c.checkpoint_every,
         rebinds_at_once: c.rebinds_at_once,
+        rebind_hold: c.rebind_hold,
     };
     tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
     let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;

@@ -17,6 +17,8 @@
 //! keys, owners and tokens the cluster's. The dashboard (`cluster/ui.rs`):
 //! the node list in headless Chromium.
 mod common;
+#[path = "cluster/hold.rs"]
+mod hold;
 #[path = "../../../crates/ember-cluster/tests/common/mod.rs"]
 mod nats;
 #[path = "cluster/pools.rs"]

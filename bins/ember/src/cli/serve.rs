@@ -135,6 +135,20 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "N", default_value_t = ember_cluster::node::REBINDS_AT_ONCE, requires = "cluster",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub rebinds_at_once: usize,
+    /// How long a call for a rebind sandbox that is being re-created
+    /// elsewhere (or whose dead node's copy no survivor has claimed yet)
+    /// waits for it before it answers 503 (`10s`, at most 60s; 0: at once).
+    #[arg(long, value_name = "DURATION", default_value = "10s", requires = "cluster", value_parser = rebind_hold)]
+    pub rebind_hold: std::time::Duration,
+}
+
+/// `--rebind-hold`: a held call keeps its connection, so a minute at most.
+fn rebind_hold(s: &str) -> Result<std::time::Duration, String> {
+    let d = crate::commands::duration_arg(s)?;
+    match d <= std::time::Duration::from_secs(60) {
+        true => Ok(d),
+        false => Err(format!("{s}: at most 60s")),
+    }
 }
 
 /// Egress networking of `ember serve`.

@@ -33,6 +33,9 @@ pub(super) struct Mirror {
     bucket: String,
     state: Mutex<State>,
     listener: Option<Arc<dyn Listener>>,
+    /// Counts the changes applied: a call held for a rebind (`hold.rs`)
+    /// wakes on each and looks at its own key.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// Told of each change of the bucket, in the watch's order.
@@ -58,9 +61,18 @@ impl Mirror {
 
     /// [`Mirror::spawn`], telling `listener` of every change.
     pub(super) fn spawn_with(store: kv::Store, listener: Option<Arc<dyn Listener>>) -> Arc<Mirror> {
-        let m = Arc::new(Mirror { bucket: store.name.clone(), state: Mutex::default(), listener });
+        let m = Arc::new(Mirror::new(store.name.clone(), listener));
         tokio::spawn(m.clone().follow(store));
         m
+    }
+
+    fn new(bucket: String, listener: Option<Arc<dyn Listener>>) -> Mirror {
+        Mirror { bucket, state: Mutex::default(), listener, changes: Default::default() }
+    }
+
+    /// Told of every change the copy applies (a count).
+    pub(super) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Whether the watch has delivered the whole bucket once.
@@ -88,6 +100,8 @@ impl Mirror {
             Some(e) => drop(st.entries.insert(key, e)),
             None => drop(st.entries.remove(&key)),
         }
+        drop(st);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// The watch delivered the bucket's content: keys it did not deliver
@@ -105,6 +119,8 @@ impl Mirror {
             }
         }
         st.synced = true;
+        drop(st);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Follows the bucket for the process's life, opening the watch again
@@ -154,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_copy_is_read_only_once_caught_up_and_drops_deleted_keys() {
-        let m = Mirror { bucket: "b".into(), state: Mutex::default(), listener: None };
+        let m = Mirror::new("b".into(), None);
         m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
         assert!(m.entries().is_none(), "history still coming");
         m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
@@ -167,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_watch_opened_again_drops_the_keys_it_did_not_deliver() {
-        let m = Mirror { bucket: "b".into(), state: Mutex::default(), listener: None };
+        let m = Mirror::new("b".into(), None);
         m.apply("x".into(), Some((Bytes::from_static(b"1"), 1)));
         m.apply("y".into(), Some((Bytes::from_static(b"2"), 2)));
         m.caught_up(None);

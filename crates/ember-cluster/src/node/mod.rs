@@ -24,6 +24,7 @@ mod beat;
 mod claims;
 mod elsewhere;
 mod forward;
+mod hold;
 mod liveness;
 mod metrics;
 mod mirror;
@@ -39,6 +40,7 @@ mod tasks;
 pub mod tenants;
 mod workspaces;
 
+pub use hold::REBIND_HOLD;
 pub use plane::ClusterPlane;
 pub use rebind::{RebindEntry, FREEZE_AFTER, REBINDS_AT_ONCE};
 pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
@@ -77,6 +79,10 @@ pub struct NodeConfig {
     /// How many dead nodes' sandboxes this node re-creates at once
     /// (default [`REBINDS_AT_ONCE`]).
     pub rebinds_at_once: usize,
+    /// How long a call for a rebind sandbox that is being re-created (or
+    /// whose dead node's copy is not claimed yet) waits for it before it
+    /// answers 503 (default [`REBIND_HOLD`]; zero: at once).
+    pub rebind_hold: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]

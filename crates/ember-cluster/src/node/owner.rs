@@ -14,8 +14,9 @@ pub(super) enum Owner {
 }
 
 impl ClusterPlane {
-    /// Which node holds sandbox `id` (see the module docs).
-    pub(super) async fn owner(&self, id: &str) -> Result<Owner, EngineError> {
+    /// Which node holds sandbox `id` now (see the module docs); a call
+    /// asks [`Self::owner`], which waits out a rebind.
+    pub(super) async fn owner_now(&self, id: &str) -> Result<Owner, EngineError> {
         // Being re-created here: the engine lists it once it starts, before
         // its workspaces are mounted into it, and an exec that reached it
         // then found `/workspace` empty (the drill's first append after a

@@ -421,7 +421,7 @@ impl ControlPlane for ClusterPlane {
         Ok(())
     }
     async fn checkpoint_workspace(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
-        self.routed_checkpoint(name).await
+        self.checkpoint_held(name).await
     }
     async fn snapshot_workspace_op(
         &self,

@@ -70,6 +70,8 @@ pub(super) struct Fence {
     orphans: Mutex<super::takeover::Orphans>,
     /// A rebind ended here: its slot is free for the next orphan.
     pub(super) freed: tokio::sync::Notify,
+    /// Counts the rebinds ended here: a call held for one wakes (`hold.rs`).
+    ended: tokio::sync::watch::Sender<u64>,
     /// The revision of each rebind entry this node marked done, until its
     /// watch shows it: an older, pending revision there is the watch
     /// lagging, not a rebind to resume.
@@ -146,6 +148,11 @@ impl Fence {
     /// Sandbox `id` is being re-created here (or waits its turn to be).
     pub(super) fn is_rebinding(&self, id: &str) -> bool {
         lock(&self.inflight).contains(id)
+    }
+
+    /// Told of every rebind that ends here (a count).
+    pub(super) fn ended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ended.subscribe()
     }
 
     /// How many rebinds this node has run.
@@ -407,6 +414,7 @@ impl ClusterPlane {
             }
             drop(slot);
             lock(&self.fence.inflight).remove(&id);
+            self.fence.ended.send_modify(|n| *n += 1);
             // A slot is free: the next sweep now, not at the next beat.
             self.fence.freed.notify_one();
         });
