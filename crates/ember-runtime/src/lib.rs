@@ -33,11 +33,6 @@ pub fn post_agent(
     ember_agent_client::blocking::post(socket, path, timeout)
 }
 
-/// Makes the daemon the subreaper of the OCI runtimes' orphans (runsc's
-/// Sentry and gofer, crun's and runc's container init): they become its
-/// children when the runtime's `create` exits, and the OCI classes hand them
-/// to a reaper that reaps each as it exits (`ember_sys::adopt`), instead of
-/// leaving zombies for a PID 1 that may reap late.
 /// A pool's refill, behind the claims (`ember_sys::nice`): `launch` runs on
 /// this thread niced to `ember_sys::nice::BACKGROUND` (its clone and the new
 /// sandbox's setup with it), then the thread and the sandbox it started are
@@ -51,6 +46,18 @@ pub fn in_background<E>(launch: impl FnOnce() -> Result<Launched, E>) -> Result<
     Ok(launched)
 }
 
+/// Every thread of this process at nice value `nice`; threads started
+/// later inherit it from the one that starts them (`ember chaos run`, whose
+/// sessions stand for clients on other machines).
+pub fn nice_self(nice: i32) -> std::io::Result<()> {
+    ember_sys::nice::set_process(std::process::id().cast_signed(), nice)
+}
+
+/// Makes the daemon the subreaper of the OCI runtimes' orphans (runsc's
+/// Sentry and gofer, crun's and runc's container init): they become its
+/// children when the runtime's `create` exits, and the OCI classes hand them
+/// to a reaper that reaps each as it exits (`ember_sys::adopt`), instead of
+/// leaving zombies for a PID 1 that may reap late.
 pub fn become_subreaper() -> Result<(), ember_sys::SysError> {
     ember_sys::adopt::become_subreaper()
 }

@@ -172,13 +172,14 @@ pub fn build(
         rep.notes.push("the cluster answers no POST /v1/workspaces/{name}/checkpoint (rebind not built): no record was acknowledged, and the sessions of lost nodes stay lost (counted above)".into());
     }
     rep.notes.push(format!(
-        "{} nodes, kill {} ({}), queue leader kill: {}, seed {}, pace {:?}",
+        "{} nodes, kill {} ({}), queue leader kill: {}, seed {}, pace {:?}, drill at nice {}",
         st.hosts.len(),
         a.kill_nodes,
         if a.partition { "partition" } else { "SIGKILL" },
         a.kill_queue_leader,
         a.seed,
-        a.pace()
+        a.pace(),
+        a.nice
     ));
     rep.chart(out, "timeline.svg", timeline(shared, faults, stopped_ms))?;
     rep.data = json!({

@@ -64,8 +64,13 @@ pub struct Shared {
     pub t0: Instant,
     pub stop: AtomicBool,
     pub events: Mutex<Vec<Event>>,
-    /// (node, sandbox id) of every session opened: the faults' MTTD probes.
-    pub sandboxes: Mutex<Vec<(String, String)>>,
+    /// (node, sandbox id) of one sandbox on each node that does not rebind:
+    /// the faults' MTTD probes. A call for a session's sandbox, which
+    /// rebinds, waits out its rebind (`ember serve --rebind-hold`): probed so,
+    /// MTTD would time the rebind, not the verdict.
+    pub probes: Mutex<Vec<(String, String)>>,
+    /// Node → when it was killed or cut (ms on the drill's clock).
+    pub faulted: Mutex<BTreeMap<String, u64>>,
     /// The nodes seen failing a try, passed over when a session moves.
     pub health: super::health::Health,
 }
@@ -130,6 +135,31 @@ pub struct SessionResult {
 }
 
 impl SessionResult {
+    /// Keeps the outages of the session's sandbox and workspace (what MTTR
+    /// measures), for a call that needed them (an append, a checkpoint),
+    /// started at `started`, ended at `now` (`ok`), its first failed try at
+    /// `failed`; the session's node lost at `lost` (ms on the drill's
+    /// clock). A call that failed at least once opens an outage; the next
+    /// that succeeds closes it. A checkpoint that retried through the whole
+    /// rebind is such a call too (without it, sessions whose appends never
+    /// failed counted as never recovered). So is the first call that started
+    /// after the node was lost and succeeded without a failed try: the node
+    /// it reached held it until the sandbox was re-created (three sessions
+    /// of the first drill with `--rebind-hold` counted as never recovered).
+    fn outage(&mut self, now: u64, ok: bool, failed: Option<u64>, started: u64, lost: Option<u64>) {
+        if !ok {
+            self.open_outage.get_or_insert(failed.unwrap_or(now));
+        } else if let Some(open) = self.open_outage.take() {
+            self.outages.push((open, now));
+        } else if let Some(f) = failed {
+            self.outages.push((f, now));
+        } else if let Some(lost) = lost.filter(|l| started >= *l) {
+            if !self.outages.iter().any(|(_, back)| *back > lost) {
+                self.outages.push((started, now));
+            }
+        }
+    }
+
     /// A call `what` that started at `at_ms` has taken `took` so far.
     fn took(&mut self, what: &str, at_ms: u64, took: Duration) {
         let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
@@ -329,7 +359,6 @@ impl Session {
             })
             .await;
         let id = created?.0.id;
-        self.conn.shared.sandboxes.lock().push((self.r.node.clone(), id.clone()));
         self.r.sandbox = Some(id);
         Ok(())
     }
@@ -385,6 +414,7 @@ impl Session {
         };
         // The last try's stderr, kept short: what a failed append said.
         let stderr = Arc::new(parking_lot::Mutex::new(String::new()));
+        let started = Instant::now();
         let (res, failed) = self
             .conn
             .call(&mut self.r, "append", |c| {
@@ -417,31 +447,20 @@ impl Session {
                 }
             }
         }
-        self.outage(shared, ok, failed);
+        self.outage(shared, ok, failed, started);
     }
 
-    /// Keeps the outages of the session's sandbox and workspace (what MTTR
-    /// measures): a call that needed them (an append, a checkpoint) and
-    /// failed at least once opens one; the next that succeeds closes it. A
-    /// checkpoint that retried through the whole rebind is such a call too
-    /// (without it, sessions whose appends never failed counted as never
-    /// recovered).
-    fn outage(&mut self, shared: &Shared, ok: bool, failed: Option<Instant>) {
-        if ok {
-            if let Some(open) = self.r.open_outage.take() {
-                self.r.outages.push((open, shared.ms(Instant::now())));
-            } else if let Some(f) = failed {
-                self.r.outages.push((shared.ms(f), shared.ms(Instant::now())));
-            }
-        } else {
-            let at = failed.unwrap_or_else(Instant::now);
-            self.r.open_outage.get_or_insert(shared.ms(at));
-        }
+    /// [`SessionResult::outage`] on the drill's clock.
+    fn outage(&mut self, shared: &Shared, ok: bool, failed: Option<Instant>, started: Instant) {
+        let lost = shared.faulted.lock().get(&self.r.node).copied();
+        let now = shared.ms(Instant::now());
+        self.r.outage(now, ok, failed.map(|f| shared.ms(f)), shared.ms(started), lost);
     }
 
     async fn checkpoint(&mut self) {
         let before = self.r.written;
         let ws = self.r.workspace.clone();
+        let started = Instant::now();
         let (res, failed) = self
             .conn
             .call_expecting(&mut self.r, "checkpoint", missing_route, |c| {
@@ -450,7 +469,7 @@ impl Session {
             })
             .await;
         let shared = self.conn.shared.clone();
-        self.outage(&shared, res.is_ok(), failed);
+        self.outage(&shared, res.is_ok(), failed, started);
         match res {
             Ok(c) => {
                 self.r.checkpoints += 1;
@@ -501,6 +520,29 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::SessionResult;
+
+    #[test]
+    fn a_call_held_through_the_rebind_is_the_sessions_recovery() {
+        let mut r = SessionResult::default();
+        r.outage(100, true, None, 90, None);
+        r.outage(200, true, None, 150, Some(160));
+        assert!(r.outages.is_empty(), "calls before the loss, or started before it, are no outage");
+        // Started after the loss, held, answered at 7,000 without a failed try.
+        r.outage(7_000, true, None, 300, Some(160));
+        r.outage(7_500, true, None, 7_100, Some(160));
+        assert_eq!(r.outages, [(300, 7_000)], "the first call after the loss only");
+    }
+
+    #[test]
+    fn a_failed_try_opens_an_outage_the_next_success_closes() {
+        let mut r = SessionResult::default();
+        r.outage(500, false, Some(200), 150, Some(160));
+        r.outage(900, false, Some(600), 550, Some(160));
+        r.outage(4_000, true, None, 1_000, Some(160));
+        r.outage(5_000, true, Some(4_200), 4_100, Some(160));
+        assert_eq!(r.outages, [(200, 4_000), (4_200, 5_000)]);
+        assert_eq!(r.open_outage, None);
+    }
 
     /// Records appended between the last checkpoint before a rebind and the
     /// first one after it are not acknowledged by that one (it answers the
