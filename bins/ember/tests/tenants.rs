@@ -16,6 +16,8 @@ mod snapshots;
 mod tokens;
 #[path = "tenants/ui.rs"]
 mod ui;
+#[path = "tenants/update.rs"]
+mod update;
 
 use common::Daemon;
 use serde_json::{json, Value};
@@ -248,6 +250,15 @@ async fn the_tenant_commands_drive_the_api() {
     assert_eq!(create_sandbox(&d, &key, json!({})).await.0, 202);
     let inspect = ember(&["tenant", "inspect", "cli"]);
     assert!(inspect.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["sandboxes", "1", "2"]), "{inspect}");
+    let row = |text: &str, what: &[&str]| text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == what);
+    let set = ember(&["tenant", "set", "cli", "--max-sandboxes", "3", "--unset", "memory"]);
+    let memory_unlimited = set.lines().any(|l| l.trim_start().starts_with("memory bytes") && l.ends_with(" -"));
+    assert!(row(&set, &["sandboxes", "1", "3"]) && memory_unlimited, "{set}");
+    let both = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--url", &d.url, "--api-key", ADMIN, "tenant", "set", "cli", "--max-tasks", "1", "--unset", "tasks"])
+        .output()
+        .expect("ember runs");
+    assert!(!both.status.success(), "a quota both given and unset is refused");
     assert!(ember(&["tenant", "ls"]).contains("cli"));
     let prefix = ember(&["tenant", "key", "ls", "cli"]).trim().to_string();
     assert!(key.starts_with(&prefix), "{key} {prefix}");

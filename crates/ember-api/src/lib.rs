@@ -163,7 +163,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/network", get(network::node))
         .route("/cluster/call", post(cluster::call))
         .route("/tenants", post(tenants::create).get(tenants::list))
-        .route("/tenants/{name}", get(tenants::get_one).delete(tenants::remove))
+        .route("/tenants/{name}", get(tenants::get_one).patch(tenants::update).delete(tenants::remove))
         .route("/tenants/{name}/keys", post(tenants::create_key).get(tenants::keys))
         .route("/tenants/{name}/keys/{prefix}", delete(tenants::revoke_key))
         .route("/audit", get(tenants::audit))

@@ -8,7 +8,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ember_types::tenant::{AuditList, CreateTenantRequest, KeyList, TenantList};
+use ember_types::tenant::{AuditList, CreateTenantRequest, KeyList, TenantList, UpdateTenantRequest};
 use std::fmt::Write;
 
 pub async fn create(
@@ -26,6 +26,18 @@ pub async fn list(State(st): State<ApiState>) -> Json<TenantList> {
 /// One tenant with its usage counted now.
 pub async fn get_one(State(st): State<ApiState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
     let mut t = st.tenants.get(&name).map_err(quota_error)?;
+    t.usage = Some(usage(&st, &name).await?);
+    Ok(Json(t).into_response())
+}
+
+/// `PATCH`: a merge patch of the tenant's quotas; answers the tenant with
+/// its usage counted now.
+pub async fn update(
+    State(st): State<ApiState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<UpdateTenantRequest>,
+) -> Result<Response, ApiError> {
+    let mut t = st.tenants.update_quotas(&name, &req.quotas).await.map_err(quota_error)?;
     t.usage = Some(usage(&st, &name).await?);
     Ok(Json(t).into_response())
 }

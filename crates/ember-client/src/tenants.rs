@@ -3,6 +3,7 @@ use crate::{Client, ClientError};
 use bytes::Bytes;
 use ember_types::tenant::{
     AuditList, AuditRecord, CreateTenantRequest, CreatedKey, KeyInfo, KeyList, TenantInfo, TenantList,
+    UpdateTenantRequest,
 };
 use hyper::Method;
 
@@ -23,6 +24,14 @@ impl Client {
 
     pub async fn get_tenant(&self, name: &str) -> Result<TenantInfo, ClientError> {
         Ok(self.json(Method::GET, &format!("/v1/tenants/{}", enc(name)), None).await?.0)
+    }
+
+    /// Changes `name`'s quotas (a merge patch); answers the tenant with its usage.
+    pub async fn update_tenant(&self, name: &str, req: &UpdateTenantRequest) -> Result<TenantInfo, ClientError> {
+        let path = format!("/v1/tenants/{}", enc(name));
+        let body = serde_json::to_vec(req)
+            .map_err(|e| ClientError::Protocol { path: path.clone(), message: e.to_string() })?;
+        Ok(self.json(Method::PATCH, &path, Some(body)).await?.0)
     }
 
     pub async fn delete_tenant(&self, name: &str) -> Result<(), ClientError> {

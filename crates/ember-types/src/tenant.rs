@@ -59,6 +59,63 @@ pub struct CreateTenantRequest {
     pub quotas: Quotas,
 }
 
+/// `PATCH /v1/tenants/{name}`: a JSON merge patch (RFC 7396) of the
+/// tenant's quotas.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdateTenantRequest {
+    #[serde(default)]
+    pub quotas: QuotasPatch,
+}
+
+/// A change of [`Quotas`]: a quota given sets its limit, one given `null`
+/// removes it (no limit), one not named stays as it is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotasPatch {
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub running_sandboxes: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub snapshot_bytes: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub creates_per_second: Option<Option<u32>>,
+}
+
+/// A field that is there, `null` included (`Some(None)`); one that is not
+/// is the field's default (`None`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+impl QuotasPatch {
+    /// `q` with this change applied.
+    pub fn apply(&self, q: &mut Quotas) {
+        fn set<T: Copy>(to: &mut Option<T>, change: Option<Option<T>>) {
+            if let Some(v) = change {
+                *to = v;
+            }
+        }
+        set(&mut q.running_sandboxes, self.running_sandboxes);
+        set(&mut q.memory_bytes, self.memory_bytes);
+        set(&mut q.cpu_millis, self.cpu_millis);
+        set(&mut q.pool_size, self.pool_size);
+        set(&mut q.workspace_bytes, self.workspace_bytes);
+        set(&mut q.tasks, self.tasks);
+        set(&mut q.snapshot_bytes, self.snapshot_bytes);
+        set(&mut q.creates_per_second, self.creates_per_second);
+    }
+}
+
 /// One API key as listed: never the key itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -156,4 +213,22 @@ pub struct ScopedToken {
     pub sandbox_id: String,
     pub scope: TokenScope,
     pub expires_at_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_patch_sets_what_it_names_clears_its_nulls_and_keeps_the_rest() {
+        let mut q = Quotas { running_sandboxes: Some(1), memory_bytes: Some(8), tasks: Some(3), ..Quotas::default() };
+        let p: UpdateTenantRequest =
+            serde_json::from_str(r#"{"quotas": {"runningSandboxes": 5, "memoryBytes": null}}"#).expect("a patch");
+        p.quotas.apply(&mut q);
+        assert_eq!(q, Quotas { running_sandboxes: Some(5), tasks: Some(3), ..Quotas::default() });
+        let back = serde_json::to_value(&p).expect("encodes");
+        assert_eq!(back, serde_json::json!({"quotas": {"runningSandboxes": 5, "memoryBytes": null}}));
+        let unknown = serde_json::from_str::<UpdateTenantRequest>(r#"{"quotas": {"sandboxes": 5}}"#);
+        assert!(unknown.is_err(), "an unknown quota is refused");
+    }
 }

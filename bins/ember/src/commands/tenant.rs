@@ -3,7 +3,7 @@
 use crate::commands::parse_duration;
 use clap::{Args, Subcommand};
 use ember_client::Client;
-use ember_types::tenant::{CreateTenantRequest, Quotas, TenantInfo};
+use ember_types::tenant::{CreateTenantRequest, Quotas, QuotasPatch, TenantInfo, UpdateTenantRequest};
 
 #[derive(Subcommand)]
 pub enum TenantCmd {
@@ -13,6 +13,20 @@ pub enum TenantCmd {
         name: String,
         #[command(flatten)]
         quotas: QuotaArgs,
+        /// Print the tenant as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a tenant's quotas: those given are set, those named by
+    /// --unset removed (no limit), the others kept.
+    Set {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        quotas: QuotaArgs,
+        /// A quota to remove (no limit); repeat it for several.
+        #[arg(long, value_enum, value_name = "QUOTA")]
+        unset: Vec<QuotaName>,
         /// Print the tenant as JSON.
         #[arg(long)]
         json: bool,
@@ -106,6 +120,57 @@ impl QuotaArgs {
     }
 }
 
+/// A quota by the name of its flag, without `max-`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum QuotaName {
+    Sandboxes,
+    Memory,
+    Cpus,
+    PoolSize,
+    WorkspaceSize,
+    Tasks,
+    SnapshotSize,
+    CreatesPerSecond,
+}
+
+impl QuotaArgs {
+    /// The change `ember tenant set` asks: each quota given set, each of
+    /// `unset` removed; one both given and unset is an error.
+    fn patch(self, unset: &[QuotaName]) -> anyhow::Result<QuotasPatch> {
+        let q = self.quotas()?;
+        let mut p = QuotasPatch {
+            running_sandboxes: q.running_sandboxes.map(Some),
+            memory_bytes: q.memory_bytes.map(Some),
+            cpu_millis: q.cpu_millis.map(Some),
+            pool_size: q.pool_size.map(Some),
+            workspace_bytes: q.workspace_bytes.map(Some),
+            tasks: q.tasks.map(Some),
+            snapshot_bytes: q.snapshot_bytes.map(Some),
+            creates_per_second: q.creates_per_second.map(Some),
+        };
+        for name in unset {
+            let given = match name {
+                QuotaName::Sandboxes => p.running_sandboxes.replace(None).flatten().is_some(),
+                QuotaName::Memory => p.memory_bytes.replace(None).flatten().is_some(),
+                QuotaName::Cpus => p.cpu_millis.replace(None).flatten().is_some(),
+                QuotaName::PoolSize => p.pool_size.replace(None).flatten().is_some(),
+                QuotaName::WorkspaceSize => p.workspace_bytes.replace(None).flatten().is_some(),
+                QuotaName::Tasks => p.tasks.replace(None).flatten().is_some(),
+                QuotaName::SnapshotSize => p.snapshot_bytes.replace(None).flatten().is_some(),
+                QuotaName::CreatesPerSecond => p.creates_per_second.replace(None).flatten().is_some(),
+            };
+            if given {
+                let flag = clap::ValueEnum::to_possible_value(name).map(|v| v.get_name().to_string());
+                anyhow::bail!("--unset {}: that quota is also given a value", flag.unwrap_or_default());
+            }
+        }
+        if p == QuotasPatch::default() {
+            anyhow::bail!("no quota to change: give one (--max-sandboxes N ...) or --unset QUOTA");
+        }
+        Ok(p)
+    }
+}
+
 #[derive(Args)]
 pub struct AuditArgs {
     /// Only this tenant's records (default: every tenant's).
@@ -153,6 +218,15 @@ pub async fn run(client: &Client, cmd: TenantCmd) -> anyhow::Result<i32> {
                 print_json(&t)?;
             } else {
                 println!("{}", t.name);
+            }
+        }
+        TenantCmd::Set { name, quotas, unset, json } => {
+            let req = UpdateTenantRequest { quotas: quotas.patch(&unset)? };
+            let t = client.update_tenant(&name, &req).await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                print_inspect(&t);
             }
         }
         TenantCmd::Ls { json } => {

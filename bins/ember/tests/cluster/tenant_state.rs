@@ -90,6 +90,19 @@ fn tenants_and_keys_made_through_one_node_hold_on_every_node() {
         eprintln!("the revocation through b was refused by a after {:?}", revoked.elapsed());
         assert_eq!(list_status(&nodes[0], &k2).await, 200, "the tenant's other keys stay");
 
+        // Quotas changed through a, and again through b at once: each node
+        // shows both changes (each a compare-and-set on the tenant's entry).
+        let patch = |d: usize, q: Value| call(&nodes[d], ADMIN, "PATCH", "/v1/tenants/ta", Some(json!({"quotas": q})));
+        let (a, b) = futures_util::join!(patch(0, json!({"runningSandboxes": 7})), patch(1, json!({"tasks": 9})));
+        assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+        for d in &nodes {
+            eventually(SPREAD, "both quota changes on each node", || async {
+                let (_, t) = call(d, ADMIN, "GET", "/v1/tenants/ta", None).await;
+                (t["quotas"] == json!({"runningSandboxes": 7, "tasks": 9})).then_some(())
+            })
+            .await;
+        }
+
         // A restarted node reads the tenants before it serves.
         nodes[1].kill9();
         nodes[1].spawn();

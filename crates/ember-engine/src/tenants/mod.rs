@@ -22,7 +22,7 @@ pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX
 
 use crate::record::now_ms;
 use crate::store::Store;
-use ember_types::tenant::{CreatedKey, KeyInfo, Quotas, TenantInfo, DEFAULT_TENANT};
+use ember_types::tenant::{CreatedKey, KeyInfo, Quotas, QuotasPatch, TenantInfo, DEFAULT_TENANT};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -215,6 +215,22 @@ impl Tenants {
 
     pub fn quotas(&self, name: &str) -> Quotas {
         self.lock().tenants.get(name).map(|r| r.quotas.clone()).unwrap_or_default()
+    }
+
+    /// Changes tenant `name`'s quotas by `patch` (in the cluster's table
+    /// when shared). The next check of each quota uses them: what the
+    /// tenant holds over a lowered quota stays, its next create over it is
+    /// refused.
+    pub async fn update_quotas(&self, name: &str, patch: &QuotasPatch) -> Result<TenantInfo, TenantError> {
+        let mut now = None;
+        self.change_tenant(name, |cur| {
+            let mut t = cur.ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+            patch.apply(&mut t.quotas);
+            now = Some(info(name, &t));
+            Ok(Some(t))
+        })
+        .await?;
+        now.ok_or_else(|| TenantError::NotFound(name.to_string()))
     }
 
     /// Removes the tenant and its keys. Its objects stay, owned by a tenant
