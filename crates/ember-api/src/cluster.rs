@@ -57,5 +57,6 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
         NodeCall::CheckpointWorkspace { name } => json(st.engine.checkpoint_workspace(&name).await?),
         NodeCall::TaskLog { id, attempt, offset } => json(TaskLogWire::from(e.task_log(&id, attempt, offset).await?)),
+        NodeCall::Audit { tenant, since_ms } => json(crate::tenants::audit_here(&st, tenant, since_ms).await?),
     })
 }

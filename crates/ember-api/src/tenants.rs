@@ -75,7 +75,8 @@ fn parse_since(v: &str) -> Result<i64, ApiError> {
     Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
-/// `GET /v1/audit?tenant=&since=`: the newest matching records, oldest first.
+/// `GET /v1/audit?tenant=&since=`: the newest matching records, oldest
+/// first; on a cluster every live node's, merged by time.
 pub async fn audit(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<Json<AuditList>, ApiError> {
     let (mut tenant, mut since) = (None, 0);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
@@ -85,12 +86,29 @@ pub async fn audit(State(st): State<ApiState>, RawQuery(q): RawQuery) -> Result<
             _ => {}
         }
     }
+    let mut items = st.engine.audit_elsewhere(tenant.as_deref(), since).await?;
+    if !items.is_empty() {
+        items.extend(audit_here(&st, tenant, since).await?);
+        items.sort_by_key(|r| r.ts_ms);
+        let over = items.len().saturating_sub(ember_engine::tenants::MAX_AUDIT_QUERY);
+        items.drain(..over);
+    } else {
+        items = audit_here(&st, tenant, since).await?;
+    }
+    Ok(Json(AuditList { items }))
+}
+
+/// This node's own audit records of `tenant` (all without one) from `since`.
+pub(crate) async fn audit_here(
+    st: &ApiState,
+    tenant: Option<String>,
+    since: i64,
+) -> Result<Vec<ember_types::tenant::AuditRecord>, ApiError> {
     let audit = st.tenants.clone();
-    let items = tokio::task::spawn_blocking(move || audit.audit().query(tenant.as_deref(), since))
+    tokio::task::spawn_blocking(move || audit.audit().query(tenant.as_deref(), since))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "GENERAL::INTERNAL", e.to_string()))?
-        .map_err(quota_error)?;
-    Ok(Json(AuditList { items }))
+        .map_err(quota_error)
 }
 
 /// A gauge's name, help and figure.

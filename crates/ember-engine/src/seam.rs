@@ -114,6 +114,17 @@ pub trait ControlPlane: Send + Sync {
         None
     }
 
+    /// The audit records of every other live node of the cluster (each node
+    /// appends the calls it received to its own log), of `tenant` (all
+    /// without one) from `since_ms` on. Empty (the default) off a cluster.
+    async fn audit_elsewhere(
+        &self,
+        _tenant: Option<&str>,
+        _since_ms: i64,
+    ) -> Result<Vec<ember_types::tenant::AuditRecord>, EngineError> {
+        Ok(Vec::new())
+    }
+
     /// Every node this node has heard a heartbeat from, live or not, by name
     /// (the dashboard's node list). Empty (the default) off a cluster.
     fn cluster_nodes(&self) -> Vec<NodeView> {

@@ -101,6 +101,21 @@ fn tenants_and_keys_made_through_one_node_hold_on_every_node() {
                 (t["quotas"] == json!({"runningSandboxes": 7, "tasks": 9})).then_some(())
             })
             .await;
+            // The audit log through either node has both changes: each
+            // node logged the one it received, and a query merges them.
+            let (s, a) = call(d, ADMIN, "GET", "/v1/audit", None).await;
+            assert_eq!(s, 200, "{a}");
+            let mut ids: Vec<&str> = a["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .filter(|r| r["action"] == "tenants.patch" && r["status"] == 200)
+                .filter_map(|r| r["requestId"].as_str())
+                .collect();
+            let found = ids.len();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!((found, ids.len()), (2, 2), "both nodes' records, once each: {a}");
         }
 
         // A restarted node reads the tenants before it serves.

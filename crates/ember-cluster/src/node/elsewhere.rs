@@ -50,6 +50,23 @@ impl ClusterPlane {
         Ok(futures_util::future::try_join_all(asks).await?.into_iter().flatten().collect())
     }
 
+    /// Every other live node's audit records, API-only nodes included (each
+    /// node logs the calls it received); a live node that does not answer
+    /// fails the query (503, retried), rather than leave its records out.
+    pub(crate) async fn audits(
+        &self,
+        tenant: Option<&str>,
+        since_ms: i64,
+    ) -> Result<Vec<ember_types::tenant::AuditRecord>, EngineError> {
+        let call = NodeCall::Audit { tenant: tenant.map(String::from), since_ms };
+        let others = self.nodes().live().into_iter().filter(|n| n.name != self.name());
+        let asks = others.map(|n| {
+            let call = &call;
+            async move { self.forward::<Vec<ember_types::tenant::AuditRecord>>(&n, call).await }
+        });
+        Ok(futures_util::future::try_join_all(asks).await?.into_iter().flatten().collect())
+    }
+
     /// The node holding snapshot `id`'s record, and the record.
     pub(crate) async fn find_snapshot(&self, id: &str) -> Result<(Holder, SandboxSnapshotRecord), EngineError> {
         if !self.api_only() {

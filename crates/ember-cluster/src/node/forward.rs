@@ -179,7 +179,8 @@ fn call_id(call: &NodeCall) -> Option<&str> {
         | C::Workspace { .. }
         | C::RemoveWorkspace { .. }
         | C::CheckpointWorkspace { .. }
-        | C::TaskLog { .. } => None,
+        | C::TaskLog { .. }
+        | C::Audit { .. } => None,
         C::Get { id }
         | C::Remove { id }
         | C::Pause { id }

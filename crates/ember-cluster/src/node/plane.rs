@@ -537,6 +537,13 @@ impl ControlPlane for ClusterPlane {
     fn runtime_classes(&self) -> Vec<RuntimeClassInfo> {
         self.local.runtime_classes()
     }
+    async fn audit_elsewhere(
+        &self,
+        tenant: Option<&str>,
+        since_ms: i64,
+    ) -> Result<Vec<ember_types::tenant::AuditRecord>, EngineError> {
+        self.audits(tenant, since_ms).await
+    }
     fn cluster_nodes(&self) -> Vec<ember_engine::NodeView> {
         let view = |(n, alive, silent): (NodeInfo, bool, std::time::Duration)| ember_engine::NodeView {
             idle_members: n.pools.values().map(|p| u64::from(p.idle)).sum(),

@@ -123,6 +123,11 @@ pub enum NodeCall {
         attempt: Option<u32>,
         offset: u64,
     },
+    /// The receiving node's own audit records (its log, on its disk).
+    Audit {
+        tenant: Option<String>,
+        since_ms: i64,
+    },
 }
 
 impl NodeCall {

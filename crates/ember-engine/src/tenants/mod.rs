@@ -15,7 +15,7 @@ mod quota;
 mod shared;
 mod tokens;
 
-pub use audit::Audit;
+pub use audit::{Audit, MAX_QUERY as MAX_AUDIT_QUERY};
 pub use quota::{check, Demand, Reservation, SharedQuota};
 pub use shared::{Change, SharedTenants, Table, Write};
 pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX};
