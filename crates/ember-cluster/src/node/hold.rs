@@ -39,12 +39,19 @@ pub const REBIND_HOLD: Duration = Duration::from_secs(10);
 /// (its node renewed and lives, or the copy of the bucket missed a change).
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// How often a held checkpoint is tried again.
-pub(super) const CHECKPOINT_LOOK: Duration = Duration::from_millis(250);
+const CHECKPOINT_LOOK: Duration = Duration::from_millis(250);
 
 impl ClusterPlane {
     /// Which node holds sandbox `id`, waiting out a rebind under way (see
     /// the module docs).
     pub(super) async fn owner(&self, id: &str) -> Result<Owner, EngineError> {
+        // Every routed call asks: the watches are subscribed only once the
+        // owner is unavailable (the loop asks again after subscribing, so a
+        // change in between is not missed).
+        match self.owner_now(id).await {
+            Err(EngineError::NodeUnavailable { .. }) => {}
+            other => return other,
+        }
         let until = Instant::now() + self.cfg.rebind_hold;
         let mut entries = self.rebind_seen.changes();
         let mut ended = self.fence.ended();
