@@ -130,14 +130,9 @@ async fn open(
         if js.get_object_store(&name).await.is_ok() {
             return Ok(());
         }
-        let config = object_store::Config {
-            bucket: name.clone(),
-            description: Some("ember snapshots: content-addressed chunks and signed manifests".into()),
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        };
-        js.create_object_store(config).await.map(|_| ()).map_err(again)
+        let description = "ember snapshots: content-addressed chunks and signed manifests";
+        let config = crate::replicas::object_stream(&name, description, replicas);
+        js.create_stream(config).await.map(|_| ()).map_err(again)
     })
     .await?;
     crate::queue::settle_stream(&js, &format!("OBJ_{name}"), replicas, budget).await?;

@@ -3,7 +3,9 @@
 //! node given one server of three made the buckets it opened first R1 on
 //! that server, and when it stopped no rebind could be written (the rebind
 //! tests, in CI). A bucket an earlier node made R1 is raised to R3 by the
-//! next node that opens it. A node whose server goes silent moves to
+//! next node that opens it, and one lowered while a node runs is raised
+//! again by it (a node keeping R1 once wrote R1 over such a raise: CI). A
+//! node whose server goes silent moves to
 //! another server of the cluster within seconds.
 use super::common::Daemon;
 use super::{eventually, metric, nats, runtime};
@@ -16,7 +18,7 @@ fn info(cluster: &nats::NatsCluster, stream: &str) -> Value {
 }
 
 #[test]
-fn a_node_given_one_server_of_three_keeps_everything_r3_and_raises_an_r1_bucket() {
+fn a_node_given_one_server_of_three_keeps_everything_r3_and_raises_an_r1_bucket_even_while_it_runs() {
     let cluster = nats::NatsCluster::start("replicas", 3);
     let urls = cluster.urls();
     // The rebind bucket as a node given one URL made it before: R1.
@@ -58,6 +60,15 @@ fn a_node_given_one_server_of_three_keeps_everything_r3_and_raises_an_r1_bucket(
         assert!(!late, "missing {missing:?}; not R3 or read from any replica: {unsettled:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // Lowered under the running node (by hand here; in CI by a node keeping
+    // R1 whose update of a stale config landed after another's raise).
+    let mut config = info(&cluster, "KV_ember_pools")["config"].clone();
+    config["num_replicas"] = 1.into();
+    let lowered = nats::request_with(&urls, "$JS.API.STREAM.UPDATE.KV_ember_pools", &config.to_string());
+    let lowered = lowered.expect("update");
+    assert_eq!(lowered["config"]["num_replicas"], 1, "{lowered}");
+    cluster.wait_replicas(super::rebind::EVERY_STREAM + 1, 3);
 }
 
 /// A node of `cluster` on the servers `urls`.

@@ -122,6 +122,7 @@ pub async fn join(cfg: NodeConfig, local: Arc<dyn ControlPlane>) -> Result<Arc<C
         pools: bucket("pools").await?,
         templates: bucket("templates").await?,
     };
+    tokio::spawn(crate::replicas::keep(js.clone(), cfg.prefix.clone(), replicas));
     let plane = Arc::new(ClusterPlane::new(cfg, local, buckets, client));
     registry::load_nodes(&nodes, &plane.nodes()).await?;
     tokio::spawn(registry::watch_nodes(nodes, plane.nodes()));

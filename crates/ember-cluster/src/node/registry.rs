@@ -185,11 +185,10 @@ const CREATE_WAIT: Duration = Duration::from_secs(2);
 
 /// Opens (creates if absent) a bucket read from its leader: a direct get is
 /// answered by any replica, and a lagging one misses a sandbox just put (see
-/// `queue/setup.rs`). async-nats creates buckets with direct gets on, so the
-/// stream is updated and the bucket opened again, on every start: a node
-/// that found the bucket another node had just created must not keep the
-/// direct reads it was opened with (seen as a sandbox "not found" through
-/// the non-owner right after its create, one run in a few).
+/// `queue/setup.rs`; seen as a sandbox "not found" through the non-owner
+/// right after its create, one run in a few). It is made so
+/// ([`crate::replicas::kv_stream`]); one an older ember made with direct
+/// gets on, or with fewer replicas, is settled, and opened again.
 ///
 /// A node starting while the cluster forms (or while a stream elects) gets
 /// timeouts here that pass: each try is retried with the queue's policy
@@ -215,20 +214,13 @@ async fn open_bucket(
     max_age: Duration,
 ) -> Result<kv::Store, String> {
     if js.get_key_value(name).await.is_err() {
-        let config = kv::Config {
-            bucket: name.to_string(),
-            history: 1,
-            max_age,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        };
+        let config = crate::replicas::kv_stream(name, 1, max_age, replicas);
         // Another node may create it at the same moment: its error is ours
         // only if the stream is then still missing (below). Of two creates
         // at once NATS answered one and left the other unanswered until its
         // timeout (10 s a bucket: a node took 40 s to join beside another
         // started with it), so the create is waited for [`CREATE_WAIT`].
-        match tokio::time::timeout(CREATE_WAIT, js.create_key_value(config)).await {
+        match tokio::time::timeout(CREATE_WAIT, js.create_stream(config)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(bucket = %name, error = %e, "create bucket"),
             Err(_) => tracing::debug!(bucket = %name, "create bucket: no answer within {CREATE_WAIT:?}"),

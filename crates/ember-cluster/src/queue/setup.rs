@@ -6,7 +6,7 @@
 use super::kv::Bucket;
 use super::JetStreamConfig;
 use crate::retry::{again, retry};
-use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::jetstream::{self, consumer, stream};
 use ember_queue::QueueError;
 use std::time::Duration;
 
@@ -86,14 +86,9 @@ pub(crate) async fn bucket(
         if let Ok(kv) = js.get_key_value(name.as_str()).await {
             return Ok(kv);
         }
-        let config = kv::Config {
-            bucket: name.clone(),
-            history: 1,
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        };
-        js.create_key_value(config).await.map_err(again)
+        let config = crate::replicas::kv_stream(&name, 1, Duration::ZERO, replicas);
+        js.create_stream(config).await.map_err(again)?;
+        js.get_key_value(name.as_str()).await.map_err(again)
     })
     .await?;
     settle_stream(js, &store.stream_name, replicas, cfg.retry_budget).await?;
