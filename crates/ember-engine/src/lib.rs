@@ -41,7 +41,7 @@ mod workspaces;
 
 pub use process_metrics::splice as splice_metrics;
 pub use seam::{AgentRoute, ControlPlane, Liveness, NodeCall, NodeView, TaskLogWire};
-pub use snapshots::{OpKind, SnapshotOp, WorkspaceCheckpoint};
+pub use snapshots::{restored_size, OpKind, SnapshotOp, WorkspaceCheckpoint};
 pub use snapshots::{SandboxSnapshotRecord, SandboxSnapshotState, SnapshotFilter, SnapshotWorkspace};
 pub use snapshots::{SnapshotStoreConfig, StoreOpener};
 

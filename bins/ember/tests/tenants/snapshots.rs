@@ -93,3 +93,44 @@ async fn a_golden_pool_of_another_tenants_snapshot_is_a_404() {
     assert_eq!(s, 201, "{got}");
     assert_eq!(call(&d, ADMIN, "POST", "/v1/pools", Some(pool("admins"))).await.0, 201);
 }
+
+/// A workspace restored or forked from a snapshot is charged to
+/// `workspaceBytes` like a created one, at the size the restore gives it
+/// (the snapshotted workspace's unless asked): before, a tenant could pass
+/// its quota by restoring or forking its snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restores_and_forks_count_against_workspace_bytes() {
+    let d = Daemon::start_with(&["--api-key", ADMIN]);
+    let key = tenant(&d, "rq", json!({"workspaceBytes": 160u64 << 20})).await;
+    let ws = json!({"name": "orig", "size": "64Mi"});
+    assert_eq!(call(&d, &key, "POST", "/v1/workspaces", Some(ws)).await.0, 201);
+    let (s, snap) = call(&d, &key, "POST", "/v1/workspaces/orig/snapshots", None).await;
+    assert_eq!(s, 201, "{snap}");
+    let sid = snap["id"].as_str().expect("snapshot id").to_string();
+    let restore = |name: &str| json!({"name": name});
+    let path = |what: &str| format!("/v1/workspace-snapshots/{sid}/{what}");
+    let over = |(s, b): &(u16, Value)| {
+        *s == 429 && b["code"] == "QUOTA::EXCEEDED" && b["message"].as_str().unwrap_or("").contains("workspaceBytes")
+    };
+    // 64 + 64 fit in 160; a third 64 does not, restored or forked.
+    let (s, b) = call(&d, &key, "POST", &path("restore"), Some(restore("r1"))).await;
+    assert_eq!(s, 201, "{b}");
+    let got = call(&d, &key, "POST", &path("restore"), Some(restore("r2"))).await;
+    assert!(over(&got), "a restore past the quota: {got:?}");
+    let got = call(&d, &key, "POST", &path("fork"), Some(json!({"count": 1, "prefix": "f"}))).await;
+    assert!(over(&got), "a fork past the quota: {got:?}");
+    // A smaller size asked fits (64 + 64 + 16 <= 160), and is what is charged.
+    let small = json!({"name": "r3", "size": "16Mi"});
+    let (s, b) = call(&d, &key, "POST", &path("restore"), Some(small)).await;
+    assert_eq!(s, 201, "{b}");
+    let (_, t) = call(&d, ADMIN, "GET", "/v1/tenants/rq", None).await;
+    assert_eq!(t["usage"]["workspaceBytes"].as_u64(), Some(144 << 20), "{t}");
+    // Freed by two removals: a fork of three is charged for three (16 + 3 x 64
+    // > 160), a fork of two fits.
+    assert_eq!(call(&d, &key, "DELETE", "/v1/workspaces/r1", None).await.0, 204);
+    assert_eq!(call(&d, &key, "DELETE", "/v1/workspaces/orig", None).await.0, 204);
+    let got = call(&d, &key, "POST", &path("fork"), Some(json!({"count": 3, "prefix": "f"}))).await;
+    assert!(over(&got), "a fork of three: {got:?}");
+    let (s, b) = call(&d, &key, "POST", &path("fork"), Some(json!({"count": 2, "prefix": "f"}))).await;
+    assert_eq!(s, 201, "16 + 2 x 64 fit: {b}");
+}

@@ -10,8 +10,9 @@ use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use ember_engine::tenants::{Demand, Kind};
+use ember_engine::tenants::{Counted, Demand, Kind};
 use ember_engine::{EngineError, ListFilter, SandboxSnapshotState, SnapshotFilter, TenantError};
+use ember_types::limits::MAX_FORK_COUNT;
 use ember_types::tenant::Usage;
 use ember_types::Resources;
 use serde_json::Value;
@@ -43,11 +44,19 @@ pub(crate) fn tenant_error(e: TenantError) -> ApiError {
 /// memory and cpu limits) and its pools' sizes. On a cluster its sandboxes
 /// are counted by the cluster's ledger, wherever they run.
 pub(crate) async fn usage(st: &ApiState, tenant: &str) -> Result<Usage, EngineError> {
-    let mut u = Usage::default();
+    Ok(counted(st, tenant).await?.usage)
+}
+
+/// [`usage`], and the objects it counted besides the sandboxes (owner
+/// keys): a cluster ledger's hold of a create that has made its object
+/// counts until the object is among them.
+pub(crate) async fn counted(st: &ApiState, tenant: &str) -> Result<Counted, EngineError> {
+    let mut c = Counted::default();
     let sandboxes: HashSet<String> = st.tenants.owned(Kind::Sandbox, tenant).into_iter().collect();
+    let u = &mut c.usage;
     if let Some(shared) = st.tenants.shared() {
-        let c = shared.usage(tenant).await.map_err(|e| EngineError::Internal(e.to_string()))?;
-        (u.running_sandboxes, u.memory_bytes, u.cpu_millis) = (c.running_sandboxes, c.memory_bytes, c.cpu_millis);
+        let n = shared.usage(tenant).await.map_err(|e| EngineError::Internal(e.to_string()))?;
+        (u.running_sandboxes, u.memory_bytes, u.cpu_millis) = (n.running_sandboxes, n.memory_bytes, n.cpu_millis);
     } else if !sandboxes.is_empty() {
         for r in st.engine.list(&ListFilter::default()).await? {
             if sandboxes.contains(r.id.as_str()) && !r.state.is_terminal() {
@@ -61,42 +70,48 @@ pub(crate) async fn usage(st: &ApiState, tenant: &str) -> Result<Usage, EngineEr
     if !workspaces.is_empty() {
         for w in st.engine.list_workspaces().await? {
             if workspaces.contains(&w.meta.name) {
-                u.workspace_bytes += w.meta.size_bytes;
+                c.usage.workspace_bytes += w.meta.size_bytes;
+                c.objects.insert(Kind::Workspace.key(&w.meta.name));
             }
         }
     }
     let tasks: HashSet<String> = st.tenants.owned(Kind::Task, tenant).into_iter().collect();
     if !tasks.is_empty() {
-        let all = st.engine.list_tasks(&Default::default()).await?;
-        u.tasks = all.iter().filter(|t| tasks.contains(&t.id) && !t.state.is_terminal()).count() as u64;
+        for t in st.engine.list_tasks(&Default::default()).await? {
+            if tasks.contains(&t.id) && !t.state.is_terminal() {
+                c.usage.tasks += 1;
+                c.objects.insert(Kind::Task.key(&t.id));
+            }
+        }
     }
     let pools: HashSet<String> = st.tenants.owned(Kind::Pool, tenant).into_iter().collect();
     if !pools.is_empty() {
         for p in st.engine.list_pools().await? {
             if pools.contains(&p.spec.name) {
-                u.pool_size += u64::from(p.spec.max);
+                c.usage.pool_size += u64::from(p.spec.max);
+                c.objects.insert(Kind::Pool.key(&p.spec.name));
             }
         }
     }
-    u.snapshot_bytes = snapshot_bytes(st, tenant).await?;
-    Ok(u)
+    snapshot_bytes(st, tenant, &mut c).await?;
+    Ok(c)
 }
 
 /// The bytes of `tenant`'s snapshots: a sandbox snapshot's layer once it is
 /// made (while it is made, its sandbox's disk limit, which the layer cannot
 /// pass), a workspace snapshot's file bytes. Logical bytes, before the
 /// store's dedup and compression: what the tenant snapshotted.
-async fn snapshot_bytes(st: &ApiState, tenant: &str) -> Result<u64, EngineError> {
-    let mut n = 0u64;
+async fn snapshot_bytes(st: &ApiState, tenant: &str, c: &mut Counted) -> Result<(), EngineError> {
     let owned: HashSet<String> = st.tenants.owned(Kind::SandboxSnapshot, tenant).into_iter().collect();
     if !owned.is_empty() {
         for s in st.engine.list_sandbox_snapshots(&SnapshotFilter::default()).await? {
             if owned.contains(&s.id) {
-                n += match s.state {
+                c.usage.snapshot_bytes += match s.state {
                     SandboxSnapshotState::Ready => s.layer_bytes,
                     SandboxSnapshotState::Creating => s.spec.resources.disk_bytes.max(1),
                     SandboxSnapshotState::Failed | SandboxSnapshotState::Deleting => 0,
                 };
+                c.objects.insert(Kind::SandboxSnapshot.key(&s.id));
             }
         }
     }
@@ -104,11 +119,12 @@ async fn snapshot_bytes(st: &ApiState, tenant: &str) -> Result<u64, EngineError>
     if !owned.is_empty() {
         for s in st.engine.list_snapshots(None).await? {
             if owned.contains(&s.id) {
-                n += s.stats.logical_bytes;
+                c.usage.snapshot_bytes += s.stats.logical_bytes;
+                c.objects.insert(Kind::WorkspaceSnapshot.key(&s.id));
             }
         }
     }
-    Ok(n)
+    Ok(())
 }
 
 /// A sandbox create's memory and cpu as asked (the defaults when not: the
@@ -147,6 +163,18 @@ async fn demand(st: &ApiState, route: &Route, body: &Value) -> Result<Demand, Ap
         Scope::Object(Kind::Workspace, name) => {
             let size = st.engine.workspace(name).await?.meta.size_bytes;
             Demand { snapshot_bytes: size.max(1), ..Default::default() }
+        }
+        // A restore or fork makes workspaces of the size the restore gives
+        // each (the one asked, else the snapshotted workspace's).
+        Scope::Object(Kind::WorkspaceSnapshot, id) => {
+            let asked = body["size"].as_str().and_then(|s| ember_types::parse_memory_bytes(s).ok());
+            let each = ember_engine::restored_size(&st.engine.inspect_snapshot(id).await?, asked);
+            // A count out of range is the handler's 400: nothing reserved.
+            let count = match route.tail.first().map(String::as_str) {
+                Some("fork") => body["count"].as_u64().filter(|n| *n <= MAX_FORK_COUNT.into()).unwrap_or(0),
+                _ => 1,
+            };
+            Demand { workspace_bytes: each.saturating_mul(count), ..Default::default() }
         }
         _ => Demand::default(),
     })
@@ -220,6 +248,7 @@ fn needs_demand(route: &Route) -> bool {
         Scope::Object(Kind::Sandbox | Kind::Workspace, _) => {
             route.method == Method::POST && route.tail == ["snapshots"]
         }
+        Scope::Object(Kind::WorkspaceSnapshot, _) => route.creates == Some(Kind::Workspace),
         _ => false,
     }
 }
@@ -254,7 +283,7 @@ pub(super) async fn run(
     };
     let reservation = match demand == Demand::default() {
         true => None,
-        false => Some(st.tenants.admit(tenant, demand, || usage(st, tenant)).await.map_err(tenant_error)?),
+        false => Some(st.tenants.admit(tenant, demand, || counted(st, tenant)).await.map_err(tenant_error)?),
     };
     let resp = next.run(req).await;
     if resp.status().is_success() {

@@ -37,6 +37,7 @@ mod registry;
 pub mod share;
 mod takeover;
 mod tasks;
+mod tenant_use;
 pub mod tenants;
 mod workspaces;
 

@@ -1,8 +1,8 @@
 //! Tenants' quotas across the cluster (docs/tenancy.md, "Quotas across a
-//! cluster"): the running sandboxes, memory and cpu of a tenant wherever
-//! they run, in the bucket `<prefix>_tenant_usage`, one key per tenant, its
-//! value a [`TenantUse`]: the tenant's sandboxes and the holds of creates in
-//! flight, each naming its node.
+//! cluster"): in the bucket `<prefix>_tenant_usage`, one key per tenant, its
+//! value a [`TenantUse`]: the tenant's sandboxes wherever they run, the
+//! holds of creates in flight (a sandbox's, or another object's that a
+//! quota limits), each naming its node, and its creates-per-second bucket.
 //!
 //! Every write is a compare-and-set on the key's revision: an admission
 //! reads the value, counts it (skipping entries of nodes this node takes for
@@ -14,15 +14,25 @@
 //! its own entries true: sandboxes that ended by themselves (exit, TTL) go,
 //! holds of creates it no longer runs go (its restart), and its running
 //! sandboxes of a tenant the value lacks come back.
+//!
+//! The other objects (pools, workspaces, tasks, snapshots) are counted by
+//! the API wherever they are ([`Count`]), between the ledger's read and its
+//! write: of two creates racing through two nodes, the one whose write
+//! lands second read the value again and counts again, and sees the first
+//! one's hold or, once it is settled, its object (the settled hold counts on
+//! until the count has the object, [`SETTLED_FOR_MS`]).
+//!
+//! [`SETTLED_FOR_MS`]: super::tenant_use::SETTLED_FOR_MS
 use super::mirror::Mirror;
 use super::plane::ClusterPlane;
 use super::registry::{self, SandboxEntry};
+use super::tenant_use::{Share, TenantUse};
 use super::ClusterError;
 use async_nats::jetstream::{self, kv};
-use ember_engine::tenants::{check, Demand, Kind, SharedQuota, TenantError, Tenants};
+use ember_engine::record::now_ms;
+use ember_engine::tenants::{check, Count, Counted, Demand, Kind, SharedQuota, TenantError, Tenants};
 use ember_engine::ListFilter;
 use ember_types::tenant::{Quotas, Usage, DEFAULT_TENANT};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,66 +45,6 @@ const BUDGET: Duration = Duration::from_secs(10);
 const STEP: Duration = Duration::from_secs(2);
 /// How often a node's sweep brings its entries in line.
 const SWEEP: Duration = Duration::from_secs(1);
-
-/// One tenant's use across the cluster: the value of its key.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TenantUse {
-    /// Sandbox id → where it runs and what it holds.
-    #[serde(default)]
-    pub sandboxes: BTreeMap<String, Share>,
-    /// Hold id (`<node>-<boot ms>-<seq>`) → a create admitted, not settled.
-    #[serde(default)]
-    pub held: BTreeMap<String, Share>,
-}
-
-/// One sandbox's (or one create's) part of a tenant's use.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Share {
-    pub node: String,
-    pub memory_bytes: u64,
-    pub cpu_millis: u64,
-}
-
-impl TenantUse {
-    /// The use of the entries whose node `live` takes for live; holds too
-    /// when `with_held` (an admission counts them; `usage` shows sandboxes).
-    pub fn count(&self, live: &dyn Fn(&str) -> bool, with_held: bool) -> Usage {
-        let mut u = Usage::default();
-        let held = self.held.values().filter(|_| with_held);
-        for s in self.sandboxes.values().chain(held).filter(|s| live(&s.node)) {
-            u.running_sandboxes += 1;
-            u.memory_bytes += s.memory_bytes;
-            u.cpu_millis += s.cpu_millis;
-        }
-        u
-    }
-
-    /// Node `me`'s entries brought in line with what it runs: its sandboxes
-    /// not in `running` dropped, its holds not `pending` dropped, the
-    /// tenant's sandboxes `owned` here that lack an entry put. Whether
-    /// anything changed.
-    pub fn reconcile(
-        &mut self,
-        me: &str,
-        running: &BTreeSet<String>,
-        owned: &BTreeMap<String, Share>,
-        pending: &BTreeSet<String>,
-    ) -> bool {
-        let before = (self.sandboxes.len(), self.held.len());
-        self.sandboxes.retain(|id, s| s.node != me || running.contains(id));
-        self.held.retain(|id, s| s.node != me || pending.contains(id));
-        let mut changed = before != (self.sandboxes.len(), self.held.len());
-        for (id, s) in owned {
-            if !self.sandboxes.contains_key(id) {
-                self.sandboxes.insert(id.clone(), s.clone());
-                changed = true;
-            }
-        }
-        changed
-    }
-}
 
 /// The cluster's [`SharedQuota`]: this node's view of the bucket.
 pub struct Ledger {
@@ -256,7 +206,7 @@ impl Ledger {
                     (r.id.as_str().to_string(), self.share(r.spec.resources.memory_bytes, r.spec.resources.cpu_millis))
                 })
                 .collect();
-            if tenant != DEFAULT_TENANT && u.reconcile(self.me(), &running, &owned, &pending) {
+            if tenant != DEFAULT_TENANT && u.reconcile(self.me(), &running, &owned, &pending, now_ms()) {
                 if let Err(e) = self.write(&tenant, &u, rev).await {
                     tracing::debug!(%tenant, error = %e, "tenant quota sweep: the value changed, next pass");
                 }
@@ -266,51 +216,83 @@ impl Ledger {
     }
 
     fn share(&self, memory_bytes: u64, cpu_millis: u64) -> Share {
-        Share { node: self.me().to_string(), memory_bytes, cpu_millis }
+        Share { node: self.me().to_string(), memory_bytes, cpu_millis, sandboxes: 1, ..Default::default() }
+    }
+
+    /// One try of [`SharedQuota::admit`]: the value read, the objects
+    /// counted after it (when a quota limits them), the demand checked and
+    /// the hold written on the revision read. `Ok(Err(_))`: a failure to
+    /// read or write (a conflict among them), tried again.
+    async fn admit_once(
+        &self,
+        tenant: &str,
+        quotas: &Quotas,
+        demand: &Demand,
+        hold: (&str, &Share),
+        count: &dyn Count,
+    ) -> Result<Result<(), String>, TenantError> {
+        let (mut u, rev) = match self.read(tenant).await {
+            Ok(read) => read,
+            Err(e) => return Ok(Err(e)),
+        };
+        let counted = match demand.counts_objects(quotas) {
+            true => count.count().await?,
+            false => Counted::default(),
+        };
+        let now = now_ms();
+        let mut used = u.count(&|n| self.live(n), Some(&counted.objects), now);
+        let c = &counted.usage;
+        used.pool_size += c.pool_size;
+        used.workspace_bytes += c.workspace_bytes;
+        used.tasks += c.tasks;
+        used.snapshot_bytes += c.snapshot_bytes;
+        check(tenant, quotas, &used, &Demand { rate_limited: false, ..*demand })?;
+        if let Some(rate) = quotas.creates_per_second.filter(|_| demand.rate_limited) {
+            u.take_token(tenant, rate, now)?;
+        }
+        u.held.insert(hold.0.to_string(), hold.1.clone());
+        Ok(self.write(tenant, &u, rev).await)
     }
 }
 
 #[async_trait::async_trait]
 impl SharedQuota for Ledger {
-    async fn admit(&self, tenant: &str, quotas: &Quotas, demand: &Demand) -> Result<String, TenantError> {
+    async fn admit(
+        &self,
+        tenant: &str,
+        quotas: &Quotas,
+        demand: &Demand,
+        count: &dyn Count,
+    ) -> Result<String, TenantError> {
         let id = format!("{}-{}-{}", self.me(), self.boot, self.seq.fetch_add(1, Ordering::Relaxed));
-        let share = self.share(demand.memory_bytes, demand.cpu_millis);
+        let share = Share::of(self.me(), demand);
         // Pending before it is written: the sweep never drops a hold in flight.
         self.pending().insert(id.clone(), share.clone());
-        let asked = Demand {
-            sandboxes: 1,
-            memory_bytes: share.memory_bytes,
-            cpu_millis: share.cpu_millis,
-            ..Default::default()
+        let start = tokio::time::Instant::now();
+        let out = loop {
+            let failed = match self.admit_once(tenant, quotas, demand, (&id, &share), count).await {
+                Ok(Ok(())) => break Ok(()),
+                Ok(Err(e)) => e,
+                Err(refused) => break Err(refused),
+            };
+            if start.elapsed() > BUDGET {
+                break Err(busy(tenant, format!("no write took within {BUDGET:?}: {failed}")));
+            }
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=20))).await;
         };
-        let out = self
-            .change(tenant, |u| {
-                check(tenant, quotas, &u.count(&|n| self.live(n), true), &asked)?;
-                u.held.insert(id.clone(), share.clone());
-                Ok(true)
-            })
-            .await;
         if out.is_err() {
             self.pending().remove(&id);
         }
         out.map(|()| id)
     }
 
-    async fn settle(&self, tenant: &str, ticket: &str, sandbox: Option<&str>) -> Result<(), TenantError> {
+    async fn settle(&self, tenant: &str, ticket: &str, made: Option<(Kind, &str)>) -> Result<(), TenantError> {
         let mine = self.pending().get(ticket).cloned().unwrap_or_else(|| self.share(0, 0));
-        let placed = match sandbox {
-            Some(id) => Some((id, Share { node: self.node_of(id).await, ..mine })),
-            None => None,
+        let placed = match made {
+            Some((Kind::Sandbox, id)) => Some(Share { node: self.node_of(id).await, ..mine }),
+            _ => None,
         };
-        let out = self
-            .change(tenant, |u| {
-                let dropped = u.held.remove(ticket).is_some();
-                match &placed {
-                    Some((id, s)) => Ok(u.sandboxes.insert(id.to_string(), s.clone()).as_ref() != Some(s) || dropped),
-                    None => Ok(dropped),
-                }
-            })
-            .await;
+        let out = self.change(tenant, |u| Ok(u.settle(ticket, made, placed.as_ref(), now_ms()))).await;
         self.pending().remove(ticket);
         out
     }
@@ -324,52 +306,10 @@ impl SharedQuota for Ledger {
         let start = tokio::time::Instant::now();
         loop {
             match self.read(tenant).await {
-                Ok((u, _)) => return Ok(u.count(&|n| self.live(n), false)),
+                Ok((u, _)) => return Ok(u.count(&|n| self.live(n), None, now_ms())),
                 Err(e) if start.elapsed() > BUDGET => return Err(busy(tenant, e)),
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn share(node: &str) -> Share {
-        Share { node: node.into(), memory_bytes: 1 << 29, cpu_millis: 1000 }
-    }
-
-    #[test]
-    fn a_dead_nodes_entries_are_not_counted_and_holds_only_when_asked() {
-        let mut u = TenantUse::default();
-        u.sandboxes.insert("s1".into(), share("a"));
-        u.sandboxes.insert("s2".into(), share("b"));
-        u.held.insert("a-1-0".into(), share("a"));
-        let all = u.count(&|_| true, true);
-        assert_eq!((all.running_sandboxes, all.memory_bytes, all.cpu_millis), (3, 3 << 29, 3000));
-        assert_eq!(u.count(&|_| true, false).running_sandboxes, 2);
-        let b_dead = u.count(&|n| n != "b", true);
-        assert_eq!((b_dead.running_sandboxes, b_dead.cpu_millis), (2, 2000));
-    }
-
-    #[test]
-    fn a_sweep_touches_its_own_nodes_entries_alone() {
-        let mut u = TenantUse::default();
-        u.sandboxes.insert("ended".into(), share("a"));
-        u.sandboxes.insert("runs".into(), share("a"));
-        u.sandboxes.insert("elsewhere".into(), share("b"));
-        u.held.insert("a-1-0".into(), share("a"));
-        u.held.insert("a-1-1".into(), share("a"));
-        u.held.insert("b-1-0".into(), share("b"));
-        let running: BTreeSet<String> = ["runs".to_string(), "lost".to_string()].into();
-        let owned: BTreeMap<String, Share> = [("lost".to_string(), share("a"))].into();
-        let pending: BTreeSet<String> = ["a-1-1".to_string()].into();
-        assert!(u.reconcile("a", &running, &owned, &pending));
-        let ids: Vec<&str> = u.sandboxes.keys().map(String::as_str).collect();
-        assert_eq!(ids, ["elsewhere", "lost", "runs"]);
-        let held: Vec<&str> = u.held.keys().map(String::as_str).collect();
-        assert_eq!(held, ["a-1-1", "b-1-0"]);
-        assert!(!u.reconcile("a", &running, &owned, &pending), "a second pass changed something");
     }
 }

@@ -307,20 +307,8 @@ impl Snapshots {
         op: &str,
     ) -> Result<(), EngineError> {
         let summary = self.inspect_snapshot(id).await?;
-        // What a restore writes: holes are recreated as holes, so a 200 GiB
-        // sparse file in a 1 GiB workspace needs its data only.
-        let data = summary.stats.logical_bytes.saturating_sub(summary.stats.hole_bytes);
-        let size = match size {
-            // The caller's quota: refused up front if the data cannot fit (the
-            // restore checks it again, from the manifest's entries).
-            Some(size) => size,
-            None => summary
-                .labels
-                .get("sizeBytes")
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(1u64 << 30)
-                .max(data.saturating_add(16 << 20)),
-        };
+        let data = restored_data(&summary);
+        let size = restored_size(&summary, size);
         if data > size {
             return Err(ember_snapshot::SnapshotError::TooLarge { id: id.to_string(), bytes: data, limit: size }.into());
         }
@@ -409,4 +397,22 @@ fn move_up(mnt: &std::path::Path, tmp: &std::path::Path) -> Result<(), EngineErr
             .map_err(|err| internal(format!("moving {}: {err}", entry.path().display())))?;
     }
     std::fs::remove_dir(tmp).map_err(|err| internal(format!("{}: {err}", tmp.display())))
+}
+
+/// What a restore of `summary` writes: holes are recreated as holes, so a
+/// 200 GiB sparse file in a 1 GiB workspace needs its data only.
+fn restored_data(summary: &SnapshotSummary) -> u64 {
+    summary.stats.logical_bytes.saturating_sub(summary.stats.hole_bytes)
+}
+
+/// The size of each workspace a restore or fork of `summary` makes: the
+/// caller's (refused up front if the data cannot fit; the restore checks it
+/// again, from the manifest's entries), else the snapshotted workspace's
+/// (its `sizeBytes` label; 1 GiB without one), with room for the data.
+/// What a tenant's `workspaceBytes` quota is charged for each.
+pub fn restored_size(summary: &SnapshotSummary, asked: Option<u64>) -> u64 {
+    asked.unwrap_or_else(|| {
+        let labelled = summary.labels.get("sizeBytes").and_then(|s| s.parse().ok());
+        labelled.unwrap_or(1u64 << 30).max(restored_data(summary).saturating_add(16 << 20))
+    })
 }

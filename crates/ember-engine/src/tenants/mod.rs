@@ -16,7 +16,7 @@ mod shared;
 mod tokens;
 
 pub use audit::{Audit, MAX_QUERY as MAX_AUDIT_QUERY};
-pub use quota::{check, Demand, Reservation, SharedQuota};
+pub use quota::{check, Count, Counted, Demand, Reservation, SharedQuota};
 pub use shared::{Change, SharedTenants, Table, Write};
 pub use tokens::{Grant, DEFAULT_TTL_SECS, MAX_TOKENS, MAX_TTL_SECS, TOKEN_PREFIX};
 
@@ -42,6 +42,11 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The owner entry's key of object `id` of this kind.
+    pub fn key(self, id: &str) -> String {
+        format!("{}/{id}", self.tag())
+    }
+
     fn tag(self) -> &'static str {
         match self {
             Kind::Sandbox => "sandbox",
@@ -287,13 +292,13 @@ impl Tenants {
     /// The tenant owning `id` of `kind` ([`DEFAULT_TENANT`] without an entry).
     pub fn owner(&self, kind: Kind, id: &str) -> String {
         let st = self.lock();
-        st.owners.get(&format!("{}/{id}", kind.tag())).cloned().unwrap_or_else(|| DEFAULT_TENANT.to_string())
+        st.owners.get(&kind.key(id)).cloned().unwrap_or_else(|| DEFAULT_TENANT.to_string())
     }
 
     /// Records `tenant` as the owner of `id`; the default tenant's objects
     /// need no entry (and a name reused by the admin drops a stale one).
     pub async fn set_owner(&self, kind: Kind, id: &str, tenant: &str) -> Result<(), TenantError> {
-        let k = format!("{}/{id}", kind.tag());
+        let k = kind.key(id);
         // An entry this node's copy lacks may be in the cluster's table
         // (its watch not there yet): asked there, where the write checks.
         if tenant == DEFAULT_TENANT && !self.lock().owners.contains_key(&k) && self.shared_tables().is_none() {

@@ -4,33 +4,75 @@
 //! is recorded as the tenant's (then the usage count sees it) or the create
 //! fails (dropped).
 //!
-//! On a cluster the running-sandbox, memory and cpu quotas are the
-//! cluster's: a [`SharedQuota`] (`ember-cluster`'s ledger in the cluster's
-//! KV) admits a sandbox create's part of the demand too, after the node's own
-//! check and under the same lock, and holds it until the create settles.
+//! On a cluster a [`SharedQuota`] (`ember-cluster`'s ledger in the cluster's
+//! KV) admits the demand too, after the node's own check and under the same
+//! lock, and holds it until the create settles: every sandbox create (its
+//! running sandboxes, memory and cpu are the ledger's own count, and its
+//! creates per second the ledger's one bucket), and a create of any other
+//! object that a quota of the tenant limits (the ledger then counts the
+//! tenant's objects with [`Count`] between its read and its write, so the
+//! ledger's per-tenant compare-and-set orders racing creates on two nodes).
 use super::{Kind, TenantError, Tenants};
 use ember_types::tenant::{Quotas, Usage};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Quotas held across a cluster (docs/tenancy.md, "Quotas across a
-/// cluster"): the running sandboxes, memory and cpu of a tenant wherever
-/// they run. Set once at start ([`Tenants::share_quota`]).
+/// cluster"). Set once at start ([`Tenants::share_quota`]).
 #[async_trait::async_trait]
 pub trait SharedQuota: Send + Sync {
-    /// Checks `demand`'s sandboxes, memory and cpu against `quotas` and the
-    /// cluster's use, and holds it: the answer names the hold.
-    async fn admit(&self, tenant: &str, quotas: &Quotas, demand: &Demand) -> Result<String, TenantError>;
-    /// The create of hold `ticket` made `sandbox` (now counted in its place),
-    /// or failed (`None`: the hold is dropped).
-    async fn settle(&self, tenant: &str, ticket: &str, sandbox: Option<&str>) -> Result<(), TenantError>;
+    /// Checks `demand` against `quotas` and the cluster's use, and holds
+    /// it: the answer names the hold. The running sandboxes, memory, cpu and
+    /// creates per second are the ledger's; the other objects' use is
+    /// `count`ed after the ledger is read, when a quota limits what
+    /// `demand` asks ([`Demand::counts_objects`]).
+    async fn admit(
+        &self,
+        tenant: &str,
+        quotas: &Quotas,
+        demand: &Demand,
+        count: &dyn Count,
+    ) -> Result<String, TenantError>;
+    /// The create of hold `ticket` made `made` (a sandbox now counted in its
+    /// place; another object's hold counted until the count of objects has
+    /// it), or failed (`None`: the hold is dropped).
+    async fn settle(&self, tenant: &str, ticket: &str, made: Option<(Kind, &str)>) -> Result<(), TenantError>;
     /// `sandbox` is gone: its use is given back.
     async fn release(&self, tenant: &str, sandbox: &str) -> Result<(), TenantError>;
     /// The tenant's running sandboxes, memory and cpu across the cluster
     /// (the other fields zero).
     async fn usage(&self, tenant: &str) -> Result<Usage, TenantError>;
+}
+
+/// What a tenant's objects use as the API counts them, and which objects
+/// it counted (owner keys, [`Kind::key`]): a settled hold of the ledger
+/// whose object is among them is not counted twice.
+#[derive(Clone, Debug, Default)]
+pub struct Counted {
+    pub usage: Usage,
+    pub objects: HashSet<String>,
+}
+
+/// Counts a tenant's objects, anew at each call.
+#[async_trait::async_trait]
+pub trait Count: Send + Sync {
+    async fn count(&self) -> Result<Counted, TenantError>;
+}
+
+/// A [`Count`] made of the API's closure.
+struct ByFn<'a, F>(&'a F);
+
+#[async_trait::async_trait]
+impl<F, Fut> Count for ByFn<'_, F>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Counted, crate::EngineError>> + Send,
+{
+    async fn count(&self) -> Result<Counted, TenantError> {
+        Ok((self.0)().await?)
+    }
 }
 
 /// A hold in the [`SharedQuota`]: given back when dropped unsettled.
@@ -52,6 +94,33 @@ pub struct Demand {
     pub snapshot_bytes: u64,
     /// Counts against `creates_per_second`.
     pub rate_limited: bool,
+}
+
+impl Demand {
+    /// Whether it asks for a sandbox's part (the ledger always holds it).
+    pub fn is_sandbox(&self) -> bool {
+        self.sandboxes + self.memory_bytes + self.cpu_millis > 0
+    }
+
+    /// Counts it in `used` (a hold is use until it settles).
+    pub fn add_to(&self, used: &mut Usage) {
+        used.running_sandboxes += self.sandboxes;
+        used.memory_bytes += self.memory_bytes;
+        used.cpu_millis += self.cpu_millis;
+        used.pool_size += self.pool_size;
+        used.workspace_bytes += self.workspace_bytes;
+        used.tasks += self.tasks;
+        used.snapshot_bytes += self.snapshot_bytes;
+    }
+
+    /// Whether a quota in `q` limits what it asks of the objects the API
+    /// counts (pools, workspaces, tasks, snapshots).
+    pub fn counts_objects(&self, q: &Quotas) -> bool {
+        (self.pool_size > 0 && q.pool_size.is_some())
+            || (self.workspace_bytes > 0 && q.workspace_bytes.is_some())
+            || (self.tasks > 0 && q.tasks.is_some())
+            || (self.snapshot_bytes > 0 && q.snapshot_bytes.is_some())
+    }
 }
 
 #[derive(Default)]
@@ -136,8 +205,8 @@ impl Tenants {
     /// counts the tenant's objects; it runs under the admission lock.
     pub async fn admit<F, Fut>(&self, tenant: &str, demand: Demand, usage: F) -> Result<Reservation<'_>, TenantError>
     where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Usage, crate::EngineError>>,
+        F: Fn() -> Fut + Send + Sync,
+        Fut: Future<Output = Result<Counted, crate::EngineError>> + Send,
     {
         let q = self.quotas(tenant);
         let _serial = self.quota.serial.lock().await;
@@ -149,20 +218,14 @@ impl Tenants {
                 return Err(exceeded(tenant, "createsPerSecond", rate.into(), rate.into(), 1));
             }
         }
-        let mut used = usage().await?;
+        let mut used = usage().await?.usage;
         for (_, d) in self.quota.held.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|(t, _)| t == tenant) {
-            used.running_sandboxes += d.sandboxes;
-            used.memory_bytes += d.memory_bytes;
-            used.cpu_millis += d.cpu_millis;
-            used.pool_size += d.pool_size;
-            used.workspace_bytes += d.workspace_bytes;
-            used.tasks += d.tasks;
-            used.snapshot_bytes += d.snapshot_bytes;
+            d.add_to(&mut used);
         }
         check(tenant, &q, &used, &demand)?;
         let ticket = match self.shared() {
-            Some(shared) if demand.sandboxes + demand.memory_bytes + demand.cpu_millis > 0 => {
-                let id = shared.admit(tenant, &q, &demand).await?;
+            Some(shared) if demand.is_sandbox() || demand.counts_objects(&q) => {
+                let id = shared.admit(tenant, &q, &demand, &ByFn(&usage)).await?;
                 Some(Ticket { shared, tenant: tenant.to_string(), id })
             }
             _ => None,
@@ -180,6 +243,8 @@ impl Tenants {
     /// reservation is given back (in that order, under the admission lock).
     /// A cluster hold becomes the sandbox first: its owner entry, which the
     /// ledger's sweep counts from, follows the settled hold, never precedes it.
+    /// Another object's settled hold counts on until the count of objects
+    /// has the object (which needs the owner entry, so the order is free).
     pub async fn complete(
         &self,
         mut r: Reservation<'_>,
@@ -189,8 +254,7 @@ impl Tenants {
     ) -> Result<(), TenantError> {
         let _serial = self.quota.serial.lock().await;
         if let Some(t) = r.ticket.take() {
-            let sandbox = (kind == Kind::Sandbox).then_some(id);
-            if let Err(e) = t.shared.settle(&t.tenant, &t.id, sandbox).await {
+            if let Err(e) = t.shared.settle(&t.tenant, &t.id, Some((kind, id))).await {
                 // The sandbox exists: the answer stands; the sweep counts it.
                 tracing::warn!(tenant = %t.tenant, ticket = %t.id, error = %e, "settling a quota hold");
             }
@@ -205,7 +269,7 @@ impl Tenants {
         self.quota.shared.get().cloned()
     }
 
-    /// Makes the running-sandbox, memory and cpu quotas the cluster's.
+    /// Makes the quotas the cluster's (see the module's docs).
     pub fn share_quota(&self, shared: Arc<dyn SharedQuota>) {
         if self.quota.shared.set(shared).is_err() {
             tracing::warn!("the cluster's quota ledger was set twice; the first is kept");
