@@ -16,7 +16,20 @@ fn json<T: Serialize>(v: T) -> Response {
     Json(v).into_response()
 }
 
-pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Result<Response, ApiError> {
+/// Runs the call; its answer carries how the audit log records it
+/// ([`AuditAs`]): a read not at all, a change as `cluster.<op>`.
+pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) -> Response {
+    let audit = AuditAs(call.changes().then(|| format!("cluster.{}", call.op())));
+    let mut resp = run(&st, call).await.into_response();
+    resp.extensions_mut().insert(audit);
+    resp
+}
+
+/// How the audit log records a call: under this action, or (`None`) not.
+#[derive(Clone, Debug)]
+pub(crate) struct AuditAs(pub(crate) Option<String>);
+
+async fn run(st: &ApiState, call: NodeCall) -> Result<Response, ApiError> {
     // A create goes through the cluster's plane, which records where the
     // sandbox is before answering, and so does a workspace checkpoint (its
     // commit in the workspace registry); every other call runs on this node alone,
@@ -57,6 +70,6 @@ pub async fn call(State(st): State<ApiState>, ApiJson(call): ApiJson<NodeCall>) 
         NodeCall::RemoveWorkspace { name } => json(e.remove_workspace(&name).await?),
         NodeCall::CheckpointWorkspace { name } => json(st.engine.checkpoint_workspace(&name).await?),
         NodeCall::TaskLog { id, attempt, offset } => json(TaskLogWire::from(e.task_log(&id, attempt, offset).await?)),
-        NodeCall::Audit { tenant, since_ms } => json(crate::tenants::audit_here(&st, tenant, since_ms).await?),
+        NodeCall::Audit { tenant, since_ms } => json(crate::tenants::audit_here(st, tenant, since_ms).await?),
     })
 }

@@ -107,6 +107,13 @@ pub async fn guard(State(st): State<ApiState>, req: Request, next: Next) -> Resp
     let route = route::classify(req.method(), req.uri().path());
     let (req, mut record) = audit::start(&p, &route, req).await;
     let resp = admit(&st, &p, &route, req, next).await;
+    // A node-to-node call says how it is recorded (`cluster.rs`).
+    if let Some(crate::cluster::AuditAs(action)) = resp.extensions().get() {
+        match action {
+            Some(a) => record.iter_mut().for_each(|r| r.action.clone_from(a)),
+            None => record = None,
+        }
+    }
     if let Some(r) = record.as_mut() {
         audit::finish(&st, r, resp.status());
     }

@@ -116,6 +116,12 @@ fn tenants_and_keys_made_through_one_node_hold_on_every_node() {
             ids.sort_unstable();
             ids.dedup();
             assert_eq!((found, ids.len()), (2, 2), "both nodes' records, once each: {a}");
+            // The nodes' own calls to each other that read (the lists and
+            // audit queries merged above) are not the log's: each was a
+            // `cluster.post` record per node per query.
+            let cluster: Vec<&Value> =
+                a["items"].as_array().expect("items").iter().filter(|r| r["path"] == "/v1/cluster/call").collect();
+            assert!(cluster.is_empty(), "node-to-node reads in the audit log: {cluster:?}");
         }
 
         // A restarted node reads the tenants before it serves.

@@ -131,6 +131,87 @@ pub enum NodeCall {
 }
 
 impl NodeCall {
+    /// The call's name on the wire (its `op`); the audit log's action is
+    /// `cluster.<op>`.
+    pub fn op(&self) -> &'static str {
+        use NodeCall as C;
+        match self {
+            C::Create { .. } => "create",
+            C::Get { .. } => "get",
+            C::List { .. } => "list",
+            C::Remove { .. } => "remove",
+            C::Pause { .. } => "pause",
+            C::Resume { .. } => "resume",
+            C::Checkpoint { .. } => "checkpoint",
+            C::Renew { .. } => "renew",
+            C::PatchMetadata { .. } => "patchMetadata",
+            C::Boundary { .. } => "boundary",
+            C::Stats { .. } => "stats",
+            C::AgentLog { .. } => "agentLog",
+            C::EgressPolicy { .. } => "egressPolicy",
+            C::PatchEgress { .. } => "patchEgress",
+            C::DeleteEgress { .. } => "deleteEgress",
+            C::EgressEnforced { .. } => "egressEnforced",
+            C::NetworkEvents { .. } => "networkEvents",
+            C::NetworkStatus { .. } => "networkStatus",
+            C::SetNetworkPolicy { .. } => "setNetworkPolicy",
+            C::SnapshotSandbox { .. } => "snapshotSandbox",
+            C::SandboxSnapshot { .. } => "sandboxSnapshot",
+            C::DeleteSandboxSnapshot { .. } => "deleteSandboxSnapshot",
+            C::ListSandboxSnapshots { .. } => "listSandboxSnapshots",
+            C::CreateWorkspace { .. } => "createWorkspace",
+            C::Workspace { .. } => "workspace",
+            C::ListWorkspaces => "listWorkspaces",
+            C::RemoveWorkspace { .. } => "removeWorkspace",
+            C::CheckpointWorkspace { .. } => "checkpointWorkspace",
+            C::Liveness => "liveness",
+            C::TaskLog { .. } => "taskLog",
+            C::Audit { .. } => "audit",
+        }
+    }
+
+    /// Whether it changes anything on the receiving node. A read (a list
+    /// merged across the nodes, a liveness probe, the audit log's own
+    /// query) is not written to the audit log: the node the client called
+    /// logged the client's call, and a dashboard's polling of a cluster's
+    /// list logged one record per other node each time.
+    pub fn changes(&self) -> bool {
+        use NodeCall as C;
+        match self {
+            C::Get { .. }
+            | C::List { .. }
+            | C::Boundary { .. }
+            | C::Stats { .. }
+            | C::AgentLog { .. }
+            | C::EgressPolicy { .. }
+            | C::EgressEnforced { .. }
+            | C::NetworkEvents { .. }
+            | C::NetworkStatus { .. }
+            | C::SandboxSnapshot { .. }
+            | C::ListSandboxSnapshots { .. }
+            | C::Workspace { .. }
+            | C::ListWorkspaces
+            | C::Liveness
+            | C::TaskLog { .. }
+            | C::Audit { .. } => false,
+            C::Create { .. }
+            | C::Remove { .. }
+            | C::Pause { .. }
+            | C::Resume { .. }
+            | C::Checkpoint { .. }
+            | C::Renew { .. }
+            | C::PatchMetadata { .. }
+            | C::PatchEgress { .. }
+            | C::DeleteEgress { .. }
+            | C::SetNetworkPolicy { .. }
+            | C::SnapshotSandbox { .. }
+            | C::DeleteSandboxSnapshot { .. }
+            | C::CreateWorkspace { .. }
+            | C::RemoveWorkspace { .. }
+            | C::CheckpointWorkspace { .. } => true,
+        }
+    }
+
     pub fn list(f: &ListFilter) -> NodeCall {
         NodeCall::List { states: f.states.clone(), metadata: f.metadata.clone() }
     }
@@ -170,5 +251,27 @@ impl TaskLogWire {
         use base64::Engine as _;
         let data = base64::engine::general_purpose::STANDARD.decode(self.data).ok()?;
         Some((data, self.ended, self.attempt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_op_is_the_wire_tag_and_reads_change_nothing() {
+        let calls = [
+            (NodeCall::List { states: vec![], metadata: vec![] }, false),
+            (NodeCall::Liveness, false),
+            (NodeCall::Audit { tenant: None, since_ms: 0 }, false),
+            (NodeCall::Remove { id: "x".into() }, true),
+            (NodeCall::PatchMetadata { id: "x".into(), patch: BTreeMap::new() }, true),
+            (NodeCall::CreateWorkspace { name: "w".into(), size_bytes: 1 }, true),
+        ];
+        for (call, changes) in calls {
+            let wire = serde_json::to_value(&call).expect("json");
+            assert_eq!(wire["op"], call.op(), "{wire}");
+            assert_eq!(call.changes(), changes, "{}", call.op());
+        }
     }
 }
