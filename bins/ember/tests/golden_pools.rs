@@ -310,3 +310,34 @@ async fn an_idle_members_copies_go_when_it_dies_or_after_a_restart() {
     d.client.delete_pool("golden").await.expect("remove the pool");
     assert_eq!(workspace_names(&d).await, ["data"], "a re-adopted member's copy stayed");
 }
+
+/// A golden pool removed while its members are being made leaves no
+/// workspace copy behind once the removal has answered: a refill under way
+/// finishes with its member removed before the answer. Before, the member
+/// (hidden, as idle members are) and its copy went after it: `ember bench
+/// claim --from-snapshot` once left `data-<id>` behind in CI's run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_pool_removed_while_it_refills_leaves_no_copy() {
+    let d = Daemon::start();
+    d.client.create_workspace("data", "16Mi").await.expect("workspace");
+    let mounts = vec![WorkspaceMountSpec { name: "data".into(), ..Default::default() }];
+    let src = d.create(|r| r.workspaces = mounts).await;
+    let sid = d.client.snapshot_sandbox(&src.id, None).await.expect("snapshot").id;
+    d.client.delete_sandbox(&src.id).await.expect("delete the source");
+    for round in 0..3 {
+        let req = CreatePoolRequest {
+            name: Some(format!("busy{round}")),
+            from_snapshot: Some(sid.clone()),
+            min: 4,
+            max: 4,
+            target: Some(4.into()),
+            ..Default::default()
+        };
+        d.client.create_pool(&req).await.expect("a golden pool");
+        // Its refills start at once; a few ms in, some are under way.
+        tokio::time::sleep(Duration::from_millis(30 * round)).await;
+        d.client.delete_pool(&format!("busy{round}")).await.expect("remove the pool");
+        assert_eq!(workspace_names(&d).await, ["data"], "round {round}: a copy outlived the pool's removal");
+    }
+    d.client.delete_sandbox_snapshot(&sid).await.expect("no pool starts from it now");
+}

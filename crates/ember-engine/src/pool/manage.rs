@@ -7,6 +7,11 @@ use crate::{CreateSandbox, EngineError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// How long a pool's removal waits for its refills under way (each one
+/// sandbox's create: milliseconds, seconds under load). Past it the removal
+/// answers; a late member is still removed when its refill ends.
+const REFILLS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A request to create a pool. Resources default to the template's.
 #[derive(Clone, Debug, Default)]
 pub struct CreatePool {
@@ -219,8 +224,16 @@ impl Pools {
         while let Some(id) = pool.pop_idle() {
             let _ = self.sandboxes.remove_any(id.as_str()).await;
         }
-        // After its idle members: a refill under way fails once the snapshot
-        // is gone, and its member is removed (the pool is marked removed).
+        // A refill under way ends by removing its member (the pool is marked
+        // removed), a golden one's workspace copies with it: waited for, so
+        // nothing of the pool outlives the answer (a hidden member and its
+        // copy once did, `golden_pools.rs`).
+        let deadline = tokio::time::Instant::now() + REFILLS_WAIT;
+        while pool.starting.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // After its members: a refill still under way fails once the
+        // snapshot is gone, and its member is removed.
         let spec = pool.spec();
         if let Some(sid) = &spec.from_snapshot {
             self.snapshots.unpin(sid, name);
