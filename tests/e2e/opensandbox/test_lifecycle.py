@@ -186,6 +186,14 @@ def test_egress_policy_is_enforced_and_reported_honestly(ember):
 
 def test_host_volume_under_the_allow_list(ember):
     async def go():
+        if ember.api_key:
+            # Under a tenant key: the host paths are every tenant's, so a host
+            # volume is the admin's (docs/tenancy.md, "Host volumes are the admin's").
+            vol = Volume(name="data", host=Host(path=str(ember.host_dir)), mount_path="/mnt/data")
+            with pytest.raises(SandboxException) as e:
+                await Sandbox.create("host", connection_config=ember.config(), volumes=[vol])
+            assert "host volume needs the admin key" in str(e.value)
+            return
         (ember.host_dir / "in.txt").write_text("from the host\n")
         vol = Volume(name="data", host=Host(path=str(ember.host_dir)), mount_path="/mnt/data", read_only=False)
         async with sandbox(ember, volumes=[vol]) as sb:

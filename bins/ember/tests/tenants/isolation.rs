@@ -135,3 +135,25 @@ async fn tenant_b_gets_nothing_of_tenant_a_on_any_documented_operation() {
     let (_, state) = call(&d, &a, "GET", &format!("/v1/sandboxes/{sandbox}"), None).await;
     assert_eq!(state["status"]["state"], "Running", "B's calls changed A's sandbox: {state}");
 }
+
+/// A host volume is the admin's: the directories `--allow-host-path` opens
+/// are the same for every tenant, so a tenant key's create with one is a 403
+/// (before, any tenant could mount another's data kept there); the admin's
+/// create with the same volume runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_key_cannot_mount_a_host_volume() {
+    let shared = tempfile::tempdir().expect("a host dir");
+    let allowed = shared.path().to_str().expect("a UTF-8 temp path").to_string();
+    let d = Daemon::start_with(&["--api-key", ADMIN, "--allow-host-path", allowed.as_str()]);
+    let key = tenant(&d, "hv", json!({})).await;
+    let volume = json!({"volumes": [{"name": "data", "host": {"path": allowed}, "mountPath": "/mnt/data"}]});
+    let (s, b) = create_sandbox(&d, &key, volume.clone()).await;
+    assert_eq!((s, b["code"].as_str()), (403, Some("TENANT::FORBIDDEN")), "{b}");
+    assert!(b["message"].as_str().unwrap_or("").contains("\"data\""), "{b}");
+    let (s, b) = call(&d, &key, "GET", "/v1/sandboxes", None).await;
+    assert_eq!((s, b["items"].as_array().map(Vec::len)), (200, Some(0)), "nothing made: {b}");
+    let (s, b) = create_sandbox(&d, ADMIN, volume).await;
+    assert_eq!(s, 202, "the admin mounts an allowed host dir: {b}");
+    let id = b["id"].as_str().expect("id");
+    assert_eq!(call(&d, ADMIN, "DELETE", &format!("/v1/sandboxes/{id}"), None).await.0, 204);
+}

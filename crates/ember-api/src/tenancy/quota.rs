@@ -217,6 +217,22 @@ async fn exists(st: &ApiState, kind: Kind, name: &str) -> bool {
     }
 }
 
+/// A tenant key may not mount a host volume: the directories
+/// `--allow-host-path` opens are the host's, the same for every tenant, so
+/// one tenant's sandbox could read and write what another's keeps there.
+fn check_host_volumes(route: &Route, body: &Value) -> Result<(), ApiError> {
+    let volumes = body["volumes"].as_array().into_iter().flatten();
+    let host = volumes.filter(|v| !v["host"].is_null()).filter_map(|v| v["name"].as_str()).next();
+    match (route.scope == Scope::Create(Kind::Sandbox), host) {
+        (true, Some(name)) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "TENANT::FORBIDDEN",
+            format!("volume {name:?}: a host volume needs the admin key (the host paths are every tenant's)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Another tenant's object named in a create's body is a 404, as its own
 /// route would be. Returns the workspaces that do not exist yet: the create
 /// makes them (a `pvc` volume's), and they become the tenant's.
@@ -276,6 +292,7 @@ pub(super) async fn run(
             .await
             .map_err(|e| ApiError::bad_request(format!("request body unreadable or over {MAX_BODY} bytes: {e}")))?;
         let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        check_host_volumes(route, &v)?;
         let new = check_references(st, tenant, route, &v).await?;
         (Request::from_parts(parts, Body::from(bytes)), demand(st, route, &v).await?, new)
     } else {
