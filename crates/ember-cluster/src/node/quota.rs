@@ -242,10 +242,14 @@ impl Ledger {
         let now = now_ms();
         let mut used = u.count(&|n| self.live(n), Some(&counted.objects), now);
         let c = &counted.usage;
-        used.pool_size += c.pool_size;
-        used.workspace_bytes += c.workspace_bytes;
-        used.tasks += c.tasks;
-        used.snapshot_bytes += c.snapshot_bytes;
+        let objects = Demand {
+            pool_size: c.pool_size,
+            workspace_bytes: c.workspace_bytes,
+            tasks: c.tasks,
+            snapshot_bytes: c.snapshot_bytes,
+            ..Default::default()
+        };
+        objects.add_to(&mut used);
         check(tenant, quotas, &used, &Demand { rate_limited: false, ..*demand })?;
         if let Some(rate) = quotas.creates_per_second.filter(|_| demand.rate_limited) {
             u.take_token(tenant, rate, now)?;

@@ -102,15 +102,17 @@ impl Demand {
         self.sandboxes + self.memory_bytes + self.cpu_millis > 0
     }
 
-    /// Counts it in `used` (a hold is use until it settles).
+    /// Counts it in `used` (a hold is use until it settles). Saturating: a
+    /// demand is the request's numbers, checked by its handler only later.
     pub fn add_to(&self, used: &mut Usage) {
-        used.running_sandboxes += self.sandboxes;
-        used.memory_bytes += self.memory_bytes;
-        used.cpu_millis += self.cpu_millis;
-        used.pool_size += self.pool_size;
-        used.workspace_bytes += self.workspace_bytes;
-        used.tasks += self.tasks;
-        used.snapshot_bytes += self.snapshot_bytes;
+        let add = |u: &mut u64, d: u64| *u = u.saturating_add(d);
+        add(&mut used.running_sandboxes, self.sandboxes);
+        add(&mut used.memory_bytes, self.memory_bytes);
+        add(&mut used.cpu_millis, self.cpu_millis);
+        add(&mut used.pool_size, self.pool_size);
+        add(&mut used.workspace_bytes, self.workspace_bytes);
+        add(&mut used.tasks, self.tasks);
+        add(&mut used.snapshot_bytes, self.snapshot_bytes);
     }
 
     /// Whether a quota in `q` limits what it asks of the objects the API
@@ -302,6 +304,15 @@ mod tests {
         assert!(!b.take(2, t0 + Duration::from_millis(500)));
         let later = t0 + Duration::from_secs(60);
         assert!(b.take(2, later) && b.take(2, later) && !b.take(2, later), "a minute's idle banked more than the rate");
+    }
+
+    #[test]
+    fn holds_add_up_without_overflow() {
+        let huge = Demand { workspace_bytes: u64::MAX - 1, ..Default::default() };
+        let mut used = Usage { workspace_bytes: 5, ..Default::default() };
+        huge.add_to(&mut used);
+        huge.add_to(&mut used);
+        assert_eq!(used.workspace_bytes, u64::MAX);
     }
 
     #[test]
