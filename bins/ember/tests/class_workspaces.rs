@@ -110,6 +110,12 @@ async fn workspaces_in(class: &str) {
     let a = create(&d, class, vec![rw("data"), ro("ref", "/ref")]).await;
     println!("{class}: cold create with two workspaces: {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     assert_eq!(a.launch.as_ref().map(|l| l.kind.as_str()), Some("cold"));
+    // Where a slow create spent its time: up to the launch, the launch's
+    // steps, then the workspaces' mounts, all inside the total.
+    let l = a.launch.as_ref().expect("launch info");
+    let keys: Vec<&str> = l.phases.keys().map(|k| k.as_str()).collect();
+    assert_eq!(keys, ["agentReady", "cgroup", "spawn", "start", "workspaces"], "{class}: launch phases");
+    assert!(l.phases["start"] + l.phases["workspaces"] <= l.micros, "{class}: phases outside the total: {l:?}");
     assert_eq!(d.client.get_workspace("data").await.expect("data").lease.map(|l| l.holder), Some(a.id.clone()));
     write_read_refuse(&d, class, &a, "cold").await;
     remove(&d, class, &a).await;

@@ -244,6 +244,7 @@ impl Workspaces {
         class: &str,
         r: &WorkspaceRequest,
     ) -> Result<MountedWorkspace, EngineError> {
+        let t0 = std::time::Instant::now();
         let epoch = if r.read_only {
             None
         } else {
@@ -262,14 +263,19 @@ impl Workspaces {
             layered,
             pool_copy: false,
         };
+        let leased = t0.elapsed();
         let res = self.workspace_source(&r.name, id, class, layered).and_then(|src| {
+            tracing::debug!(workspace = %r.name, sandbox = %id, ?leased, source = ?t0.elapsed() - leased, "attaching");
             self.runtimes
                 .for_class(class)
                 .inject_mount(id, pid, &src, &r.path, r.read_only)
                 .map_err(|source| EngineError::Runtime { id: id.clone(), source })
         });
         match res {
-            Ok(()) => Ok(mounted),
+            Ok(()) => {
+                tracing::debug!(workspace = %r.name, sandbox = %id, took = ?t0.elapsed(), "attached");
+                Ok(mounted)
+            }
             Err(e) => {
                 self.release_leases(id.as_str(), std::slice::from_ref(&mounted));
                 Err(e)

@@ -198,6 +198,10 @@ struct Steps {
     restore: Duration,
     /// The sandbox created under its id.
     create: Duration,
+    /// Of which the launch, from the create's start to its agent's answer
+    /// (with its workspaces mounted), and its phases (µs): where a slow
+    /// create spent its time.
+    launch: Option<ember_engine::LaunchRecord>,
     /// The sandbox registry and the rebind entry pointed here.
     registry: Duration,
 }
@@ -206,7 +210,12 @@ impl std::fmt::Display for Steps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |d: Duration| d.as_millis();
         let (t, r, c, g) = (ms(self.take), ms(self.restore), ms(self.create), ms(self.registry));
-        write!(f, "take {t} ms, restore {r} ms, create {c} ms, registry {g} ms")
+        write!(f, "take {t} ms, restore {r} ms, create {c} ms")?;
+        if let Some(l) = &self.launch {
+            let phases: Vec<String> = l.phases.iter().map(|(k, v)| format!("{k} {} ms", v / 1000)).collect();
+            write!(f, " (launch {} ms: {})", l.micros / 1000, phases.join(", "))?;
+        }
+        write!(f, ", registry {g} ms")
     }
 }
 
@@ -481,6 +490,7 @@ impl ClusterPlane {
         let t = Instant::now();
         let rec = self.local().create(req.clone()).await;
         steps.create = t.elapsed();
+        steps.launch = rec.as_ref().ok().and_then(|r| r.launch.clone());
         rec
     }
 

@@ -165,6 +165,8 @@ impl Monitor {
             Edit::Workspaces { mounted, launch_micros } => {
                 next.workspaces = mounted;
                 if let (Some(l), Some(m)) = (next.launch.as_mut(), launch_micros) {
+                    // The launch ended at `l.micros`: what follows is the mount.
+                    l.phases.insert("workspaces".to_string(), m.saturating_sub(l.micros));
                     l.micros = m;
                 }
             }

@@ -105,6 +105,9 @@ impl Sandboxes {
         // processes would keep the value: they are not the launch's own).
         let background = rec.pool.is_some() && rt.class() == "native";
         let launched = tokio::task::spawn_blocking(move || {
+            // From the create's start to here: its checks, the network slot,
+            // the record ahead and a blocking thread (a loaded host's queue).
+            let start_us = t0.elapsed().as_micros() as u64;
             let launch = || {
                 if let Some(l) = &layer {
                     seed_layer(rt.as_ref(), &lid, &lspec, store.as_ref(), l)?;
@@ -116,14 +119,15 @@ impl Sandboxes {
                 }
                 .map_err(|source| EngineError::Runtime { id: lid.clone(), source })
             };
-            match background {
+            let launched = match background {
                 true => ember_runtime::in_background(launch),
                 false => launch(),
-            }
+            };
+            launched.map(|l| (l, start_us))
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let launched = match launched {
+        let (launched, start_us) = match launched {
             Ok(l) => l,
             Err(e) => {
                 self.discard_launch(&rec, None).await;
@@ -136,6 +140,7 @@ impl Sandboxes {
             ("cgroup".to_string(), t.cgroup_us),
             ("spawn".to_string(), t.spawn_us),
             ("agentReady".to_string(), t.ready_us),
+            ("start".to_string(), start_us),
         ]);
         rec.pid = Some(launched.pid);
         rec.start_time = Some(launched.start_time);
