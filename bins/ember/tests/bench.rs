@@ -105,3 +105,32 @@ async fn bench_claim_from_snapshot_and_bench_autopause_measure_and_clean_up() {
         assert_eq!((&v[row]["samples"], &v[row]["failed"]), (&Value::from(1), &Value::from(0)), "{row}: {v}");
     }
 }
+
+/// `ember bench mounts` puts each figure beside its reference (mount(8); the
+/// host namespace's `mkfs.ext4`), every one measured, and leaves no mount
+/// and no work dir behind.
+#[test]
+fn bench_mounts_measures_both_sides_and_leaves_nothing() {
+    let dir = std::env::temp_dir().join(format!("ember-bench-mounts-test-{}", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["bench", "mounts", "--runs", "3", "--tables", "0,50", "--work-dir"])
+        .arg(&dir)
+        .output()
+        .expect("ember runs");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "ember bench mounts failed: {out}{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
+    assert_eq!(rows.len(), 2, "one row per table size: {out}");
+    for r in rows {
+        // host mounts, load, then four p50/p90/p99 cells, all measured.
+        let cells: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(cells.len(), 6, "{r}");
+        for c in &cells[2..] {
+            let figures: Vec<f64> = c.split('/').map(|x| x.parse().unwrap_or_else(|_| panic!("{c} in {r}"))).collect();
+            assert!(figures.len() == 3 && figures.iter().all(|x| *x > 0.0), "{c} in {r}");
+        }
+    }
+    assert!(!dir.exists(), "the work dir is left: {}", dir.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&*dir.to_string_lossy()), "mounts left under {}", dir.display());
+}

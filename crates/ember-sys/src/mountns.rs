@@ -41,6 +41,16 @@ impl LaunchNs {
         self.fd.as_fd()
     }
 
+    /// Runs `f` on a short-lived thread inside this namespace: what it
+    /// starts (a `Command`) starts in it too, and reads this small table,
+    /// not the host's.
+    pub fn run<T: Send>(&self, what: &'static str, f: impl FnOnce() -> T + Send) -> Result<T, SysError> {
+        on_thread(what, || {
+            enter(self.fd.as_fd())?;
+            Ok(f())
+        })
+    }
+
     /// The mount points of this namespace, as `/proc/thread-self/mountinfo`
     /// shows them from inside.
     pub fn mount_points(&self) -> Result<Vec<PathBuf>, SysError> {

@@ -3,8 +3,10 @@
 //! with syscalls (`ember_sys::loopdev`), beside mount(8) and umount(8) doing
 //! the same in the same run, alternated, at several sizes of the host's mount
 //! table (filled with small tmpfs mounts: libmount reads the whole table on
-//! every call). Root only.
-use crate::volume::{mount_image, run};
+//! every call). And a 1 GiB workspace's `mkfs.ext4` as the store runs it (in
+//! its small namespace, journal not zeroed) beside the way it ran before
+//! (the host's namespace, journal zeroed), alternated too. Root only.
+use crate::volume::{make_image, mount_image, quiet_namespace, run};
 use crate::{io, WorkspaceError};
 use ember_sys::loopdev;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,10 @@ pub struct MountRow {
     pub table: usize,
     pub ours: Result<Vec<f64>, WorkspaceError>,
     pub mount8: Result<Vec<f64>, WorkspaceError>,
+    /// `mkfs.ext4` of a 1 GiB image as the store runs it.
+    pub mkfs: Result<Vec<f64>, WorkspaceError>,
+    /// The same in the host's namespace, with the journal zeroed (before).
+    pub mkfs_host: Result<Vec<f64>, WorkspaceError>,
 }
 
 struct Paths {
@@ -45,6 +51,8 @@ pub fn mounts(dir: &Path, runs: usize, tables: &[usize], mut row: impl FnMut(Mou
 
 fn measure(dir: &Path, runs: usize, tables: &[usize], row: &mut impl FnMut(MountRow)) -> Result<(), WorkspaceError> {
     let p = prepare(dir)?;
+    // Made before the fill, as a store makes it when it opens.
+    let quiet = quiet_namespace(dir);
     let mut filled = 0;
     for &extra in tables {
         while filled < extra {
@@ -54,14 +62,39 @@ fn measure(dir: &Path, runs: usize, tables: &[usize], row: &mut impl FnMut(Mount
             filled += 1;
         }
         let (mut ours, mut theirs) = (Ok(Vec::new()), Ok(Vec::new()));
+        let (mut mkfs, mut mkfs_host) = (Ok(Vec::new()), Ok(Vec::new()));
         for _ in 0..runs {
             time(&mut ours, || syscalls(&p));
             time(&mut theirs, || mount8(&p));
+            time(&mut mkfs, || made(&dir.join("mk"), |d| make_image(d, MKFS_SIZE, (0, 0), quiet.as_ref())));
+            time(&mut mkfs_host, || made(&dir.join("mk"), mkfs_before));
         }
         let table = std::fs::read_to_string("/proc/self/mountinfo").map_or(0, |m| m.lines().count());
-        row(MountRow { table, ours, mount8: theirs });
+        row(MountRow { table, ours, mount8: theirs, mkfs, mkfs_host });
     }
     Ok(())
+}
+
+/// The image size `mkfs.ext4` is timed on (the default workspace's).
+const MKFS_SIZE: u64 = 1 << 30;
+
+/// Runs `f` on a fresh dir `d`, then removes it.
+fn made(d: &Path, f: impl FnOnce(&Path) -> Result<(), WorkspaceError>) -> Result<(), WorkspaceError> {
+    let _ = std::fs::remove_dir_all(d);
+    let res = f(d);
+    let _ = std::fs::remove_dir_all(d);
+    res
+}
+
+/// `make_image` as it was: `mkfs.ext4` in the host's namespace, the journal
+/// zeroed.
+fn mkfs_before(d: &Path) -> Result<(), WorkspaceError> {
+    std::fs::create_dir_all(d).map_err(io("mkdir", d))?;
+    let img = d.join("disk.img");
+    let f = std::fs::File::create_new(&img).map_err(io("create", &img))?;
+    f.set_len(MKFS_SIZE).map_err(io("truncate", &img))?;
+    drop(f);
+    run("mkfs.ext4", &["-q", "-F", "-m", "0", "-E", "root_owner=0:0", &img.to_string_lossy()], &img)
 }
 
 /// Times `f` into `acc`, which keeps the first error instead once one came.

@@ -134,7 +134,7 @@ impl WorkspaceStore {
     fn build_spare(&self, size: u64) -> Result<(), WorkspaceError> {
         let n = self.next_seq();
         let tmp = self.root().join(format!("{BUILDING}{n}"));
-        let built = make_image(&tmp, size, self.owner).and_then(|()| {
+        let built = make_image(&tmp, size, self.owner, self.quiet()).and_then(|()| {
             let (img, fs, mnt) = (tmp.join("disk.img"), tmp.join("fs"), tmp.join("mnt"));
             mount_image(&img, &fs)?;
             let data = migrate(&fs, self.owner)?;
