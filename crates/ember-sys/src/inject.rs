@@ -1,8 +1,7 @@
 //! Mounting a host directory into a running sandbox without restarting it:
 //! `open_tree(OPEN_TREE_CLONE)` takes a detached copy of the host mount, and a
-//! short-lived forked child enters the sandbox's mount namespace and attaches it
-//! with `move_mount`. (`setns` into a mount namespace is refused to a
-//! multi-threaded process, hence the child.)
+//! short-lived thread enters the sandbox's mount namespace and attaches it
+//! with `move_mount`.
 use crate::SysError;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -56,7 +55,7 @@ pub fn inject_mount(
         prefixes.push(cstr(&acc, target)?);
     }
     let tgt = cstr(target, target)?;
-    attach_in_child(ns.as_raw_fd(), tree.as_raw_fd(), &prefixes, &tgt, root_ids)
+    attach_on_thread(ns.as_raw_fd(), tree.as_raw_fd(), &prefixes, &tgt, root_ids)
         .map_err(|e| SysError::new("attach mount", format!("{target} in pid {pid}"), e))
 }
 
@@ -106,54 +105,64 @@ pub(crate) fn detached_copy(source: &Path, readonly: bool, idmap: Option<Borrowe
     Ok(tree)
 }
 
-/// Forks; the child joins the mount namespace, creates the target and moves the
-/// detached tree there. Its exit status is 0 or the errno of the failed step.
-fn attach_in_child(ns: i32, tree: i32, prefixes: &[CString], target: &CString, ids: (u32, u32)) -> std::io::Result<()> {
-    // SAFETY: the child only makes raw syscalls on data prepared above (no
-    // allocation, no locks) and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: see above; every pointer refers to memory this copy owns.
-        unsafe {
-            let errno = || *libc::__errno_location();
-            if libc::setns(ns, libc::CLONE_NEWNS) != 0 {
-                libc::_exit(errno().max(1));
+/// Joins the mount namespace, creates the target and moves the detached
+/// tree there, on a short-lived thread of its own: setns into a mount
+/// namespace changes only the calling thread once it has its own root and
+/// cwd (`CLONE_FS`), and this thread ends with the work. A forked child did
+/// this before: a fork of the daemon copies its page tables and holds its
+/// `mmap_lock` meanwhile, stalling every runtime thread that page-faults,
+/// then makes each page it writes fault once more (copy on write). In the
+/// 300-session drill's rebinds, one such fork per workspace mounted put
+/// `copy_page_range` and `do_wp_page` at the top of the daemon's profile
+/// (docs/performance.md, "A workspace mount forked the daemon").
+fn attach_on_thread(
+    ns: i32,
+    tree: i32,
+    prefixes: &[CString],
+    target: &CString,
+    ids: (u32, u32),
+) -> std::io::Result<()> {
+    std::thread::scope(|s| {
+        let t = s.spawn(|| attach_here(ns, tree, prefixes, target, ids));
+        t.join().unwrap_or_else(|_| Err(std::io::Error::other("the mount thread panicked")))
+    })
+}
+
+/// [`attach_on_thread`]'s thread.
+fn attach_here(ns: i32, tree: i32, prefixes: &[CString], target: &CString, ids: (u32, u32)) -> std::io::Result<()> {
+    let last = std::io::Error::last_os_error;
+    // SAFETY: unshare, setns and the fsuid calls change only this thread,
+    // which ends after this function; the paths are NUL-terminated strings
+    // owned by the caller.
+    unsafe {
+        if libc::unshare(libc::CLONE_FS) != 0 || libc::setns(ns, libc::CLONE_NEWNS) != 0 {
+            return Err(last());
+        }
+        // Raw syscalls: glibc's wrappers would change every thread's.
+        libc::syscall(libc::SYS_setfsgid, ids.1);
+        libc::syscall(libc::SYS_setfsuid, ids.0);
+        let made = prefixes.iter().try_for_each(|p| {
+            let r = libc::mkdir(p.as_ptr(), 0o755);
+            let e = last();
+            if r != 0 && e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(e);
             }
-            // Raw syscalls: glibc's wrappers would broadcast to threads this
-            // forked copy does not have.
-            libc::syscall(libc::SYS_setfsgid, ids.1);
-            libc::syscall(libc::SYS_setfsuid, ids.0);
-            for p in prefixes {
-                if libc::mkdir(p.as_ptr(), 0o755) != 0 && errno() != libc::EEXIST {
-                    libc::_exit(errno().max(1));
-                }
-            }
-            libc::syscall(libc::SYS_setfsuid, 0);
-            libc::syscall(libc::SYS_setfsgid, 0);
-            let r = libc::syscall(
-                libc::SYS_move_mount,
-                tree,
-                c"".as_ptr(),
-                libc::AT_FDCWD,
-                target.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH,
-            );
-            libc::_exit(if r == 0 { 0 } else { errno().max(1) });
+            Ok(())
+        });
+        libc::syscall(libc::SYS_setfsuid, 0);
+        libc::syscall(libc::SYS_setfsgid, 0);
+        made?;
+        let r = libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        );
+        if r != 0 {
+            return Err(last());
         }
     }
-    let mut status = 0;
-    // SAFETY: waits for the child we just forked; status is a live int.
-    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else if libc::WIFEXITED(status) {
-        Err(std::io::Error::from_raw_os_error(libc::WEXITSTATUS(status)))
-    } else {
-        Err(std::io::Error::other("mount helper was killed"))
-    }
+    Ok(())
 }
