@@ -41,6 +41,16 @@ impl LaunchNs {
         self.fd.as_fd()
     }
 
+    /// One for work under `dir` (the daemon's data dir, a store's root):
+    /// `/`, `/proc`, `/dev`, `/usr`, the `also` dirs and `dir`'s own mount
+    /// kept, nothing mounted below `dir`.
+    pub fn for_dir(dir: &Path, also: &[&str]) -> Result<LaunchNs, SysError> {
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let mut keep: Vec<PathBuf> = ["/proc", "/dev", "/usr"].iter().chain(also).map(PathBuf::from).collect();
+        keep.push(dir.clone());
+        LaunchNs::new(&keep, &[dir])
+    }
+
     /// Runs `f` on a short-lived thread inside this namespace: what it
     /// starts (a `Command`) starts in it too, and reads this small table,
     /// not the host's.

@@ -300,16 +300,9 @@ pub(crate) fn make_image(
 /// short table whatever the host holds. None (and `mkfs.ext4` runs in the
 /// host's) without the privilege to make one.
 pub(crate) fn quiet_namespace(root: &Path) -> Option<ember_sys::mountns::LaunchNs> {
-    let root = std::fs::canonicalize(root).ok()?;
-    let mut keep = ["/proc", "/dev", "/usr"].map(PathBuf::from).to_vec();
-    keep.push(root.clone());
-    match ember_sys::mountns::LaunchNs::new(&keep, &[root]) {
-        Ok(ns) => Some(ns),
-        Err(e) => {
-            tracing::debug!(error = %e, "mkfs.ext4 runs in the host's mount namespace");
-            None
-        }
-    }
+    ember_sys::mountns::LaunchNs::for_dir(root, &[])
+        .map_err(|e| tracing::debug!(error = %e, "mkfs.ext4 runs in the host's mount namespace"))
+        .ok()
 }
 
 /// Removes a volume's dir that no workspace record names (a create's temp

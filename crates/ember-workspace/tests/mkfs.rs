@@ -5,25 +5,12 @@
 //! the file is sparse and new. Real images and mounts (the tests run as
 //! root). The test runs itself again with a `mkfs.ext4` of its own first on
 //! PATH (the environment is the process's).
+mod common;
+
+use common::Scratch;
 use ember_workspace::WorkspaceStore;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines().filter_map(|l| l.split_whitespace().nth(4).map(PathBuf::from)).filter(|m| m.starts_with(dir)).collect()
-}
-
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        for m in mounts_under(&self.0).iter().rev() {
-            let _ = std::process::Command::new("umount").arg("-l").arg(m).status();
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use std::path::PathBuf;
 
 /// The real `mkfs.ext4`, found on PATH before the test puts its own first.
 fn real_mkfs() -> PathBuf {
@@ -36,7 +23,7 @@ const INNER: &str = "EMBER_TEST_MKFS_INNER";
 #[test]
 fn mkfs_reads_a_short_mount_table_and_writes_no_journal_of_zeros() {
     let Some(base) = std::env::var_os(INNER) else {
-        let base = Dir(std::env::temp_dir().join(format!("ember-ws-mkfs-{}", std::process::id())));
+        let base = Scratch(std::env::temp_dir().join(format!("ember-ws-mkfs-{}", std::process::id())));
         let bin = base.0.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
         // Records the mount table it was started with, then is the real one.

@@ -3,34 +3,19 @@
 //! workspace's own path; a create of another size makes its image and has the
 //! refill keep that size too; clearing the spares unmounts and removes every
 //! one of them and nothing else.
+mod common;
+
+use common::{mounts_under, Scratch};
 use ember_workspace::WorkspaceStore;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 
 const SMALL: u64 = 32 << 20;
 const OTHER: u64 = 48 << 20;
 
-/// Mount points at or below `dir`.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines().filter_map(|l| l.split_whitespace().nth(4).map(PathBuf::from)).filter(|m| m.starts_with(dir)).collect()
-}
-
-struct Root(PathBuf);
-
-impl Drop for Root {
-    fn drop(&mut self) {
-        for m in mounts_under(&self.0).iter().rev() {
-            let _ = std::process::Command::new("umount").arg("-l").arg(m).status();
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn a_create_takes_a_spare_of_its_size_and_the_refill_keeps_the_sizes_asked() {
-    let root = Root(std::env::temp_dir().join(format!("ember-ws-spares-{}", std::process::id())));
+    let root = Scratch(std::env::temp_dir().join(format!("ember-ws-spares-{}", std::process::id())));
     let store = WorkspaceStore::open(root.0.clone(), (1000, 1000)).unwrap();
     assert_eq!(store.refill_spares(2, SMALL).unwrap(), 2);
     assert_eq!(store.spares_ready(), BTreeMap::from([(SMALL, 2)]));
@@ -79,7 +64,7 @@ fn a_create_takes_a_spare_of_its_size_and_the_refill_keeps_the_sizes_asked() {
 /// clear removes it without walking into (and emptying) the mounted filesystem.
 #[test]
 fn clearing_removes_an_unfinished_build_with_its_mounts() {
-    let root = Root(std::env::temp_dir().join(format!("ember-ws-spares-crash-{}", std::process::id())));
+    let root = Scratch(std::env::temp_dir().join(format!("ember-ws-spares-crash-{}", std::process::id())));
     let store = WorkspaceStore::open(root.0.clone(), (0, 0)).unwrap();
     store.refill_spares(1, SMALL).unwrap();
     let ready = std::fs::read_dir(&root.0).unwrap().flatten().map(|e| e.path()).next().unwrap();

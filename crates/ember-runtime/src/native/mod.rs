@@ -237,10 +237,7 @@ impl NativeRuntime {
 /// Without one (a kernel or host that refuses it) launches copy the host's
 /// table, as before.
 fn launch_ns(data_dir: &Path) -> Option<ember_sys::mountns::LaunchNs> {
-    let data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let mut keep = ["/proc", "/dev", "/sys", "/usr"].map(PathBuf::from).to_vec();
-    keep.push(data.clone());
-    match ember_sys::mountns::LaunchNs::new(&keep, &[data]) {
+    match ember_sys::mountns::LaunchNs::for_dir(data_dir, &["/sys"]) {
         Ok(ns) => Some(ns),
         Err(e) => {
             tracing::warn!(error = %e, "no launch mount namespace: launches copy the host's mount table");
