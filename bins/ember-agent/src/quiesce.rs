@@ -23,6 +23,8 @@ use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard};
 pub const QUIESCED: &str = "quiesced";
 /// Written by the daemon when the agent may listen again.
 pub const RESUME: &str = "resume";
+/// Where [`QUIESCED`] is written before it is renamed into place.
+const QUIESCED_ASIDE: &str = ".quiesced";
 
 /// Streaming responses and attached PTYs open right now.
 static OPEN_STREAMS: AtomicUsize = AtomicUsize::new(0);
@@ -109,7 +111,13 @@ pub async fn hold(socket: &Path) -> std::io::Result<()> {
     quiescing().send_replace(true);
     let _closed = gate().write().await;
     let _ = std::fs::remove_file(socket);
-    std::fs::write(dir.join(QUIESCED), b"1\n")?;
+    // Written aside, closed, then renamed: the daemon checkpoints as soon as
+    // it sees the name (and removes it), and a current gVisor cannot restore
+    // an fd still open on a host file removed meanwhile: the restored agent's
+    // pending write failed with ENOENT and it exited.
+    let aside = dir.join(QUIESCED_ASIDE);
+    std::fs::write(&aside, b"1\n")?;
+    std::fs::rename(&aside, dir.join(QUIESCED))?;
     let resume = dir.join(RESUME);
     // Blocking on purpose: the agent's runtime is single-threaded, so this
     // parks all of it in `nanosleep` rather than in `epoll_wait` while gVisor

@@ -393,6 +393,11 @@ impl Drop for Daemon {
                     let _ = Command::new("umount").arg("-l").arg(m).output();
                 }
             }
+            // A current runsc pins its gofers' empty network namespace at
+            // `<root>/null-netns` for the root's life (racing creates can stack
+            // binds there); `ember uninstall` unmounts it the same way.
+            let netns = base.join("state/null-netns");
+            while Command::new("umount").arg("-l").arg(&netns).output().is_ok_and(|o| o.status.success()) {}
             if let Ok(cg) = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &format!("{}-{class}", self.group)) {
                 for name in cg.list().unwrap_or_default() {
                     let _ = cg.destroy(&name);

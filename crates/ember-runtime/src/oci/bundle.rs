@@ -250,7 +250,7 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
         .namespaces(namespaces)
         .resources(resources)
         .cgroups_path(b.cgroups_path.clone())
-        .seccomp(seccomp(b.errno_ret).map_err(&e)?)
+        .seccomp(seccomp(b.errno_ret, b.workspace_slot.is_some()).map_err(&e)?)
         .masked_paths(
             ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/acpi", "/proc/scsi"]
                 .map(String::from)
@@ -282,34 +282,50 @@ pub fn build(b: &BundleInputs<'_>) -> Result<Spec, BundleError> {
 /// ember's deny-list as an OCI seccomp profile: allow by default, EPERM for the
 /// listed syscalls and for `clone` with CLONE_NEWUSER, ENOSYS for `clone3` (so
 /// libc falls back to `clone`, where the flags can be inspected).
-fn seccomp(errno_ret: bool) -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> {
-    let eperm = LinuxSyscallBuilder::default()
-        .names(DENIED.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .action(LinuxSeccompAction::ScmpActErrno)
-        .errno_ret(1u32)
-        .build()?;
-    let clone3 = LinuxSyscallBuilder::default()
-        .names(vec!["clone3".to_string()])
-        .action(LinuxSeccompAction::ScmpActErrno)
-        .errno_ret(38u32)
-        .build()?;
+///
+/// With a workspace slot (gVisor), `mount` is refused unless its flags are
+/// exactly `MS_BIND`: a workspace is attached by a one-shot `runsc exec` of
+/// `mount-workspace` (slot.rs), and gVisor since 2023 applies the bundle's
+/// filter to exec'd processes too. The filter runs inside the Sentry, whose
+/// own kernel still refuses the bind to a process without CAP_SYS_ADMIN, and
+/// only that one-shot process holds it (no_new_privs, no user namespaces).
+fn seccomp(errno_ret: bool, bind_inside: bool) -> Result<oci_spec::runtime::LinuxSeccomp, oci_spec::OciSpecError> {
+    let names = DENIED.iter().filter(|n| !(bind_inside && **n == "mount")).map(|s| s.to_string());
     const CLONE_NEWUSER: u64 = 0x1000_0000;
-    let clone_userns = LinuxSyscallBuilder::default()
-        .names(vec!["clone".to_string()])
-        .action(LinuxSeccompAction::ScmpActErrno)
-        .errno_ret(1u32)
-        .args(vec![LinuxSeccompArgBuilder::default()
-            .index(0usize)
-            .value(CLONE_NEWUSER)
-            .value_two(CLONE_NEWUSER)
-            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-            .build()?])
+    const MS_BIND: u64 = 0x1000;
+    let clone_userns = LinuxSeccompArgBuilder::default()
+        .index(0usize)
+        .value(CLONE_NEWUSER)
+        .value_two(CLONE_NEWUSER)
+        .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
         .build()?;
+    let not_a_bare_bind =
+        LinuxSeccompArgBuilder::default().index(3usize).value(MS_BIND).op(LinuxSeccompOperator::ScmpCmpNe).build()?;
+    let mut rules = vec![errno(names.collect(), 1, vec![])?, errno(vec!["clone".into()], 1, vec![clone_userns])?];
+    if errno_ret {
+        rules.push(errno(vec!["clone3".into()], 38, vec![])?);
+    }
+    if bind_inside {
+        rules.push(errno(vec!["mount".into()], 1, vec![not_a_bare_bind])?);
+    }
     LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActAllow)
         .architectures(vec![oci_spec::runtime::Arch::ScmpArchX86_64])
-        .syscalls(if errno_ret { vec![eperm, clone3, clone_userns] } else { vec![eperm, clone_userns] })
+        .syscalls(rules)
         .build()
+}
+
+/// A rule failing `names` with `errno` (when every condition of `args` holds).
+fn errno(
+    names: Vec<String>,
+    errno: u32,
+    args: Vec<oci_spec::runtime::LinuxSeccompArg>,
+) -> Result<oci_spec::runtime::LinuxSyscall, oci_spec::OciSpecError> {
+    let mut b = LinuxSyscallBuilder::default().names(names).action(LinuxSeccompAction::ScmpActErrno).errno_ret(errno);
+    if !args.is_empty() {
+        b = b.args(args);
+    }
+    b.build()
 }
 
 #[cfg(test)]
@@ -351,6 +367,18 @@ mod tests {
         assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN"));
         let denied = &v["linux"]["seccomp"]["syscalls"][0]["names"];
         assert!(denied.as_array().unwrap().iter().any(|n| n == "keyctl"));
+        assert!(denied.as_array().unwrap().iter().any(|n| n == "mount"), "no slot: every mount refused");
+        // With a workspace slot (gVisor) a bare bind gets through, nothing else.
+        let slot = Path::new("/data/sbx/ws");
+        let gv = serde_json::to_value(build(&BundleInputs { workspace_slot: Some(slot), ..inputs.clone() }).unwrap())
+            .unwrap();
+        let rules = gv["linux"]["seccomp"]["syscalls"].as_array().unwrap();
+        assert!(!rules[0]["names"].as_array().unwrap().iter().any(|n| n == "mount"));
+        let mount = rules.iter().find(|r| r["names"][0] == "mount").expect("a rule for mount");
+        assert_eq!(mount["args"][0]["index"], 3);
+        assert_eq!(mount["args"][0]["value"], 0x1000, "MS_BIND");
+        assert_eq!(mount["args"][0]["op"], "SCMP_CMP_NE");
+        assert_eq!(mount["action"], "SCMP_ACT_ERRNO");
         let usr_bound =
             |v: &serde_json::Value| v["mounts"].as_array().unwrap().iter().any(|m| m["destination"] == "/usr");
         assert!(usr_bound(&v), "the host template borrows the host's /usr");

@@ -30,11 +30,17 @@ impl OciClass {
     /// Flags before every verb. gVisor here works only on the ptrace platform
     /// and without its own network stack; `--host-uds=create` lets the agent
     /// create its listening socket in the bound host dir; `--oci-seccomp`
-    /// applies the bundle's filter inside the Sentry too.
+    /// applies the bundle's filter inside the Sentry too; `--overlay2=none`
+    /// makes the gofer write through to the host overlay ember assembles (its
+    /// upper dir is the sandbox's writable layer, snapshotted and under the
+    /// disk quota), where gVisor since 2023 keeps root's writes in an overlay
+    /// of its own by default (`root:self`), out of ember's sight.
     pub(super) fn global_args(self) -> Vec<String> {
         match self {
             OciClass::Runsc => {
-                ["--platform=ptrace", "--network=none", "--host-uds=create", "--oci-seccomp"].map(String::from).to_vec()
+                ["--platform=ptrace", "--network=none", "--host-uds=create", "--oci-seccomp", "--overlay2=none"]
+                    .map(String::from)
+                    .to_vec()
             }
             _ => Vec::new(),
         }
