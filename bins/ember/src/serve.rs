@@ -14,8 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
+pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
     crate::logging::init(&args.observe)?;
+    // Paths reach OCI bundles, whose runtimes resolve a relative one against
+    // the bundle's dir: made absolute against the daemon's own.
+    args.data_dir = std::path::absolute(&args.data_dir).context("--data-dir")?;
 
     // Flags that refuse the start outright are checked before the data dir is touched.
     let addr: SocketAddr =
@@ -44,7 +47,7 @@ pub async fn run(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32
     crate::datadir::check_traversable(&args.data_dir, args.uid_base.saturating_add(ember_runtime::idrange::RANGE))?;
     ember_runtime::become_subreaper().context("becoming the subreaper of the OCI runtimes' processes")?;
     let agent = match args.agent.clone() {
-        Some(p) => p,
+        Some(p) => std::fs::canonicalize(&p).with_context(|| format!("--agent {}", p.display()))?,
         None => default_agent()?,
     };
 

@@ -115,6 +115,21 @@ async fn conformance_runsc() {
     conformance("runsc").await;
 }
 
+/// `ember serve --agent target/... --data-dir data` from a checkout: both
+/// paths reach OCI bundles, whose runtimes resolve a relative source against
+/// the bundle's own dir (runsc's gofer failed to find the agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_given_relative_paths_runs_every_class() {
+    let d = Daemon::start_relative();
+    for class in ["native", "crun", "runc", "runsc"] {
+        let s = create(&d, class, "256Mi").await;
+        let (code, out, err) = d.sh(&s.id, "echo $CONFORMANCE", None).await;
+        assert_eq!((code, out.as_str()), (Some(0), format!("class-{class}\n").as_str()), "{class}: {err}");
+        d.client.delete_sandbox(&s.id).await.expect("remove");
+        assert_eq!(d.leftovers(class, &s.id), Vec::<String>::new(), "{class}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_class_is_a_400_with_a_reason() {
     let d = Daemon::start();

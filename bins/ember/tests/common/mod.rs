@@ -54,6 +54,8 @@ pub struct Daemon {
     /// Where the daemon's stderr goes, and at which level (`start_logging`:
     /// debug, `start_logged`: info), instead of the test's stderr at `warn`.
     log: Option<(PathBuf, &'static str)>,
+    /// Started in `/` with relative paths (`start_relative`).
+    relative: bool,
 }
 
 impl Daemon {
@@ -76,6 +78,15 @@ impl Daemon {
         d
     }
 
+    /// A daemon started in `/` and given its data dir and agent as relative
+    /// paths.
+    pub fn start_relative() -> Daemon {
+        let mut d = Self::unstarted(&[]);
+        d.relative = true;
+        d.spawn();
+        d
+    }
+
     fn unstarted(extra: &[&str]) -> Daemon {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("ember-test-{}-{n}", std::process::id());
@@ -89,6 +100,7 @@ impl Daemon {
             client: Client::new("http://127.0.0.1:1", None).expect("placeholder client"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log: None,
+            relative: false,
         };
         // Egress networking changes the host (a table, namespaces, an address
         // on lo): only tests that ask for it, with a range and tag of their own.
@@ -108,7 +120,7 @@ impl Daemon {
 
     /// (Re)starts `ember serve` on the same data dir and cgroup parent.
     pub fn spawn(&mut self) {
-        let mut cmd = serve_command(&self.data_dir, &self.group, &self.extra);
+        let mut cmd = serve_command_from(&self.data_dir, &self.group, &self.extra, self.relative);
         cmd.stderr(Stdio::inherit());
         if let Some((log, level)) = &self.log {
             let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("daemon log file");
@@ -325,12 +337,27 @@ impl Daemon {
 
 /// `ember serve` on port 0 with this data dir, cgroup parent and extra flags.
 fn serve_command(data_dir: &Path, group: &str, extra: &[String]) -> Command {
+    serve_command_from(data_dir, group, extra, false)
+}
+
+/// `relative`: started in `/`, given its data dir and agent as paths
+/// relative to it, as a user in a checkout would (`--agent target/...`).
+fn serve_command_from(data_dir: &Path, group: &str, extra: &[String], relative: bool) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
+    let agent = agent_bin();
+    let (data_dir, agent) = match relative {
+        true => {
+            cmd.current_dir("/");
+            let rel = |p: &Path| p.strip_prefix("/").expect("an absolute path").to_path_buf();
+            (rel(data_dir), rel(&agent))
+        }
+        false => (data_dir.to_path_buf(), agent),
+    };
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--retention", "1h", "--cgroup-parent", group])
         .arg("--data-dir")
         .arg(data_dir)
         .arg("--agent")
-        .arg(agent_bin())
+        .arg(agent)
         .args(extra)
         // EMBER_TEST_DAEMON_LOG: the daemons' filter when a test is debugged.
         .env("EMBER_LOG", std::env::var("EMBER_TEST_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
