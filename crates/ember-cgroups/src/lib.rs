@@ -56,11 +56,31 @@ pub enum CgroupError {
     FreezeTimeout { name: String, waited_ms: u64 },
 }
 
+/// Writes a freeze or thaw through `set` and, for a freeze, waits until the
+/// kernel reports the group frozen. A freeze that does not complete is
+/// undone: a group left freezing (v1 `FREEZING`) stops each of its tasks as
+/// it leaves the wait that held the freeze up, so the sandbox would hang
+/// half-frozen under a record that says it runs, and its removal with it.
+pub(crate) fn freeze_with(
+    cg: &dyn Cgroups,
+    name: &str,
+    frozen: bool,
+    set: impl Fn(bool) -> Result<(), CgroupError>,
+) -> Result<(), CgroupError> {
+    set(frozen)?;
+    if !frozen {
+        return Ok(());
+    }
+    wait_frozen(cg, name).inspect_err(|_| {
+        let _ = set(false);
+    })
+}
+
 /// Polls until the kernel reports every task of `name` frozen: after the write
 /// it freezes them asynchronously (v1 passes through FREEZING, v2 shows
 /// `frozen 0` in cgroup.events until the last task stopped). Bounded: a task
 /// stuck in the kernel (uninterruptible IO) can hold a freeze off for good.
-pub(crate) fn wait_frozen(cg: &dyn Cgroups, name: &str) -> Result<(), CgroupError> {
+fn wait_frozen(cg: &dyn Cgroups, name: &str) -> Result<(), CgroupError> {
     const STEP: std::time::Duration = std::time::Duration::from_micros(200);
     const TRIES: u32 = 25_000;
     for _ in 0..TRIES {

@@ -116,11 +116,7 @@ impl Cgroups for V1 {
 
     fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
         let p = self.dir(FREEZER, name).join("freezer.state");
-        write(&p, if frozen { "FROZEN" } else { "THAWED" })?;
-        if frozen {
-            crate::wait_frozen(self, name)?;
-        }
-        Ok(())
+        crate::freeze_with(self, name, frozen, |f| write(&p, if f { "FROZEN" } else { "THAWED" }))
     }
 
     fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {

@@ -62,11 +62,8 @@ impl Cgroups for V2 {
     }
 
     fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
-        write(&self.dir(name).join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
-        if frozen {
-            crate::wait_frozen(self, name)?;
-        }
-        Ok(())
+        let p = self.dir(name).join("cgroup.freeze");
+        crate::freeze_with(self, name, frozen, |f| write(&p, if f { "1" } else { "0" }))
     }
 
     fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {

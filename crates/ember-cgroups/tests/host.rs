@@ -94,3 +94,97 @@ fn cpu_weight_follows_the_cpu_limit() {
     }
     cg.remove_group().expect("remove group");
 }
+
+/// A task of the group in uninterruptible sleep: `dd … conv=fsync` into an
+/// ext4 image loop-mounted from a second ext4 image whose filesystem is
+/// frozen (`fsfreeze`), so the fsync waits on IO no freeze can interrupt.
+struct StuckWriter {
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl StuckWriter {
+    fn start(cg: &dyn ember_cgroups::Cgroups, name: &str) -> StuckWriter {
+        let dir = std::env::temp_dir().join(format!("ember-cgstuck-{}", std::process::id()));
+        let (outer, inner) = (dir.join("outer"), dir.join("inner"));
+        let sh = |script: &str| {
+            let out = Command::new("sh").args(["-ec", script]).output().expect("sh");
+            assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        std::fs::create_dir_all(&inner).expect("dirs");
+        std::fs::create_dir_all(&outer).expect("dirs");
+        let d = dir.display();
+        sh(&format!(
+            "truncate -s 64M {d}/outer.img; mkfs.ext4 -q {d}/outer.img; mount -o loop {d}/outer.img {d}/outer; \
+             truncate -s 16M {d}/outer/inner.img; mkfs.ext4 -q {d}/outer/inner.img; \
+             mount -o loop {d}/outer/inner.img {d}/inner; sync; fsfreeze --freeze {d}/outer"
+        ));
+        // Waits for a line on stdin, so it is in the group before it writes.
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                &format!("read go; exec dd if=/dev/zero of={d}/inner/f bs=64k count=4 conv=fsync status=none"),
+            ])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("writer");
+        cg.attach(name, child.id() as i32).expect("attach");
+        use std::io::Write;
+        writeln!(child.stdin.as_mut().expect("stdin")).expect("go");
+        let status = format!("/proc/{}/status", child.id());
+        let stuck = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            std::fs::read_to_string(&status).is_ok_and(|s| s.contains("State:\tD"))
+        });
+        assert!(stuck, "the writer never blocked in uninterruptible sleep");
+        StuckWriter { dir, child }
+    }
+
+    /// Lets the IO through; the writer exits unless something stops it.
+    fn release(&self) {
+        let _ = Command::new("fsfreeze")
+            .arg("--unfreeze")
+            .arg(self.dir.join("outer"))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    /// Whether the writer exits within 10 s of the release.
+    fn exits(&mut self) -> bool {
+        self.release();
+        (0..400).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            self.child.try_wait().expect("try_wait").is_some()
+        })
+    }
+}
+
+impl Drop for StuckWriter {
+    fn drop(&mut self) {
+        self.release();
+        for m in ["inner", "outer"] {
+            let _ = Command::new("umount").arg("-l").arg(self.dir.join(m)).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A freeze that cannot complete fails after its bound and is undone: the
+/// group is not left freezing, where each task would stop as it leaves the
+/// wait that held the freeze up (a sandbox hung under a Running record, and
+/// its removal behind it).
+#[test]
+fn a_freeze_that_cannot_complete_is_undone() {
+    let group = format!("ember-cgstuck-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    cg.create("s1", &Limits { memory_bytes: 256 << 20, cpu_millis: 1000, pids: 16 }).expect("create");
+    let mut writer = StuckWriter::start(cg.as_ref(), "s1");
+    let err = cg.freeze("s1", true).expect_err("a task in uninterruptible sleep holds the freeze off");
+    assert!(matches!(err, ember_cgroups::CgroupError::FreezeTimeout { .. }), "{err}");
+    assert!(!cg.is_frozen("s1").expect("state"));
+    let exited = writer.exits();
+    let _ = cg.freeze("s1", false);
+    cg.destroy("s1").expect("destroy");
+    cg.remove_group().expect("remove group");
+    assert!(exited, "the writer stopped after its IO went through: the group was left freezing");
+}
