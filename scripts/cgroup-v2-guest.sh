@@ -30,6 +30,7 @@ tests=(
   "ember-cgroups/host create_attach_freeze_destroy_on_the_real_hierarchy"
   "ember-cgroups/host freeze_returns_once_every_process_is_frozen"
   "ember-cgroups/host cpu_weight_follows_the_cpu_limit"
+  "ember-cgroups/host a_freeze_that_cannot_complete_is_undone"
   "ember/isolation oom_kill_is_reported_and_the_neighbour_keeps_running"
   "ember/isolation fork_bomb_is_capped_by_the_pids_limit"
   "ember/isolation a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname"
@@ -59,8 +60,9 @@ tests=(
 # The OCI runtimes (Debian's crun, runc and runsc), at the host's paths.
 runtimes=(crun runc runsc)
 # Host tools the workspace code runs, over busybox's applets of the same name
-# (busybox has no mkfs.ext4, and its df has no --output).
-host_tools=(mkfs.ext4 df mount umount)
+# (busybox has no mkfs.ext4, and its df has no --output; fsfreeze and truncate
+# for ember-cgroups' freeze that cannot complete).
+host_tools=(mkfs.ext4 df mount umount fsfreeze truncate)
 if [[ -n ${EMBER_GUEST_TESTS:-} ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E -- "$EMBER_GUEST_TESTS")
   ((${#tests[@]})) || { echo "cgroup-v2-guest: no test matches $EMBER_GUEST_TESTS" >&2; exit 1; }
