@@ -315,13 +315,13 @@ fn seccomp(errno_ret: bool, bind_inside: bool) -> Result<oci_spec::runtime::Linu
         .build()
 }
 
-/// A rule failing `names` with `errno` (when every condition of `args` holds).
+/// A rule failing `names` with errno `code` (when every condition of `args` holds).
 fn errno(
     names: Vec<String>,
-    errno: u32,
+    code: u32,
     args: Vec<oci_spec::runtime::LinuxSeccompArg>,
 ) -> Result<oci_spec::runtime::LinuxSyscall, oci_spec::OciSpecError> {
-    let mut b = LinuxSyscallBuilder::default().names(names).action(LinuxSeccompAction::ScmpActErrno).errno_ret(errno);
+    let mut b = LinuxSyscallBuilder::default().names(names).action(LinuxSeccompAction::ScmpActErrno).errno_ret(code);
     if !args.is_empty() {
         b = b.args(args);
     }
