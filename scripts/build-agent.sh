@@ -29,11 +29,11 @@ target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 bin="$target_dir/$profile/ember-agent"
 
 # Static means no program interpreter (PT_INTERP) and no shared libraries.
-if readelf -lW "$bin" | grep -q 'INTERP'; then
+if readelf -lW "$bin" | grep 'INTERP' >/dev/null; then
   echo "error: $bin has a PT_INTERP: it is dynamically linked" >&2
   exit 1
 fi
-if readelf -dW "$bin" 2>/dev/null | grep -q 'NEEDED'; then
+if readelf -dW "$bin" 2>/dev/null | grep 'NEEDED' >/dev/null; then
   echo "error: $bin needs shared libraries" >&2
   exit 1
 fi
