@@ -174,6 +174,16 @@ impl Fence {
         }
     }
 
+    /// Forgets the done marks the watch has caught up with: `seen` is the
+    /// bucket as the watch has it (id → revision), and a mark whose entry is
+    /// gone (the sandbox removed) or at its revision or later (rebound
+    /// elsewhere since, or read back) has nothing left to tell a lagging
+    /// read from. Without this every rebind a node ran left its mark for the
+    /// node's lifetime.
+    fn forget_done_seen(&self, seen: &HashMap<&str, u64>) {
+        lock(&self.done).retain(|id, at| seen.get(id.as_str()).is_some_and(|rev| rev < at));
+    }
+
     /// Workspace `name` is being restored here by a rebind.
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
@@ -275,6 +285,7 @@ impl ClusterPlane {
             Ok(e) => e,
             Err(e) => return tracing::warn!(error = %e, "rebind registry: read"),
         };
+        self.fence.forget_done_seen(&entries.iter().map(|(id, _, rev)| (id.as_str(), *rev)).collect());
         let Ok(list) = self.local().list(&ListFilter::default()).await else { return };
         let here: HashSet<String> = list.iter().map(|r| r.id.to_string()).collect();
         // Nodes silent in the registry holding sandboxes to rebind: asked
@@ -590,5 +601,22 @@ mod tests {
         // This node's and done, yet not here: removed. No entry: gone.
         assert_eq!(recreating("a", Some(&entry("a", false))), None);
         assert_eq!(recreating("a", None), None);
+    }
+
+    #[test]
+    fn a_done_mark_lasts_until_the_watch_catches_up_or_the_entry_goes() {
+        let fence = Fence::new(1);
+        for (id, rev) in [("lagging", 10), ("caught-up", 10), ("rebound-elsewhere", 10), ("removed", 10)] {
+            lock(&fence.done).insert(id.to_string(), rev);
+        }
+        // The watch: "lagging" at its pending revision, "caught-up" at the
+        // marked one, "rebound-elsewhere" later, "removed" gone.
+        let seen = HashMap::from([("lagging", 9), ("caught-up", 10), ("rebound-elsewhere", 14)]);
+        fence.forget_done_seen(&seen);
+        let mut kept: Vec<String> = lock(&fence.done).keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, ["lagging"]);
+        // The mark still tells the lagging read from a rebind to resume.
+        assert!(fence.done_since("lagging", 9));
     }
 }
