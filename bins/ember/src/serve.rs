@@ -46,6 +46,11 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
     crate::datadir::check_traversable(&args.data_dir, args.uid_base)?;
     crate::datadir::check_traversable(&args.data_dir, args.uid_base.saturating_add(ember_runtime::idrange::RANGE))?;
     ember_runtime::become_subreaper().context("becoming the subreaper of the OCI runtimes' processes")?;
+    // A live sandbox holds one descriptor of the daemon's (its pidfd).
+    match ember_runtime::raise_open_files() {
+        Ok(n) => tracing::info!(open_files = n, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "the open-file limit could not be raised"),
+    }
     let agent = match args.agent.clone() {
         Some(p) => std::fs::canonicalize(&p).with_context(|| format!("--agent {}", p.display()))?,
         None => default_agent()?,

@@ -28,6 +28,43 @@ async fn oom_kill_is_reported_and_the_neighbour_keeps_running() {
     assert!(status.is_success());
 }
 
+/// A live sandbox costs the daemon one descriptor, its init's pidfd: the
+/// OOM events of a class's sandboxes go to a few descriptors they share
+/// (`ember_runtime::oom`). With one of its own each (two per sandbox) the
+/// daemon's `RLIMIT_NOFILE` capped it below 10,000 sandboxes, and on cgroup
+/// v2 each was an inotify instance, 128 to a user by default. And an OOM in
+/// one of them still ends that one alone, the others of its descriptor
+/// running on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_costs_the_daemon_one_descriptor_and_an_oom_still_ends_only_its_own() {
+    let d = Daemon::start();
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).expect("the daemon's fds").count();
+    let warm = d.create(|_| {}).await;
+    let before = fds();
+    let n = 20;
+    let mut made = Vec::new();
+    for _ in 0..n {
+        made.push(d.create_limited("64Mi", 64).await);
+    }
+    let grown = fds() - before;
+    let most = n + ember_runtime::oom::OOM_SOURCES + 2;
+    assert!(grown <= most, "{n} sandboxes cost the daemon {grown} descriptors (at most {most})");
+    let hog = &made[n / 2];
+    let req = ember_types::execd::RunCommandRequest {
+        command: Some("dd if=/dev/zero of=/dev/null bs=200M count=1".into()),
+        ..Default::default()
+    };
+    let _ = d.client.exec(&hog.id, &req, |_| {}).await;
+    let s = d.wait_state(&hog.id, "Failed", Duration::from_secs(15)).await;
+    assert_eq!(s.status.reason.as_deref(), Some("OOMKilled"));
+    // Every sandbox of its descriptor was read; none of the others moved.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for s in made.iter().chain([&warm]).filter(|s| s.id != hog.id) {
+        let got = d.client.get_sandbox(&s.id).await.expect("get");
+        assert_eq!(got.status.state, "Running", "{} after another's OOM: {:?}", s.id, got.status);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_is_capped_by_the_pids_limit() {
     let d = Daemon::start();

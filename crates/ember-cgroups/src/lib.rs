@@ -8,7 +8,7 @@
 mod v1;
 mod v2;
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 pub use v1::V1;
@@ -162,8 +162,22 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn create(&self, name: &str, limits: &Limits) -> Result<(), CgroupError>;
     /// Moves `pid` into the sandbox's cgroups.
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError>;
-    /// A descriptor that becomes readable when the OOM killer fires in the cgroup.
-    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError>;
+    /// A new descriptor that OOM events of any number of sandbox cgroups can
+    /// be reported to ([`Cgroups::oom_report_to`]): v1 an eventfd, v2 an
+    /// inotify instance.
+    fn oom_source(&self) -> Result<OwnedFd, CgroupError>;
+    /// Makes `source` (from [`Cgroups::oom_source`]) readable whenever the
+    /// OOM killer fires in the cgroup (v2: whenever its `memory.events`
+    /// changes, an OOM among other events). Which of the cgroups reported to
+    /// one source it was, the caller learns from their [`Cgroups::oom_kills`].
+    fn oom_report_to(&self, name: &str, source: BorrowedFd<'_>) -> Result<(), CgroupError>;
+    /// A descriptor of the cgroup's own that becomes readable when the OOM
+    /// killer fires in it.
+    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError> {
+        let source = self.oom_source()?;
+        self.oom_report_to(name, source.as_fd())?;
+        Ok(source)
+    }
     /// How many processes the OOM killer has killed in the cgroup.
     fn oom_kills(&self, name: &str) -> Result<u64, CgroupError>;
     /// Freezes (or thaws) every process in the cgroup. Freezing returns once

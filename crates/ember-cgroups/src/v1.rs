@@ -2,7 +2,7 @@
 //! `freezer`), found through `/proc/self/mountinfo` so co-mounted layouts such as
 //! `cpu,cpuacct` work too.
 use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
@@ -100,14 +100,18 @@ impl Cgroups for V1 {
         Ok(())
     }
 
-    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError> {
+    fn oom_source(&self) -> Result<OwnedFd, CgroupError> {
+        Ok(ember_sys::fd::eventfd()?)
+    }
+
+    /// One eventfd may be registered with any number of cgroups; the kernel
+    /// drops a registration when its cgroup is removed.
+    fn oom_report_to(&self, name: &str, source: BorrowedFd<'_>) -> Result<(), CgroupError> {
         let mem = self.dir(MEM, name);
-        let efd = ember_sys::fd::eventfd()?;
         let oc = mem.join("memory.oom_control");
         let ocf = std::fs::File::open(&oc).map_err(io_err("open", &oc))?;
-        let line = format!("{} {}", efd.as_raw_fd(), ocf.as_raw_fd());
-        write(&mem.join("cgroup.event_control"), &line)?;
-        Ok(efd)
+        let line = format!("{} {}", source.as_raw_fd(), ocf.as_raw_fd());
+        write(&mem.join("cgroup.event_control"), &line)
     }
 
     fn oom_kills(&self, name: &str) -> Result<u64, CgroupError> {

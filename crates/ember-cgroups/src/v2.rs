@@ -2,7 +2,7 @@
 //! controllers enabled on `ember`. OOM kills are read from `memory.events`, whose
 //! modification is watched with inotify; `cgroup.kill` kills the whole group.
 use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
 #[derive(Debug)]
@@ -52,9 +52,16 @@ impl Cgroups for V2 {
         write(&self.dir(name).join("cgroup.procs"), &pid.to_string())
     }
 
-    fn oom_notifier(&self, name: &str) -> Result<OwnedFd, CgroupError> {
+    fn oom_source(&self) -> Result<OwnedFd, CgroupError> {
+        Ok(ember_sys::fd::inotify()?)
+    }
+
+    /// A watch on the source's inotify instance: a user has 128 instances by
+    /// default (`fs.inotify.max_user_instances`) and far more watches, so
+    /// sandboxes share instances.
+    fn oom_report_to(&self, name: &str, source: BorrowedFd<'_>) -> Result<(), CgroupError> {
         let p = self.dir(name).join("memory.events");
-        Ok(ember_sys::fd::inotify_modify(&p.to_string_lossy())?)
+        Ok(ember_sys::fd::inotify_watch_modify(source, &p.to_string_lossy())?)
     }
 
     fn oom_kills(&self, name: &str) -> Result<u64, CgroupError> {

@@ -9,6 +9,7 @@
 pub mod idrange;
 pub mod native;
 pub mod oci;
+pub mod oom;
 mod registry;
 
 pub use native::idmapped::attach_shifted;
@@ -16,6 +17,7 @@ pub use registry::{ClassInfo, Runtimes};
 
 pub use ember_agent_client::pin_agent_socket;
 pub use ember_sys::pidfd::ExitStatus as ExitKind;
+pub use ember_sys::process::raise_open_files;
 
 /// `GET /ping` to the agent within `timeout` (readiness at launch and after a
 /// restore), through the one agent client: pinned socket, capped reply.
@@ -60,6 +62,11 @@ pub fn nice_self(nice: i32) -> std::io::Result<()> {
 /// leaving zombies for a PID 1 that may reap late.
 pub fn become_subreaper() -> Result<(), ember_sys::SysError> {
     ember_sys::adopt::become_subreaper()
+}
+
+/// Whether the init behind `pidfd` has exited, without reaping it.
+pub fn has_exited(pidfd: &OwnedFd) -> bool {
+    ember_sys::pidfd::wait_exited(pidfd, Duration::ZERO).unwrap_or(false)
 }
 
 /// Reaps the sandbox init behind `pidfd` if it has exited.
@@ -190,8 +197,10 @@ pub struct Launched {
     pub start_time: u64,
     /// The host-side unix socket the agent serves execd on.
     pub agent_socket: PathBuf,
-    /// Readable when the OOM killer fires in the sandbox.
-    pub oom: Option<OwnedFd>,
+    /// Readable when the OOM killer fires in the sandbox or in another of
+    /// its class that shares the descriptor ([`oom::OomSources`]); its
+    /// [`Runtime::oom_kills`] tells which.
+    pub oom: Option<std::sync::Arc<OwnedFd>>,
     pub timing: LaunchTiming,
 }
 

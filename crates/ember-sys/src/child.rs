@@ -28,6 +28,7 @@ const STEPS: &[&str] = &[
     "exec agent",
     "attach idmapped mount",
     "close inherited descriptors",
+    "set RLIMIT_NOFILE",
 ];
 
 pub(crate) fn step_name(step: u32) -> &'static str {
@@ -76,6 +77,12 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
         check!(fds, 1, libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()));
         check!(fds, 1, libc::syscall(libc::SYS_setresgid, 0, 0, 0));
         check!(fds, 1, libc::syscall(libc::SYS_setresuid, 0, 0, 0));
+        let files = libc::rlimit64 { rlim_cur: plan.open_files, rlim_max: plan.open_files };
+        check!(
+            fds,
+            20,
+            libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_NOFILE, &files, std::ptr::null_mut::<libc::rlimit64>())
+        );
         let h = plan.hostname.as_bytes();
         check!(fds, 2, libc::sethostname(h.as_ptr().cast(), h.len()));
         check!(

@@ -1,6 +1,6 @@
 //! eventfd and small descriptor helpers.
 use crate::SysError;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// A non-blocking, close-on-exec eventfd (used for cgroup v1 OOM notifications).
 pub fn eventfd() -> Result<OwnedFd, SysError> {
@@ -51,23 +51,28 @@ pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SysError> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// An inotify descriptor watching `path` for modification (cgroup v2 posts OOM
-/// kills by modifying `memory.events`). Non-blocking and close-on-exec.
-pub fn inotify_modify(path: &str) -> Result<OwnedFd, SysError> {
+/// A new inotify instance, non-blocking and close-on-exec.
+pub fn inotify() -> Result<OwnedFd, SysError> {
     // SAFETY: inotify_init1 takes flags only; a non-negative result is a new fd.
     let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
     if fd < 0 {
-        return Err(SysError::last("inotify_init1", path));
+        return Err(SysError::last("inotify_init1", ""));
     }
     // SAFETY: fd is fresh and ours.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds a watch for modification of `path` to the inotify instance `fd`
+/// (cgroup v2 posts OOM kills by modifying `memory.events`).
+pub fn inotify_watch_modify(fd: BorrowedFd<'_>, path: &str) -> Result<(), SysError> {
     let c = std::ffi::CString::new(path)
         .map_err(|_| SysError::new("inotify_add_watch", path, std::io::ErrorKind::InvalidInput.into()))?;
-    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
-    if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MODIFY) } < 0 {
+    // SAFETY: c is a valid NUL-terminated path for the duration of the call;
+    // fd is borrowed, so open for it.
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) } < 0 {
         return Err(SysError::last("inotify_add_watch", path));
     }
-    Ok(owned)
+    Ok(())
 }
 
 /// Drains whatever is readable from a non-blocking descriptor (inotify events).

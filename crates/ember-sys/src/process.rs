@@ -204,6 +204,31 @@ pub fn pass_fd(cmd: &mut Command, fd: OwnedFd, target: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit, and returns
+/// it: a shell's soft limit is often 1,024, a few hundred sandboxes' worth to
+/// the daemon, while the hard one allows what it was given. (Sandboxes do
+/// not inherit it: each gets its own, `LaunchPlan::open_files`.)
+pub fn raise_open_files() -> io::Result<u64> {
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into a live, properly aligned struct.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) })?;
+    if cur.rlim_cur < cur.rlim_max {
+        let new = libc::rlimit { rlim_cur: cur.rlim_max, rlim_max: cur.rlim_max };
+        // SAFETY: setrlimit reads a live struct; raising the soft limit up to
+        // the hard one needs no capability.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) })?;
+    }
+    Ok(cur.rlim_max)
+}
+
+/// This process's hard `RLIMIT_NOFILE`.
+pub fn open_files_hard_limit() -> io::Result<u64> {
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into a live, properly aligned struct.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) })?;
+    Ok(cur.rlim_max)
+}
+
 /// Lowers the command's `RLIMIT_NOFILE` to at most `n` (soft and hard)
 /// before it runs, so its children inherit the limit. Lowering a limit needs
 /// no capability, unlike runc 1.1's prlimit of a container's init from the

@@ -91,6 +91,9 @@ pub struct LaunchPlan {
     pub ns_owner: u32,
     /// How long the child may take from release to exec.
     pub exec_timeout: Duration,
+    /// The sandbox's `RLIMIT_NOFILE`, soft and hard, at most the daemon's
+    /// hard limit (the daemon's own soft limit is raised to its hard one).
+    pub open_files: u64,
 }
 
 /// Descriptors handed to the child: the agent binary (exec'd by fd, so nothing of

@@ -23,6 +23,7 @@ fn plan() -> LaunchPlan {
         gid_map: "0 1900000000 65536\n".into(),
         ns_owner: 1_900_000_000,
         exec_timeout: Duration::from_secs(10),
+        open_files: 1024,
     }
 }
 

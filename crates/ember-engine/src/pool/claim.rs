@@ -10,16 +10,11 @@ use super::Pools;
 use crate::record::{now_ms, LaunchRecord, SandboxRecord};
 use crate::sandbox::{ClaimPatch, Command};
 use crate::EngineError;
-use ember_agent_client::AgentClient;
 use ember_types::lifecycle::Lifecycle;
 use ember_types::{SandboxSpec, TerminationReason};
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{info_span, Instrument};
-
-/// How long a pooled sandbox's agent has to accept its claim.
-const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Pools {
     /// Claims an idle sandbox of `pool` for `spec`; `Ok(None)` on a miss.
@@ -32,9 +27,13 @@ impl Pools {
     ) -> Result<Option<SandboxRecord>, EngineError> {
         let (image_uri, workspaces) = (&req.image_uri, &req.workspaces[..]);
         while let Some(id) = pop_traced(pool) {
-            let Ok(entry) = self.sandboxes.entry(id.as_str()) else { continue };
+            let Ok(entry) = self.sandboxes.entry(id.as_str()) else {
+                tracing::info!(sandbox = %id, "idle member gone before its claim; trying the next");
+                continue;
+            };
             let r = entry.snapshot();
             if r.lifecycle != Lifecycle::Pooled {
+                tracing::info!(sandbox = %id, lifecycle = ?r.lifecycle, "idle member no longer pooled; trying the next");
                 continue;
             }
             // Workspaces first: the entrypoint may need them. A refused lease
@@ -52,21 +51,14 @@ impl Pools {
                     return Err(e);
                 }
             };
-            let body = serde_json::json!({
+            let agent_claim = serde_json::json!({
                 "env": spec.env,
                 "uid": spec.user.uid,
                 "gid": spec.user.gid,
                 "entrypoint": spec.entrypoint,
-                // Written before the entrypoint starts; never stored here.
+                // Written before the entrypoint starts; never stored.
                 "secrets": req.secrets,
             });
-            if let Err(e) = bind(&entry.agent_socket, &body).instrument(info_span!("agent_claim", sandbox = %id)).await
-            {
-                self.workspaces.release_leases(id.as_str(), &mounted);
-                tracing::warn!(sandbox = %id, error = %e, "pooled sandbox refused its claim; discarding it");
-                entry.tell(Command::Stop(TerminationReason::RuntimeError(e)));
-                continue;
-            }
             let micros = t0.elapsed().as_micros() as u64;
             let now = now_ms();
             let patch = ClaimPatch {
@@ -76,6 +68,7 @@ impl Pools {
                 created_at_ms: now,
                 expires_at_ms: spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t)),
                 launch: LaunchRecord { kind: "warm".into(), micros, phases: Default::default() },
+                agent_claim,
             };
             let saved = entry.ask(Command::Claim(Box::new(patch))).instrument(info_span!("claim_record")).await;
             let rec = match saved {
@@ -98,6 +91,7 @@ impl Pools {
             self.sandboxes.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));
         }
+        tracing::info!(pool = %pool.spec().name, "pool miss: no idle member");
         pool.record_miss();
         Ok(None)
     }
@@ -114,12 +108,4 @@ fn pop_traced(pool: &Pool) -> Option<ember_types::SandboxId> {
 /// rather than a claim that could not be recorded (which stays `Pooled`).
 fn lost_race(now: &Lifecycle, e: &EngineError) -> bool {
     matches!(e, EngineError::NotFound(_)) || *now != Lifecycle::Pooled
-}
-
-/// `POST /ember/v1/claim` to the agent, through the one agent client (capped
-/// reply, a deadline): a refusal or a misbehaving agent discards the sandbox.
-async fn bind(socket: &Path, body: &serde_json::Value) -> Result<(), String> {
-    let client = AgentClient::new(socket).with_timeout(CLAIM_TIMEOUT);
-    let reply = client.post_json("/ember/v1/claim", body).await.map_err(|e| e.report())?;
-    client.expect_success(reply).map(drop).map_err(|e| e.report())
 }

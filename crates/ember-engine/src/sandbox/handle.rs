@@ -109,7 +109,8 @@ impl Monitor {
         next.start_time = Some(launched.start_time);
         next.restores += 1;
         next.event(format!("restored from checkpoint in {} ms", launched.timing.total_us / 1000));
-        self.live = Some(Live::new(launched).map_err(|e| EngineError::Internal(e.to_string()))?);
+        self.live =
+            Some(Live::new(launched, &self.engine, &self.entry).map_err(|e| EngineError::Internal(e.to_string()))?);
         self.engine.persist(&next);
         self.entry.write(next.clone());
         super::checkpoint::drop_image(&self.engine, &next).await;
@@ -121,10 +122,36 @@ impl Monitor {
     /// return it to the pool; it is fsynced just after, off the answer path
     /// (`Store::save_deferred`). Written on a blocking thread: the monitor
     /// runs on the runtime's workers, which the claims need.
+    /// The agent is told here, by the monitor, not by the claim path: an
+    /// entrypoint that exits at once ends the sandbox only after the claim
+    /// is recorded, so its end is the caller's (`Exited(n)`). Told from the
+    /// claim path, its exit could reach the monitor first, which then ended
+    /// an idle member: gone, the claim tried the next, whose entrypoint did
+    /// the same, until the pool was empty and the caller got a cold create.
+    /// An agent that refuses ends its sandbox as an idle member: the claim
+    /// path finds it gone and tries the next.
     pub(super) async fn claim(&mut self, p: ClaimPatch) -> Result<SandboxRecord, EngineError> {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
+        let told = tracing::Instrument::instrument(
+            bind(&self.entry.agent_socket, &p.agent_claim),
+            tracing::info_span!("agent_claim"),
+        )
+        .await;
+        if let Err(e) = told {
+            tracing::warn!(sandbox = %cur.id, error = %e, "pooled sandbox refused its claim; discarding it");
+            self.end(ember_types::TerminationReason::RuntimeError(e)).await;
+            return Err(EngineError::NotFound(cur.id.to_string()));
+        }
+        // Ended while it was told, with no entrypoint of the claim's to
+        // explain it: still an idle member's end, and the claim tries the next.
+        let ended = self.live.as_ref().is_none_or(|l| ember_runtime::has_exited(l.pidfd.get_ref()));
+        if ended && p.spec.entrypoint.is_empty() {
+            let reason = self.exit_reason().await;
+            self.end(reason).await;
+            return Err(EngineError::NotFound(cur.id.to_string()));
+        }
         // A golden member's own workspace copies become the caller's, beside
         // those the claim mounted.
         next.workspaces.iter_mut().for_each(|w| w.pool_copy = false);
@@ -213,4 +240,15 @@ fn refusal(rec: &SandboxRecord, e: LifecycleError) -> EngineError {
         }
         _ => EngineError::NotRunning { id, state },
     }
+}
+
+/// How long a pooled sandbox's agent has to accept its claim.
+const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `POST /ember/v1/claim` to the agent, through the one agent client (capped
+/// reply, a deadline).
+async fn bind(socket: &std::path::Path, body: &serde_json::Value) -> Result<(), String> {
+    let client = ember_agent_client::AgentClient::new(socket).with_timeout(CLAIM_TIMEOUT);
+    let reply = client.post_json("/ember/v1/claim", body).await.map_err(|e| e.report())?;
+    client.expect_success(reply).map(drop).map_err(|e| e.report())
 }

@@ -22,6 +22,7 @@ mod checkpoint;
 mod handle;
 mod launch;
 mod monitor;
+mod oom;
 mod ops;
 mod recover;
 mod registry;
@@ -81,6 +82,9 @@ pub(crate) struct ClaimPatch {
     pub created_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub launch: crate::record::LaunchRecord,
+    /// What the agent is told (env, user, entrypoint, secrets): sent by the
+    /// monitor itself, never kept.
+    pub agent_claim: serde_json::Value,
 }
 
 /// Changes to fields outside the lifecycle, each persisted before it counts.
@@ -183,6 +187,8 @@ pub(crate) struct Sandboxes {
     /// Upper bound on a sandbox's TTL (a renewal's too), if any.
     max_ttl: Option<Duration>,
     idle_ended: mpsc::UnboundedSender<IdleEnded>,
+    /// The live sandboxes' OOM watch.
+    oom: Arc<oom::OomHub>,
 }
 
 impl Sandboxes {
@@ -205,6 +211,7 @@ impl Sandboxes {
             retention: cfg.retention,
             max_ttl: cfg.max_ttl,
             idle_ended,
+            oom: Arc::default(),
         })
     }
 

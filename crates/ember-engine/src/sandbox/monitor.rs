@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 pub(super) fn spawn(engine: Arc<Sandboxes>, entry: Arc<Entry>, launched: Option<Launched>, rx: mpsc::Receiver<Msg>) {
     tokio::spawn(async move {
         let id = entry.snapshot().id;
-        let live = match launched.map(Live::new).transpose() {
+        let live = match launched.map(|l| Live::new(l, &engine, &entry)).transpose() {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(sandbox = %id, error = %e, "sandbox monitor cannot watch the init");
@@ -33,12 +33,15 @@ pub(super) fn spawn(engine: Arc<Sandboxes>, entry: Arc<Entry>, launched: Option<
 /// or after its end.
 pub(super) struct Live {
     pub pidfd: AsyncFd<OwnedFd>,
-    oom: Option<AsyncFd<OwnedFd>>,
+    oom: Option<super::oom::OomWatch>,
 }
 
 impl Live {
-    pub fn new(launched: Launched) -> std::io::Result<Live> {
-        Ok(Live { pidfd: async_fd(launched.pidfd)?, oom: launched.oom.map(async_fd).transpose()? })
+    pub fn new(launched: Launched, engine: &Sandboxes, entry: &Entry) -> std::io::Result<Live> {
+        let rec = entry.snapshot();
+        let rt = engine.rt(&rec.spec.runtime_class);
+        let oom = launched.oom.map(|source| engine.oom.watch(source, rec.id, rt)).transpose()?;
+        Ok(Live { pidfd: async_fd(launched.pidfd)?, oom })
     }
 }
 
@@ -63,9 +66,8 @@ impl Monitor {
                     Ok(()) => Some(self.exit_reason().await),
                     Err(e) => Some(TerminationReason::RuntimeError(format!("watching the init: {e}"))),
                 },
-                _ = oom_fired(self.live.as_ref().and_then(|l| l.oom.as_ref())) => {
-                    self.wait_for_kill().await.then_some(TerminationReason::OOMKilled)
-                }
+                // Only once the sandbox's kill counter moved (`oom.rs`).
+                _ = oom_fired(self.live.as_ref().and_then(|l| l.oom.as_ref())) => Some(TerminationReason::OOMKilled),
                 _ = sleep_opt(deadline) => {
                     self.entry.snapshot().expires_at_ms.filter(|ms| *ms <= now_ms()).map(|_| TerminationReason::Expired)
                 }
@@ -136,7 +138,7 @@ impl Monitor {
     /// runtime's process (runsc's Sentry), which the daemon, as subreaper, may
     /// have reaped with a status of its own. Then the init's wait status
     /// (native: the agent itself).
-    async fn exit_reason(&self) -> TerminationReason {
+    pub(super) async fn exit_reason(&self) -> TerminationReason {
         if self.engine.oom_kills(&self.entry).await > 0 {
             return TerminationReason::OOMKilled;
         }
@@ -150,20 +152,6 @@ impl Monitor {
             // Killed, or not ours to read (an OCI init reaped by its parent).
             _ => TerminationReason::Killed,
         }
-    }
-
-    /// cgroup v1 signals an OOM when the kernel starts handling it, before the
-    /// victim is chosen and killed; the kill counter moves shortly after. Poll
-    /// it for up to a second. An OOM that ends without a kill (memory freed in
-    /// time) leaves the sandbox running.
-    async fn wait_for_kill(&self) -> bool {
-        for _ in 0..50 {
-            if self.engine.oom_kills(&self.entry).await > 0 {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
     }
 }
 
@@ -187,15 +175,9 @@ fn async_fd(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     AsyncFd::new(fd)
 }
 
-async fn oom_fired(oom: Option<&AsyncFd<OwnedFd>>) {
+async fn oom_fired(oom: Option<&super::oom::OomWatch>) {
     match oom {
-        Some(fd) => match fd.readable().await {
-            Ok(mut g) => {
-                ember_runtime::drain_fd(fd.get_ref());
-                g.clear_ready();
-            }
-            Err(_) => std::future::pending().await,
-        },
+        Some(w) => w.fired().await,
         None => std::future::pending().await,
     }
 }

@@ -70,6 +70,8 @@ pub struct NativeRuntime {
     /// The mount namespace sandboxes are cloned from (`None`: the host's,
     /// when it could not be made): its table does not grow with them.
     launch_ns: Option<ember_sys::mountns::LaunchNs>,
+    /// Where its sandboxes' OOM kills are reported, shared.
+    oom: crate::oom::OomSources,
 }
 
 impl NativeRuntime {
@@ -92,6 +94,7 @@ impl NativeRuntime {
             cfg,
             cgroups,
             host_template,
+            oom: Default::default(),
         })
     }
 
@@ -160,6 +163,7 @@ impl NativeRuntime {
             gid_map: map,
             ns_owner: ids.base,
             exec_timeout: self.cfg.ready_timeout,
+            open_files: crate::oci::OPEN_FILES.min(ember_sys::process::open_files_hard_limit().unwrap_or(u64::MAX)),
         }
     }
 
@@ -188,7 +192,7 @@ impl NativeRuntime {
             pids: spec.resources.pids,
         };
         self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
-        let oom = self.cgroups.oom_notifier(name).map_err(Self::cg_err(id))?;
+        let oom = self.oom.watch(&*self.cgroups, name).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
 
         let sock = dir.join("agent.sock");
@@ -354,7 +358,7 @@ impl Runtime for NativeRuntime {
             return Err(gone("its init process or cgroup no longer exists"));
         }
         self.ranges.adopt(id.as_str(), base)?;
-        let oom = self.cgroups.oom_notifier(id.as_str()).ok();
+        let oom = self.oom.watch(&*self.cgroups, id.as_str()).ok();
         Ok(Launched {
             pid,
             pidfd,

@@ -111,7 +111,7 @@ impl OciRuntime {
         if !self.cgroups.exists(id.as_str()) {
             self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
         }
-        let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
+        let oom = self.oom.watch(&*self.cgroups, id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
         // The bundle binds `<rootfs>/tmp`, resolved on the host by runsc again;
         // the layer was the sandbox's to write while it ran.

@@ -86,7 +86,7 @@ impl OciRuntime {
         let t0 = Instant::now();
         let dir = self.make_dir(id)?;
         self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
-        let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
+        let oom = self.oom.watch(&*self.cgroups, id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
         // runsc keeps the storage range: no user namespace fd to hold.
         let (bundle_dir, sock_dir, _userns) = self.bundle(id, spec, &dir)?;

@@ -73,6 +73,8 @@ pub struct OciRuntime {
     cgroups: Arc<dyn Cgroups>,
     host_template: PathBuf,
     base: PathBuf,
+    /// Where its sandboxes' OOM kills are reported, shared.
+    oom: crate::oom::OomSources,
 }
 
 impl OciRuntime {
@@ -87,7 +89,7 @@ impl OciRuntime {
         if cfg.class == OciClass::Runc {
             cli = cli.with_open_files(OPEN_FILES);
         }
-        Ok(OciRuntime { cfg, cli, cgroups, host_template, base })
+        Ok(OciRuntime { cfg, cli, cgroups, host_template, base, oom: Default::default() })
     }
 
     fn dir(&self, id: &str) -> PathBuf {
@@ -239,7 +241,7 @@ impl OciRuntime {
 }
 
 /// A running init as the engine gets it, from a launch or a restore.
-fn launched(pid: i32, pidfd: OwnedFd, agent_socket: PathBuf, oom: OwnedFd, timing: LaunchTiming) -> Launched {
+fn launched(pid: i32, pidfd: OwnedFd, agent_socket: PathBuf, oom: Arc<OwnedFd>, timing: LaunchTiming) -> Launched {
     let start_time = crate::native::boundary::start_time(pid).unwrap_or(0);
     Launched { pid, pidfd, start_time, agent_socket, oom: Some(oom), timing }
 }
@@ -265,7 +267,7 @@ impl Runtime for OciRuntime {
         let t0 = Instant::now();
         let dir = self.make_dir(id)?;
         self.cgroups.create(id.as_str(), &self.limits(spec)).map_err(Self::cg_err(id))?;
-        let oom = self.cgroups.oom_notifier(id.as_str()).map_err(Self::cg_err(id))?;
+        let oom = self.oom.watch(&*self.cgroups, id.as_str()).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
@@ -298,7 +300,7 @@ impl Runtime for OciRuntime {
             pidfd,
             start_time,
             agent_socket: self.dir(id.as_str()).join("sock/agent.sock"),
-            oom: self.cgroups.oom_notifier(id.as_str()).ok(),
+            oom: self.oom.watch(&*self.cgroups, id.as_str()).ok(),
             timing: LaunchTiming::default(),
         })
     }
