@@ -29,7 +29,7 @@ async fn oom_kill_is_reported_and_the_neighbour_keeps_running() {
 }
 
 /// A live sandbox costs the daemon one descriptor, its init's pidfd: the
-/// OOM events of a class's sandboxes go to a few descriptors they share
+/// OOM events of a class's sandboxes go to descriptors 64 of them share
 /// (`ember_runtime::oom`). With one of its own each (two per sandbox) the
 /// daemon's `RLIMIT_NOFILE` capped it below 10,000 sandboxes, and on cgroup
 /// v2 each was an inotify instance, 128 to a user by default. And an OOM in
@@ -41,13 +41,13 @@ async fn a_sandbox_costs_the_daemon_one_descriptor_and_an_oom_still_ends_only_it
     let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).expect("the daemon's fds").count();
     let warm = d.create(|_| {}).await;
     let before = fds();
-    let n = 20;
+    let n: usize = 20;
     let mut made = Vec::new();
     for _ in 0..n {
         made.push(d.create_limited("64Mi", 64).await);
     }
     let grown = fds() - before;
-    let most = n + ember_runtime::oom::OOM_SOURCES + 2;
+    let most = n + n.div_ceil(ember_runtime::oom::PER_SOURCE) + 2;
     assert!(grown <= most, "{n} sandboxes cost the daemon {grown} descriptors (at most {most})");
     let hog = &made[n / 2];
     let req = ember_types::execd::RunCommandRequest {

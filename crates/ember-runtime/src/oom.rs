@@ -1,60 +1,100 @@
-//! Where a class's sandboxes report their OOM kills: a few descriptors that
-//! all of them share, not one each. One each cost the daemon a descriptor
-//! per sandbox beside its pidfd, so its `RLIMIT_NOFILE` (20,000 on this
-//! project's machines, unraisable without `CAP_SYS_RESOURCE`) capped it
-//! below 10,000 sandboxes; and on cgroup v2 each was an inotify instance,
-//! of which a user has 128 by default (`fs.inotify.max_user_instances`),
-//! so a v2 host could not start its ~128th sandbox.
+//! Where a class's sandboxes report their OOM kills: descriptors that up to
+//! [`PER_SOURCE`] of them share, not one each. One each cost the daemon a
+//! descriptor per sandbox beside its pidfd, so its `RLIMIT_NOFILE` (20,000
+//! on this project's machines, unraisable without `CAP_SYS_RESOURCE`)
+//! capped it below 10,000 sandboxes; and on cgroup v2 each was an inotify
+//! instance, of which a user has 128 by default
+//! (`fs.inotify.max_user_instances`), so a v2 host could not start its
+//! ~128th sandbox.
 //!
 //! A source that fires says only that some sandbox reported to it may have
-//! had an OOM kill: the engine reads the kill counters of that source's
-//! sandboxes to learn which.
+//! had an OOM kill (cgroup v1 also signals one whose cgroup is removed): the
+//! engine reads the kill counters of that source's sandboxes to learn
+//! which. So a source is shared by few enough that a fire costs little.
 use ember_cgroups::{CgroupError, Cgroups};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// How many sources one class makes at most. Each fire reads the counters
-/// of a source's share of the sandboxes, 1/8 of them.
-pub const OOM_SOURCES: usize = 8;
+/// Sandboxes per source: a fire reads at most this many counters (a few
+/// times over a second), and a class holds one descriptor per this many.
+pub const PER_SOURCE: usize = 64;
 
 /// A class's shared OOM sources, made as launches need them.
 #[derive(Debug, Default)]
 pub struct OomSources {
-    made: Mutex<Vec<Arc<OwnedFd>>>,
-    next: AtomicUsize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Each source and how many sandboxes report to it.
+    sources: Vec<(Arc<OwnedFd>, usize)>,
+    /// Which source each sandbox reports to.
+    of: HashMap<String, usize>,
 }
 
 impl OomSources {
-    /// A source that sandbox cgroup `name`'s OOM events now reach.
+    /// A source that sandbox cgroup `name`'s OOM events now reach: the
+    /// least shared one, or a new one once each has [`PER_SOURCE`].
     pub fn watch(&self, cg: &dyn Cgroups, name: &str) -> Result<Arc<OwnedFd>, CgroupError> {
-        let source = self.pick(cg)?;
-        cg.oom_report_to(name, source.as_fd())?;
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let i = match inner.of.get(name) {
+            Some(&i) => i,
+            None => {
+                let i = inner.pick(cg)?;
+                inner.sources[i].1 += 1;
+                inner.of.insert(name.to_string(), i);
+                i
+            }
+        };
+        let source = inner.sources[i].0.clone();
+        drop(inner);
+        if let Err(e) = cg.oom_report_to(name, source.as_fd()) {
+            self.forget(name);
+            return Err(e);
+        }
         Ok(source)
     }
 
-    /// How many sources are made.
-    pub fn made(&self) -> usize {
-        self.made.lock().unwrap_or_else(|p| p.into_inner()).len()
+    /// Sandbox `name` is gone: its place is free.
+    pub fn forget(&self, name: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = inner.of.remove(name) {
+            inner.sources[i].1 = inner.sources[i].1.saturating_sub(1);
+        }
     }
 
-    /// A new source while fewer than [`OOM_SOURCES`] are made, else the next
-    /// in turn; one already made when a new one cannot be (no inotify
+    /// How many sources are made, and how many sandboxes report to them.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (inner.sources.len(), inner.of.len())
+    }
+}
+
+impl Inner {
+    /// The least shared source below [`PER_SOURCE`], else a new one; the
+    /// least shared anyway when a new one cannot be made (no inotify
     /// instance left to this user, say).
-    fn pick(&self, cg: &dyn Cgroups) -> Result<Arc<OwnedFd>, CgroupError> {
-        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        if made.len() < OOM_SOURCES {
-            match cg.oom_source() {
-                Ok(fd) => {
-                    let fd = Arc::new(fd);
-                    made.push(fd.clone());
-                    return Ok(fd);
-                }
-                Err(e) if made.is_empty() => return Err(e),
-                Err(e) => tracing::warn!(error = %e, made = made.len(), "another OOM source: sharing those made"),
+    fn pick(&mut self, cg: &dyn Cgroups) -> Result<usize, CgroupError> {
+        let least = self.sources.iter().enumerate().min_by_key(|(_, (_, n))| *n).map(|(i, (_, n))| (i, *n));
+        if let Some((i, n)) = least {
+            if n < PER_SOURCE {
+                return Ok(i);
             }
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % made.len();
-        Ok(made[i].clone())
+        match cg.oom_source() {
+            Ok(fd) => {
+                self.sources.push((Arc::new(fd), 0));
+                Ok(self.sources.len() - 1)
+            }
+            Err(e) => match least {
+                Some((i, _)) => {
+                    tracing::warn!(error = %e, made = self.sources.len(), "another OOM source: sharing those made");
+                    Ok(i)
+                }
+                None => Err(e),
+            },
+        }
     }
 }

@@ -489,6 +489,7 @@ impl Runtime for NativeRuntime {
     }
 
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
+        self.oom.forget(name);
         let id = SandboxId::try_from(name.to_string()).unwrap_or_else(|_| SandboxId::from_random([0; 16]));
         self.cgroups.destroy(name).map_err(|source| RuntimeError::Cgroup { id, source })?;
         let dir = self.sandbox_dir(name);

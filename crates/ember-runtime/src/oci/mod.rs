@@ -387,6 +387,7 @@ impl Runtime for OciRuntime {
     }
 
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
+        self.oom.forget(name);
         // Each step tolerates "already gone": destroy is idempotent.
         let _ = self.cli.kill(name, "KILL", true);
         let _ = self.cli.delete(name);
