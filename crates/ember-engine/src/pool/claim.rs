@@ -69,6 +69,7 @@ impl Pools {
                 expires_at_ms: spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t)),
                 launch: LaunchRecord { kind: "warm".into(), micros, phases: Default::default() },
                 agent_claim,
+                span: tracing::Span::current(),
             };
             let saved = entry.ask(Command::Claim(Box::new(patch))).instrument(info_span!("claim_record")).await;
             let rec = match saved {

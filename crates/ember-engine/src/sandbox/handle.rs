@@ -7,6 +7,7 @@ use super::monitor::{Live, Monitor};
 use super::{ClaimPatch, Edit};
 use crate::{EngineError, SandboxRecord};
 use ember_types::lifecycle::{Action, Effect, Lifecycle, LifecycleError};
+use tracing::Instrument;
 
 impl Monitor {
     pub(super) async fn pause(&mut self) -> Result<SandboxRecord, EngineError> {
@@ -134,11 +135,12 @@ impl Monitor {
         let cur = self.entry.snapshot();
         let mut next = cur.clone();
         next.apply(Action::Claimed, None).map_err(|e| refusal(&cur, e))?;
-        let told = tracing::Instrument::instrument(
-            bind(&self.entry.agent_socket, &p.agent_claim),
-            tracing::info_span!("agent_claim"),
-        )
-        .await;
+        // Under the claim's span, entered here too: a span's close line
+        // lists the spans current where it closes.
+        let told = bind(&self.entry.agent_socket, &p.agent_claim)
+            .instrument(tracing::info_span!(parent: &p.span, "agent_claim"))
+            .instrument(p.span.clone())
+            .await;
         if let Err(e) = told {
             tracing::warn!(sandbox = %cur.id, error = %e, "pooled sandbox refused its claim; discarding it");
             self.end(ember_types::TerminationReason::RuntimeError(e)).await;

@@ -85,6 +85,9 @@ pub(crate) struct ClaimPatch {
     /// What the agent is told (env, user, entrypoint, secrets): sent by the
     /// monitor itself, never kept.
     pub agent_claim: serde_json::Value,
+    /// The claim's span (its request's): the monitor's step with the agent
+    /// is logged under it.
+    pub span: tracing::Span,
 }
 
 /// Changes to fields outside the lifecycle, each persisted before it counts.
