@@ -3,6 +3,7 @@
 //! elsewhere is a 503, not a 404), the node registry's liveness, and
 //! best-of-two placement on free memory.
 use super::plane::{registry_error, ClusterPlane};
+use super::rebind::RebindEntry;
 use super::registry::{NodeInfo, SandboxEntry};
 use crate::retry::{again, retry, RETRY_BUDGET};
 use ember_engine::EngineError;
@@ -63,7 +64,7 @@ impl ClusterPlane {
     fn not_here(&self, id: &str) -> EngineError {
         let entry =
             self.rebind_seen.get(id).and_then(|v| serde_json::from_slice::<super::rebind::RebindEntry>(&v).ok());
-        match super::rebind::recreating(&self.cfg.name, entry.as_ref()) {
+        match recreating(&self.cfg.name, entry.as_ref()) {
             Some(node) => EngineError::NodeUnavailable {
                 node: node.to_string(),
                 reason: format!("sandbox {id} is being re-created on it"),
@@ -91,5 +92,35 @@ impl ClusterPlane {
             (Some(a), Some(b)) => Ok(if b.free_memory_bytes > a.free_memory_bytes { b } else { a }),
             _ => Err(EngineError::Internal("no live node of the cluster runs sandboxes".into())),
         }
+    }
+}
+
+/// The node re-creating a rebind sandbox that node `me` has no copy of
+/// and the sandbox registry names no other node for: the entry's, when it
+/// is another node's or still pending; `None` when the sandbox is gone
+/// (no entry, or this node's and done: it was removed here).
+pub(super) fn recreating<'a>(me: &str, entry: Option<&'a RebindEntry>) -> Option<&'a str> {
+    entry.filter(|e| e.node != me || e.pending).map(|e| e.node.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_engine::CreateSandbox;
+
+    fn entry(node: &str, pending: bool) -> RebindEntry {
+        RebindEntry { node: node.into(), pending, req: CreateSandbox::default() }
+    }
+
+    #[test]
+    fn a_sandbox_moving_to_another_node_is_unavailable_not_gone() {
+        // Rebound elsewhere while this node's copy was removed: 503 there.
+        assert_eq!(recreating("a", Some(&entry("b", false))), Some("b"));
+        assert_eq!(recreating("a", Some(&entry("b", true))), Some("b"));
+        // Claimed here, not created yet.
+        assert_eq!(recreating("a", Some(&entry("a", true))), Some("a"));
+        // This node's and done, yet not here: removed. No entry: gone.
+        assert_eq!(recreating("a", Some(&entry("a", false))), None);
+        assert_eq!(recreating("a", None), None);
     }
 }

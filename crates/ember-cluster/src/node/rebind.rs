@@ -184,18 +184,15 @@ impl Fence {
         lock(&self.done).retain(|id, at| seen.get(id.as_str()).is_some_and(|rev| rev < at));
     }
 
+    /// The read-write workspaces of this node's rebind sandboxes.
+    pub(super) fn workspaces_held(&self) -> HashSet<String> {
+        lock(&self.mine).values().flatten().cloned().collect()
+    }
+
     /// Workspace `name` is being restored here by a rebind.
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
     }
-}
-
-/// The node re-creating a rebind sandbox that node `me` has no copy of
-/// and the sandbox registry names no other node for: the entry's, when it
-/// is another node's or still pending; `None` when the sandbox is gone
-/// (no entry, or this node's and done: it was removed here).
-pub(super) fn recreating<'a>(me: &str, entry: Option<&'a RebindEntry>) -> Option<&'a str> {
-    entry.filter(|e| e.node != me || e.pending).map(|e| e.node.as_str())
 }
 
 /// Where one rebind's time went (logged with "rebound here"; docs/chaos.md
@@ -560,48 +557,9 @@ impl ClusterPlane {
     }
 }
 
-impl ClusterPlane {
-    /// `ember serve --checkpoint-every`: every `every`, a checkpoint of each
-    /// read-write workspace of this node's rebind sandboxes (while it
-    /// renews; a failure is logged and the next round tries again).
-    pub(super) async fn checkpoint_loop(self: Arc<Self>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if !self.fence.renewed() {
-                continue;
-            }
-            let names: HashSet<String> = lock(&self.fence.mine).values().flatten().cloned().collect();
-            for name in names {
-                if let Err(e) = self.checkpoint_here(&name).await {
-                    tracing::warn!(workspace = %name, error = %e, "periodic checkpoint");
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(node: &str, pending: bool) -> RebindEntry {
-        RebindEntry { node: node.into(), pending, req: CreateSandbox::default() }
-    }
-
-    #[test]
-    fn a_sandbox_moving_to_another_node_is_unavailable_not_gone() {
-        // Rebound elsewhere while this node's copy was removed: 503 there.
-        assert_eq!(recreating("a", Some(&entry("b", false))), Some("b"));
-        assert_eq!(recreating("a", Some(&entry("b", true))), Some("b"));
-        // Claimed here, not created yet.
-        assert_eq!(recreating("a", Some(&entry("a", true))), Some("a"));
-        // This node's and done, yet not here: removed. No entry: gone.
-        assert_eq!(recreating("a", Some(&entry("a", false))), None);
-        assert_eq!(recreating("a", None), None);
-    }
 
     #[test]
     fn a_done_mark_lasts_until_the_watch_catches_up_or_the_entry_goes() {

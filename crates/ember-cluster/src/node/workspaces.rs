@@ -321,6 +321,29 @@ pub(super) async fn commit(
     }
 }
 
+impl ClusterPlane {
+    /// `ember serve --checkpoint-every`: every `every`, a checkpoint of each
+    /// read-write workspace of this node's rebind sandboxes (while it
+    /// renews; a failure is logged and the next round tries again).
+    pub(super) async fn checkpoint_loop(self: std::sync::Arc<Self>, every: std::time::Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if !self.fence.renewed() {
+                continue;
+            }
+            let names = self.fence.workspaces_held();
+            for name in names {
+                if let Err(e) = self.checkpoint_here(&name).await {
+                    tracing::warn!(workspace = %name, error = %e, "periodic checkpoint");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
