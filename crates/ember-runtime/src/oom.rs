@@ -64,12 +64,6 @@ impl OomSources {
             inner.sources[i].1 = inner.sources[i].1.saturating_sub(1);
         }
     }
-
-    /// How many sources are made, and how many sandboxes report to them.
-    pub fn counts(&self) -> (usize, usize) {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        (inner.sources.len(), inner.of.len())
-    }
 }
 
 impl Inner {
