@@ -123,6 +123,7 @@ impl Monitor {
     /// return it to the pool; it is fsynced just after, off the answer path
     /// (`Store::save_deferred`). Written on a blocking thread: the monitor
     /// runs on the runtime's workers, which the claims need.
+    ///
     /// The agent is told here, by the monitor, not by the claim path: an
     /// entrypoint that exits at once ends the sandbox only after the claim
     /// is recorded, so its end is the caller's (`Exited(n)`). Told from the
@@ -148,8 +149,8 @@ impl Monitor {
         }
         // Ended while it was told, with no entrypoint of the claim's to
         // explain it: still an idle member's end, and the claim tries the next.
-        let ended = self.live.as_ref().is_none_or(|l| ember_runtime::has_exited(l.pidfd.get_ref()));
-        if ended && p.spec.entrypoint.is_empty() {
+        let ended = || self.live.as_ref().is_none_or(|l| ember_runtime::has_exited(l.pidfd.get_ref()));
+        if p.spec.entrypoint.is_empty() && ended() {
             let reason = self.exit_reason().await;
             self.end(reason).await;
             return Err(EngineError::NotFound(cur.id.to_string()));

@@ -1,5 +1,5 @@
 //! The OOM watch of the live sandboxes. A class reports its sandboxes' OOM
-//! events to a few shared descriptors (`ember_runtime::oom`); here one task
+//! events to descriptors up to 64 of them share (`ember_runtime::oom`); here one task
 //! per descriptor waits for it, reads the kill counters of the sandboxes
 //! reported to it, and wakes the monitors of those that counted a kill. A
 //! monitor then ends its sandbox as `OOMKilled`, as it did with a
