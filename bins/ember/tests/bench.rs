@@ -8,10 +8,15 @@ use serde_json::Value;
 use std::process::{Command, Output};
 
 fn bench_create(d: &Daemon, runs: &str, path: Option<&std::path::Path>) -> Output {
+    // The agent named relative to the bench's working directory, as
+    // `EMBER_AGENT_BIN=target/release/ember-agent-static` from a checkout.
+    let agent = agent_bin();
+    let (dir, file) = (agent.parent().expect("the agent's dir"), agent.file_name().expect("the agent's name"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
     cmd.args(["bench", "create", "--runs", runs, "--json"])
+        .current_dir(dir)
         .env("EMBER_URL", &d.url)
-        .env("EMBER_AGENT_BIN", agent_bin());
+        .env("EMBER_AGENT_BIN", std::path::Path::new(".").join(file));
     if let Some(p) = path {
         cmd.env("PATH", p);
     }

@@ -304,3 +304,72 @@ async fn an_entrypoint_that_exits_at_once_still_creates_and_ends_with_its_code()
     assert_eq!(s.status.reason.as_deref(), Some("Exited(127)"));
     assert!(!d.cgroups().exists(&ok.id) && !d.cgroups().exists(&bad.id));
 }
+
+/// The kernel's `cgroup_attach_task` events for one cgroup path, read from a
+/// trace instance of the test's own (removed on drop): (moved task, mover).
+struct AttachTrace(std::path::PathBuf);
+
+impl AttachTrace {
+    fn start(name: &str) -> AttachTrace {
+        let dir = std::path::PathBuf::from("/sys/kernel/tracing/instances").join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).expect("a trace instance (tracefs at /sys/kernel/tracing)");
+        let t = AttachTrace(dir);
+        std::fs::write(t.0.join("events/cgroup/cgroup_attach_task/enable"), "1").expect("enable cgroup_attach_task");
+        t
+    }
+
+    /// `(pid moved, pid of the writer)` of each event into `path`.
+    fn moves_into(&self, path: &str) -> Vec<(i32, i32)> {
+        let text = std::fs::read_to_string(self.0.join("trace")).expect("read the trace");
+        let field = |l: &str, key: &str| -> Option<String> {
+            l.split_whitespace().find_map(|w| w.strip_prefix(key)).map(str::to_string)
+        };
+        text.lines()
+            .filter(|l| !l.starts_with('#') && field(l, "dst_path=").as_deref() == Some(path))
+            .map(|l| {
+                let moved = field(l, "pid=").and_then(|p| p.parse().ok()).unwrap_or(-1);
+                // The line starts `comm-TID [cpu] ...`: the writer's thread.
+                let head = l.split(" [").next().unwrap_or_default();
+                let writer = head.rsplit('-').next().and_then(|p| p.trim().parse().ok()).unwrap_or(-1);
+                (moved, writer)
+            })
+            .collect()
+    }
+}
+
+impl Drop for AttachTrace {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("events/cgroup/cgroup_attach_task/enable"), "0");
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// On cgroup v1 the sandbox init is born in its cgroups: the thread that
+/// clones it moves itself into them first (`0` into each `tasks`), so the
+/// kernel never moves the init. Moving another process (its pid into
+/// `cgroup.procs`) takes the kernel's global threadgroup lock, which waits
+/// for an RCU grace period (5-10 ms here) on an isolated create. On v2 the
+/// init is still attached by pid, and the test checks that instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_init_is_born_in_its_cgroups_never_moved_into_them() {
+    let d = Daemon::start();
+    let trace = AttachTrace::start(&format!("ember-test-{}", std::process::id()));
+    let s = d.create_limited("128Mi", 64).await;
+    let init = d.procs(&s.id);
+    assert_eq!(init.len(), 1, "only the init runs in a new sandbox: {init:?}");
+    let moves = trace.moves_into(&format!("/{}/{}", d.group, s.id));
+    drop(trace);
+    if d.cgroups().version() == "v1" {
+        assert!(moves.len() >= 4, "one move a hierarchy (memory, cpu, pids, freezer at least): {moves:?}");
+        assert!(
+            moves.iter().all(|&(moved, by)| moved != init[0] && moved == by),
+            "the init {} was moved: {moves:?}",
+            init[0]
+        );
+    } else {
+        assert_eq!(moves.iter().map(|m| m.0).collect::<Vec<_>>(), vec![init[0]], "v2 attaches the init by pid");
+    }
+    let (code, out, _) = d.sh(&s.id, "echo in", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "in\n"));
+}

@@ -100,6 +100,15 @@ impl Cgroups for V1 {
         Ok(())
     }
 
+    /// `0` into each hierarchy's `tasks`: the calling thread. The kernel
+    /// takes no threadgroup lock to move `current` alone.
+    fn enter_thread(&self, name: &str) -> Result<bool, CgroupError> {
+        for root in self.all_roots() {
+            write(&root.join(&self.group).join(name).join("tasks"), "0")?;
+        }
+        Ok(true)
+    }
+
     fn oom_source(&self) -> Result<OwnedFd, CgroupError> {
         Ok(ember_sys::fd::eventfd()?)
     }

@@ -120,6 +120,8 @@ pub enum SpawnError {
     Child { step: &'static str, source: std::io::Error },
     #[error("parent-side setup of pid {pid} failed: {message}")]
     ParentSetup { pid: i32, message: String },
+    #[error("moving the spawning thread into the sandbox's cgroups failed: {0}")]
+    EnterCgroups(String),
     #[error("sandbox init did not exec within {0:?}")]
     Timeout(Duration),
 }
@@ -166,11 +168,17 @@ pub struct SpawnFrom<'a> {
     pub mounts: Option<BorrowedFd<'a>>,
     /// A network namespace to join instead of a fresh one (a prepared slot).
     pub netns: Option<BorrowedFd<'a>>,
+    /// Run on the spawning thread right before the clone, to move that
+    /// thread into the sandbox's cgroups so the init is born in them
+    /// (`ember_cgroups::Cgroups::enter_thread`). Given one, the spawn always
+    /// runs on a short-lived thread of its own, which ends with the spawn:
+    /// no other thread of the daemon ever leaves the daemon's cgroups.
+    pub enter_cgroups: Option<&'a (dyn Fn() -> Result<(), String> + Sync)>,
 }
 
 /// Starts the sandbox init from the namespaces `from` names. `parent_setup`
 /// runs once the child exists and before it continues (attach it to its
-/// cgroups there).
+/// cgroups there, unless `from.enter_cgroups` had it born in them).
 ///
 /// A process can only enter a network namespace with CAP_SYS_ADMIN over the
 /// user namespace that owns it, which the child loses the moment it enters its
@@ -187,7 +195,7 @@ pub fn spawn_sandbox_from(
     fds: LaunchFds<'_>,
     parent_setup: impl FnOnce(i32) -> Result<(), String> + Send,
 ) -> Result<Spawned, SpawnError> {
-    if from.mounts.is_none() && from.netns.is_none() {
+    if from.mounts.is_none() && from.netns.is_none() && from.enter_cgroups.is_none() {
         return spawn_inner(plan, fds, parent_setup, NS_FLAGS);
     }
     let flags = match from.netns {
@@ -201,6 +209,9 @@ pub fn spawn_sandbox_from(
             }
             if let Some(n) = from.netns {
                 crate::netns::enter(n)?;
+            }
+            if let Some(enter) = from.enter_cgroups {
+                enter().map_err(SpawnError::EnterCgroups)?;
             }
             spawn_inner(plan, fds, parent_setup, flags)
         });

@@ -46,7 +46,8 @@ pub fn preflight() -> Result<(String, PathBuf), String> {
         ));
     }
     let agent = match std::env::var_os("EMBER_AGENT_BIN") {
-        Some(p) => PathBuf::from(p),
+        // Absolute: crun resolves the bundle's paths from its own directory.
+        Some(p) => std::path::absolute(&p).map_err(|e| format!("EMBER_AGENT_BIN {p:?}: {e}"))?,
         None => crate::serve::default_agent().map_err(|e| format!("{e:#}; or set EMBER_AGENT_BIN"))?,
     };
     Ok((version, agent))

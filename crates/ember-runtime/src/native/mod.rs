@@ -21,6 +21,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,7 +101,11 @@ impl NativeRuntime {
 
     /// The namespace launches clone from, if not the host's.
     fn launch_from<'a>(&'a self, netns: Option<&'a OwnedFd>) -> SpawnFrom<'a> {
-        SpawnFrom { mounts: self.launch_ns.as_ref().map(|n| n.as_fd()), netns: netns.map(|f| f.as_fd()) }
+        SpawnFrom {
+            mounts: self.launch_ns.as_ref().map(|n| n.as_fd()),
+            netns: netns.map(|f| f.as_fd()),
+            enter_cgroups: None,
+        }
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -207,9 +212,21 @@ impl NativeRuntime {
         let plan = self.plan(id, spec, &dir, net, &trees.raw());
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
-        let setup = |pid| cg.attach(name, pid).map_err(|e| e.to_string());
+        // The init is born in its cgroups where the spawning thread can enter
+        // them (v1); else it is attached by pid before it goes on.
+        let born_in = AtomicBool::new(false);
+        let enter = || {
+            let entered = cg.enter_thread(name).map_err(|e| e.to_string())?;
+            born_in.store(entered, Ordering::Relaxed);
+            Ok(())
+        };
+        let setup = |pid| match born_in.load(Ordering::Relaxed) {
+            true => Ok(()),
+            false => cg.attach(name, pid).map_err(|e| e.to_string()),
+        };
         let netns = net.map(|n| ember_sys::netns::open(&n.netns)).transpose()?;
-        let spawned = spawn_sandbox_from(self.launch_from(netns.as_ref()), &plan, fds, setup)
+        let from = SpawnFrom { enter_cgroups: Some(&enter), ..self.launch_from(netns.as_ref()) };
+        let spawned = spawn_sandbox_from(from, &plan, fds, setup)
             .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
         drop((listener, trees));
         let t_spawn = t0.elapsed();
