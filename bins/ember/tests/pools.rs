@@ -342,6 +342,32 @@ async fn a_pooled_sandbox_that_ends_before_its_claim_is_skipped() {
     assert!(gone(&dir).await, "the killed pooled sandbox was torn down");
 }
 
+/// A warm claim's server-side time (`X-Ember-Launch-Micros`, the record's
+/// `launch.micros`) runs to the agent's answer, as a cold start's runs to a
+/// ready agent: here the agent takes 300 ms to take the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_claims_recorded_time_includes_its_agent_taking_the_claim() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (d, dir, listener) = one_hijacked_member().await;
+    let member = dir.file_name().and_then(|n| n.to_str()).expect("sandbox dir name").to_string();
+    let slow = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("the claim connects");
+        let _ = s.read(&mut [0u8; 4096]).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let reply =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        s.write_all(reply.as_bytes()).await.expect("answer the bind");
+    });
+    let req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
+    let (s, micros) = d.client.create_sandbox(&req).await.expect("create");
+    slow.await.expect("the slow agent");
+    assert_eq!(s.id, member, "the pooled member was claimed");
+    let launch = d.client.get_sandbox(&s.id).await.expect("get").launch.expect("a launch record");
+    assert_eq!(launch.kind, "warm");
+    assert!(micros >= 300_000, "the claim's time left out its agent's 300 ms: {micros} µs");
+    assert_eq!(launch.micros, micros, "the header and the record agree");
+}
+
 /// The nice value of every thread of process `pid` (field 19 of its stat).
 fn thread_nices(pid: i32) -> Vec<i64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");

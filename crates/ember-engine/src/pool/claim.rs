@@ -59,7 +59,6 @@ impl Pools {
                 // Written before the entrypoint starts; never stored.
                 "secrets": req.secrets,
             });
-            let micros = t0.elapsed().as_micros() as u64;
             let now = now_ms();
             let patch = ClaimPatch {
                 spec: spec.clone(),
@@ -67,7 +66,8 @@ impl Pools {
                 workspaces: mounted.clone(),
                 created_at_ms: now,
                 expires_at_ms: spec.ttl_secs.map(|t| ember_types::limits::expiry_ms(now, t)),
-                launch: LaunchRecord { kind: "warm".into(), micros, phases: Default::default() },
+                launch: LaunchRecord { kind: "warm".into(), micros: 0, phases: Default::default() },
+                t0,
                 agent_claim,
                 span: tracing::Span::current(),
             };
@@ -88,6 +88,7 @@ impl Pools {
                 }
             };
             pool.record_claim();
+            let micros = rec.launch.as_ref().map_or(0, |l| l.micros);
             tracing::info!(sandbox = %id, micros, "claimed from the pool");
             self.sandboxes.observe_launch(&rec.spec, "warm", micros);
             return Ok(Some(rec));

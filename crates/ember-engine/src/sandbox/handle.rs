@@ -172,7 +172,9 @@ impl Monitor {
         next.image_uri = p.image_uri;
         next.created_at_ms = p.created_at_ms;
         next.expires_at_ms = p.expires_at_ms;
-        next.launch = Some(p.launch);
+        // The claim's time, as a cold start's: request to a ready agent, its
+        // bind included (the record's write is not, in either).
+        next.launch = Some(crate::record::LaunchRecord { micros: p.t0.elapsed().as_micros() as u64, ..p.launch });
         let (engine, rec) = (self.engine.clone(), next.clone());
         tokio::task::spawn_blocking(move || engine.store.save_deferred(rec.id.as_str(), &rec))
             .await

@@ -81,7 +81,10 @@ pub(crate) struct ClaimPatch {
     pub workspaces: Vec<MountedWorkspace>,
     pub created_at_ms: i64,
     pub expires_at_ms: Option<i64>,
+    /// Its `micros` are set by the monitor once the agent took the claim.
     pub launch: crate::record::LaunchRecord,
+    /// When the claim's request began: the claim's time runs to the agent's answer.
+    pub t0: std::time::Instant,
     /// What the agent is told (env, user, entrypoint, secrets): sent by the
     /// monitor itself, never kept.
     pub agent_claim: serde_json::Value,
