@@ -31,6 +31,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             "ember-engine",
             &[
                 "ember-types",
+                // A record's save: `ember_sys::fs::exchange` (store.rs).
+                "ember-sys",
                 "ember-agent-client",
                 "ember-runtime",
                 "ember-image",

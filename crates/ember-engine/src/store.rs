@@ -2,8 +2,9 @@
 //! of `<data>/state`.
 //!
 //! Format: a header line `EMBER-STATE v1 <fnv64 of the body>` and the JSON body.
-//! Written to a temp file and renamed into place, so a crash leaves either the old
-//! or the new record, never a torn one; a record whose checksum does not match is
+//! Written to a temp file and exchanged with the record (the old version
+//! becomes the next save's temp file), so a crash leaves either the old or the
+//! new record, never a torn one; a record whose checksum does not match is
 //! reported, not trusted. Every save is durable before it returns (the file
 //! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
 //! the API acknowledged survives a power loss too, not only a daemon crash:
@@ -17,7 +18,6 @@ use crate::error::EngineError;
 use crate::flush::Flusher;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -47,11 +47,10 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), EngineError> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(store_err(dir))
 }
 
-/// Writes `data` to `path` as a `0600` file (callers write a temp file and
-/// rename it into place): records hold sandboxes' env.
 /// Opens `path` for writing, created 0600: records hold a sandbox's env.
+/// Not truncated: [`write_durable`] rewrites it in place.
 fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
-    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(path)?;
     // A temp file a crash left behind keeps its old mode through `open`.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     Ok(f)
@@ -89,10 +88,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {
-        match std::fs::remove_file(self.path(id)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(store_err(&self.path(id))(e)),
-            _ => Ok(()),
-        }
+        remove_durable(&self.path(id))
     }
 
     /// One record: `None` if there is none, else it or why it could not be read.
@@ -134,20 +130,34 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
 }
 
 /// Replaces `path` with `data` so that, once this returns, a crash or a power
-/// loss leaves the new file: a temp file (`<path>.tmp`, which `load_all`
-/// clears) written and fsynced, renamed over `path`, then the directory
-/// fsynced (the rename is durable only once the directory is). On error the
-/// old file stands and the temp file is removed.
+/// loss leaves the new file: the temp file (`<path>.tmp`, which
+/// `recover_all` clears) written and fsynced, exchanged with `path`, then the
+/// directory fsynced (the exchange is durable only once the directory is).
+/// On error the old file stands and the temp file is removed.
 /// (`sync: false`: the same without the two fsyncs.)
+///
+/// Exchanged, not renamed over: the old version becomes the next write's
+/// temp file, rewritten in place. A rename over `path` freed the old inode
+/// and made a new one at every save; on this host's ext4 (no journal,
+/// `discard`) that was an inode search and a synchronous discard on a
+/// claim's path, under the directory's lock every other save waits for
+/// (docs/performance.md, "A record written in place"). Once both names
+/// exist a save allocates and frees nothing.
 pub(crate) fn write_durable(path: &Path, data: &[u8], sync: bool) -> Result<(), EngineError> {
+    use std::os::unix::fs::FileExt;
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
-        let mut f = open_private(&tmp)?;
-        f.write_all(data)?;
+        let f = open_private(&tmp)?;
+        f.write_all_at(data, 0)?;
+        // Within its block, a shorter record frees nothing either.
+        f.set_len(data.len() as u64)?;
         if sync {
             f.sync_all()?;
         }
-        std::fs::rename(&tmp, path)
+        if !ember_sys::fs::exchange(&tmp, path)? {
+            std::fs::rename(&tmp, path)?;
+        }
+        Ok(())
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
@@ -158,6 +168,18 @@ pub(crate) fn write_durable(path: &Path, data: &[u8], sync: bool) -> Result<(), 
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(store_err(dir))
+}
+
+/// Removes what [`write_durable`] made at `path`: the file and the previous
+/// version beside it (a record's env outlives neither).
+pub(crate) fn remove_durable(path: &Path) -> Result<(), EngineError> {
+    for p in [path.to_path_buf(), path.with_extension("tmp")] {
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(store_err(&p)(e)),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn encode<T: Serialize>(r: &T) -> Result<Vec<u8>, EngineError> {
@@ -206,6 +228,38 @@ mod tests {
         assert!(in_flight.exists(), "a list removed a write in flight");
         assert_eq!(store.recover_all().len(), 1);
         assert!(!in_flight.exists(), "a start keeps a torn write");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A save frees no inode: the version it replaces stays linked (as the
+    /// next save's temp file), so no save pays for a free (on a `discard`
+    /// mount, a synchronous discard) or for a new inode once both exist.
+    /// Shorter and longer versions read back whole; a removal takes both.
+    #[test]
+    fn a_save_keeps_the_old_version_linked_and_removal_takes_both() {
+        use std::os::unix::fs::MetadataExt;
+        let d = dir("inplace");
+        let store: Store<String> = Store::open(d.clone()).expect("open");
+        store.save("r", &"x".repeat(3000)).expect("save");
+        let mut inodes = std::collections::BTreeSet::new();
+        for (i, len) in [10usize, 2500, 1, 4000, 7].into_iter().enumerate() {
+            let old = std::fs::File::open(d.join("r.json")).expect("the record");
+            let value = format!("{i}{}", "y".repeat(len));
+            match i % 3 {
+                0 => store.save("r", &value),
+                1 => store.save_volatile("r", &value),
+                _ => store.save_deferred("r", &value),
+            }
+            .expect("save");
+            let meta = old.metadata().expect("fstat");
+            assert_eq!(meta.nlink(), 1, "save {i} unlinked the version it replaced");
+            inodes.insert(meta.ino());
+            assert_eq!(store.load("r").expect("a record").expect("readable"), value);
+        }
+        assert_eq!(inodes.len(), 2, "saves made new inodes: {inodes:?}");
+        assert_eq!(store.load_all().len(), 1, "the old version is no record of its own");
+        store.remove("r").expect("remove");
+        assert!(!d.join("r.json").exists() && !d.join("r.tmp").exists(), "a version left behind");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

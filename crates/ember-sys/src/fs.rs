@@ -216,3 +216,16 @@ mod tests {
         std::fs::remove_dir(&d).unwrap();
     }
 }
+
+/// Swaps the names `a` and `b` in one atomic step (`renameat2` with
+/// `RENAME_EXCHANGE`): each keeps its inode, neither is freed. `Ok(false)`,
+/// nothing done, when `b` does not exist yet or the filesystem cannot
+/// exchange (`EINVAL`): the caller renames instead.
+pub fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    match renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::NOENT || e == rustix::io::Errno::INVAL => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}

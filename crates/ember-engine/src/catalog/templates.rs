@@ -86,7 +86,11 @@ impl TemplateStore {
 
     pub fn remove(&self, name: &str) -> Result<(), EngineError> {
         let p = self.path(name);
-        std::fs::remove_file(&p).map_err(|source| EngineError::Store { path: p, source })
+        if !p.exists() {
+            let source = std::io::ErrorKind::NotFound.into();
+            return Err(EngineError::Store { path: p, source });
+        }
+        crate::store::remove_durable(&p)
     }
 }
 
