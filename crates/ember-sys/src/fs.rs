@@ -157,6 +157,19 @@ pub fn mounted(path: &Path) -> bool {
     mi.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|m| Path::new(m) == path))
 }
 
+/// Swaps the names `a` and `b` in one atomic step (`renameat2` with
+/// `RENAME_EXCHANGE`): each keeps its inode, neither is freed. `Ok(false)`,
+/// nothing done, when `b` does not exist yet or the filesystem cannot
+/// exchange (`EINVAL`): the caller renames instead.
+pub fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    match renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::NOENT || e == rustix::io::Errno::INVAL => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,18 +227,5 @@ mod tests {
         assert!(!d.join("x").exists(), "the file lived on the tmpfs");
         assert!(!unmount_detach(&d).unwrap(), "nothing is mounted any more");
         std::fs::remove_dir(&d).unwrap();
-    }
-}
-
-/// Swaps the names `a` and `b` in one atomic step (`renameat2` with
-/// `RENAME_EXCHANGE`): each keeps its inode, neither is freed. `Ok(false)`,
-/// nothing done, when `b` does not exist yet or the filesystem cannot
-/// exchange (`EINVAL`): the caller renames instead.
-pub fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
-    use rustix::fs::{renameat_with, RenameFlags, CWD};
-    match renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE) {
-        Ok(()) => Ok(true),
-        Err(e) if e == rustix::io::Errno::NOENT || e == rustix::io::Errno::INVAL => Ok(false),
-        Err(e) => Err(e.into()),
     }
 }
