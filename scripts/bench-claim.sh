@@ -7,8 +7,8 @@
 #
 # Env: EMBER_BIN (default target/release/ember), EMBER_AGENT_BIN (default
 # target/release/ember-agent-static), EMBER_SERVE_ARGS (extra serve flags),
-# EMBER_TASK_WORKERS (default 8), PERF_RECORD=1 (perf record -g the daemon
-# during the run into $BENCH_OUT/perf.data).
+# EMBER_TASK_WORKERS (default 8), PERF_RECORD=1 (perf record -a -g during the
+# run into $BENCH_OUT/perf.data; off-CPU waits: scripts/offcpu.py).
 # As root. Leaves nothing behind: the daemon is stopped and
 # `ember uninstall` removes its data dir and cgroups.
 set -euo pipefail
@@ -46,9 +46,11 @@ done
 [[ -n "$url" ]] || { cat "$out/serve.log" >&2; echo "ember serve did not start" >&2; exit 1; }
 
 if [[ "${PERF_RECORD:-0}" == 1 ]]; then
-  # On-CPU samples, and every context switch with its stack: where the
-  # daemon's threads block (an fsync on a runtime worker shows here).
-  perf record -g -e cpu-clock -F 499 -e sched:sched_switch -p "$pid" -o "$out/perf.data" >/dev/null 2>&1 &
+  # On-CPU samples, and every context switch with its stack, host-wide:
+  # where the daemon's threads block (an fsync on a runtime worker shows
+  # here). Host-wide so that each switch-out has its switch-in (`-p` records
+  # only the side of the traced process): scripts/offcpu.py sums the waits.
+  perf record -a -g -e cpu-clock -F 499 -e sched:sched_switch -o "$out/perf.data" >/dev/null 2>&1 &
   perf_pid=$!
 fi
 

@@ -11,6 +11,10 @@ the time between is summed by (command, state, kernel stack). Sleeps in
 epoll, futex, nanosleep, poll, wait, sigsuspend and netlink reads are left out: they are idle threads,
 not waits. `--grep SYMBOL` sums the waits whose stack holds SYMBOL by the
 frames around the syscall instead, to find the caller.
+
+A pair that spans events perf lost (its "lost" warnings; a larger
+`--mmap-pages` helps) counts the whole gap: read a few long waits (small
+n, large total) with that in mind.
 """
 import argparse
 import collections
