@@ -33,6 +33,7 @@ tests=(
   "ember-cgroups/host a_freeze_that_cannot_complete_is_undone"
   "ember/isolation oom_kill_is_reported_and_the_neighbour_keeps_running"
   "ember/isolation a_sandbox_costs_the_daemon_one_descriptor_and_an_oom_still_ends_only_its_own"
+  "ember/isolation the_init_is_born_in_its_cgroups_never_moved_into_them"
   "ember/isolation fork_bomb_is_capped_by_the_pids_limit"
   "ember/isolation a_sandbox_sees_only_its_processes_its_loopback_and_its_hostname"
   "ember/isolation a_sandbox_is_the_root_of_its_cgroup_namespace"

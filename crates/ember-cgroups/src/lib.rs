@@ -177,6 +177,13 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
         let _ = name;
         Ok(false)
     }
+    /// The sandbox's cgroup directory, opened, for a clone into it
+    /// (`CLONE_INTO_CGROUP`, cgroup v2 only): its init is then born there,
+    /// as [`Cgroups::enter_thread`] does on v1. `None` on v1.
+    fn open_dir(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
+        let _ = name;
+        Ok(None)
+    }
     /// A new descriptor that OOM events of any number of sandbox cgroups can
     /// be reported to ([`Cgroups::oom_report_to`]): v1 an eventfd, v2 an
     /// inotify instance.

@@ -52,6 +52,13 @@ impl Cgroups for V2 {
         write(&self.dir(name).join("cgroup.procs"), &pid.to_string())
     }
 
+    fn open_dir(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
+        // A directory opens read-only like a file (close-on-exec, as std does).
+        let d = self.dir(name);
+        let f = std::fs::File::open(&d).map_err(io_err("open", &d))?;
+        Ok(Some(f.into()))
+    }
+
     fn oom_source(&self) -> Result<OwnedFd, CgroupError> {
         Ok(ember_sys::fd::inotify()?)
     }

@@ -17,7 +17,7 @@
 //!    the pipe is close-on-exec, so EOF tells the parent the exec succeeded.
 use crate::fd::{dup_above, pipe};
 use crate::pidfd::{pidfd_signal, pidfd_try_wait};
-use crate::vmclone::{clone_vm, SignalsBlocked, Stack};
+use crate::vmclone::{clone_vm, clone_vm_into, SignalsBlocked, Stack};
 use crate::SysError;
 use seccompiler::BpfProgram;
 use std::ffi::CString;
@@ -174,11 +174,15 @@ pub struct SpawnFrom<'a> {
     /// runs on a short-lived thread of its own, which ends with the spawn:
     /// no other thread of the daemon ever leaves the daemon's cgroups.
     pub enter_cgroups: Option<&'a (dyn Fn() -> Result<(), String> + Sync)>,
+    /// A cgroup v2 directory to clone the init into (`CLONE_INTO_CGROUP`),
+    /// so it is born there; the parent's setup is told whether it was.
+    pub cgroup_dir: Option<BorrowedFd<'a>>,
 }
 
 /// Starts the sandbox init from the namespaces `from` names. `parent_setup`
-/// runs once the child exists and before it continues (attach it to its
-/// cgroups there, unless `from.enter_cgroups` had it born in them).
+/// runs once the child exists and before it continues, with its pid and
+/// whether it was born in `from.cgroup_dir` (attach it to its cgroups there
+/// otherwise, unless `from.enter_cgroups` had it born in them).
 ///
 /// A process can only enter a network namespace with CAP_SYS_ADMIN over the
 /// user namespace that owns it, which the child loses the moment it enters its
@@ -193,10 +197,11 @@ pub fn spawn_sandbox_from(
     from: SpawnFrom<'_>,
     plan: &LaunchPlan,
     fds: LaunchFds<'_>,
-    parent_setup: impl FnOnce(i32) -> Result<(), String> + Send,
+    parent_setup: impl FnOnce(i32, bool) -> Result<(), String> + Send,
 ) -> Result<Spawned, SpawnError> {
+    let cgroup = from.cgroup_dir.map(|f| f.as_raw_fd());
     if from.mounts.is_none() && from.netns.is_none() && from.enter_cgroups.is_none() {
-        return spawn_inner(plan, fds, parent_setup, NS_FLAGS);
+        return spawn_inner(plan, fds, parent_setup, NS_FLAGS, cgroup);
     }
     let flags = match from.netns {
         Some(_) => NS_FLAGS & !(libc::CLONE_NEWNET as u64),
@@ -213,7 +218,7 @@ pub fn spawn_sandbox_from(
             if let Some(enter) = from.enter_cgroups {
                 enter().map_err(SpawnError::EnterCgroups)?;
             }
-            spawn_inner(plan, fds, parent_setup, flags)
+            spawn_inner(plan, fds, parent_setup, flags, cgroup)
         });
         t.join().unwrap_or_else(|_| {
             Err(SysError::new("spawn thread", "sandbox init", std::io::Error::other("the spawn thread panicked"))
@@ -225,8 +230,9 @@ pub fn spawn_sandbox_from(
 fn spawn_inner(
     plan: &LaunchPlan,
     fds: LaunchFds<'_>,
-    parent_setup: impl FnOnce(i32) -> Result<(), String>,
+    parent_setup: impl FnOnce(i32, bool) -> Result<(), String>,
     ns_flags: u64,
+    cgroup: Option<RawFd>,
 ) -> Result<Spawned, SpawnError> {
     let (sync_r, sync_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -262,25 +268,25 @@ fn spawn_inner(
     let stack = Stack::new(CHILD_STACK)?;
     let ctx = InitCtx { plan, fds: &cfds, args: &args };
     let mut pidfd: RawFd = -1;
-    // SAFETY: `init_entry` runs `child_main`, which keeps vmclone.rs's rules
-    // (raw syscalls on data prepared here, no allocation); `ctx` and what it
-    // points to live on this frame until the child has exec'd or been reaped
-    // (below); signals are blocked.
-    let pid = unsafe {
-        clone_vm(
-            ns_flags as libc::c_int,
-            plan.ns_owner,
-            &stack,
-            init_entry,
-            &ctx as *const InitCtx as *mut _,
-            Some(&mut pidfd),
-        )
-    }?;
+    let (flags, entry, arg) = (ns_flags as libc::c_int, init_entry, &ctx as *const InitCtx as *mut _);
+    let born_in = match cgroup {
+        // SAFETY: `init_entry` runs `child_main`, which keeps vmclone.rs's
+        // rules (raw syscalls on data prepared here, no allocation); `ctx`
+        // and what it points to live on this frame until the child has
+        // exec'd or been reaped (below); signals are blocked.
+        Some(cg) => unsafe { clone_vm_into(flags, plan.ns_owner, &stack, entry, arg, &mut pidfd, cg) }?,
+        None => None,
+    };
+    let pid = match born_in {
+        Some(pid) => pid,
+        // SAFETY: as for `clone_vm_into` just above.
+        None => unsafe { clone_vm(flags, plan.ns_owner, &stack, entry, arg, Some(&mut pidfd)) }?,
+    };
     // SAFETY: CLONE_PIDFD stored a fresh descriptor that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((sync_r, err_w, exe, listen, log));
     let spawned = Spawned { pid, pidfd };
-    let res = release_child(plan, &spawned, sync_w, &err_r, parent_setup);
+    let res = release_child(plan, &spawned, sync_w, &err_r, |pid| parent_setup(pid, born_in.is_some()));
     drop(blocked);
     match res {
         // EOF on the error pipe: the child exec'd (its memory is a new one

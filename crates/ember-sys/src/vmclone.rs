@@ -131,3 +131,130 @@ pub(crate) unsafe fn clone_vm(
     }
     clone_err.map_or(Ok(pid), Err)
 }
+
+/// `clone3`'s arguments (`struct clone_args`, linux/sched.h), up to `cgroup`.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `CLONE_INTO_CGROUP` (Linux 5.7): the child starts in the cgroup `cgroup` names.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3(args, size)`; the child, on the stack `args` names, calls
+/// `entry(arg)` and exits with its value. Returns the child's pid, or
+/// `-errno`. In assembly: after a `clone3` that switches stacks, the child
+/// must not touch the parent's frame, which a Rust body would.
+///
+/// # Safety
+/// As [`clone_vm`]; `args` must name a stack of this process, 16-byte
+/// aligned at its top.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn clone3_on_stack(
+    args: *mut CloneArgs,
+    size: usize,
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+) -> libc::c_long {
+    // rdi = args, rsi = size (clone3's own), rdx = entry, rcx = arg. The
+    // syscall clobbers rcx and r11 only: entry and arg ride in r8 and r9.
+    core::arch::naked_asm!(
+        "mov r8, rdx",
+        "mov r9, rcx",
+        "mov eax, 435", // SYS_clone3
+        "syscall",
+        "test rax, rax",
+        "jnz 2f",
+        // The child, on its new stack (16-byte aligned: `call` leaves the
+        // callee the usual 8 below it).
+        "xor ebp, ebp",
+        "mov rdi, r9",
+        "call r8",
+        "mov edi, eax",
+        "mov eax, 60", // SYS_exit: this thread only, as a clone child's return
+        "syscall",
+        "ud2",
+        "2:",
+        "ret",
+    )
+}
+
+/// [`clone_vm`] with `CLONE_INTO_CGROUP`: the child is born in the cgroup
+/// whose directory `cgroup` is, and no one moves it there after (a move
+/// takes the kernel's global threadgroup lock, an RCU grace period when
+/// idle). `Ok(None)`, nothing done, where `clone3` or `CLONE_INTO_CGROUP`
+/// is missing (kernel before 5.7, another architecture, a cgroup v1
+/// directory): the caller clones with [`clone_vm`] and moves the child.
+///
+/// # Safety
+/// As [`clone_vm`].
+pub(crate) unsafe fn clone_vm_into(
+    flags: libc::c_int,
+    owner: u32,
+    stack: &Stack,
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+    pidfd: &mut RawFd,
+    cgroup: RawFd,
+) -> Result<Option<i32>, SysError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut args = CloneArgs {
+            flags: (flags as u32 as u64) | libc::CLONE_VM as u64 | libc::CLONE_PIDFD as u64 | CLONE_INTO_CGROUP,
+            pidfd: pidfd as *mut RawFd as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: stack.base as u64,
+            stack_size: stack.len as u64,
+            cgroup: cgroup as u64,
+            ..CloneArgs::default()
+        };
+        let keep = -1 as libc::c_int;
+        // SAFETY: as in `clone_vm`: this thread's effective uid only.
+        if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
+            return Err(SysError::last("seteuid", owner.to_string()));
+        }
+        // The kernel checks the move into the cgroup as a write of its
+        // `cgroup.procs` by this thread's fsuid, which the euid just took:
+        // root's again for files (the real uid is 0), while the euid alone
+        // owns the new user namespace. The child's own setresuid in it
+        // resets its fsuid before it touches a file.
+        // SAFETY: raw setfsuid of this thread only, to its real uid.
+        if owner != 0 && unsafe { libc::syscall(libc::SYS_setfsuid, 0 as libc::c_uint) } < 0 {
+            return Err(SysError::last("setfsuid", "0"));
+        }
+        // SAFETY: `args` is a live clone_args of the size given; the child
+        // runs `entry(arg)` on `stack` (the caller upholds clone_vm's rules)
+        // and exits; the kernel stores the pidfd through `args.pidfd`.
+        let ret = unsafe { clone3_on_stack(&mut args, std::mem::size_of::<CloneArgs>(), entry, arg) };
+        // SAFETY: as above; back to effective root (the saved uid is 0).
+        if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
+            return Err(SysError::last("seteuid", "0"));
+        }
+        match ret {
+            pid if pid > 0 => Ok(Some(pid as i32)),
+            e if [libc::ENOSYS, libc::E2BIG, libc::EOPNOTSUPP].contains(&(-e as i32)) => Ok(None),
+            e => Err(SysError::new(
+                "clone3",
+                "CLONE_VM child into its cgroup",
+                std::io::Error::from_raw_os_error(-e as i32),
+            )),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (flags, owner, stack, entry, arg, pidfd, cgroup);
+        Ok(None)
+    }
+}

@@ -44,7 +44,7 @@ fn a_held_sandbox_init_keeps_no_descriptor_of_another_launch() {
     let exe = std::fs::File::open("/bin/true").expect("/bin/true");
     let null = std::fs::File::options().read(true).write(true).open("/dev/null").expect("/dev/null");
     let fds = LaunchFds { exe: exe.as_fd(), listen: null.as_fd(), log: null.as_fd() };
-    let res = spawn_sandbox_from(SpawnFrom::default(), &plan(), fds, move |pid| {
+    let res = spawn_sandbox_from(SpawnFrom::default(), &plan(), fds, move |pid, _| {
         // The other launch's write end goes away in the daemon; only a copy
         // in this child can keep it open now.
         drop(other_w);

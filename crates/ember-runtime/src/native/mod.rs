@@ -105,6 +105,7 @@ impl NativeRuntime {
             mounts: self.launch_ns.as_ref().map(|n| n.as_fd()),
             netns: netns.map(|f| f.as_fd()),
             enter_cgroups: None,
+            cgroup_dir: None,
         }
     }
 
@@ -212,20 +213,28 @@ impl NativeRuntime {
         let plan = self.plan(id, spec, &dir, net, &trees.raw());
         let fds = LaunchFds { exe: self.agent_fd.as_fd(), listen: listener.as_fd(), log: log.as_fd() };
         let cg = &self.cgroups;
-        // The init is born in its cgroups where the spawning thread can enter
-        // them (v1); else it is attached by pid before it goes on.
+        // The init is born in its cgroups: on v1 the spawning thread enters
+        // them first, on v2 it is cloned into its directory; where neither
+        // can be (a kernel before 5.7 on v2), it is attached by pid before it
+        // goes on.
         let born_in = AtomicBool::new(false);
         let enter = || {
             let entered = cg.enter_thread(name).map_err(|e| e.to_string())?;
             born_in.store(entered, Ordering::Relaxed);
             Ok(())
         };
-        let setup = |pid| match born_in.load(Ordering::Relaxed) {
+        let setup = |pid, cloned_into: bool| match cloned_into || born_in.load(Ordering::Relaxed) {
             true => Ok(()),
             false => cg.attach(name, pid).map_err(|e| e.to_string()),
         };
         let netns = net.map(|n| ember_sys::netns::open(&n.netns)).transpose()?;
-        let from = SpawnFrom { enter_cgroups: Some(&enter), ..self.launch_from(netns.as_ref()) };
+        // v2: cloned into its cgroup (`CLONE_INTO_CGROUP`), where the kernel has it.
+        let cg_dir = cg.open_dir(name).map_err(Self::cg_err(id))?;
+        let from = SpawnFrom {
+            enter_cgroups: Some(&enter),
+            cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
+            ..self.launch_from(netns.as_ref())
+        };
         let spawned = spawn_sandbox_from(from, &plan, fds, setup)
             .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
         drop((listener, trees));
