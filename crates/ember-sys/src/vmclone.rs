@@ -111,25 +111,47 @@ pub(crate) unsafe fn clone_vm(
     arg: *mut libc::c_void,
     pidfd: Option<&mut RawFd>,
 ) -> Result<i32, SysError> {
-    let keep = -1 as libc::c_int;
     let with_pidfd = if pidfd.is_some() { libc::CLONE_PIDFD } else { 0 };
     let ptid = pidfd.map_or(std::ptr::null_mut(), |p| p as *mut RawFd);
-    // SAFETY: raw setresuid of this thread's effective uid only (glibc's
-    // wrapper would change every thread); real and saved stay 0.
-    if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
+    let pid = as_owner(owner, false, || {
+        // SAFETY: glibc's clone runs `entry(arg)` in the child on `stack`'s
+        // top and never returns there; the caller upholds the rules above.
+        // With CLONE_PIDFD the kernel stores the pidfd through `ptid`.
+        unsafe { libc::clone(entry, stack.top(), flags | libc::CLONE_VM | with_pidfd | libc::SIGCHLD, arg, ptid) }
+    })?;
+    if pid < 0 {
+        return Err(SysError::last("clone", "CLONE_VM child"));
+    }
+    Ok(pid)
+}
+
+/// Runs `f` with this thread's effective uid at `owner` (the owner of the
+/// user namespace a clone in `f` makes), then back at root's; with
+/// `fs_root`, its fsuid stays root's meanwhile (for file permission checks
+/// the kernel makes in the clone). Raw syscalls: glibc's wrappers would
+/// change every thread; real and saved uids stay 0. `f`'s own failure is
+/// its value's to report: the calls after it succeed or return an error of
+/// their own, so errno is still `f`'s when this returns `Ok`.
+fn as_owner<T>(owner: u32, fs_root: bool, f: impl FnOnce() -> T) -> Result<T, SysError> {
+    if owner == 0 {
+        return Ok(f());
+    }
+    let keep = -1 as libc::c_int;
+    // SAFETY: setresuid of this thread's effective uid only.
+    if unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
         return Err(SysError::last("seteuid", owner.to_string()));
     }
-    // SAFETY: glibc's clone runs `entry(arg)` in the child on `stack`'s top
-    // and never returns there; the caller upholds the rules above. With
-    // CLONE_PIDFD the kernel stores the pidfd through `ptid`.
-    let pid =
-        unsafe { libc::clone(entry, stack.top(), flags | libc::CLONE_VM | with_pidfd | libc::SIGCHLD, arg, ptid) };
-    let clone_err = (pid < 0).then(|| SysError::last("clone", "CLONE_VM child"));
-    // SAFETY: as above; back to effective root (the saved uid is 0).
-    if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
+    // SAFETY: setfsuid of this thread only, to its real uid (0).
+    if fs_root && unsafe { libc::syscall(libc::SYS_setfsuid, 0 as libc::c_uint) } < 0 {
+        return Err(SysError::last("setfsuid", "0"));
+    }
+    let value = f();
+    // SAFETY: as above; back to effective root (the saved uid is 0), which
+    // sets the fsuid back to 0 too.
+    if unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
         return Err(SysError::last("seteuid", "0"));
     }
-    clone_err.map_or(Ok(pid), Err)
+    Ok(value)
 }
 
 /// `clone3`'s arguments (`struct clone_args`, linux/sched.h), up to `cgroup`.
@@ -220,28 +242,17 @@ pub(crate) unsafe fn clone_vm_into(
             cgroup: cgroup as u64,
             ..CloneArgs::default()
         };
-        let keep = -1 as libc::c_int;
-        // SAFETY: as in `clone_vm`: this thread's effective uid only.
-        if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, owner as libc::c_uint, keep) } < 0 {
-            return Err(SysError::last("seteuid", owner.to_string()));
-        }
         // The kernel checks the move into the cgroup as a write of its
-        // `cgroup.procs` by this thread's fsuid, which the euid just took:
-        // root's again for files (the real uid is 0), while the euid alone
-        // owns the new user namespace. The child's own setresuid in it
-        // resets its fsuid before it touches a file.
-        // SAFETY: raw setfsuid of this thread only, to its real uid.
-        if owner != 0 && unsafe { libc::syscall(libc::SYS_setfsuid, 0 as libc::c_uint) } < 0 {
-            return Err(SysError::last("setfsuid", "0"));
-        }
-        // SAFETY: `args` is a live clone_args of the size given; the child
-        // runs `entry(arg)` on `stack` (the caller upholds clone_vm's rules)
-        // and exits; the kernel stores the pidfd through `args.pidfd`.
-        let ret = unsafe { clone3_on_stack(&mut args, std::mem::size_of::<CloneArgs>(), entry, arg) };
-        // SAFETY: as above; back to effective root (the saved uid is 0).
-        if owner != 0 && unsafe { libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_uint, keep) } < 0 {
-            return Err(SysError::last("seteuid", "0"));
-        }
+        // `cgroup.procs` by this thread's fsuid: root's (the real uid), while
+        // the euid alone owns the new user namespace. The child's own
+        // setresuid in it resets its fsuid before it touches a file.
+        let ret = as_owner(owner, true, || {
+            // SAFETY: `args` is a live clone_args of the size given; the
+            // child runs `entry(arg)` on `stack` (the caller upholds
+            // clone_vm's rules) and exits; the kernel stores the pidfd
+            // through `args.pidfd`.
+            unsafe { clone3_on_stack(&mut args, std::mem::size_of::<CloneArgs>(), entry, arg) }
+        })?;
         match ret {
             pid if pid > 0 => Ok(Some(pid as i32)),
             e if [libc::ENOSYS, libc::E2BIG, libc::EOPNOTSUPP].contains(&(-e as i32)) => Ok(None),
