@@ -217,8 +217,9 @@ unsafe extern "C" fn clone3_on_stack(
 /// whose directory `cgroup` is, and no one moves it there after (a move
 /// takes the kernel's global threadgroup lock, an RCU grace period when
 /// idle). `Ok(None)`, nothing done, where `clone3` or `CLONE_INTO_CGROUP`
-/// is missing (kernel before 5.7, another architecture, a cgroup v1
-/// directory): the caller clones with [`clone_vm`] and moves the child.
+/// is missing (a kernel before 5.7, another architecture): the caller
+/// clones with [`clone_vm`] and moves the child. `cgroup` must be a cgroup
+/// v2 directory (`Cgroups::open_dir` gives one only there).
 ///
 /// # Safety
 /// As [`clone_vm`].
