@@ -6,7 +6,7 @@
 //! becomes the next save's temp file), so a crash leaves either the old or the
 //! new record, never a torn one; a record whose checksum does not match is
 //! reported, not trusted. Every save is durable before it returns (the file
-//! fsynced, renamed, then its directory fsynced: [`write_durable`]), so what
+//! fsynced, exchanged, then its directory fsynced: [`write_durable`]), so what
 //! the API acknowledged survives a power loss too, not only a daemon crash:
 //! a pool spec, a sandbox's metadata, a template, a snapshot record. The
 //! exceptions: [`Store::save_volatile`], for records whose loss a power loss

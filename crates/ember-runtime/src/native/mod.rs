@@ -99,16 +99,6 @@ impl NativeRuntime {
         })
     }
 
-    /// The namespace launches clone from, if not the host's.
-    fn launch_from<'a>(&'a self, netns: Option<&'a OwnedFd>) -> SpawnFrom<'a> {
-        SpawnFrom {
-            mounts: self.launch_ns.as_ref().map(|n| n.as_fd()),
-            netns: netns.map(|f| f.as_fd()),
-            enter_cgroups: None,
-            cgroup_dir: None,
-        }
-    }
-
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.cfg.data_dir.join("sandboxes").join(id)
     }
@@ -231,9 +221,11 @@ impl NativeRuntime {
         // v2: cloned into its cgroup (`CLONE_INTO_CGROUP`), where the kernel has it.
         let cg_dir = cg.open_dir(name).map_err(Self::cg_err(id))?;
         let from = SpawnFrom {
+            // The namespaces launches clone from, if not the host's.
+            mounts: self.launch_ns.as_ref().map(|n| n.as_fd()),
+            netns: netns.as_ref().map(|f| f.as_fd()),
             enter_cgroups: Some(&enter),
             cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
-            ..self.launch_from(netns.as_ref())
         };
         let spawned = spawn_sandbox_from(from, &plan, fds, setup)
             .map_err(|source| RuntimeError::Spawn { id: id.clone(), source })?;
