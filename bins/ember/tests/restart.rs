@@ -12,6 +12,17 @@ fn kill9(pid: i32) {
     assert!(ok.success(), "kill -9 {pid}");
 }
 
+/// The filesystem types mounted at `<data>/sandboxes`, in mount order.
+fn sandbox_dir_mounts(d: &Daemon) -> Vec<String> {
+    let at = d.data_dir.join("sandboxes").canonicalize().expect("sandboxes dir");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mountinfo
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| std::path::Path::new(m) == at))
+        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(String::from))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_of_the_daemon_then_restart_converges() {
     let mut d = Daemon::start();
@@ -21,6 +32,14 @@ async fn kill9_of_the_daemon_then_restart_converges() {
     let (code, _, _) = d.sh(&keep.id, "echo kept > /tmp/marker", None).await;
     assert_eq!(code, Some(0));
     let keep_pids = d.procs(&keep.id);
+    // In memory: on a tmpfs of their own, or the data dir's (the v2 guest's).
+    let kept_dir = d.data_dir.join("sandboxes").join(&keep.id);
+    assert!(ember_sys::fs::is_tmpfs(&kept_dir).expect("statfs"), "the sandbox's host dir is in memory");
+    let own: &[&str] = match ember_sys::fs::is_tmpfs(&d.data_dir).expect("statfs") {
+        true => &[],
+        false => &["tmpfs"],
+    };
+    assert_eq!(sandbox_dir_mounts(&d), own, "the sandboxes' dirs have a tmpfs of their own");
 
     d.kill9();
     // While the daemon is down: one sandbox dies, one expires, and an orphan
@@ -35,6 +54,7 @@ async fn kill9_of_the_daemon_then_restart_converges() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     d.spawn();
+    assert_eq!(sandbox_dir_mounts(&d), own, "the restart found the tmpfs, and stacked no second one");
     let k = d.client.get_sandbox(&keep.id).await.expect("kept sandbox is known");
     assert_eq!(k.status.state, "Running");
     assert_eq!(k.metadata.get("owner").map(String::as_str), Some("t"), "acknowledged metadata survived");
@@ -141,7 +161,8 @@ async fn a_create_whose_record_cannot_be_written_fails_and_leaves_nothing() {
         .map(|e| e.file_name())
         .collect();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let sandbox_mounts = d.data_dir.join("sandboxes").display().to_string();
+    // Below the sandboxes' dir, which is a tmpfs of its own.
+    let sandbox_mounts = format!("{}/", d.data_dir.join("sandboxes").display());
     d.kill9();
     let _ = std::process::Command::new("umount").arg(&state).status();
 

@@ -43,11 +43,14 @@ impl LaunchNs {
 
     /// One for work under `dir` (the daemon's data dir, a store's root):
     /// `/`, `/proc`, `/dev`, `/usr`, the `also` dirs and `dir`'s own mount
-    /// kept, nothing mounted below `dir`.
-    pub fn for_dir(dir: &Path, also: &[&str]) -> Result<LaunchNs, SysError> {
+    /// kept, nothing mounted below `dir` but the mounts at its `own` subdirs
+    /// (`sandboxes`, the native runtime's tmpfs), each without what is
+    /// mounted below it.
+    pub fn for_dir(dir: &Path, also: &[&str], own: &[&str]) -> Result<LaunchNs, SysError> {
         let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let mut keep: Vec<PathBuf> = ["/proc", "/dev", "/usr"].iter().chain(also).map(PathBuf::from).collect();
         keep.push(dir.clone());
+        keep.extend(own.iter().map(|o| dir.join(o)));
         LaunchNs::new(&keep, &[dir])
     }
 
@@ -130,11 +133,13 @@ fn make(keep: &[PathBuf], drop_under: &[PathBuf]) -> Result<OwnedFd, SysError> {
 /// The mounts a launch namespace drops (see [`LaunchNs::new`]), outermost
 /// only: detaching them detaches the rest. A mount is kept when it is at or
 /// below a `keep` dir or holds one, unless it is strictly below a
-/// `drop_under` dir; so no kept mount is below a dropped one.
+/// `drop_under` dir and not itself at a `keep` dir; so no kept mount is
+/// below a dropped one.
 fn outermost_dropped(points: &[PathBuf], keep: &[PathBuf], drop_under: &[PathBuf]) -> Vec<PathBuf> {
     let dropped = |p: &Path| {
         let kept = keep.iter().any(|k| p.starts_with(k) || k.starts_with(p));
-        !kept || drop_under.iter().any(|d| p != d && p.starts_with(d))
+        let named = keep.iter().any(|k| k == p);
+        !kept || (!named && drop_under.iter().any(|d| p != d && p.starts_with(d)))
     };
     let mut hit: Vec<&PathBuf> = points.iter().filter(|p| dropped(p)).collect();
     hit.sort_by_key(|p| p.components().count());
@@ -213,8 +218,21 @@ mod tests {
             outermost_dropped(&points, &keep, &p(&["/tmp/data"])),
             p(&["/run", "/home", "/database", "/tmp/other", "/tmp/data/sandboxes/a/mnt", "/tmp/data/workspaces/w/fs"])
         );
+        // A mount of the data dir's own that is named is kept, not what is below it.
+        let named = p(&["/proc", "/dev", "/sys", "/usr", "/tmp/data", "/tmp/data/sandboxes"]);
+        assert_eq!(
+            outermost_dropped(&points_with_sandboxes(&points), &named, &p(&["/tmp/data"])),
+            p(&["/run", "/home", "/database", "/tmp/other", "/tmp/data/sandboxes/a/mnt", "/tmp/data/workspaces/w/fs"])
+        );
         // Nothing to keep but what holds `/proc`: only `/`.
         assert_eq!(outermost_dropped(&p(&["/", "/proc", "/a"]), &p(&["/proc"]), &[]), p(&["/a"]));
+    }
+
+    /// `points` with a mount at `/tmp/data/sandboxes` (the native runtime's tmpfs).
+    fn points_with_sandboxes(points: &[PathBuf]) -> Vec<PathBuf> {
+        let mut out = points.to_vec();
+        out.push(PathBuf::from("/tmp/data/sandboxes"));
+        out
     }
 
     #[test]

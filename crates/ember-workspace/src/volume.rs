@@ -300,7 +300,7 @@ pub(crate) fn make_image(
 /// short table whatever the host holds. None (and `mkfs.ext4` runs in the
 /// host's) without the privilege to make one.
 pub(crate) fn quiet_namespace(root: &Path) -> Option<ember_sys::mountns::LaunchNs> {
-    ember_sys::mountns::LaunchNs::for_dir(root, &[])
+    ember_sys::mountns::LaunchNs::for_dir(root, &[], &[])
         .map_err(|e| tracing::debug!(error = %e, "mkfs.ext4 runs in the host's mount namespace"))
         .ok()
 }

@@ -399,10 +399,12 @@ impl Drop for Daemon {
                 let _ = Command::new("umount").arg("-l").arg(e.path().join(m)).output();
             }
         }
-        // So do native sandboxes' writable layers (a tmpfs each).
+        // So do native sandboxes' writable layers (a tmpfs each), and the
+        // tmpfs their dirs are on.
         for e in std::fs::read_dir(self.data_dir.join("sandboxes")).into_iter().flatten().flatten() {
             let _ = Command::new("umount").arg("-l").arg(e.path().join("mnt")).output();
         }
+        let _ = Command::new("umount").arg("-l").arg(self.data_dir.join("sandboxes")).output();
         // OCI classes: containers, host rootfs mounts (and runsc's workspace
         // slot) and cgroups of each.
         for class in ["runsc", "crun", "runc"] {

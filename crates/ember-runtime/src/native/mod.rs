@@ -7,6 +7,7 @@
 //! builds its root, pivots, drops capabilities, loads seccomp and execs the agent
 //! by fd; `GET /ping` over the socket marks it ready.
 pub(crate) mod boundary;
+mod dirs;
 pub(crate) mod idmapped;
 pub mod rootfs;
 
@@ -84,9 +85,11 @@ impl NativeRuntime {
         let sb = cfg.data_dir.join("sandboxes");
         std::fs::create_dir_all(&sb).map_err(|source| RuntimeError::Prepare {
             what: "sandboxes dir",
-            path: sb,
+            path: sb.clone(),
             source,
         })?;
+        // Before the launch namespace, which keeps this one mount of the data dir's.
+        dirs::in_memory(&sb);
         Ok(NativeRuntime {
             launch_ns: launch_ns(&cfg.data_dir),
             ranges: Arc::new(IdRanges::new(cfg.uid_base, cfg.id_ranges)?),
@@ -253,13 +256,15 @@ impl NativeRuntime {
 
 /// The launch namespace of a daemon whose data dir is `data_dir`
 /// (`ember_sys::mountns`): what a launch reads by path (the data dir's
-/// layers and templates, `/usr` for the host template, `/dev`, `/proc`, and
-/// `/sys` for the cgroups the spawning thread attaches the child to), none
-/// of the mounts ember makes in the data dir per sandbox and workspace.
+/// layers and templates, `/usr` for the host template, `/dev`, `/proc`,
+/// `/sys` for the cgroups the spawning thread attaches the child to, and
+/// the tmpfs of the sandboxes' dirs, where the child finds its layer's
+/// mount point), none of the mounts ember makes in the data dir per
+/// sandbox and workspace.
 /// Without one (a kernel or host that refuses it) launches copy the host's
 /// table, as before.
 fn launch_ns(data_dir: &Path) -> Option<ember_sys::mountns::LaunchNs> {
-    match ember_sys::mountns::LaunchNs::for_dir(data_dir, &["/sys"]) {
+    match ember_sys::mountns::LaunchNs::for_dir(data_dir, &["/sys"], &["sandboxes"]) {
         Ok(ns) => Some(ns),
         Err(e) => {
             tracing::warn!(error = %e, "no launch mount namespace: launches copy the host's mount table");
