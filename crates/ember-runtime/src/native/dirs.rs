@@ -8,9 +8,9 @@
 //! every one of those is an inode allocated and freed under the parent
 //! dir's lock; on this project's test hosts (ext4 without a journal,
 //! mounted `discard`) the allocation searches past recently deleted inodes
-//! and a removal discards synchronously: ~0.1-0.4 ms to make the four and
-//! 0.4-2 ms to remove them per sandbox, against ~0.07 ms each on a tmpfs
-//! (docs/performance.md, "Sandbox dirs in memory").
+//! and a removal discards synchronously: ~0.13 ms to make the four and
+//! ~0.3 ms to remove them per sandbox on a quiet host, against ~0.07 ms
+//! each on a tmpfs (docs/performance.md, "Sandbox dirs in memory").
 //!
 //! The tmpfs stays mounted when the daemon ends (its sandboxes keep running
 //! and are adopted by the next one, which finds it mounted); `ember
@@ -27,32 +27,19 @@ const OPTIONS: &str = "mode=0755,size=10%";
 /// (an earlier daemon kept its sandboxes on disk: mounting over them would
 /// hide their sockets from adoption; the next start after they are gone
 /// mounts it). Never fatal: where the mount fails the dirs stay on disk.
-/// Returns whether they are in memory.
-pub(super) fn in_memory(dir: &Path) -> bool {
+pub(super) fn in_memory(dir: &Path) {
+    let stays = |why: &str| tracing::warn!(dir = %dir.display(), why, "sandbox dirs stay on disk");
     match ember_sys::fs::is_tmpfs(dir) {
-        Ok(true) => return true,
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "sandbox dirs stay on disk");
-            return false;
-        }
-    }
-    match std::fs::read_dir(dir).map(|mut d| d.next().is_none()) {
         Ok(true) => {}
-        Ok(false) => {
-            tracing::info!(dir = %dir.display(), "sandbox dirs stay on disk while an earlier daemon's sandboxes are there");
-            return false;
-        }
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "sandbox dirs stay on disk");
-            return false;
-        }
-    }
-    match ember_sys::fs::mount_tmpfs(dir, OPTIONS) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "sandbox dirs stay on disk: no tmpfs");
-            false
-        }
+        Ok(false) => match std::fs::read_dir(dir).map(|mut d| d.next().is_none()) {
+            Ok(true) => {
+                if let Err(e) = ember_sys::fs::mount_tmpfs(dir, OPTIONS) {
+                    stays(&e.to_string());
+                }
+            }
+            Ok(false) => stays("an earlier daemon's sandboxes are there"),
+            Err(e) => stays(&e.to_string()),
+        },
+        Err(e) => stays(&e.to_string()),
     }
 }
