@@ -25,10 +25,14 @@ pub(crate) struct OomHub {
     sources: Mutex<HashMap<usize, Arc<Source>>>,
 }
 
-/// One descriptor's sandboxes; its task ends when the last leaves.
+/// One descriptor's sandboxes. It stays watched when the last leaves: the
+/// runtime keeps the descriptor for its next sandbox, and a task aborted
+/// then could still hold the descriptor's registration with the reactor
+/// when that sandbox came (`AsyncFd::new` failing with `EEXIST`, its
+/// monitor blind to the init's exit: seen once in the cgroup v2 guest, a
+/// TTL of 1 s running out during the next create).
 struct Source {
     members: Mutex<HashMap<SandboxId, Member>>,
-    task: tokio::task::AbortHandle,
 }
 
 struct Member {
@@ -63,9 +67,9 @@ impl OomHub {
             Some(s) => s.clone(),
             None => {
                 let fd = async_fd(source)?;
-                let s = Arc::new_cyclic(|me: &Weak<Source>| Source {
-                    members: Mutex::default(),
-                    task: tokio::spawn(watch_source(fd, me.clone())).abort_handle(),
+                let s = Arc::new_cyclic(|me: &Weak<Source>| {
+                    tokio::spawn(watch_source(fd, me.clone()));
+                    Source { members: Mutex::default() }
                 });
                 sources.insert(key, s.clone());
                 s
@@ -86,15 +90,8 @@ impl OomWatch {
 
 impl Drop for OomWatch {
     fn drop(&mut self) {
-        let mut sources = lock(&self.hub.sources);
-        let Some(src) = sources.get(&self.key) else { return };
-        let mut members = lock(&src.members);
-        members.remove(&self.id);
-        if members.is_empty() {
-            drop(members);
-            if let Some(src) = sources.remove(&self.key) {
-                src.task.abort();
-            }
+        if let Some(src) = lock(&self.hub.sources).get(&self.key) {
+            lock(&src.members).remove(&self.id);
         }
     }
 }
@@ -141,5 +138,77 @@ fn read_counters(mut left: Vec<(SandboxId, Arc<dyn Runtime>, Arc<Notify>)>) {
         if left.is_empty() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_runtime::RuntimeError;
+    use ember_types::{BoundaryReport, SandboxSpec};
+
+    /// The hub only reads kill counters, and only when a descriptor fires.
+    struct NoRuntime;
+
+    impl Runtime for NoRuntime {
+        fn class(&self) -> &'static str {
+            "none"
+        }
+        fn launch(&self, _: &SandboxId, _: &SandboxSpec) -> Result<ember_runtime::Launched, RuntimeError> {
+            unreachable!()
+        }
+        fn adopt(&self, _: &SandboxId, _: i32, _: u64) -> Result<ember_runtime::Launched, RuntimeError> {
+            unreachable!()
+        }
+        fn destroy(&self, _: &SandboxId, _: Option<&OwnedFd>) -> Result<(), RuntimeError> {
+            unreachable!()
+        }
+        fn freeze(&self, _: &SandboxId, _: bool) -> Result<(), RuntimeError> {
+            unreachable!()
+        }
+        fn oom_kills(&self, _: &SandboxId) -> Result<u64, RuntimeError> {
+            Ok(0)
+        }
+        fn inject_mount(
+            &self,
+            _: &SandboxId,
+            _: i32,
+            _: &std::path::Path,
+            _: &str,
+            _: bool,
+        ) -> Result<(), RuntimeError> {
+            unreachable!()
+        }
+        fn host_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
+            (uid, gid)
+        }
+        fn memory_usage(&self, _: &SandboxId) -> Result<u64, RuntimeError> {
+            unreachable!()
+        }
+        fn stats(&self, _: &SandboxId) -> Result<ember_types::SandboxStats, RuntimeError> {
+            unreachable!()
+        }
+        fn boundary(&self, _: &SandboxId, _: i32) -> Result<BoundaryReport, RuntimeError> {
+            unreachable!()
+        }
+        fn leftovers(&self) -> Result<Vec<String>, RuntimeError> {
+            unreachable!()
+        }
+        fn reap_leftover(&self, _: &str) -> Result<(), RuntimeError> {
+            unreachable!()
+        }
+    }
+
+    /// A descriptor whose last sandbox left, taken by the next at once
+    /// (before the scheduler runs again), is watched for it.
+    #[tokio::test]
+    async fn a_descriptor_its_last_sandbox_left_is_watched_again_at_once() {
+        let hub = Arc::new(OomHub::default());
+        let fd = Arc::new(ember_sys::fd::eventfd().expect("eventfd"));
+        let rt: Arc<dyn Runtime> = Arc::new(NoRuntime);
+        let first = hub.watch(fd.clone(), SandboxId::from_random([1; 16]), rt.clone()).expect("first watch");
+        drop(first);
+        let second = hub.watch(fd.clone(), SandboxId::from_random([2; 16]), rt);
+        assert!(second.is_ok(), "the next sandbox's watch: {:?}", second.err());
     }
 }
