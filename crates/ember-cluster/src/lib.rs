@@ -8,7 +8,7 @@
 //! Layout: `queue/` (the backend: `mod.rs` the sync API, `ops.rs` the
 //! protocol, `kv.rs` the records and compare-and-set), `bridge.rs` (the
 //! runtime of its own the sync calls run on), `retry.rs` (the retry policy
-//! through a leader election), `store.rs` ([`NatsStore`]: the snapshot
+//! through a leader election), `store/` ([`NatsStore`]: the snapshot
 //! store on the JetStream object store).
 #![forbid(unsafe_code)]
 

@@ -93,3 +93,78 @@ fn a_one_part_object_whose_part_does_not_match_its_digest_is_refused() {
     let err = store.get("chunks/x").expect_err("bytes that do not match the digest");
     assert!(matches!(&err, StoreError::Backend { reason, .. } if reason.contains("digest")), "{err:?}");
 }
+
+/// The part messages the bucket's stream holds, by subject.
+fn parts_held(urls: &[String]) -> serde_json::Value {
+    let body = r#"{"subjects_filter":"$O.ember_snapshots.C.>"}"#;
+    let info = common::request_with(urls, &format!("$JS.API.STREAM.INFO.{STREAM}"), body).expect("stream info");
+    info["state"]["subjects"].clone()
+}
+
+/// Two processes (two connections, each remembering its own writes) write,
+/// replace and delete the same names, each write's guess of what is there
+/// wrong in turn: every replaced or deleted object's parts are purged, none
+/// left unreachable, and every read sees the last write.
+#[test]
+fn objects_replaced_by_another_writer_leave_no_parts_behind() {
+    let cluster = NatsCluster::start("objrace", 3);
+    let key = ManifestKey::ephemeral();
+    let a = bucket(cluster.urls(), ember_snapshot::MAX_OBJECT_BYTES).store(key.clone());
+    let b = bucket(cluster.urls(), ember_snapshot::MAX_OBJECT_BYTES).store(key);
+    a.put_new("chunks/k", b"from a").expect("a's put_new");
+    b.put_new("chunks/k", b"from b").expect("b's put_new: guessed absent, was not");
+    assert_eq!(a.get("chunks/k").expect("get"), b"from b");
+    a.put("chunks/k", b"from a again").expect("a's put: remembers its own write, replaced since");
+    assert_eq!(b.get("chunks/k").expect("get"), b"from a again");
+    b.delete("chunks/k").expect("b's delete: remembers its own write, replaced since");
+    assert!(a.get("chunks/k").expect_err("deleted").is_not_found());
+    a.put("chunks/m", b"marker").expect("put");
+    b.put("chunks/m", b"marker, b").expect("put");
+    a.delete("chunks/m").expect("a's delete of b's object");
+    assert!(!b.exists("chunks/m").expect("exists"));
+    assert_eq!(parts_held(&cluster.urls()), serde_json::Value::Null, "no part left behind");
+}
+
+/// What one snapshot of a one-file tree into an empty bucket asks of the
+/// servers, counted by a subscriber on the same server as the store's
+/// connection: 3 lookups (the manifest's name, the gc lock, the chunk), 4
+/// metadata messages (the marker, the chunk, the manifest, the marker's
+/// tombstone), 2 parts (the chunk, the manifest), no purge. The library's
+/// put and delete made it 7 lookups, 3 parts and a purge.
+#[test]
+fn a_snapshot_asks_the_servers_as_little_as_it_can() {
+    use futures_util::{FutureExt, StreamExt};
+    let cluster = NatsCluster::start("objcount", 3);
+    let url = vec![cluster.urls()[0].clone()];
+    let store = bucket(url.clone(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(src.join("a"), b"one small file, one chunk").expect("write");
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let client = rt.block_on(async_nats::connect(url[0].as_str())).expect("connect the tap");
+    let subjects = [
+        "$JS.API.STREAM.MSG.GET.OBJ_ember_snapshots",
+        "$JS.API.STREAM.PURGE.OBJ_ember_snapshots",
+        "$O.ember_snapshots.M.>",
+        "$O.ember_snapshots.C.>",
+        "tap.end",
+    ];
+    let mut subs: Vec<_> = subjects.iter().map(|s| rt.block_on(client.subscribe(*s)).expect("subscribe")).collect();
+    rt.block_on(client.flush()).expect("flush");
+
+    snapshot(&src, &store, SnapshotOptions::new("counted")).expect("snapshot");
+
+    // Every message the store's requests made reached this connection
+    // before the one it sends now (one server, one connection's order).
+    rt.block_on(async {
+        client.publish("tap.end", "".into()).await.expect("publish");
+        subs[4].next().await.expect("the end of the tap");
+    });
+    let counts: Vec<usize> = subs[..4]
+        .iter_mut()
+        .map(|sub| std::iter::from_fn(|| sub.next().now_or_never().flatten()).count())
+        .collect();
+    assert_eq!(counts, [3, 0, 4, 2], "lookups, purges, metadata messages, parts");
+}

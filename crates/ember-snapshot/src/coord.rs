@@ -42,7 +42,9 @@ fn fresh(modified: SystemTime, stale_after: Duration) -> bool {
 pub(crate) fn begin_snapshot(store: &dyn ObjectStore, id: &str, wait: Duration) -> Result<(), SnapshotError> {
     let deadline = std::time::Instant::now() + wait;
     loop {
-        store.put(&pending_key(id), id.as_bytes())?;
+        // Empty: its key says it all, and a marker without parts costs one
+        // request to put and one to remove on the JetStream store.
+        store.put_new(&pending_key(id), b"")?;
         let gc = store.meta(GC_LOCK).map_err(|e| end_after(store, id, e.into()))?;
         if !gc.is_some_and(|m| fresh(m.modified, GC_LOCK_STALE)) {
             return Ok(());

@@ -204,7 +204,8 @@ fn build_and_commit(
     }
     manifest.created_unix_ms =
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
-    store.put(key, &manifest.encode(store.manifest_key())?)?;
+    // Looked for at the start, under a marker of this id: new.
+    store.put_new(key, &manifest.encode(store.manifest_key())?)?;
     report(Phase::Done);
     Ok(SnapshotSummary::from(&manifest))
 }

@@ -191,8 +191,10 @@ impl ClusterPlane {
         let entry = self.ws_entry(name).await?;
         let w = match entry {
             // Held here, or made before the registry knew it.
-            Some((w, _)) if here && w.holder == self.name() => return self.checkpoint_here(name).await,
-            None if here => return self.checkpoint_here(name).await,
+            Some((w, rev)) if here && w.holder == self.name() => {
+                return self.checkpoint_here(name, Some((w, rev))).await
+            }
+            None if here => return self.checkpoint_here(name, None).await,
             None => return Err(not_found(name)),
             // The registry names this node, whose disk has no copy.
             Some((w, _)) if w.holder == self.name() => return Err(not_found(name)),
@@ -207,25 +209,35 @@ impl ClusterPlane {
 
     /// The snapshot of this node's copy, then its commit: a compare-and-set
     /// of the entry's `checkpoint` that holds only while this node is the
-    /// holder at the epoch read before the snapshot.
-    pub(super) async fn checkpoint_here(&self, name: &str) -> Result<WorkspaceCheckpoint, EngineError> {
+    /// holder at the epoch read before the snapshot. `known`: the entry and
+    /// its revision as the caller read them for this call (routing it), so
+    /// that a checkpoint reads its entry once, not three times.
+    pub(super) async fn checkpoint_here(
+        &self,
+        name: &str,
+        known: Option<(WorkspaceEntry, u64)>,
+    ) -> Result<WorkspaceCheckpoint, EngineError> {
         self.not_restoring(name)?;
         // Before the snapshot: its freeze comes after this call began.
         let order = self.checkpoints.tick();
         let me = self.name().to_string();
-        let epoch = match self.ws_entry(name).await? {
-            Some((w, _)) if w.holder == me => w.epoch,
+        let read = match known {
+            Some(k) => Some(k),
+            None => self.ws_entry(name).await?,
+        };
+        let (epoch, read) = match read {
+            Some((w, rev)) if w.holder == me => (w.epoch, Some((w, rev))),
             Some((w, _)) => return Err(fenced(name, &me, 0, Some(&w))),
             None => {
                 // Made before the registry knew it (an older node): claim it.
                 let size = self.local().workspace(name).await?.meta.size_bytes;
                 self.claim_workspace(name, size, &me).await?;
-                1
+                (1, None)
             }
         };
         let snap = self.local().checkpoint_workspace(name).await?;
         let at = Held { me: &me, epoch, order };
-        commit(self, name, at, &snap.snapshot_id, RETRY_BUDGET).await?;
+        commit(self, name, at, read, &snap.snapshot_id, RETRY_BUDGET).await?;
         Ok(WorkspaceCheckpoint { epoch, ..snap })
     }
 }
@@ -278,7 +290,9 @@ pub(super) struct Held<'a> {
 /// Makes `snapshot` workspace `name`'s checkpoint: a compare-and-set of its
 /// entry that holds only while `at.me` is the holder at `at.epoch`, and
 /// that never replaces a checkpoint of a later call of the same run (that
-/// one stands, and has this one's bytes). A write with
+/// one stands, and has this one's bytes). `read`: the entry and revision
+/// read before the snapshot, tried first (a set at that revision proves
+/// nothing changed since; one that moved reads the entry again). A write with
 /// no answer is tried again for up to `budget`, as the queue's are: during a
 /// leader election of the bucket's stream the update timed out, and the
 /// 300-session drill counted that checkpoint a user-visible error. A write
@@ -287,6 +301,7 @@ pub(super) async fn commit(
     reg: &dyn Entries,
     name: &str,
     at: Held<'_>,
+    mut read: Option<(WorkspaceEntry, u64)>,
     snapshot: &str,
     budget: std::time::Duration,
 ) -> Result<(), EngineError> {
@@ -294,7 +309,11 @@ pub(super) async fn commit(
     let start = tokio::time::Instant::now();
     let mut wait = std::time::Duration::from_millis(50);
     loop {
-        let (mut w, rev) = match reg.read(name).await? {
+        let now = match read.take() {
+            Some(r) => Some(r),
+            None => reg.read(name).await?,
+        };
+        let (mut w, rev) = match now {
             Some((w, rev)) if w.holder == me && w.epoch == epoch => (w, rev),
             now => return Err(fenced(name, me, epoch, now.as_ref().map(|(w, _)| w))),
         };
@@ -336,7 +355,7 @@ impl ClusterPlane {
             }
             let names = self.fence.workspaces_held();
             for name in names {
-                if let Err(e) = self.checkpoint_here(&name).await {
+                if let Err(e) = self.checkpoint_here(&name, None).await {
                     tracing::warn!(workspace = %name, error = %e, "periodic checkpoint");
                 }
             }
@@ -355,11 +374,13 @@ mod tests {
         entry: Mutex<(WorkspaceEntry, u64)>,
         /// Per call: `Some(took)` = no answer, having taken (`true`) or not.
         script: Mutex<Vec<Option<bool>>>,
+        reads: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
     impl Entries for Fake {
         async fn read(&self, _: &str) -> Result<Option<(WorkspaceEntry, u64)>, EngineError> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(Some(self.entry.lock().unwrap().clone()))
         }
         async fn cas(&self, _: &str, w: &WorkspaceEntry, rev: u64) -> Cas {
@@ -390,7 +411,7 @@ mod tests {
             size_bytes: 1,
             created_ms: 0,
         };
-        Fake { entry: Mutex::new((w, 7)), script: Mutex::new(script) }
+        Fake { entry: Mutex::new((w, 7)), script: Mutex::new(script), reads: Default::default() }
     }
 
     const RUN: u64 = 9;
@@ -407,28 +428,28 @@ mod tests {
     async fn a_commit_without_an_answer_is_tried_again() {
         // Two timeouts that did not take, then the write.
         let f = fake("a", 3, vec![Some(false), Some(false)]);
-        commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), None, "s1", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(checkpoint(&f).as_deref(), Some("s1"));
     }
 
     #[tokio::test]
     async fn a_commit_that_took_without_an_answer_is_seen_taken() {
         let f = fake("a", 3, vec![Some(true)]);
-        commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), None, "s1", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(f.entry.lock().unwrap().1, 8, "written once");
     }
 
     #[tokio::test]
     async fn a_commit_that_never_answers_fails_after_its_budget() {
         let f = fake("a", 3, vec![Some(false); 100]);
-        let e = commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(2)).await.expect_err("no answer");
+        let e = commit(&f, "w", at("a", 3, 1), None, "s1", Duration::from_secs(2)).await.expect_err("no answer");
         assert!(e.to_string().contains("timed out"), "{e}");
     }
 
     #[tokio::test]
     async fn a_node_that_lost_the_workspace_cannot_commit() {
         let f = fake("b", 4, vec![]);
-        let e = commit(&f, "w", at("a", 3, 1), "s1", Duration::from_secs(30)).await.expect_err("fenced");
+        let e = commit(&f, "w", at("a", 3, 1), None, "s1", Duration::from_secs(30)).await.expect_err("fenced");
         assert!(matches!(e, EngineError::WorkspaceFenced { .. }), "{e}");
         assert_eq!(checkpoint(&f), None);
     }
@@ -437,15 +458,45 @@ mod tests {
     async fn an_earlier_call_never_lands_over_a_later_one() {
         // Calls 1 and 2 of one run: 2's commit lands first, then 1's.
         let f = fake("a", 3, vec![]);
-        commit(&f, "w", at("a", 3, 2), "later", Duration::from_secs(30)).await.expect("committed");
-        commit(&f, "w", at("a", 3, 1), "earlier", Duration::from_secs(30)).await.expect("superseded, not an error");
+        commit(&f, "w", at("a", 3, 2), None, "later", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), None, "earlier", Duration::from_secs(30))
+            .await
+            .expect("superseded, not an error");
         assert_eq!(checkpoint(&f).as_deref(), Some("later"));
         // In order, each replaces the one before.
-        commit(&f, "w", at("a", 3, 3), "next", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 3), None, "next", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(checkpoint(&f).as_deref(), Some("next"));
         // Another run's (the node restarted) is not compared: it replaces.
         let other = Held { me: "a", epoch: 3, order: CheckpointOrder { run: RUN + 1, seq: 0 } };
-        commit(&f, "w", other, "restarted", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", other, None, "restarted", Duration::from_secs(30)).await.expect("committed");
         assert_eq!(checkpoint(&f).as_deref(), Some("restarted"));
+    }
+
+    fn reads(f: &Fake) -> usize {
+        f.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn the_entry_read_before_the_snapshot_is_not_read_again() {
+        let f = fake("a", 3, vec![]);
+        let before = f.entry.lock().unwrap().clone();
+        commit(&f, "w", at("a", 3, 1), Some(before), "s1", Duration::from_secs(30)).await.expect("committed");
+        assert_eq!((checkpoint(&f).as_deref(), reads(&f)), (Some("s1"), 0));
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_moved_since_it_was_read_is_read_again() {
+        let f = fake("a", 3, vec![]);
+        let before = f.entry.lock().unwrap().clone();
+        // Another call's checkpoint lands while this one's snapshot runs.
+        commit(&f, "w", at("a", 3, 2), None, "later", Duration::from_secs(30)).await.expect("committed");
+        commit(&f, "w", at("a", 3, 1), Some(before), "earlier", Duration::from_secs(30)).await.expect("superseded");
+        assert_eq!((checkpoint(&f).as_deref(), reads(&f)), (Some("later"), 2));
+        // Taken over while the snapshot ran: the stale read cannot commit.
+        let before = f.entry.lock().unwrap().clone();
+        f.entry.lock().unwrap().0.holder = "b".into();
+        f.entry.lock().unwrap().1 += 1;
+        let e = commit(&f, "w", at("a", 3, 3), Some(before), "s3", Duration::from_secs(30)).await.expect_err("fenced");
+        assert!(matches!(e, EngineError::WorkspaceFenced { .. }), "{e}");
     }
 }

@@ -20,6 +20,7 @@ use crate::{SnapshotError, StoreError};
 /// directory for trees.
 pub fn run_all(store: &dyn ObjectStore, scratch: &Path) {
     objects(store);
+    put_new_is_a_put(store);
     snapshots(store, scratch);
     forged_manifest_is_refused(store, scratch);
 }
@@ -80,6 +81,34 @@ pub fn objects(store: &dyn ObjectStore) {
     let err = store.put("t/over", &over).expect_err("an object over the cap");
     assert!(matches!(err, StoreError::TooLarge { .. }), "{err:?}");
     assert!(!store.exists("t/over").expect("exists"), "nothing written");
+}
+
+/// `put_new` has `put`'s effect whether or not its guess that the key is
+/// absent holds: on an absent key, over an object, over a deleted one, and
+/// mixed with `put` and `delete`.
+pub fn put_new_is_a_put(store: &dyn ObjectStore) {
+    let big: Vec<u8> = (0..1_500_000u32).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+    store.put_new("n/a", b"first").expect("put_new of an absent key");
+    assert_eq!(store.get("n/a").expect("get"), b"first");
+    store.put_new("n/a", b"second").expect("put_new over an object");
+    assert_eq!(store.get("n/a").expect("get"), b"second", "the guess was wrong: replaced all the same");
+    store.put("n/a", &big).expect("put over it");
+    store.put_new("n/a", b"").expect("put_new of an empty object over a big one");
+    assert_eq!(store.get("n/a").expect("get"), b"");
+    store.delete("n/a").expect("delete");
+    store.delete("n/a").expect("delete again");
+    assert!(!store.exists("n/a").expect("exists"));
+    store.put_new("n/a", &big).expect("put_new over a deleted key");
+    assert!(store.get("n/a").expect("get") == big);
+    store.put_new("n/b", b"").expect("an empty marker");
+    let keys: Vec<String> = store.list("n/").expect("list").into_iter().map(|m| m.key).collect();
+    assert_eq!(keys, ["n/a", "n/b"]);
+    for key in ["n/a", "n/b"] {
+        store.delete(key).expect("delete");
+        assert!(store.get(key).expect_err("deleted").is_not_found(), "{key}");
+    }
+    let err = store.put_new("../x", b"x").expect_err("a bad key");
+    assert!(matches!(err, StoreError::InvalidKey { .. }), "{err:?}");
 }
 
 /// A snapshot and an unchanged second one (every chunk reused), list,

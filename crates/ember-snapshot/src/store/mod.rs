@@ -57,6 +57,14 @@ pub trait ObjectStore: Send + Sync {
     /// Writes `data` under `key`, replacing any object there. Atomic.
     /// Refuses data over [`MAX_OBJECT_BYTES`] ([`StoreError::TooLarge`]).
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError>;
+    /// [`put`](Self::put) of a key the caller expects to be absent: a chunk
+    /// its lookup did not find, a new snapshot's manifest or marker. The
+    /// effect is `put`'s whatever the store holds; a store whose `put` looks
+    /// the key up first skips that when the guess holds (the JetStream
+    /// object store: one request fewer per object).
+    fn put_new(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        self.put(key, data)
+    }
     /// Reads the whole object; [`StoreError::NotFound`] when absent,
     /// [`StoreError::TooLarge`] (before reading it) when over [`MAX_OBJECT_BYTES`].
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
@@ -86,10 +94,11 @@ pub trait ObjectStore: Send + Sync {
     /// Writes `data` under `key` as part of `batch`: the object need not be
     /// visible or durable before [`commit_staged`](Self::commit_staged) returns
     /// for that batch. Lets a local store fsync many objects at once instead of
-    /// one at a time. The default is a plain `put`.
+    /// one at a time. Called for chunks a lookup did not find: the default is
+    /// [`put_new`](Self::put_new).
     fn put_staged(&self, key: &str, data: &[u8], batch: &Staged) -> Result<(), StoreError> {
         let _ = batch;
-        self.put(key, data)
+        self.put_new(key, data)
     }
 
     /// Makes every object of `batch` durable and visible (atomically each).

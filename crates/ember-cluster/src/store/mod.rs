@@ -27,6 +27,9 @@
 //! more than that size.
 use crate::bridge::Bridge;
 use crate::retry::{again, retry, Step};
+use write::{Write, Written};
+
+mod write;
 use async_nats::jetstream::{self, object_store};
 use ember_snapshot::{check_key, ManifestKey, ObjectMeta, ObjectStore, StoreError};
 use futures_util::StreamExt;
@@ -83,10 +86,9 @@ pub struct NatsBucket {
 
 struct Inner {
     bridge: Bridge,
-    store: object_store::ObjectStore,
-    /// The bucket's stream: an object of one part is read from it by one
-    /// request ([`read_one_part`]).
-    stream: jetstream::stream::Stream,
+    handles: Handles,
+    /// What this process last wrote under each name (`write.rs`).
+    written: Arc<Written>,
     cfg: NatsStoreConfig,
 }
 
@@ -102,8 +104,8 @@ impl NatsBucket {
         }
         let bridge = Bridge::new(&name).map_err(|e| unavailable("open", &name, e))?;
         let c = cfg.clone();
-        let (store, stream) = bridge.run("open", &name, open(c)).map_err(|e| unavailable("open", &name, e))?;
-        Ok(NatsBucket { inner: Arc::new(Inner { bridge, store, stream, cfg }) })
+        let handles = bridge.run("open", &name, open(c)).map_err(|e| unavailable("open", &name, e))?;
+        Ok(NatsBucket { inner: Arc::new(Inner { bridge, handles, written: Default::default(), cfg }) })
     }
 
     /// A store on this bucket whose manifests `key` signs and verifies.
@@ -112,9 +114,7 @@ impl NatsBucket {
     }
 }
 
-async fn open(
-    cfg: NatsStoreConfig,
-) -> Result<(object_store::ObjectStore, jetstream::stream::Stream), ember_queue::QueueError> {
+async fn open(cfg: NatsStoreConfig) -> Result<Handles, ember_queue::QueueError> {
     let budget = cfg.retry_budget;
     let name = cfg.bucket.clone();
     let client = retry(budget, "connect", &name, || async {
@@ -140,7 +140,7 @@ async fn open(
     let store = retry(budget, "open bucket", &name, || async { js.get_object_store(&name).await.map_err(again) });
     let stream =
         retry(budget, "open stream", &name, || async { js.get_stream(format!("OBJ_{name}")).await.map_err(again) });
-    Ok((store.await?, stream.await?))
+    Ok(Handles { store: store.await?, stream: stream.await?, js, bucket: name })
 }
 
 fn unavailable(op: &'static str, key: &str, e: ember_queue::QueueError) -> StoreError {
@@ -170,14 +170,30 @@ impl NatsStore {
         Fut: Future<Output = Result<Answer<T>, Step>> + Send,
     {
         let inner = &self.bucket.inner;
-        let (store, budget, max) = (inner.store.clone(), inner.cfg.retry_budget, inner.cfg.max_object);
-        let stream = inner.stream.clone();
+        let (handles, budget, max) = (inner.handles.clone(), inner.cfg.retry_budget, inner.cfg.max_object);
         let id = key.to_string();
-        let tries = async move { Ok(retry(budget, op, &id, || f(Handles(store.clone(), stream.clone()), max)).await) };
+        let tries = async move { Ok(retry(budget, op, &id, || f(handles.clone(), max)).await) };
         match inner.bridge.run(op, key, tries) {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) | Err(e) => Err(unavailable(op, key, e)),
         }
+    }
+
+    fn write(&self, key: &str, data: &[u8], assume_absent: bool) -> Result<(), StoreError> {
+        check_key(key)?;
+        if data.len() as u64 > self.bucket.inner.cfg.max_object {
+            let limit = self.bucket.inner.cfg.max_object;
+            return Err(StoreError::TooLarge { key: key.into(), size: data.len() as u64, limit });
+        }
+        let (name, data) = (key.to_string(), bytes::Bytes::copy_from_slice(data));
+        let written = self.bucket.inner.written.clone();
+        self.call("put", key, move |h, _| {
+            let (name, data, written) = (name.clone(), data.clone(), written.clone());
+            async move {
+                let w = Write { name: &name, data: &data, assume_absent };
+                write::put(&h, &written, &w).await.map(Ok)
+            }
+        })
     }
 }
 
@@ -190,8 +206,20 @@ fn failed(op: &'static str, key: &str, reason: impl std::fmt::Display) -> StoreE
     StoreError::Backend { backend: BACKEND, op, key: key.to_string(), reason: reason.to_string() }
 }
 
-/// The bucket's handles a call's tries use: the object store, and its stream.
-struct Handles(object_store::ObjectStore, jetstream::stream::Stream);
+/// The bucket's handles a call's tries use.
+#[derive(Clone)]
+struct Handles {
+    /// The library's object store: metadata lookups, listings, reads of
+    /// several parts.
+    store: object_store::ObjectStore,
+    /// The bucket's stream: an object of one part is read from it by one
+    /// request ([`read_one_part`]); lookups and purges of `write.rs`.
+    stream: jetstream::stream::Stream,
+    /// Publishes of `write.rs`.
+    js: jetstream::Context,
+    /// The bucket's name.
+    bucket: String,
+}
 
 /// Reads object `key` whole: its size checked against `max` before a byte
 /// is read, never more than that size read. An object of one part (every
@@ -200,7 +228,7 @@ struct Handles(object_store::ObjectStore, jetstream::stream::Stream);
 /// consumer per object, and a rebind's restore (three objects) spent
 /// 440-700 ms so on the loaded 300-session drill.
 async fn read(h: Handles, key: String, max: u64) -> Result<Answer<Vec<u8>>, Step> {
-    let Handles(store, stream) = h;
+    let Handles { store, stream, .. } = h;
     let info = match step("info", store.info(&key)).await? {
         Ok(info) if info.deleted => return Ok(Err(StoreError::NotFound { key })),
         Ok(info) => info,
@@ -285,23 +313,13 @@ impl ObjectStore for NatsStore {
     }
 
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
-        check_key(key)?;
-        if data.len() as u64 > self.bucket.inner.cfg.max_object {
-            let limit = self.bucket.inner.cfg.max_object;
-            return Err(StoreError::TooLarge { key: key.into(), size: data.len() as u64, limit });
-        }
-        let (name, data) = (key.to_string(), bytes::Bytes::copy_from_slice(data));
-        self.call("put", key, move |Handles(store, _), _| {
-            let (name, data) = (name.clone(), data.clone());
-            async move {
-                let meta = object_store::ObjectMetadata { name, chunk_size: Some(PART), ..Default::default() };
-                // Parts and metadata: one request each, so a budget per part.
-                let parts = 2 + data.len() / PART;
-                let put = tokio::time::timeout(STEP * parts as u32, store.put(meta, &mut &data[..])).await;
-                put.map_err(|_| again("put: no answer"))?.map_err(again)?;
-                Ok(Ok(()))
-            }
-        })
+        self.write(key, data, false)
+    }
+
+    /// A chunk a lookup did not find, a new snapshot's manifest or marker:
+    /// written without looking the name up first (`write.rs`).
+    fn put_new(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        self.write(key, data, true)
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
@@ -319,7 +337,7 @@ impl ObjectStore for NatsStore {
     fn meta(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
         check_key(key)?;
         let name = key.to_string();
-        self.call("info", key, move |Handles(store, _), _| {
+        self.call("info", key, move |Handles { store, .. }, _| {
             let name = name.clone();
             async move {
                 match step("info", store.info(&name)).await? {
@@ -340,7 +358,7 @@ impl ObjectStore for NatsStore {
     /// stream, not one request per chunk.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         let prefix_ = prefix.to_string();
-        let mut out = self.call("list", prefix, move |Handles(store, _), _| {
+        let mut out = self.call("list", prefix, move |Handles { store, .. }, _| {
             let prefix = prefix_.clone();
             async move {
                 let mut listing = step("list", store.list()).await?.map_err(again)?;
@@ -362,16 +380,10 @@ impl ObjectStore for NatsStore {
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         check_key(key)?;
-        let name = key.to_string();
-        self.call("delete", key, move |Handles(store, _), _| {
-            let name = name.clone();
-            async move {
-                match step("delete", store.delete(&name)).await? {
-                    Ok(()) => Ok(Ok(())),
-                    Err(e) if e.kind() == object_store::DeleteErrorKind::NotFound => Ok(Ok(())),
-                    Err(e) => Err(again(e)),
-                }
-            }
+        let (name, written) = (key.to_string(), self.bucket.inner.written.clone());
+        self.call("delete", key, move |h, _| {
+            let (name, written) = (name.clone(), written.clone());
+            async move { write::delete(&h, &written, &name).await.map(Ok) }
         })
     }
 }
