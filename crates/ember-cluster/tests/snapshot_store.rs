@@ -162,9 +162,7 @@ fn a_snapshot_asks_the_servers_as_little_as_it_can() {
         client.publish("tap.end", "".into()).await.expect("publish");
         subs[4].next().await.expect("the end of the tap");
     });
-    let counts: Vec<usize> = subs[..4]
-        .iter_mut()
-        .map(|sub| std::iter::from_fn(|| sub.next().now_or_never().flatten()).count())
-        .collect();
+    let counts: Vec<usize> =
+        subs[..4].iter_mut().map(|sub| std::iter::from_fn(|| sub.next().now_or_never().flatten()).count()).collect();
     assert_eq!(counts, [3, 0, 4, 2], "lookups, purges, metadata messages, parts");
 }
