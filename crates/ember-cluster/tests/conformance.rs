@@ -41,3 +41,27 @@ impl Harness for Js {
 }
 
 ember_queue::conformance_tests!(harness);
+
+/// The hand-off hint (`queue/drained.rs`): a lease that left every tier
+/// seen drained says so, and a submit or a message still pending says
+/// there may be more. The window is an hour here, so no step races it.
+#[test]
+fn more_queued_says_whether_a_lease_left_work_behind() {
+    use ember_queue::conformance::spec;
+    use ember_types::task::Tier;
+    let cluster = NatsCluster::start("drained", 3);
+    let cfg = JetStreamConfig { drained_for: Duration::from_secs(3600), ..JetStreamConfig::new(cluster.urls()) };
+    let q = JetStreamQueue::open(cfg, QueueConfig::default(), ember_queue::system_clock()).expect("open");
+    assert!(q.more_queued(), "nothing seen yet");
+    assert!(q.lease("w1").expect("lease").is_none());
+    assert!(!q.more_queued(), "an empty lease saw every tier drained");
+    q.submit("t1", spec(Tier::Standard, 1)).expect("submit");
+    q.submit("t2", spec(Tier::Standard, 1)).expect("submit");
+    assert!(q.more_queued(), "submitted here since");
+    assert!(q.lease("w1").expect("lease").is_some());
+    assert!(q.more_queued(), "t2 is still pending");
+    assert!(q.lease("w2").expect("lease").is_some());
+    assert!(!q.more_queued(), "the last one taken, every tier seen drained");
+    q.submit("t3", spec(Tier::Batch, 1)).expect("submit");
+    assert!(q.more_queued(), "a submit to another tier");
+}

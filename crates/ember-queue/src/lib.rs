@@ -192,6 +192,15 @@ pub trait TaskQueue: Send + Sync {
     /// start in submission order within a tier (`pick::first_runnable` takes
     /// the held workspaces as input, so a backend supplies them as it can).
     fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError>;
+    /// Whether work may be left to lease, asked right after a lease: a
+    /// worker that leased hands its wake-up on to another idle worker only
+    /// then. A hint, never a promise; `true` when the backend cannot tell
+    /// cheaply (the default). Work that arrives later is found as it always
+    /// is: by the node's polling idle worker, a submit on the node, or an
+    /// expired lease.
+    fn more_queued(&self) -> bool {
+        true
+    }
     /// Renews the lease's deadline.
     fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError>;
     /// The attempt's command started in `sandbox` (Leased → Running).

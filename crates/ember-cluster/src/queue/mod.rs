@@ -20,6 +20,7 @@
 //! tier and tenant caps (refused), aging between tiers (tiers are taken
 //! strictly in order), a per-task lease length (the consumer's AckWait is
 //! every task's lease). docs/cluster.md has the failure model.
+mod drained;
 mod kv;
 pub(crate) use kv::key_of;
 mod lines;
@@ -57,6 +58,10 @@ pub struct JetStreamConfig {
     pub max_ack_pending: i64,
     /// How long a call retries through an election (see `retry.rs`).
     pub retry_budget: Duration,
+    /// How long a tier this process saw drained counts as drained for
+    /// [`TaskQueue::more_queued`] (`drained.rs`): the engine's idle poll
+    /// interval, so no task waits longer for a worker than it would have.
+    pub drained_for: Duration,
 }
 
 impl JetStreamConfig {
@@ -69,6 +74,7 @@ impl JetStreamConfig {
             held_retry: Duration::from_secs(1),
             max_ack_pending: 10_000,
             retry_budget: crate::RETRY_BUDGET,
+            drained_for: Duration::from_millis(250),
         }
     }
 }
@@ -118,6 +124,12 @@ impl TaskQueue for JetStreamQueue {
     fn lease(&self, worker: &str) -> Result<Option<(Lease, TaskRecord)>, QueueError> {
         let w = worker.to_string();
         self.run("lease", worker, |q| async move { q.lease(&w).await })
+    }
+
+    /// `false` when every tier was seen drained by this handle within
+    /// [`JetStreamConfig::drained_for`] (`drained.rs`).
+    fn more_queued(&self) -> bool {
+        self.inner.drained.more()
     }
 
     fn heartbeat(&self, lease: &Lease) -> Result<(), QueueError> {

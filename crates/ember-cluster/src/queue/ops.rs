@@ -46,6 +46,8 @@ pub(crate) struct Inner {
     pub dead_subject: String,
     pub inflight: Mutex<HashMap<String, Inflight>>,
     pub expired: Mutex<Vec<Expired>>,
+    /// Which tiers this handle saw drained, and when (`drained.rs`).
+    pub drained: super::drained::Drained,
 }
 
 /// A key of the idempotency bucket: the task it names, and when (wall
@@ -137,7 +139,22 @@ impl Inner {
             reason: "three tier consumers".into(),
         })?;
         let (inflight, expired) = (Mutex::new(HashMap::new()), Mutex::new(Vec::new()));
-        Ok(Inner { cfg, queue, clock, js, records, keys, lines, consumers, subjects, dead_subject, inflight, expired })
+        let drained = super::drained::Drained::new(cfg.drained_for);
+        Ok(Inner {
+            cfg,
+            queue,
+            clock,
+            js,
+            records,
+            keys,
+            lines,
+            consumers,
+            subjects,
+            dead_subject,
+            inflight,
+            expired,
+            drained,
+        })
     }
 
     fn now(&self) -> i64 {
@@ -194,6 +211,7 @@ impl Inner {
     async fn enqueue(&self, r: &TaskRecord) -> Result<(), QueueError> {
         let rank = r.spec.tier.rank();
         self.publish(&self.subjects[rank], &r.id, Bytes::from(r.id.clone())).await?;
+        self.drained.filled(rank);
         if let Some(ws) = &r.spec.workspace {
             self.join_line(ws, &r.id).await?;
         }
@@ -275,7 +293,11 @@ impl Inner {
         // Tiers strictly in order; aging between tiers is not done here yet.
         for rank in 0..3 {
             for _ in 0..SCAN {
-                let Some(msg) = self.fetch(rank).await? else { break };
+                let Some(msg) = self.fetch(rank).await? else {
+                    self.drained.saw(rank, true);
+                    break;
+                };
+                self.drained.saw(rank, msg.info().is_ok_and(|i| i.pending == 0));
                 if let Some(got) = self.claim(msg, worker).await? {
                     return Ok(Some(got));
                 }

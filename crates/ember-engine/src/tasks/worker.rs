@@ -42,22 +42,33 @@ pub(super) async fn worker_loop(engine: Weak<Tasks>, svc: Arc<TaskService>, slot
     // since when it has found nothing to pull.
     let mut kept: Option<Kept> = None;
     let mut idle_since: Option<Instant> = None;
+    // Whether this worker just ran an attempt (not woken, not polling).
+    let mut ran = false;
     loop {
         let name = ember_types::task::worker_name(&svc.cfg.node, slot, generation);
         let t = Instant::now();
-        let leased = {
+        // Back from an attempt with every tier just seen drained (a
+        // cluster's hint): idle at once, as an empty lease would leave it,
+        // without the three empty pull requests that lease costs.
+        let leased = if std::mem::take(&mut ran) && !svc.queue.more_queued() {
+            Ok(None)
+        } else {
             let name = name.clone();
             svc.call("lease", &name.clone(), move |q| q.lease(&name)).await
         };
         match leased {
             Ok(Some((lease, rec))) => {
                 svc.metrics.phase("lease", t);
-                // There may be more: pass the wake-up on to another idle worker.
-                svc.wake.notify_one();
+                // There may be more: pass the wake-up on to another idle worker
+                // (on a cluster, unless every tier was just seen drained: that
+                // poll asked three tiers for nothing, per task).
+                if svc.queue.more_queued() {
+                    svc.wake.notify_one();
+                }
                 let Some(e) = engine.upgrade() else { return };
                 idle_since = None;
                 let (alive, keep) = run_attempt(&e, &svc, lease, rec, kept.take()).await;
-                kept = keep;
+                (kept, ran) = (keep, true);
                 if !alive {
                     generation += 1;
                 }
