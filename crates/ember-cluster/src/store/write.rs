@@ -145,12 +145,13 @@ async fn purge_parts(h: &Handles, bucket: &str, old: Option<Last>, mine: &str) {
     let Some(old) = old.filter(|o| o.chunks > 0 && o.nuid != mine) else { return };
     let subject = part_subject(bucket, &old.nuid);
     for _ in 0..3 {
-        match step("purge", h.stream.purge().filter(&subject).into_future()).await {
+        let error = match step("purge", h.stream.purge().filter(&subject).into_future()).await {
             Ok(Ok(_)) => return,
-            Ok(Err(e)) => tracing::debug!(%subject, error = %e, "purging replaced parts"),
-            Err(Step::Again(e)) => tracing::debug!(%subject, error = %e, "purging replaced parts"),
-            Err(Step::Fail(e)) => tracing::debug!(%subject, error = %e, "purging replaced parts"),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(Step::Again(e)) => e,
+            Err(Step::Fail(e)) => e.to_string(),
+        };
+        tracing::debug!(%subject, %error, "purging replaced parts");
     }
     tracing::warn!(%subject, "parts of a replaced object left unreachable in the snapshot bucket");
 }
