@@ -116,13 +116,14 @@ async fn kill9_mid_snapshot_leaves_no_half_snapshot_and_thaws_the_writer() {
     assert!(s.logical_bytes >= 240_000_000);
 }
 
-/// Stored bytes of every chunk in the daemon's local snapshot store.
+/// Stored bytes of every chunk in the daemon's local snapshot store: the
+/// chunks of their own and the packs of small ones.
 fn chunk_bytes(d: &Daemon) -> u64 {
     fn walk(dir: &std::path::Path) -> u64 {
         let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
         entries.map(|e| if e.path().is_dir() { walk(&e.path()) } else { e.metadata().map_or(0, |m| m.len()) }).sum()
     }
-    walk(&d.data_dir.join("snapshots/chunks"))
+    walk(&d.data_dir.join("snapshots/chunks")) + walk(&d.data_dir.join("snapshots/packs"))
 }
 
 /// Snapshots are deleted and swept while others are being written: every

@@ -102,7 +102,8 @@ impl Default for GcOptions {
     }
 }
 
-/// What gc found and did.
+/// What gc found and did. Its "chunks" are the store's chunk objects:
+/// `chunks/<sha256>`, and the packs of small chunks, `packs/<sha256>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub manifests: u64,
@@ -139,17 +140,18 @@ fn sweep(store: &dyn ObjectStore, opts: GcOptions) -> Result<GcReport, SnapshotE
         coord::touch_gc(store, &mut touched)?;
         let m = load(store, &id)?;
         report.manifests += 1;
-        live.extend(m.chunk_ids().map(str::to_string));
+        live.extend(m.object_keys());
     }
     report.chunks_referenced = live.len() as u64;
     let now = SystemTime::now();
     let mut present = HashSet::new();
-    for obj in store.list("chunks/")? {
-        let Some(id) = obj.key.strip_prefix("chunks/") else { continue };
+    let mut objects = store.list("chunks/")?;
+    objects.extend(store.list("packs/")?);
+    for obj in objects {
         report.chunks_seen += 1;
-        present.insert(id.to_string());
+        present.insert(obj.key.clone());
         coord::touch_gc(store, &mut touched)?;
-        if live.contains(id) {
+        if live.contains(&obj.key) {
             continue;
         }
         let age = now.duration_since(obj.modified).unwrap_or(Duration::ZERO);
@@ -161,7 +163,12 @@ fn sweep(store: &dyn ObjectStore, opts: GcOptions) -> Result<GcReport, SnapshotE
         report.chunks_deleted += 1;
         report.bytes_deleted += obj.size;
     }
-    report.missing_chunks = live.into_iter().filter(|c| !present.contains(c)).collect();
+    // A chunk by its id, as before packs; a pack by its key.
+    report.missing_chunks = live
+        .into_iter()
+        .filter(|k| !present.contains(k))
+        .map(|k| k.strip_prefix("chunks/").map(str::to_string).unwrap_or(k))
+        .collect();
     report.missing_chunks.sort();
     Ok(report)
 }

@@ -11,7 +11,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
 use crate::manifest::ChunkRef;
-use crate::restore::fetch_chunk;
+use crate::restore::{fetch_chunk, LastPack};
 use crate::{ObjectStore, SnapshotError};
 
 /// A file's chunks with the offset each is written at.
@@ -128,6 +128,7 @@ impl<'s> Fetcher<'s> {
                 return;
             }
         };
+        let mut last: LastPack = None;
         loop {
             let batch = rx.lock().recv();
             let Ok(batch) = batch else { return };
@@ -135,15 +136,20 @@ impl<'s> Fetcher<'s> {
                 if self.failed() {
                     break; // drain, so the producer never blocks on a full channel
                 }
-                if let Err(e) = self.write(&mut dctx, job) {
+                if let Err(e) = self.write(&mut dctx, job, &mut last) {
                     self.error.lock().get_or_insert(e);
                 }
             }
         }
     }
 
-    fn write(&self, dctx: &mut zstd::bulk::Decompressor<'static>, job: &Job<'_>) -> Result<(), SnapshotError> {
-        let data = fetch_chunk(self.store, dctx, job.chunk, self.max_len)?;
+    fn write(
+        &self,
+        dctx: &mut zstd::bulk::Decompressor<'static>,
+        job: &Job<'_>,
+        last: &mut LastPack,
+    ) -> Result<(), SnapshotError> {
+        let data = fetch_chunk(self.store, dctx, job.chunk, self.max_len, last)?;
         let (file, path) = &*job.file;
         file.write_all_at(&data, job.offset).map_err(|source| SnapshotError::Io {
             op: "write",

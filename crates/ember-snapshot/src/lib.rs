@@ -5,26 +5,31 @@
 //! the sha256 of its bytes and stored as `chunks/<sha256>` (zstd frames; raw
 //! frames for segments that do not compress, see `pack.rs`), uploaded only if
 //! absent, so a second snapshot after a small change uploads only the changed
-//! chunks. The manifest (`manifests/<id>.json`: versioned, checksummed, see
-//! [`manifest`]) is written last, after every chunk is durable and the
-//! caller's commit guard agreed, so a store never holds a manifest pointing at
-//! missing chunks. Restores verify every chunk's hash and appear atomically
-//! (temp dir, then rename). `gc` sweeps chunks no manifest references.
+//! chunks. A chunk under 256 KiB (a small file, a file's tail) goes instead
+//! into a pack, `packs/<sha256 of the pack>`, with others (see `packfile.rs`):
+//! a tree of small files makes a few objects, not one per file. The manifest
+//! (`manifests/<id>.json`: versioned, checksummed, see [`manifest`]) is written
+//! last, after every chunk is durable and the caller's commit guard agreed, so
+//! a store never holds a manifest pointing at missing chunks. Restores verify
+//! every chunk's hash and appear atomically (temp dir, then rename). `gc`
+//! sweeps chunks and packs no manifest references.
 //!
 //! Speed: the calling thread reads and chunks; a few workers hash, pack and
 //! stage chunks (restore: fetch, decompress, verify and write at offsets).
-//! The store's chunks are listed once per snapshot instead of asked about one
-//! by one. A [`LocalStore`] stages chunks as temp files and fsyncs a whole
-//! batch at once from several threads before renaming them into place
-//! ([`ObjectStore::put_staged`], [`ObjectStore::commit_staged`]). A fork
-//! restores once and copies that tree ([`copy_restored`]).
+//! Each distinct chunk is looked up once (a packed one: its pack, once per
+//! snapshot). A [`LocalStore`] stages objects as temp files, starts their
+//! writeback at once and fsyncs a whole batch from several threads before
+//! renaming them into place ([`ObjectStore::put_staged`],
+//! [`ObjectStore::commit_staged`]). A fork restores once and copies that tree
+//! ([`copy_restored`]).
 //!
 //! Everything is synchronous: the engine calls it from blocking threads.
 //!
 //! Layout: `store/` (the [`ObjectStore`] trait, [`LocalStore`], [`S3Store`],
 //! [`Staged`]), `manifest.rs` (format), `walk.rs` (tree → entries),
 //! `snapshot.rs` (and [`Progress`]), `upload.rs` (chunk, hash, pack, stage),
-//! `pack.rs` (the stored form of a chunk), `restore.rs` and `fetch.rs` (its
+//! `pack.rs` (the stored form of a chunk), `packfile.rs` (packs of small
+//! chunks and where they are), `restore.rs` and `fetch.rs` (its
 //! worker pool), `layer.rs` (overlay upper dirs: whiteouts, opaque dirs),
 //! `catalog.rs` (list, inspect, delete, gc), `coord.rs` (gc vs
 //! snapshot markers), `bench.rs` (`ember bench snapshot`).
@@ -53,6 +58,7 @@ mod key;
 mod layer;
 pub mod manifest;
 mod pack;
+mod packfile;
 mod restore;
 mod snapshot;
 mod sparse;

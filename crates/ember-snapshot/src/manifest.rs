@@ -15,8 +15,12 @@ use crate::{ManifestKey, SnapshotError};
 
 /// The envelope's `format` value.
 pub const FORMAT: &str = "ember-snapshot";
-/// The manifest version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The manifest version this build writes when a chunk is in a pack (and
+/// the newest it reads). A manifest without packed chunks is written as
+/// version 1, the same bytes a build before packs wrote and reads.
+pub const VERSION: u32 = 2;
+/// The version of manifests whose chunks are all objects of their own.
+const VERSION_UNPACKED: u32 = 1;
 
 /// One snapshot: its tree, where each file's bytes are, and how it was made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,13 +90,46 @@ pub enum EntryKind {
     },
 }
 
-/// A chunk: `chunks/<sha256>` holds its zstd-compressed bytes.
+/// A chunk: `chunks/<sha256>` holds its zstd-compressed bytes, or, for a
+/// small chunk, a slice of a pack object ([`PackAt`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
     /// Hex sha256 of the uncompressed bytes.
     pub sha256: String,
     /// Uncompressed length.
     pub len: u64,
+    /// Where the chunk's stored bytes are when it is packed; absent for a
+    /// chunk stored as `chunks/<sha256>` (and in manifests of older builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackAt>,
+}
+
+/// A packed chunk's place: bytes `at..at + stored` of `packs/<pack>` are its
+/// stored form (zstd frames, as a chunk object's). The pack is named by the
+/// sha256 of its bytes, so a place, once true, is true in any store that has
+/// the pack; the chunk's own sha256 is still checked on every read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PackAt {
+    #[serde(with = "hex_32")]
+    pub pack: [u8; 32],
+    pub at: u64,
+    pub stored: u64,
+}
+
+/// A 32-byte digest as 64 hex digits.
+mod hex_32 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text.as_bytes(), &mut out).map_err(D::Error::custom)?;
+        Ok(out)
+    }
 }
 
 /// Counts recorded when the snapshot was made.
@@ -151,6 +188,10 @@ pub(crate) fn chunk_key(sha256: &str) -> String {
     format!("chunks/{sha256}")
 }
 
+pub(crate) fn pack_key(pack: &[u8; 32]) -> String {
+    format!("packs/{}", hex::encode(pack))
+}
+
 impl Manifest {
     /// The envelope bytes to store, authenticated with `mac_key`.
     pub fn encode(&self, mac_key: &ManifestKey) -> Result<Vec<u8>, SnapshotError> {
@@ -159,9 +200,10 @@ impl Manifest {
             reason: format!("encoding: {e}"),
         };
         let canonical = serde_json::to_vec(self).map_err(corrupt)?;
+        let packed = self.chunks().any(|c| c.pack.is_some());
         let env = Envelope {
             format: FORMAT.into(),
-            version: VERSION,
+            version: if packed { VERSION } else { VERSION_UNPACKED },
             sha256: hex::encode(Sha256::digest(&canonical)),
             mac: Some(mac_key.sign(&canonical)),
             manifest: serde_json::to_value(self).map_err(corrupt)?,
@@ -178,7 +220,7 @@ impl Manifest {
         if env.format != FORMAT {
             return Err(corrupt(format!("format is {:?}, not {FORMAT:?}", env.format)));
         }
-        if env.version != VERSION {
+        if !(VERSION_UNPACKED..=VERSION).contains(&env.version) {
             return Err(SnapshotError::UnsupportedVersion { key: key.into(), found: env.version, supported: VERSION });
         }
         let manifest: Manifest =
@@ -208,9 +250,8 @@ impl Manifest {
             .fold(0, u64::saturating_add)
     }
 
-    /// Every chunk the manifest references, without repeats.
-    pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
-        let mut seen = std::collections::HashSet::new();
+    /// Every chunk reference, in walk order, repeats included.
+    pub fn chunks(&self) -> impl Iterator<Item = &ChunkRef> {
         self.entries
             .iter()
             .filter_map(|e| match &e.kind {
@@ -218,8 +259,23 @@ impl Manifest {
                 _ => None,
             })
             .flatten()
-            .map(|c| c.sha256.as_str())
-            .filter(move |s| seen.insert(*s))
+    }
+
+    /// Every chunk the manifest references, without repeats.
+    pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::HashSet::new();
+        self.chunks().map(|c| c.sha256.as_str()).filter(move |s| seen.insert(*s))
+    }
+
+    /// The store keys the manifest's chunks are read from, without repeats:
+    /// `chunks/<sha256>` for a chunk of its own, `packs/<pack>` for a packed one.
+    pub fn object_keys(&self) -> std::collections::BTreeSet<String> {
+        self.chunks()
+            .map(|c| match &c.pack {
+                Some(p) => pack_key(&p.pack),
+                None => chunk_key(&c.sha256),
+            })
+            .collect()
     }
 }
 
@@ -235,7 +291,11 @@ mod tests {
             chunking: Chunking::default(),
             entries: vec![Entry {
                 path: "a".into(),
-                kind: EntryKind::File { size: 3, chunks: vec![ChunkRef { sha256: "ab".into(), len: 3 }], data: None },
+                kind: EntryKind::File {
+                    size: 3,
+                    chunks: vec![ChunkRef { sha256: "ab".into(), len: 3, pack: None }],
+                    data: None,
+                },
                 mode: 0o644,
                 uid: 0,
                 gid: 0,
@@ -260,6 +320,23 @@ mod tests {
         assert!(matches!(other, Err(SnapshotError::Tampered { .. })), "another node's key");
         let moved = Manifest::decode("k", "s2", &bytes, &key);
         assert!(matches!(moved, Err(SnapshotError::Tampered { .. })), "copied under another id");
+    }
+
+    #[test]
+    fn a_manifest_with_a_packed_chunk_is_version_2_and_one_without_stays_version_1() {
+        let key = ManifestKey::ephemeral();
+        let version = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap()["version"].clone();
+        let plain = sample().encode(&key).unwrap();
+        assert_eq!(version(&plain), 1, "the bytes a build before packs writes and reads");
+        let mut m = sample();
+        if let EntryKind::File { chunks, .. } = &mut m.entries[0].kind {
+            chunks[0].pack = Some(PackAt { pack: [7; 32], at: 9, stored: 12 });
+        }
+        let packed = m.encode(&key).unwrap();
+        assert_eq!(version(&packed), 2);
+        assert!(String::from_utf8_lossy(&packed).contains(&"07".repeat(32)), "the pack in hex");
+        assert_eq!(Manifest::decode("k", "s1", &packed, &key).unwrap(), m);
+        assert_eq!(m.object_keys().into_iter().collect::<Vec<_>>(), [format!("packs/{}", "07".repeat(32))]);
     }
 
     #[test]

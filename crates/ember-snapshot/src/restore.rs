@@ -12,7 +12,8 @@ use filetime::FileTime;
 use sha2::{Digest, Sha256};
 
 use crate::fetch::{Fetcher, FileJob, Placed};
-use crate::manifest::{chunk_key, manifest_key, ChunkRef, Entry, EntryKind, Manifest};
+use crate::manifest::{chunk_key, manifest_key, pack_key, ChunkRef, Entry, EntryKind, Manifest, PackAt};
+use crate::packfile::PACK_BELOW;
 use crate::{sparse, ObjectStore, Phase, Progress, SnapshotError};
 
 fn no_progress(_: Progress) {}
@@ -80,7 +81,9 @@ pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, Snapsh
         e if e.is_not_found() => SnapshotError::NotFound { id: id.to_string() },
         e => e.into(),
     })?;
-    Manifest::decode(&key, id, &bytes, store.manifest_key())
+    let m = Manifest::decode(&key, id, &bytes, store.manifest_key())?;
+    crate::packfile::places().learn(store, &m);
+    Ok(m)
 }
 
 /// Restores snapshot `id` as the new directory `into` (which must not exist;
@@ -315,12 +318,17 @@ fn copy_file(
     Ok(())
 }
 
+/// A worker's last pack read whole (a store without ranged reads), kept for
+/// the next chunks: a pack's chunks come in walk order.
+pub(crate) type LastPack = Option<([u8; 32], Vec<u8>)>;
+
 /// Fetches a chunk and verifies its length and sha256.
 pub(crate) fn fetch_chunk(
     store: &dyn ObjectStore,
     dctx: &mut zstd::bulk::Decompressor<'static>,
     c: &ChunkRef,
     max_len: u64,
+    last: &mut LastPack,
 ) -> Result<Vec<u8>, SnapshotError> {
     let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
     // Bounded by the chunker's limit too, so a tampered manifest cannot ask for a huge buffer.
@@ -328,11 +336,17 @@ pub(crate) fn fetch_chunk(
     if c.len > max_len {
         return Err(corrupt(format!("recorded length {} exceeds the chunker's maximum {max_len}", c.len)));
     }
-    let packed = store.get(&chunk_key(&c.sha256)).map_err(|e| match e {
-        e if e.is_not_found() => SnapshotError::MissingChunk { chunk: c.sha256.clone() },
-        e => e.into(),
-    })?;
-    let data = dctx.decompress(&packed, c.len as usize).map_err(|e| corrupt(format!("does not decompress: {e}")))?;
+    let data = match &c.pack {
+        None => {
+            let packed = store.get(&chunk_key(&c.sha256)).map_err(|e| missing(&c.sha256, e))?;
+            dctx.decompress(&packed, c.len as usize)
+        }
+        Some(at) => {
+            let packed = packed_slice(store, at, c, last)?;
+            dctx.decompress(packed.as_ref(), c.len as usize)
+        }
+    };
+    let data = data.map_err(|e| corrupt(format!("does not decompress: {e}")))?;
     if data.len() as u64 != c.len {
         return Err(corrupt(format!("{} bytes, expected {}", data.len(), c.len)));
     }
@@ -341,6 +355,45 @@ pub(crate) fn fetch_chunk(
         return Err(corrupt(format!("content hashes to {actual}")));
     }
     Ok(data)
+}
+
+/// A packed chunk's stored bytes: a ranged read where the store has one,
+/// else a slice of the whole pack (read once and kept in `last`).
+fn packed_slice<'l>(
+    store: &dyn ObjectStore,
+    at: &PackAt,
+    c: &ChunkRef,
+    last: &'l mut LastPack,
+) -> Result<std::borrow::Cow<'l, [u8]>, SnapshotError> {
+    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
+    // A packed chunk is small, and its stored form at most a few bytes a frame over that.
+    if at.stored > PACK_BELOW as u64 + 4096 {
+        return Err(corrupt(format!("recorded stored length {} is too large for a packed chunk", at.stored)));
+    }
+    let key = pack_key(&at.pack);
+    let short = |held: usize| corrupt(format!("{key} holds {held} bytes, not {}..+{}", at.at, at.stored));
+    if last.as_ref().is_none_or(|(p, _)| *p != at.pack) {
+        if let Some(bytes) = store.get_range(&key, at.at, at.stored).map_err(|e| missing(&key, e))? {
+            if bytes.len() as u64 != at.stored {
+                return Err(short(bytes.len()));
+            }
+            return Ok(std::borrow::Cow::Owned(bytes));
+        }
+        *last = Some((at.pack, store.get(&key).map_err(|e| missing(&key, e))?));
+    }
+    let pack = last.as_ref().map(|(_, b)| b.as_slice()).unwrap_or_default();
+    match at.at.checked_add(at.stored).filter(|e| *e <= pack.len() as u64) {
+        Some(end) => Ok(std::borrow::Cow::Borrowed(&pack[at.at as usize..end as usize])),
+        None => Err(short(pack.len())),
+    }
+}
+
+/// A store's not-found as the chunk (or pack) that is missing.
+fn missing(key: &str, e: crate::StoreError) -> SnapshotError {
+    match e {
+        e if e.is_not_found() => SnapshotError::MissingChunk { chunk: key.to_string() },
+        e => e.into(),
+    }
 }
 
 fn set_metadata(dest: &Path, e: &Entry, ownership: Option<&dyn Fn(u32) -> u32>) -> Result<(), SnapshotError> {

@@ -206,6 +206,7 @@ fn build_and_commit(
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
     // Looked for at the start, under a marker of this id: new.
     store.put_new(key, &manifest.encode(store.manifest_key())?)?;
+    crate::packfile::places().learn(store, &manifest);
     report(Phase::Done);
     Ok(SnapshotSummary::from(&manifest))
 }

@@ -1,22 +1,23 @@
 //! Reading and uploading a walked tree. The calling thread reads each file and
 //! cuts it into chunks (FastCDC, in order, so the manifest is deterministic);
-//! worker threads take the chunks from a bounded channel, hash them, and pack
-//! (see [`crate::pack`]) and stage the ones the store does not have. The
-//! store's chunks are listed once up front instead of asked about one by one
-//! (a HEAD per chunk on S3). Staged chunks become durable together when the
-//! caller commits the batch, before the manifest is written.
+//! worker threads take the chunks from a bounded channel, hash them, and
+//! compress (see [`crate::pack`]) and stage the ones the store does not have:
+//! a large chunk as an object of its own (one lookup each), a small one in
+//! the worker's pack (see [`crate::packfile`]). Staged objects become durable
+//! together when the caller commits the batch, before the manifest is written.
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use fastcdc::v2020::StreamCDC;
+use fastcdc::v2020::FastCDC;
 use sha2::{Digest, Sha256};
 
 use ember_sys::beneath::PinnedDir;
 
-use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, Stats};
+use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, PackAt, Stats};
+use crate::packfile::{places, PackCheck, PackWriter, Scope, PACK_BELOW};
 use crate::walk::{Walk, Walked};
 use crate::{pack, sparse, ObjectStore, SnapshotError, Staged};
 
@@ -76,6 +77,11 @@ struct Shared<'s> {
     seen: Mutex<HashSet<[u8; 32]>>,
     /// Every chunk's hash, by slot.
     hashes: Mutex<Vec<[u8; 32]>>,
+    /// Where this snapshot's packed chunks are, by hash.
+    placed: Mutex<HashMap<[u8; 32], PackAt>>,
+    /// The packs places were reused in, looked up once each.
+    packs: PackCheck,
+    scope: Scope,
     stats: Mutex<Stats>,
     counters: &'s Counters,
     /// The first failure; the others are dropped, the producer stops.
@@ -88,19 +94,41 @@ impl Shared<'_> {
     }
 
     fn worker(&self, rx: &Mutex<Receiver<Vec<Job>>>) {
-        let mut packer = pack::Packer::new(self.level);
+        let mut w = Worker { packer: pack::Packer::new(self.level), pack: PackWriter::default() };
         loop {
             let batch = rx.lock().recv();
-            let Ok(batch) = batch else { return };
+            let Ok(batch) = batch else { break };
             for job in batch {
                 if self.failed() {
                     break; // drain, so the producer never blocks on a full channel
                 }
-                if let Err(e) = self.handle(job, &mut packer) {
+                if let Err(e) = self.handle(job, &mut w) {
                     self.error.lock().get_or_insert(e);
                 }
             }
         }
+        if !self.failed() {
+            if let Err(e) = w.pack.finish(self.store, self.batch).map(|p| self.place(p)) {
+                self.error.lock().get_or_insert(e);
+            }
+        }
+    }
+
+    fn place(&self, written: Vec<([u8; 32], PackAt)>) {
+        if !written.is_empty() {
+            self.placed.lock().extend(written);
+        }
+    }
+
+    /// A place for small chunk `sha` known to this process, in a pack the
+    /// store still has.
+    fn known_place(&self, sha: &[u8; 32]) -> Result<Option<PackAt>, SnapshotError> {
+        for at in places().get(self.scope, sha) {
+            if self.packs.holds(self.store, &at)? {
+                return Ok(Some(at));
+            }
+        }
+        Ok(None)
     }
 
     /// Chunk `sha`'s stored size if the store has it: one lookup per
@@ -110,7 +138,7 @@ impl Shared<'_> {
         Ok(self.store.meta(&chunk_key(&hex::encode(sha)))?.map(|m| m.size))
     }
 
-    fn handle(&self, job: Job, packer: &mut pack::Packer) -> Result<(), SnapshotError> {
+    fn handle(&self, job: Job, w: &mut Worker) -> Result<(), SnapshotError> {
         let len = job.data.len() as u64;
         let sha: [u8; 32] = Sha256::digest(&job.data).into();
         self.hashes.lock()[job.slot] = sha;
@@ -127,7 +155,15 @@ impl Shared<'_> {
             done();
             return Ok(());
         }
-        if let Some(stored) = self.stored(&sha)? {
+        let small = job.data.len() < PACK_BELOW;
+        let found = match small {
+            true => self.known_place(&sha)?.map(|at| {
+                self.placed.lock().insert(sha, at);
+                at.stored
+            }),
+            false => self.stored(&sha)?,
+        };
+        if let Some(stored) = found {
             let mut s = self.stats.lock();
             (s.unique_chunks, s.unique_bytes, s.stored_bytes) =
                 (s.unique_chunks + 1, s.unique_bytes + len, s.stored_bytes + stored);
@@ -137,10 +173,14 @@ impl Shared<'_> {
             return Ok(());
         }
         let sha256 = hex::encode(sha);
-        let packed = packer
+        let packed = w
+            .packer
             .pack(&job.data)
             .map_err(|e| SnapshotError::CorruptChunk { chunk: sha256.clone(), reason: format!("compressing: {e}") })?;
-        self.store.put_staged(&chunk_key(&sha256), &packed, self.batch)?;
+        match small {
+            true => self.place(w.pack.add(sha, &packed, self.store, self.batch)?),
+            false => self.store.put_staged(&chunk_key(&sha256), &packed, self.batch)?,
+        }
         let mut s = self.stats.lock();
         (s.unique_chunks, s.unique_bytes) = (s.unique_chunks + 1, s.unique_bytes + len);
         s.chunks_uploaded += 1;
@@ -152,6 +192,12 @@ impl Shared<'_> {
         done();
         Ok(())
     }
+}
+
+/// A worker's compression contexts and its pack being filled.
+struct Worker {
+    packer: pack::Packer,
+    pack: PackWriter,
 }
 
 /// Fills in every file entry's chunks and size, staging absent chunks in
@@ -173,6 +219,9 @@ pub(crate) fn upload(
         level: chunking.zstd_level,
         seen: Mutex::new(HashSet::new()),
         hashes: Mutex::new(Vec::new()),
+        placed: Mutex::new(HashMap::new()),
+        packs: PackCheck::default(),
+        scope: Scope::of(store),
         stats: Mutex::new(Stats::default()),
         counters,
         error: Mutex::new(None),
@@ -193,7 +242,7 @@ pub(crate) fn upload(
     }
     produced?;
     let hashes = std::mem::take(&mut *shared.hashes.lock());
-    fill_hashes(&mut walked.items, &hashes);
+    fill_hashes(&mut walked.items, &hashes, &shared.placed.lock())?;
     let s = shared.stats.lock().clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
@@ -206,16 +255,30 @@ pub(crate) fn upload(
     })
 }
 
-/// Writes the workers' hashes into the chunk references, in walk order.
-fn fill_hashes(items: &mut [Walked], hashes: &[[u8; 32]]) {
+/// Writes the workers' hashes, and each packed chunk's place, into the
+/// chunk references, in walk order.
+fn fill_hashes(
+    items: &mut [Walked],
+    hashes: &[[u8; 32]],
+    placed: &HashMap<[u8; 32], PackAt>,
+) -> Result<(), SnapshotError> {
     let mut slots = hashes.iter();
     for item in items {
         if let EntryKind::File { chunks, .. } = &mut item.entry.kind {
             for (c, sha) in chunks.iter_mut().zip(&mut slots) {
                 c.sha256 = hex::encode(sha);
+                if (c.len as usize) < PACK_BELOW {
+                    // Every small chunk was packed or found packed by a worker.
+                    let at = placed.get(sha).ok_or_else(|| SnapshotError::CorruptChunk {
+                        chunk: c.sha256.clone(),
+                        reason: "a small chunk has no place in a pack".into(),
+                    })?;
+                    c.pack = Some(*at);
+                }
             }
         }
     }
+    Ok(())
 }
 
 fn produce(
@@ -286,32 +349,141 @@ impl Reader<'_, '_> {
         let mut total = 0;
         for &[offset, len] in &extents {
             f.seek(std::io::SeekFrom::Start(offset)).map_err(|e| self.err("seek", e))?;
-            total += self.extent((&mut f).take(len), chunks)?;
+            total += self.extent(&mut f, len, chunks)?;
         }
         Ok(ReadFile { size, data: sparse::as_recorded(extents, size), bytes: total })
     }
 
     /// Chunks one extent; returns the bytes read. The references get their
     /// hashes later, from the workers ([`fill_hashes`]).
-    fn extent(&mut self, r: impl Read, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
-        let (c, shared) = (self.c, self.shared);
+    ///
+    /// The extent is read in windows of four of the largest chunk (16 MiB by
+    /// default; a smaller extent in one read of its size) and cut in memory;
+    /// a chunk is cut only when the window holds the largest chunk's worth
+    /// of bytes from its start (or the extent's end), so the cut points are
+    /// the streaming chunker's. What is left of a window moves to the front
+    /// once. Why not fastcdc's `StreamCDC`: it zeroes a buffer of the largest
+    /// chunk (4 MiB) for every extent and moves the rest of its buffer after
+    /// every chunk; for a tree of small files that cost more than reading them.
+    fn extent(&mut self, r: impl Read, len: u64, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
         let mut total = 0;
-        for chunk in StreamCDC::new(r, c.min as usize, c.avg as usize, c.max as usize) {
-            let data = chunk.map_err(|e| self.err("read", e.into()))?.data;
-            let len = data.len() as u64;
-            out.push(ChunkRef { sha256: String::new(), len });
-            let slot = {
-                let mut hashes = shared.hashes.lock();
-                hashes.push([0; 32]);
-                hashes.len() - 1
-            };
-            if shared.failed() || !self.out.push(Job { slot, data }) {
-                // A worker's error, if any, is what `upload` returns; this one only stops the walk.
-                return Err(SnapshotError::UploadStopped);
-            }
-            total += len;
-            (self.on_chunk)();
-        }
+        let read = cut(r, len, self.c, &mut |data| {
+            total += self.send(data, out)?;
+            Ok(())
+        });
+        read.map_err(|e| match e {
+            Cut::Read(e) => self.err("read", e),
+            Cut::Send(e) => e,
+        })?;
         Ok(total)
+    }
+
+    /// Hands one chunk to the workers; returns its length.
+    fn send(&mut self, data: Vec<u8>, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
+        let shared = self.shared;
+        let len = data.len() as u64;
+        out.push(ChunkRef { sha256: String::new(), len, pack: None });
+        let slot = {
+            let mut hashes = shared.hashes.lock();
+            hashes.push([0; 32]);
+            hashes.len() - 1
+        };
+        if shared.failed() || !self.out.push(Job { slot, data }) {
+            // A worker's error, if any, is what `upload` returns; this one only stops the walk.
+            return Err(SnapshotError::UploadStopped);
+        }
+        (self.on_chunk)();
+        Ok(len)
+    }
+}
+
+/// Why [`cut`] stopped.
+enum Cut {
+    Read(std::io::Error),
+    Send(SnapshotError),
+}
+
+/// Cuts `len` bytes of `r` into chunks, in order, handing each to `send`
+/// (see [`Reader::extent`]).
+fn cut(
+    r: impl Read,
+    len: u64,
+    c: Chunking,
+    send: &mut dyn FnMut(Vec<u8>) -> Result<(), SnapshotError>,
+) -> Result<(), Cut> {
+    let (min, avg, max) = (c.min as usize, c.avg as usize, c.max as usize);
+    let window = 4 * max;
+    let mut r = r.take(len);
+    let mut buf: Vec<u8> = Vec::with_capacity(window.min(len as usize));
+    let mut eof = false;
+    loop {
+        while buf.len() < window && !eof {
+            let want = (window - buf.len()) as u64;
+            eof = (&mut r).take(want).read_to_end(&mut buf).map_err(Cut::Read)? == 0;
+        }
+        if eof && buf.len() <= min {
+            // The rest is one chunk (a small file: all of it), sent as read.
+            if !buf.is_empty() {
+                send(std::mem::take(&mut buf)).map_err(Cut::Send)?;
+            }
+            return Ok(());
+        }
+        let mut used = 0;
+        for chunk in FastCDC::new(&buf, min, avg, max) {
+            if !eof && chunk.offset + max > buf.len() {
+                break; // its cut may depend on bytes not read yet
+            }
+            send(buf[chunk.offset..chunk.offset + chunk.length].to_vec()).map_err(Cut::Send)?;
+            used = chunk.offset + chunk.length;
+        }
+        buf.drain(..used);
+        if eof && buf.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastcdc::v2020::StreamCDC;
+
+    fn data(len: usize) -> Vec<u8> {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if (i / 5000) % 3 == 0 {
+                    b'a'
+                } else {
+                    x as u8
+                }
+            })
+            .collect()
+    }
+
+    /// A tree snapshotted by a build that streamed every extent (fastcdc's
+    /// `StreamCDC`) must dedup against this one: the same cut points, over
+    /// many windows and at any length.
+    #[test]
+    fn cutting_in_windows_cuts_where_streaming_does() {
+        let small = Chunking { min: 256, avg: 1024, max: 4096, zstd_level: 3 };
+        for (c, len) in [(small, 300_000), (small, 4 * 4096), (small, 200), (small, 0), (Chunking::default(), 41 << 20)]
+        {
+            let data = data(len);
+            let (min, avg, max) = (c.min as usize, c.avg as usize, c.max as usize);
+            let streamed: Vec<Vec<u8>> = StreamCDC::new(&data[..], min, avg, max).map(|ch| ch.unwrap().data).collect();
+            let mut got = Vec::new();
+            let done = cut(&data[..], len as u64, c, &mut |d| {
+                got.push(d);
+                Ok(())
+            });
+            assert!(done.is_ok(), "length {len}");
+            assert_eq!(got.len(), streamed.len(), "length {len}");
+            assert!(got == streamed, "length {len}: different cuts");
+            assert!(len < 100_000 || got.len() > 8, "length {len}: {} chunks", got.len());
+        }
     }
 }

@@ -115,7 +115,8 @@ impl LocalStore {
         self.folder(folder)
     }
 
-    /// Writes `data` to a new temp file (its name in the temp dir); fsyncs it if `sync`.
+    /// Writes `data` to a new temp file (its name in the temp dir); fsyncs
+    /// it if `sync`, else only starts its writeback.
     fn write_tmp(&self, data: &[u8], sync: bool) -> Result<String, StoreError> {
         let name = format!("{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed));
         let path = self.tmp.path().join(&name);
@@ -124,6 +125,13 @@ impl LocalStore {
             f.write_all(data).map_err(io("write", &path))?;
             if sync {
                 f.sync_all().map_err(io("fsync", &path))?;
+            } else {
+                // A staged object is fsynced at its batch's commit: its pages
+                // go to the disk now, while the snapshot compresses the next
+                // chunks, so that fsync finds little left to write (the
+                // kernel starts the writeback and does not wait for it; the
+                // pages, never read again here, leave the cache once clean).
+                let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
             }
             Ok(())
         })();
@@ -224,6 +232,28 @@ impl ObjectStore for LocalStore {
         (&mut f).take(MAX_OBJECT_BYTES + 1).read_to_end(&mut data).map_err(io("read", &path))?;
         check_size(key, data.len() as u64)?;
         Ok(data)
+    }
+
+    fn get_range(&self, key: &str, at: u64, len: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        check_key(key)?;
+        check_size(key, len)?;
+        let path = self.root.join(key);
+        let f = self.dir.open_file(key).map_err(|e| match is(&e, Errno::NOENT) {
+            true => StoreError::NotFound { key: key.to_string() },
+            false => sys(e),
+        })?;
+        let mut data = vec![0u8; len as usize];
+        let mut got = 0;
+        while got < data.len() {
+            match std::os::unix::fs::FileExt::read_at(&f, &mut data[got..], at + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io("read", &path)(e)),
+            }
+        }
+        data.truncate(got);
+        Ok(Some(data))
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {

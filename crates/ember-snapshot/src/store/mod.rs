@@ -69,6 +69,15 @@ pub trait ObjectStore: Send + Sync {
     /// [`StoreError::TooLarge`] (before reading it) when over [`MAX_OBJECT_BYTES`].
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
     fn exists(&self, key: &str) -> Result<bool, StoreError>;
+    /// Bytes `at..at + len` of the object at `key` (fewer if it ends
+    /// sooner), when the store reads part of an object for less than all of
+    /// it (a local file, an S3 range request); `None` when it cannot, and
+    /// the caller reads the whole object ([`get`](Self::get)). A restore
+    /// reads packed chunks so. `len` is a packed chunk's: the caller bounds it.
+    fn get_range(&self, key: &str, at: u64, len: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let _ = (key, at, len);
+        Ok(None)
+    }
     /// Every object whose key starts with `prefix` (a folder such as `chunks/`), in key order.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
     /// Deletes the object; deleting an absent key is not an error.

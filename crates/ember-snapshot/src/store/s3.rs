@@ -138,6 +138,20 @@ impl ObjectStore for S3Store {
         Ok(bytes.to_vec())
     }
 
+    /// One ranged GET: a restore reads a packed chunk without its pack.
+    fn get_range(&self, key: &str, at: u64, len: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.path(key)?;
+        check_size(key, len)?;
+        let end = at.checked_add(len).ok_or_else(|| StoreError::InvalidKey {
+            key: key.to_string(),
+            reason: "a range past the largest offset",
+        })?;
+        let bytes = self
+            .run("get range", key, |c| async move { c.get_range(&path, at..end).await })?
+            .map_err(s3("get range", key))?;
+        Ok(Some(bytes.to_vec()))
+    }
+
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
         let path = self.path(key)?;
         match self.run("head", key, |c| async move { c.head(&path).await })? {
