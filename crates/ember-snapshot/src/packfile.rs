@@ -13,14 +13,14 @@
 //!
 //! Dedup: a packed chunk has no key of its own to look up. The places of
 //! packed chunks this process has written or read are kept in a bounded
-//! table ([`Places`]); a snapshot reuses a place from it after one lookup of
-//! the pack per snapshot (the pack may have been collected since), and packs
-//! again what it does not find there. A pack's name is the hash of its
-//! bytes, so a place learned from one store holds in any store that has the
-//! pack. A process that has not seen a chunk's place (a restart, another
-//! node) stores it once more, in a new pack.
+//! table ([`Places`]), per workspace ([`Scope`]); a snapshot reuses a place
+//! from it after one lookup of the pack per snapshot (the pack may have been
+//! collected since), and packs again what it does not find there. A pack's
+//! name is the hash of its bytes, so a place learned from one store holds in
+//! any store that has the pack. A process that has not seen a chunk's place
+//! (a restart, another node) stores it once more, in a new pack.
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use sha2::{Digest, Sha256};
@@ -37,11 +37,9 @@ const PLACES_MAX: usize = 100_000;
 /// Places kept per chunk, newest first.
 const PLACES_PER_CHUNK: usize = 2;
 
-/// Places of packed chunks, by the manifest key of the store they were
-/// learned from (a [`Scope`]) and the chunk's sha256. Kept apart per key, a
-/// process writing to several stores with keys of their own (the tests) does
-/// not trade one store's places for another's. Bounded: when full it is
-/// emptied (what is forgotten costs a chunk stored again, never a wrong read).
+/// Places of packed chunks, by the [`Scope`] they were learned in and the
+/// chunk's sha256. Bounded: when full it is emptied (what is forgotten costs
+/// a chunk stored again, never a wrong read).
 pub(crate) struct Places {
     map: Mutex<HashMap<PlaceKey, Vec<PackAt>>>,
 }
@@ -49,14 +47,30 @@ pub(crate) struct Places {
 /// A chunk's sha256 in a [`Scope`].
 type PlaceKey = (Scope, [u8; 32]);
 
-/// Which stores a place was learned from: a fingerprint of their manifest
-/// key (its MAC of a fixed text, which reveals nothing of the key).
+/// Where a place may be reused: the snapshots of one workspace (or one
+/// sandbox's layer; or the unlabelled ones) in the stores of one manifest
+/// key.
+///
+/// Why per workspace: a pack holds the other small files of the snapshot
+/// that wrote it, and lives as long as any manifest names a chunk in it. A
+/// snapshot of workspace B reusing a chunk of workspace A's pack would keep
+/// A's other files in the store after A's snapshots are deleted and swept,
+/// for as long as B's snapshot lives: another tenant's data kept for it.
+/// Across workspaces a small file is stored once per workspace instead.
+/// Why per key: a process writing several stores with keys of their own
+/// (the tests) keeps each store's places apart. The key enters as its MAC
+/// of a fixed text, which reveals nothing of it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Scope(u64);
 
 impl Scope {
-    pub(crate) fn of(store: &dyn ObjectStore) -> Scope {
-        let mac = store.manifest_key().sign(b"ember-snapshot pack places");
+    pub(crate) fn of(store: &dyn ObjectStore, labels: &BTreeMap<String, String>) -> Scope {
+        let owner = match (labels.get("workspace"), labels.get("sandbox")) {
+            (Some(w), _) => format!("workspace\0{w}"),
+            (None, Some(s)) => format!("sandbox\0{s}"),
+            (None, None) => String::new(),
+        };
+        let mac = store.manifest_key().sign(format!("ember-snapshot pack places\0{owner}").as_bytes());
         let digits = mac.rsplit(':').next().unwrap_or_default();
         Scope(digits.get(..16).and_then(|d| u64::from_str_radix(d, 16).ok()).unwrap_or_default())
     }
@@ -80,7 +94,7 @@ impl Places {
         if !m.chunks().any(|c| c.pack.is_some()) {
             return;
         }
-        let scope = Scope::of(store);
+        let scope = Scope::of(store, &m.labels);
         let mut map = self.map.lock();
         for c in m.chunks() {
             let (Some(at), Ok(sha)) = (c.pack, decode_sha(&c.sha256)) else { continue };

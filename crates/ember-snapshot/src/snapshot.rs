@@ -176,9 +176,9 @@ fn build_and_commit(
     };
     let batch = Staged::new();
     report(Phase::Transferring);
-    let stats = upload::upload(&mut walked, store, &batch, opts.chunking, opts.threads, &counters, &mut || {
-        report(Phase::Transferring)
-    })?;
+    let how =
+        upload::How { chunking: opts.chunking, threads: opts.threads, scope: upload::Scope::of(store, &opts.labels) };
+    let stats = upload::upload(&mut walked, store, &batch, how, &counters, &mut || report(Phase::Transferring))?;
     report(Phase::Syncing);
     // Every chunk durable before the manifest can name it.
     store.commit_staged(&batch)?;

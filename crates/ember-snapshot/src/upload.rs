@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 use ember_sys::beneath::PinnedDir;
 
 use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, PackAt, Stats};
-use crate::packfile::{places, PackCheck, PackWriter, Scope, PACK_BELOW};
+pub(crate) use crate::packfile::Scope;
+use crate::packfile::{places, PackCheck, PackWriter, PACK_BELOW};
 use crate::walk::{Walk, Walked};
 use crate::{pack, sparse, ObjectStore, SnapshotError, Staged};
 
@@ -194,6 +195,14 @@ impl Shared<'_> {
     }
 }
 
+/// How [`upload`] cuts and stores: the chunking, its worker threads, and
+/// where it may reuse packed chunks.
+pub(crate) struct How {
+    pub chunking: Chunking,
+    pub threads: usize,
+    pub scope: Scope,
+}
+
 /// A worker's compression contexts and its pack being filled.
 struct Worker {
     packer: pack::Packer,
@@ -207,11 +216,11 @@ pub(crate) fn upload(
     walked: &mut Walk,
     store: &dyn ObjectStore,
     batch: &Staged,
-    chunking: Chunking,
-    threads: usize,
+    how: How,
     counters: &Counters,
     on_chunk: &mut dyn FnMut(),
 ) -> Result<Stats, SnapshotError> {
+    let How { chunking, threads, scope } = how;
     let threads = threads.max(1);
     let shared = Shared {
         store,
@@ -221,7 +230,7 @@ pub(crate) fn upload(
         hashes: Mutex::new(Vec::new()),
         placed: Mutex::new(HashMap::new()),
         packs: PackCheck::default(),
-        scope: Scope::of(store),
+        scope,
         stats: Mutex::new(Stats::default()),
         counters,
         error: Mutex::new(None),

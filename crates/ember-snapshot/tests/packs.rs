@@ -137,6 +137,37 @@ fn gc_keeps_the_packs_a_manifest_references_and_sweeps_the_others() {
     assert_same_tree(&src, &out);
 }
 
+/// A pack holds the other small files of the snapshot that wrote it: one
+/// workspace's snapshot reusing a chunk of another's pack would keep that
+/// workspace's files in the store after its snapshots are deleted.
+#[test]
+fn a_workspace_reuses_its_own_packs_never_another_workspaces() {
+    let (tmp, src, store) = setup(60);
+    let of = |w: &str, id: &str| snapshot(&src, &store, SnapshotOptions::new(id).label("workspace", w)).unwrap();
+    let a1 = of("a", "a1").summary.stats;
+    let a2 = of("a", "a2").summary.stats;
+    assert_eq!(a2.chunks_uploaded, 0, "{a2:?}");
+    // (b's tree has one file more, so its packs are not byte for byte a's,
+    // which would give them a's names: the same bytes, b's own.)
+    fs::write(src.join("only-b"), b"b's").unwrap();
+    let b1 = of("b", "b1").summary.stats;
+    // b's 61 small files in packs of its own; the big file's two chunks, objects of their own, reused.
+    assert_eq!((b1.chunks_uploaded, b1.chunks_reused), (61, 2), "{b1:?}");
+    assert!(b1.chunks_uploaded < a1.chunks_uploaded, "{a1:?}");
+
+    let before = keys(&store, "packs/").len();
+    for id in ["a1", "a2"] {
+        delete(&store, id).unwrap();
+    }
+    let report = gc(&store, now()).unwrap();
+    assert!(report.chunks_deleted >= 1, "{report:?}");
+    let after = keys(&store, "packs/").len();
+    assert!(after < before, "a's packs swept: {before} -> {after}");
+    let out = tmp.path().join("out");
+    restore(&store, "b1", &out, RestoreOptions::default()).unwrap();
+    assert_same_tree(&src, &out);
+}
+
 #[test]
 fn a_missing_or_damaged_pack_fails_the_restore_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
