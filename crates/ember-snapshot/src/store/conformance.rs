@@ -62,6 +62,14 @@ pub fn objects(store: &dyn ObjectStore) {
     assert!(m.modified > std::time::UNIX_EPOCH, "meta has the write time");
     assert!(store.meta("t/b").expect("meta of a prefix").is_none(), "a prefix is not an object");
     assert!(store.meta("t/none").expect("meta of an absent key").is_none());
+    // A ranged read, where the store has one, is exactly those bytes (a
+    // restore reads packed chunks so); of an absent key, not found.
+    let (at, len) = (1_500_000u64, 70_000u64);
+    if let Some(part) = store.get_range("t/big", at, len).expect("get_range") {
+        assert!(part == big[at as usize..(at + len) as usize], "get_range of t/big: {} bytes", part.len());
+        let err = store.get_range("t/none", 0, 1).expect_err("get_range of an absent key");
+        assert!(err.is_not_found(), "get_range of an absent key: {err:?}");
+    }
 
     for (key, _) in objects {
         store.delete(key).unwrap_or_else(|e| panic!("delete {key}: {e}"));
