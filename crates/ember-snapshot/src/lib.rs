@@ -18,8 +18,9 @@
 //! stage chunks (restore: fetch, decompress, verify and write at offsets).
 //! Each distinct chunk is looked up once (a packed one: its pack, once per
 //! snapshot). A [`LocalStore`] stages objects as temp files, starts their
-//! writeback at once and fsyncs a whole batch from several threads before
-//! renaming them into place ([`ObjectStore::put_staged`],
+//! writeback at once and fsyncs each from a few background threads while the
+//! workers go on; the commit waits for those fsyncs before renaming the
+//! batch into place ([`ObjectStore::put_staged`],
 //! [`ObjectStore::commit_staged`]). A fork restores once and copies that tree
 //! ([`copy_restored`]).
 //!

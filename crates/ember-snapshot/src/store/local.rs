@@ -115,9 +115,9 @@ impl LocalStore {
         self.folder(folder)
     }
 
-    /// Writes `data` to a new temp file (its name in the temp dir); fsyncs
-    /// it if `sync`, else only starts its writeback.
-    fn write_tmp(&self, data: &[u8], sync: bool) -> Result<String, StoreError> {
+    /// Writes `data` to a new temp file (its name in the temp dir, and the
+    /// file); fsyncs it if `sync`, else only starts its writeback.
+    fn write_tmp(&self, data: &[u8], sync: bool) -> Result<(String, fs::File), StoreError> {
         let name = format!("{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed));
         let path = self.tmp.path().join(&name);
         let result = (|| {
@@ -126,17 +126,16 @@ impl LocalStore {
             if sync {
                 f.sync_all().map_err(io("fsync", &path))?;
             } else {
-                // A staged object is fsynced at its batch's commit: its pages
-                // go to the disk now, while the snapshot compresses the next
-                // chunks, so that fsync finds little left to write (the
-                // kernel starts the writeback and does not wait for it; the
-                // pages, never read again here, leave the cache once clean).
+                // A staged object is fsynced in the background: its pages go
+                // to the disk now (the kernel starts the writeback and does
+                // not wait for it; the pages, never read again here, leave
+                // the cache once clean).
                 let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
             }
-            Ok(())
+            Ok(f)
         })();
         match result {
-            Ok(()) => Ok(name),
+            Ok(f) => Ok((name, f)),
             Err(e) => {
                 let _ = self.tmp.remove_file(&name);
                 Err(e)
@@ -214,7 +213,7 @@ impl ObjectStore for LocalStore {
     fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
         check_key(key)?;
         check_size(key, data.len() as u64)?;
-        let tmp = self.write_tmp(data, self.fsync)?;
+        let (tmp, _) = self.write_tmp(data, self.fsync)?;
         self.rename_into(&tmp, key).map(drop)
     }
 
@@ -314,25 +313,30 @@ impl ObjectStore for LocalStore {
         Ok(out)
     }
 
-    /// The temp file is written but neither fsynced nor renamed: invisible
-    /// until the batch commits, so a power loss can never leave a chunk that
-    /// exists but holds garbage (a later snapshot would reuse it).
+    /// The temp file is written and its fsync started in the background, but
+    /// it is not renamed: invisible until the batch commits, so a power loss
+    /// can never leave a chunk that exists but holds garbage (a later
+    /// snapshot would reuse it).
     fn put_staged(&self, key: &str, data: &[u8], batch: &Staged) -> Result<(), StoreError> {
         check_key(key)?;
         check_size(key, data.len() as u64)?;
         if !self.fsync {
             return self.put(key, data);
         }
-        batch.push(&self.tmp, self.write_tmp(data, false)?, key.to_string());
+        let (name, file) = self.write_tmp(data, false)?;
+        let path = self.tmp.path().join(&name);
+        batch.push(&self.tmp, name, key.to_string());
+        batch.early.push(file, path);
         Ok(())
     }
 
-    /// fsyncs the batch's files from several threads at once (the filesystem
-    /// then commits its journal for many of them together: ~4x faster than one
-    /// fsync per put here), renames them into place and fsyncs their folders.
+    /// Waits for the batch's fsyncs (started as each file was written, from
+    /// several threads: the filesystem flushes many together), renames the
+    /// files into place and fsyncs their folders.
     fn commit_staged(&self, batch: &Staged) -> Result<(), StoreError> {
+        let synced = batch.early.finish();
         let files = batch.take();
-        let result = sync_all(&self.tmp, &files).and_then(|()| {
+        let result = synced.and_then(|()| {
             let mut folders: Vec<(&str, PinnedDir)> = Vec::new();
             for (tmp, key) in &files {
                 let dest = self.rename_into(tmp, key)?;
@@ -350,31 +354,4 @@ impl ObjectStore for LocalStore {
         }
         result
     }
-}
-
-/// Concurrent fsyncs: the time goes to waiting on the device, not the CPU.
-const SYNC_THREADS: usize = 8;
-
-/// fsyncs the temp files `files` name in `tmp`.
-fn sync_all(tmp: &PinnedDir, files: &[(String, String)]) -> Result<(), StoreError> {
-    if files.is_empty() {
-        return Ok(());
-    }
-    let per = files.len().div_ceil(SYNC_THREADS);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .chunks(per)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter().try_for_each(|(name, _)| {
-                        let f = tmp.open_file(name).map_err(sys)?;
-                        f.sync_all().map_err(io("fsync", &tmp.path().join(name)))
-                    })
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join().unwrap_or_else(|_| Err(io("fsync", tmp.path())(std::io::Error::other("fsync thread panicked"))))
-        })
-    })
 }

@@ -11,6 +11,7 @@ use std::time::SystemTime;
 
 use crate::{ManifestKey, StoreError};
 
+mod early;
 mod local;
 mod s3;
 
@@ -128,6 +129,8 @@ pub struct Staged {
     files: Mutex<Vec<(String, String)>>,
     /// The temp dir they are in (the store's, set by the first push).
     tmp: std::sync::OnceLock<Arc<PinnedDir>>,
+    /// Their fsyncs, started as each is written.
+    early: early::EarlySync,
 }
 
 impl Staged {
