@@ -10,11 +10,12 @@
 //! drifts by more than the sub-millisecond difference measured, and
 //! alternating makes the drift weigh on both sides alike.
 use super::registry::{layer_tar, push, write_layout, Config, Entry, Registry};
-use super::stats::{Progress, Series};
+use super::stats::{Progress, Series, Summary};
 use anyhow::Context;
 use ember_client::Client;
 use ember_types::api::CreateSandboxRequest;
 use ember_types::image::{PullRequest, TemplateRequest};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 pub struct Args {
@@ -78,17 +79,18 @@ pub async fn run(client: &Client, a: Args) -> anyhow::Result<i32> {
     let tname = format!("bench-image-{}", seed % 1_000_000);
     let treq = TemplateRequest { name: tname.clone(), image: Some(image.clone()), ..Default::default() };
     client.create_template(&treq).await.context("template from the cached image")?;
-    let (host, img, diff) = creates(client, &tname, a.runs).await;
+    let (host, img, diff, phases) = creates(client, &tname, a.runs).await;
     let _ = client.delete_template(&tname).await;
     let _ = client.remove_image(&image).await;
     let _ = client.prune_images().await;
 
     let (h, i, d) = (host.summary(), img.summary(), diff.summary());
+    let phases: BTreeMap<String, Summary> = phases.iter().map(|(k, v)| (k.clone(), v.summary())).collect();
     if a.json {
         let v = serde_json::json!({
             "image": image, "compressedMB": mb, "layers": info.layers.len(),
             "coldPullUnpackSeconds": pull_s, "coldPullMBps": mb / pull_s,
-            "createServer": {"host": h, "image": i, "imageMinusHost": d},
+            "createServer": {"host": h, "image": i, "imageMinusHost": d, "imageMinusHostByPhase": phases},
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -109,30 +111,50 @@ pub async fn run(client: &Client, a: Args) -> anyhow::Result<i32> {
                 d.samples
             );
         }
+        // Where a difference is: the daemon's launch phases, each pair's.
+        let line = |(k, s): (&String, &Summary)| s.p50_ms.map(|m| format!("{k} {m:+.3}"));
+        let by_phase: Vec<String> = phases.iter().filter_map(line).collect();
+        println!("  of which, median per phase (image - host, ms): {}", by_phase.join(", "));
     }
     Ok(i32::from(h.failed + i.failed > 0))
 }
 
+/// The per-pair difference (image - host) of each launch phase the daemon
+/// reports (`launch.phases`: start, cgroup, spawn, agentReady), ms.
+type Phases = BTreeMap<String, Series>;
+
 /// `runs` pairs (after one discarded pair): a `host` create, then one from
-/// `template`, each removed at once. Returns both series and the per-pair
-/// difference (image - host), server side.
-async fn creates(client: &Client, template: &str, runs: usize) -> (Series, Series, Series) {
+/// `template`, each removed at once. Returns both series, the per-pair
+/// difference (image - host), server side, and that difference per phase.
+async fn creates(client: &Client, template: &str, runs: usize) -> (Series, Series, Series, Phases) {
     let (mut host, mut img, mut diff) = (Series::default(), Series::default(), Series::default());
+    let mut phases = Phases::new();
     let p = Progress::new(format!("create host / {template}, alternating"), runs);
     for n in 0..=runs {
         let h = create_one(client, "host", n > 0, &mut host).await;
         let i = create_one(client, template, n > 0, &mut img).await;
-        if let (Some(h), Some(i), true) = (h, i, n > 0) {
+        if let (Some((h, hp)), Some((i, ip)), true) = (h, i, n > 0) {
             diff.push_ms(i - h);
+            for (k, iu) in &ip {
+                if let Some(hu) = hp.get(k) {
+                    phases.entry(k.clone()).or_default().push_ms((*iu as f64 - *hu as f64) / 1000.0);
+                }
+            }
         }
         p.tick(n);
     }
     p.finish(&img);
-    (host, img, diff)
+    (host, img, diff, phases)
 }
 
-/// One create-to-ready (server side, ms) and its removal; recorded in `s` when `keep`.
-async fn create_one(client: &Client, template: &str, keep: bool, s: &mut Series) -> Option<f64> {
+/// One create-to-ready (server side, ms, and its launch phases in µs) and its
+/// removal; recorded in `s` when `keep`.
+async fn create_one(
+    client: &Client,
+    template: &str,
+    keep: bool,
+    s: &mut Series,
+) -> Option<(f64, BTreeMap<String, u64>)> {
     let req = CreateSandboxRequest { template: Some(template.into()), ..Default::default() };
     match client.create_sandbox(&req).await {
         Ok((info, us)) => {
@@ -141,7 +163,7 @@ async fn create_one(client: &Client, template: &str, keep: bool, s: &mut Series)
             if keep {
                 s.push_ms(ms);
             }
-            Some(ms)
+            Some((ms, info.launch.map(|l| l.phases).unwrap_or_default()))
         }
         Err(e) => {
             s.fail(e);

@@ -10,7 +10,9 @@ use crate::EngineError;
 use ember_image::ImageRecord;
 use ember_types::image::{TemplateInfo, TemplateRequest};
 use ember_types::{NetworkMode, Resources};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// A template as the engine keeps it: the wire shape, validated.
 pub type Template = TemplateInfo;
@@ -46,25 +48,42 @@ pub fn valid_name(n: &str) -> bool {
         && n.as_bytes()[0].is_ascii_alphanumeric()
 }
 
+/// The persisted templates, and those read or written since the daemon
+/// started. The store is the only writer of its directory (the daemon's
+/// private state), so a template read once is answered from memory: a
+/// create from a template read and parsed its file twice (docs/performance.md
+/// row 11). Only present ones are kept: a name not found is looked up again.
 pub(crate) struct TemplateStore {
     dir: PathBuf,
+    known: Mutex<HashMap<String, Template>>,
 }
 
 impl TemplateStore {
     pub fn open(dir: PathBuf) -> Result<TemplateStore, EngineError> {
         crate::store::private_dir(&dir)?;
-        Ok(TemplateStore { dir })
+        Ok(TemplateStore { dir, known: Mutex::new(HashMap::new()) })
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.json"))
     }
 
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Template>> {
+        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     pub fn get(&self, name: &str) -> Option<Template> {
         if !valid_name(name) {
             return None;
         }
-        serde_json::from_slice(&std::fs::read(self.path(name)).ok()?).ok()
+        // Held over the read: a save between it and the insert would be lost.
+        let mut known = self.known();
+        if let Some(t) = known.get(name) {
+            return Some(t.clone());
+        }
+        let t: Template = serde_json::from_slice(&std::fs::read(self.path(name)).ok()?).ok()?;
+        known.insert(name.to_string(), t.clone());
+        Some(t)
     }
 
     pub fn list(&self) -> Vec<Template> {
@@ -81,10 +100,18 @@ impl TemplateStore {
     }
 
     pub fn save(&self, t: &Template) -> Result<(), EngineError> {
-        crate::store::write_durable(&self.path(&t.name), &serde_json::to_vec_pretty(t).unwrap_or_default(), true)
+        // Templates are saved rarely: the lock is held over the write, and a
+        // failed write (which may have replaced the file or not) is forgotten.
+        let mut known = self.known();
+        known.remove(&t.name);
+        crate::store::write_durable(&self.path(&t.name), &serde_json::to_vec_pretty(t).unwrap_or_default(), true)?;
+        known.insert(t.name.clone(), t.clone());
+        Ok(())
     }
 
     pub fn remove(&self, name: &str) -> Result<(), EngineError> {
+        let mut known = self.known();
+        known.remove(name);
         let p = self.path(name);
         if !p.exists() {
             let source = std::io::ErrorKind::NotFound.into();
@@ -229,5 +256,29 @@ impl Catalog {
         spec.egress = p.egress.clone();
         spec.entrypoint = Vec::new();
         Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_read_once_is_answered_as_last_saved_or_removed() {
+        let dir = std::env::temp_dir().join(format!("ember-templates-{}", std::process::id()));
+        let store = TemplateStore::open(dir.clone()).unwrap();
+        let mut t = host("host").unwrap();
+        (t.name, t.builtin) = ("py".into(), false);
+        assert!(store.get("py").is_none());
+        store.save(&t).unwrap();
+        assert_eq!(store.get("py").unwrap().env, t.env);
+        t.env.insert("A".into(), "1".into());
+        store.save(&t).unwrap();
+        assert_eq!(store.get("py").unwrap().env.get("A").map(String::as_str), Some("1"), "the last save wins");
+        // Another store on the same dir reads the file: what was saved is on disk.
+        assert_eq!(TemplateStore::open(dir.clone()).unwrap().get("py").unwrap().env, t.env);
+        store.remove("py").unwrap();
+        assert!(store.get("py").is_none(), "a removed template is not answered from memory");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

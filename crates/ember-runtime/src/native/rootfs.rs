@@ -420,7 +420,34 @@ pub fn check_layer_root(upper: &Path, also: &[&str]) -> Result<(), RuntimeError>
 /// mount plan writes and mounts there before `pivot_root`, and a symlink would
 /// point those at host paths. The top-most layer that has the name decides
 /// (layers are immutable; a restored upper dir is checked by [`check_layer_root`]).
+///
+/// A list that passed is remembered (up to [`CHECKED_MAX`] lists, forgotten
+/// all at once when full): an image's layers are unpacked once each, beneath
+/// a path named by their digest, and never change there, so the answer
+/// cannot either; a 5-layer image cost 30 stats per create.
 pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
+    if lower_dirs.is_empty() || checked().contains(lower_dirs) {
+        return Ok(());
+    }
+    stat_image_root(lower_dirs)?;
+    let mut checked = checked();
+    if checked.len() >= CHECKED_MAX {
+        checked.clear();
+    }
+    checked.insert(lower_dirs.to_vec());
+    Ok(())
+}
+
+/// How many lower-dir lists [`check_image_root`] remembers.
+const CHECKED_MAX: usize = 1024;
+
+fn checked() -> std::sync::MutexGuard<'static, std::collections::HashSet<Vec<PathBuf>>> {
+    static CHECKED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<Vec<PathBuf>>>> =
+        std::sync::LazyLock::new(Default::default);
+    CHECKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn stat_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     for name in LAYER_PATHS {
         for l in lower_dirs {
@@ -440,4 +467,30 @@ pub fn check_image_root(lower_dirs: &[PathBuf]) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_whose_etc_is_a_symlink_is_refused_and_a_good_one_remembered() {
+        let root = std::env::temp_dir().join(format!("ember-image-root-{}", std::process::id()));
+        let (top, bottom) = (root.join("top"), root.join("bottom"));
+        for d in [&top, &bottom] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // The top layer's /etc is a link to the host's: refused.
+        symlink("/etc", top.join("etc")).unwrap();
+        std::fs::create_dir(bottom.join("etc")).unwrap();
+        let bad = vec![top.clone(), bottom.clone()];
+        assert!(check_image_root(&bad).is_err());
+        assert!(check_image_root(&bad).is_err(), "a refusal is not remembered as a pass");
+        assert!(!checked().contains(&bad));
+        // The order decides: the top-most layer that has the name.
+        let good = vec![bottom.clone(), top.clone()];
+        check_image_root(&good).unwrap();
+        assert!(checked().contains(&good), "a pass is remembered");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
