@@ -36,6 +36,37 @@ pub fn cpu_weight(cpu_millis: u64) -> u64 {
     1 + (cpu_shares(cpu_millis) - 2) * 9999 / 262_142
 }
 
+/// A group's weight in contended CPU (v1 `cpu.shares`, v2 `cpu.weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuShare {
+    /// Proportional to a cpu limit in millicores ([`cpu_shares`], [`cpu_weight`]).
+    Limit(u64),
+    /// The least the kernel takes (v1 2, v2 1): the group runs when nothing
+    /// else wants the CPU. A pool's refill launches so (the new init's
+    /// setup, its exec and the agent's start are charged to its group, where
+    /// the spawning thread's nice value has no say against other groups),
+    /// then is set back to its limit's share.
+    Background,
+}
+
+impl CpuShare {
+    /// v1 `cpu.shares`.
+    pub fn shares(self) -> u64 {
+        match self {
+            CpuShare::Limit(m) => cpu_shares(m),
+            CpuShare::Background => 2,
+        }
+    }
+
+    /// v2 `cpu.weight`.
+    pub fn weight(self) -> u64 {
+        match self {
+            CpuShare::Limit(m) => cpu_weight(m),
+            CpuShare::Background => 1,
+        }
+    }
+}
+
 /// An IO error with the cgroup file that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -160,6 +191,8 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn version(&self) -> &'static str;
     /// Creates `ember/<name>` in every hierarchy and applies the limits.
     fn create(&self, name: &str, limits: &Limits) -> Result<(), CgroupError>;
+    /// Sets the group's weight in contended CPU, its limits unchanged.
+    fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError>;
     /// Moves `pid` into the sandbox's cgroups.
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError>;
     /// Moves the calling thread, and only it, into the sandbox's cgroups, so

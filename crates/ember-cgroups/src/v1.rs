@@ -1,7 +1,7 @@
 //! cgroup v1: one directory per controller hierarchy (`memory`, `cpu`, `pids`,
 //! `freezer`), found through `/proc/self/mountinfo` so co-mounted layouts such as
 //! `cpu,cpuacct` work too.
-use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
+use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, CpuShare, Limits, Usage};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -88,9 +88,13 @@ impl Cgroups for V1 {
         let cpu = self.dir(CPU, name);
         write(&cpu.join("cpu.cfs_period_us"), "100000")?;
         write(&cpu.join("cpu.cfs_quota_us"), &(l.cpu_millis * 100).to_string())?;
-        write(&cpu.join("cpu.shares"), &crate::cpu_shares(l.cpu_millis).to_string())?;
+        write(&cpu.join("cpu.shares"), &CpuShare::Limit(l.cpu_millis).shares().to_string())?;
         write(&self.dir(PIDS, name).join("pids.max"), &l.pids.to_string())?;
         Ok(())
+    }
+
+    fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError> {
+        write(&self.dir(CPU, name).join("cpu.shares"), &share.shares().to_string())
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {

@@ -1,7 +1,7 @@
 //! cgroup v2: one unified tree; `ember/<name>` with the memory, cpu and pids
 //! controllers enabled on `ember`. OOM kills are read from `memory.events`, whose
 //! modification is watched with inotify; `cgroup.kill` kills the whole group.
-use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, Limits, Usage};
+use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, CpuShare, Limits, Usage};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
@@ -43,9 +43,13 @@ impl Cgroups for V2 {
         // One OOM kill ends the whole sandbox, as Kubernetes does on v2.
         let _ = write(&d.join("memory.oom.group"), "1");
         write(&d.join("cpu.max"), &format!("{} 100000", l.cpu_millis * 100))?;
-        write(&d.join("cpu.weight"), &crate::cpu_weight(l.cpu_millis).to_string())?;
+        write(&d.join("cpu.weight"), &CpuShare::Limit(l.cpu_millis).weight().to_string())?;
         write(&d.join("pids.max"), &l.pids.to_string())?;
         Ok(())
+    }
+
+    fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError> {
+        write(&self.dir(name).join("cpu.weight"), &share.weight().to_string())
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
@@ -177,6 +181,10 @@ mod tests {
         assert_eq!(std::fs::read_to_string(d.join("memory.max")).unwrap(), (64u64 << 20).to_string());
         assert_eq!(std::fs::read_to_string(d.join("memory.swap.max")).unwrap(), "0");
         assert_eq!(std::fs::read_to_string(d.join("cpu.max")).unwrap(), "50000 100000");
+        assert_eq!(std::fs::read_to_string(d.join("cpu.weight")).unwrap(), "20");
+        cg.set_cpu_share("s1", CpuShare::Background).expect("background");
+        assert_eq!(std::fs::read_to_string(d.join("cpu.weight")).unwrap(), "1");
+        cg.set_cpu_share("s1", CpuShare::Limit(500)).expect("set back");
         assert_eq!(std::fs::read_to_string(d.join("cpu.weight")).unwrap(), "20");
         assert_eq!(std::fs::read_to_string(d.join("pids.max")).unwrap(), "99");
         assert_eq!(cg.read_limits("s1").expect("read back"), l);

@@ -1,6 +1,6 @@
 //! Against the host's real cgroup hierarchy (v1 on this project's machines, v2
 //! elsewhere). Runs as root, as CI does.
-use ember_cgroups::{detect, Limits};
+use ember_cgroups::{detect, CpuShare, Limits};
 use std::process::Command;
 
 #[test]
@@ -90,6 +90,13 @@ fn cpu_weight_follows_the_cpu_limit() {
         cg.create("w1", &Limits { memory_bytes: 64 << 20, cpu_millis: millis, pids: 8 }).expect("create");
         let got: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
         assert_eq!(got, want, "{file} for {millis} millicpu");
+        // A pool's refill launches at the least weight, then is set back.
+        cg.set_cpu_share("w1", CpuShare::Background).expect("background");
+        let least: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(least, if cg.version() == "v2" { 1 } else { 2 }, "{file} in the background");
+        cg.set_cpu_share("w1", CpuShare::Limit(millis)).expect("set back");
+        let back: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(back, want, "{file} set back for {millis} millicpu");
         cg.destroy("w1").expect("destroy");
     }
     cg.remove_group().expect("remove group");

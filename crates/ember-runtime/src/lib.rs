@@ -39,13 +39,48 @@ pub fn post_agent(
 /// this thread niced to `ember_sys::nice::BACKGROUND` (its clone and the new
 /// sandbox's setup with it), then the thread and the sandbox it started are
 /// set back to the thread's value before. Unniced when it cannot be set.
+///
+/// A nice value weighs a thread only against the others of its cgroup, and
+/// the new init's own setup, its exec and its agent's start run in the
+/// sandbox's group, which weighed as much as the claimed agent a claim
+/// waits for: a native launch made here also starts its group at the least
+/// CPU weight and sets it back to its limit's once the agent is up
+/// ([`launching_in_background`]).
 pub fn in_background<E>(launch: impl FnOnce() -> Result<Launched, E>) -> Result<Launched, E> {
+    let _flag = BackgroundFlag::set();
     let Some(bg) = ember_sys::nice::Background::enter() else { return launch() };
     let launched = launch()?;
     if let Err(e) = ember_sys::nice::set_process(launched.pid, bg.before()) {
         tracing::warn!(pid = launched.pid, error = %e, "setting a refilled sandbox back to its priority");
     }
     Ok(launched)
+}
+
+thread_local! {
+    static IN_BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Set on this thread for the duration of [`in_background`]'s launch.
+struct BackgroundFlag(bool);
+
+impl BackgroundFlag {
+    fn set() -> BackgroundFlag {
+        BackgroundFlag(IN_BACKGROUND.replace(true))
+    }
+}
+
+impl Drop for BackgroundFlag {
+    fn drop(&mut self) {
+        IN_BACKGROUND.set(self.0);
+    }
+}
+
+/// Whether the launch running on this thread is a pool's refill
+/// ([`in_background`]). A thread-local rather than an argument: the
+/// [`Runtime`] launch methods stay those of every class, and only the native
+/// one, whose sandbox groups ember makes itself, acts on it.
+pub(crate) fn launching_in_background() -> bool {
+    IN_BACKGROUND.get()
 }
 
 /// Every thread of this process at nice value `nice`; threads started

@@ -26,6 +26,7 @@ impl Pools {
         t0: Instant,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         let (image_uri, workspaces) = (&req.image_uri, &req.workspaces[..]);
+        self.gate.claimed();
         while let Some(id) = pop_traced(pool) {
             let Ok(entry) = self.sandboxes.entry(id.as_str()) else {
                 tracing::info!(sandbox = %id, "idle member gone before its claim; trying the next");

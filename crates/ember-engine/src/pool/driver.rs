@@ -56,6 +56,8 @@ async fn run(engine: Weak<Pools>, pool: Arc<Pool>) {
 }
 
 async fn refill_one(engine: Arc<Pools>, pool: Arc<Pool>) {
+    // Counted as starting while it waits, so the plan does not start more.
+    let _turn = engine.gate.enter().await;
     let spec = pool.spec();
     let t0 = Instant::now();
     let member = match &spec.from_snapshot {

@@ -8,6 +8,7 @@
 mod checkpointed;
 mod claim;
 mod driver;
+mod gate;
 mod golden;
 mod manage;
 pub mod plan;
@@ -221,6 +222,8 @@ pub(crate) struct Pools {
     runtimes: Runtimes,
     /// Where a golden pool's members start from.
     snapshots: Arc<Snapshots>,
+    /// The node's refills leave a core to its claims (`gate.rs`).
+    gate: gate::RefillGate,
 }
 
 /// What a pool reads and starts its members through.
@@ -237,7 +240,8 @@ impl Pools {
         let pool_store = Store::open(cfg.data_dir.join("state/pools"))?;
         let pools = Mutex::new(HashMap::new());
         let PoolDeps { sandboxes, workspaces, catalog, runtimes, snapshots } = deps;
-        Ok(Pools { pools, pool_store, sandboxes, workspaces, catalog, runtimes, snapshots })
+        let gate = gate::RefillGate::for_this_node();
+        Ok(Pools { pools, pool_store, sandboxes, workspaces, catalog, runtimes, snapshots, gate })
     }
 
     /// After a restart: the pools on disk, each with no idle member yet.

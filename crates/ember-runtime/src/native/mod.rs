@@ -13,7 +13,7 @@ pub mod rootfs;
 
 use crate::idrange::IdRanges;
 use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer};
-use ember_cgroups::{Cgroups, Limits};
+use ember_cgroups::{Cgroups, CpuShare, Limits};
 use ember_sys::spawn::{spawn_sandbox_from, FsOp, LaunchFds, LaunchPlan, SpawnFrom};
 use ember_types::{BoundaryReport, SandboxId, SandboxSpec};
 use idmapped::Idmapped;
@@ -191,6 +191,11 @@ impl NativeRuntime {
             pids: spec.resources.pids,
         };
         self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
+        // A refill's group weighs the least until its agent is up (crate::in_background).
+        let background = crate::launching_in_background();
+        if background {
+            self.cgroups.set_cpu_share(name, CpuShare::Background).map_err(Self::cg_err(id))?;
+        }
         let oom = self.oom.watch(&*self.cgroups, name).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
 
@@ -237,6 +242,11 @@ impl NativeRuntime {
         crate::ping_agent(&sock, self.cfg.ready_timeout)
             .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
             .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
+        if background {
+            // A sandbox left at the least weight would starve its user's
+            // commands: failing here fails the launch, which reaps it.
+            self.cgroups.set_cpu_share(name, CpuShare::Limit(limits.cpu_millis)).map_err(Self::cg_err(id))?;
+        }
         let total = t0.elapsed();
         let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
         Ok(Launched {

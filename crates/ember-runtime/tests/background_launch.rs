@@ -1,0 +1,183 @@
+//! A pool's refill launches behind the claims: its sandbox's cgroup weighs
+//! the least in contended CPU from before its init is cloned until its agent
+//! answers, then its limit's share, which every other launch has throughout.
+//! Real launches (root, the host's cgroups, the static agent), the cgroup
+//! calls seen through a wrapper that passes each on to the real hierarchy.
+use ember_cgroups::{CgroupError, Cgroups, CpuShare, Limits, Usage};
+use ember_runtime::native::{NativeConfig, NativeRuntime};
+use ember_runtime::Runtime;
+use ember_types::*;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The real hierarchy, and what was asked of it that matters here, in order.
+#[derive(Debug)]
+struct Seen {
+    real: Box<dyn Cgroups>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Seen {
+    fn note(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+}
+
+impl Cgroups for Seen {
+    fn version(&self) -> &'static str {
+        self.real.version()
+    }
+    fn create(&self, name: &str, limits: &Limits) -> Result<(), CgroupError> {
+        self.note("create".into());
+        self.real.create(name, limits)
+    }
+    fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError> {
+        self.note(format!("{share:?}"));
+        self.real.set_cpu_share(name, share)
+    }
+    fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        self.note("init in its group".into());
+        self.real.attach(name, pid)
+    }
+    fn enter_thread(&self, name: &str) -> Result<bool, CgroupError> {
+        self.note("init in its group".into());
+        self.real.enter_thread(name)
+    }
+    fn open_dir(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
+        let dir = self.real.open_dir(name)?;
+        if dir.is_some() {
+            self.note("init in its group".into());
+        }
+        Ok(dir)
+    }
+    fn oom_source(&self) -> Result<OwnedFd, CgroupError> {
+        self.real.oom_source()
+    }
+    fn oom_report_to(&self, name: &str, source: BorrowedFd<'_>) -> Result<(), CgroupError> {
+        self.real.oom_report_to(name, source)
+    }
+    fn oom_kills(&self, name: &str) -> Result<u64, CgroupError> {
+        self.real.oom_kills(name)
+    }
+    fn freeze(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
+        self.real.freeze(name, frozen)
+    }
+    fn is_frozen(&self, name: &str) -> Result<bool, CgroupError> {
+        self.real.is_frozen(name)
+    }
+    fn procs(&self, name: &str) -> Result<Vec<i32>, CgroupError> {
+        self.real.procs(name)
+    }
+    fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
+        self.real.usage(name)
+    }
+    fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
+        self.real.read_limits(name)
+    }
+    fn destroy(&self, name: &str) -> Result<(), CgroupError> {
+        self.real.destroy(name)
+    }
+    fn list(&self) -> Result<Vec<String>, CgroupError> {
+        self.real.list()
+    }
+    fn exists(&self, name: &str) -> bool {
+        self.real.exists(name)
+    }
+    fn remove_group(&self) -> Result<(), CgroupError> {
+        self.real.remove_group()
+    }
+}
+
+fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("EMBER_AGENT_BIN") {
+        return p.into();
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ember-agent-static");
+    assert!(p.exists(), "no static agent at {}: run scripts/build-agent.sh (or set EMBER_AGENT_BIN)", p.display());
+    p
+}
+
+fn spec() -> SandboxSpec {
+    let mut spec = SandboxSpec::host("native");
+    spec.resources.cpu_millis = 500;
+    spec
+}
+
+/// The kernel's own weight of the sandbox's group, read from the cpu
+/// hierarchy its init is in (`/proc/PID/cgroup`).
+fn kernel_weight(pid: i32) -> u64 {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+    let file = cg
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            match ctrls {
+                "" => Some(format!("/sys/fs/cgroup{path}/cpu.weight")),
+                c if c.split(',').any(|c| c == "cpu") => Some(format!("/sys/fs/cgroup/{c}{path}/cpu.shares")),
+                _ => None,
+            }
+        })
+        .expect("a cpu hierarchy");
+    std::fs::read_to_string(&file).expect("the weight file").trim().parse().expect("a number")
+}
+
+#[test]
+fn a_refill_launches_at_the_least_cpu_weight_and_is_set_back_once_up() {
+    let pid = std::process::id();
+    let group = format!("ember-bgl-{pid}");
+    let data = std::env::temp_dir().join(format!("ember-bgl-{pid}"));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).expect("data dir");
+    let _cleanup = Cleanup { data: data.clone(), group: group.clone() };
+    let real = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("a cgroup hierarchy");
+    let seen = Arc::new(Seen { real, calls: Mutex::default() });
+    let cfg = NativeConfig {
+        data_dir: data.clone(),
+        agent_path: agent_bin(),
+        uid_base: 1_700_000_000,
+        id_ranges: 4,
+        ready_timeout: ember_runtime::READY_TIMEOUT,
+    };
+    let rt = NativeRuntime::new(cfg, seen.clone()).expect("the native runtime");
+    let want = if seen.version() == "v2" { ember_cgroups::cpu_weight(500) } else { ember_cgroups::cpu_shares(500) };
+
+    let refill = SandboxId::from_random([1; 16]);
+    let up = ember_runtime::in_background(|| rt.launch(&refill, &spec())).expect("a refill's launch");
+    let calls = seen.take();
+    let weight = kernel_weight(up.pid);
+    rt.destroy(&refill, Some(&up.pidfd)).expect("destroy");
+    assert_eq!(calls, ["create", "Background", "init in its group", "Limit(500)"], "a refill's cgroup calls");
+    assert_eq!(weight, want, "a refill's group once up");
+
+    let cold = SandboxId::from_random([2; 16]);
+    let up = rt.launch(&cold, &spec()).expect("a cold launch");
+    let calls = seen.take();
+    let weight = kernel_weight(up.pid);
+    rt.destroy(&cold, Some(&up.pidfd)).expect("destroy");
+    assert_eq!(calls, ["create", "init in its group"], "a cold launch's cgroup calls");
+    assert_eq!(weight, want, "a cold launch's group");
+}
+
+/// What the test leaves on the host, removed when it ends, a failure included
+/// (the sandboxes are destroyed before any assertion).
+struct Cleanup {
+    data: PathBuf,
+    group: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Ok(cg) = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &self.group) {
+            let _ = cg.remove_group();
+        }
+        // The runtime keeps its sandboxes' dirs in a tmpfs of their own.
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.data.join("sandboxes")).status();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
