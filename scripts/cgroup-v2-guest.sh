@@ -31,6 +31,7 @@ tests=(
   "ember-cgroups/host freeze_returns_once_every_process_is_frozen"
   "ember-cgroups/host cpu_weight_follows_the_cpu_limit"
   "ember-cgroups/host a_freeze_that_cannot_complete_is_undone"
+  "ember-runtime/background_launch a_refill_launches_at_the_least_cpu_weight_and_is_set_back_once_up"
   "ember/isolation oom_kill_is_reported_and_the_neighbour_keeps_running"
   "ember/isolation a_sandbox_costs_the_daemon_one_descriptor_and_an_oom_still_ends_only_its_own"
   "ember/isolation the_init_is_born_in_its_cgroups_never_moved_into_them"
@@ -119,7 +120,7 @@ module_order() {
 # Builds the binaries and prints `<package>/<target> <executable>` per test target.
 binaries() {
   cargo build -q -p ember --bin ember >&2
-  cargo test -q -p ember-cgroups -p ember --lib --test host --test isolation --test restart --test pools --test classes --test interactive \
+  cargo test -q -p ember-cgroups -p ember-runtime -p ember --lib --test host --test background_launch --test isolation --test restart --test pools --test classes --test interactive \
     --test workspaces --test class_workspaces \
     --no-run --message-format=json 2>/dev/null |
     python3 -c '

@@ -45,8 +45,11 @@ impl Cgroups for Seen {
         self.real.attach(name, pid)
     }
     fn enter_thread(&self, name: &str) -> Result<bool, CgroupError> {
-        self.note("init in its group".into());
-        self.real.enter_thread(name)
+        let entered = self.real.enter_thread(name)?;
+        if entered {
+            self.note("init in its group".into());
+        }
+        Ok(entered)
     }
     fn open_dir(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
         let dir = self.real.open_dir(name)?;
