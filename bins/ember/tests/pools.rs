@@ -58,6 +58,8 @@ async fn a_claim_is_warm_and_binds_env_labels_user_and_ttl() {
     assert_eq!(wait_idle(&d, 2).await, 2, "the pool refilled");
     let p = d.client.get_pool("host").await.expect("pool");
     assert_eq!((p.claims_total, p.misses_total), (1, 0));
+    // Read from each idle member's cgroup: its agent's memory at least.
+    assert!(p.idle_memory_bytes > 0, "2 idle members hold {} bytes", p.idle_memory_bytes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -161,6 +161,10 @@ impl Cgroups for V1 {
         })
     }
 
+    fn memory_bytes(&self, name: &str) -> Result<u64, CgroupError> {
+        Ok(read(&self.dir(MEM, name).join("memory.usage_in_bytes"))?.trim().parse().unwrap_or(0))
+    }
+
     fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
         let num = |p: PathBuf| -> Result<u64, CgroupError> { Ok(read(&p)?.trim().parse().unwrap_or(u64::MAX)) };
         let quota = read(&self.dir(CPU, name).join("cpu.cfs_quota_us"))?.trim().parse::<i64>().unwrap_or(-1);

@@ -105,6 +105,10 @@ impl Cgroups for V2 {
         })
     }
 
+    fn memory_bytes(&self, name: &str) -> Result<u64, CgroupError> {
+        Ok(read(&self.dir(name).join("memory.current"))?.trim().parse().unwrap_or(0))
+    }
+
     fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
         let d = self.dir(name);
         let num = |f: &str| -> Result<u64, CgroupError> { Ok(read(&d.join(f))?.trim().parse().unwrap_or(u64::MAX)) };
@@ -158,8 +162,8 @@ mod tests {
     //! their controllers in v1 hierarchies).
     use super::*;
 
-    fn fake_root() -> PathBuf {
-        let root = std::env::temp_dir().join(format!("ember-cgv2-{}", std::process::id()));
+    fn fake_root(tag: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("ember-cgv2-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("tmp root");
         std::fs::write(root.join("cgroup.subtree_control"), "").expect("subtree");
@@ -170,7 +174,7 @@ mod tests {
 
     #[test]
     fn limits_are_written_in_v2_syntax_and_read_back() {
-        let root = fake_root();
+        let root = fake_root("limits");
         let cg = V2::new(root.clone(), "g").expect("v2");
         let d = root.join("g/s1");
         std::fs::create_dir_all(&d).expect("dir");
@@ -191,6 +195,20 @@ mod tests {
         std::fs::write(d.join("memory.events"), "low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\n").expect("events");
         assert_eq!(cg.oom_kills("s1").expect("oom"), 1);
         assert_eq!(cg.list().expect("list"), vec!["s1".to_string()]);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A pool's status reads each idle member's memory: one file, none of
+    /// the others `usage` opens.
+    #[test]
+    fn memory_in_use_is_read_from_its_one_file() {
+        let root = fake_root("memory");
+        let cg = V2::new(root.clone(), "g").expect("v2");
+        let d = root.join("g/m1");
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(d.join("memory.current"), "1234567\n").expect("memory.current");
+        assert_eq!(cg.memory_bytes("m1").expect("memory in use"), 1_234_567);
+        assert!(cg.memory_bytes("absent").is_err(), "a group that is gone is an error, not 0");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -79,6 +79,9 @@ impl Cgroups for Seen {
     fn usage(&self, name: &str) -> Result<Usage, CgroupError> {
         self.real.usage(name)
     }
+    fn memory_bytes(&self, name: &str) -> Result<u64, CgroupError> {
+        self.real.memory_bytes(name)
+    }
     fn read_limits(&self, name: &str) -> Result<Limits, CgroupError> {
         self.real.read_limits(name)
     }

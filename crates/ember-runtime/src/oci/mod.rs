@@ -348,7 +348,7 @@ impl Runtime for OciRuntime {
     }
 
     fn memory_usage(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
-        Ok(self.cgroups.usage(id.as_str()).map_err(Self::cg_err(id))?.memory_bytes)
+        self.cgroups.memory_bytes(id.as_str()).map_err(Self::cg_err(id))
     }
 
     fn stats(&self, id: &SandboxId) -> Result<ember_types::SandboxStats, RuntimeError> {
