@@ -50,7 +50,11 @@ if [[ "${PERF_RECORD:-0}" == 1 ]]; then
   # where the daemon's threads block (an fsync on a runtime worker shows
   # here). Host-wide so that each switch-out has its switch-in (`-p` records
   # only the side of the traced process): scripts/offcpu.py sums the waits.
-  perf record -a -g -e cpu-clock -F 499 -e sched:sched_switch -o "$out/perf.data" >/dev/null 2>&1 &
+  # Monotonic timestamps (the tracepoint refuses CLOCK_REALTIME), with the
+  # wall clock's offset beside them, so that `perf report --time` can cut out
+  # one figure's window by the times in serve.log (wall − offset).
+  python3 -c 'import time; print(time.time() - time.clock_gettime(time.CLOCK_MONOTONIC))' >"$out/perf.clock-offset"
+  perf record -k mono -a -g -e cpu-clock -F 499 -e sched:sched_switch -o "$out/perf.data" >/dev/null 2>&1 &
   perf_pid=$!
 fi
 

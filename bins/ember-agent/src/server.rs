@@ -83,7 +83,13 @@ async fn not_supported(method: Method, uri: Uri) -> ApiError {
 }
 
 /// Binds the configured address (or adopts the inherited socket) and serves
-/// forever (on a socket path, with pauses for checkpoints: `quiesce`). With TCP, prints `listening on ADDR` first so tests learn the port.
+/// forever (on a socket path, with pauses for checkpoints: `quiesce`). With
+/// TCP, prints `listening on ADDR` first so tests learn the port.
+///
+/// Each connection gets a clone of the one router (an `Arc`, through
+/// `into_make_service`): `axum::serve` given the `Router` itself re-runs
+/// `with_state` on every connection, cloning all ~40 routes, a quarter of an
+/// agent's CPU per claim (docs/performance.md, session 31).
 pub async fn serve(config: &AgentConfig, app: Router) -> io::Result<()> {
     use axum::serve::ListenerExt;
     match &config.listen {
@@ -94,21 +100,21 @@ pub async fn serve(config: &AgentConfig, app: Router) -> io::Result<()> {
             let l = l.tap_io(|s| {
                 let _ = s.set_nodelay(true);
             });
-            axum::serve(l, app).await
+            axum::serve(l, app.into_make_service()).await
         }
         // Serves until a quiesce (checkpoint), holds, binds again.
         ListenAddr::Unix(path) => loop {
             // A stale socket file from an earlier run would make bind fail.
             let _ = std::fs::remove_file(path);
             let l = tokio::net::UnixListener::bind(path)?;
-            axum::serve(l, app.clone()).with_graceful_shutdown(crate::quiesce::requested()).await?;
+            axum::serve(l, app.clone().into_make_service()).with_graceful_shutdown(crate::quiesce::requested()).await?;
             crate::quiesce::hold(path).await?;
         },
         ListenAddr::Fd(fd) => {
             let fd = ember_sys::process::take_inherited_fd(*fd)?;
             let std_listener = std::os::unix::net::UnixListener::from(fd);
             std_listener.set_nonblocking(true)?;
-            axum::serve(tokio::net::UnixListener::from_std(std_listener)?, app).await
+            axum::serve(tokio::net::UnixListener::from_std(std_listener)?, app.into_make_service()).await
         }
     }
 }

@@ -8,7 +8,6 @@ use crate::workspaces::Workspaces;
 use crate::EngineError;
 use ember_types::{parse_cpu_millis, parse_memory_bytes, Resources, UserSpec};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -288,11 +287,9 @@ pub(crate) struct Seed {
 /// 16 random bytes for an id, from the kernel's CSPRNG.
 pub(crate) fn random16() -> [u8; 16] {
     let mut b = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut b);
-    }
+    let _ = getrandom::fill(&mut b);
     if b == [0; 16] {
-        // /dev/urandom unavailable: fall back to time and pid, still unique here.
+        // getrandom(2) failed: fall back to time and pid, still unique here.
         let n = now_ms() as u128 ^ ((std::process::id() as u128) << 64) ^ Instant::now().elapsed().as_nanos();
         b = n.to_le_bytes();
     }
