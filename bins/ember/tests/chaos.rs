@@ -185,6 +185,18 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     let started = report["started"].as_u64().expect("started");
     assert!(started + 23 <= ended, "started {started}, the drill ended at {ended}");
     assert!(out.join("report.md").is_file() && out.join("timeline.svg").is_file());
+    // The nodes' and nats-servers' logs are kept beside the report (`down`
+    // removes the cluster's folder): every host's node log, and a nats log
+    // for each server.
+    let hosts_logs = |name: &str| {
+        hosts
+            .iter()
+            .filter(|h| out.join("logs").join(h["host"]["name"].as_str().unwrap_or("")).join(name).is_file())
+            .count()
+    };
+    assert_eq!(hosts_logs("ember.log"), hosts.len(), "a node log per host in {}", out.join("logs").display());
+    let servers = hosts.iter().filter(|h| h["host"]["natsUrl"].is_string()).count();
+    assert!(servers > 0 && hosts_logs("nats.log") == servers, "a nats log per server");
     let data = &report["data"];
     let sessions = data["sessions"].as_array().expect("sessions");
     assert_eq!(sessions.len(), 24);

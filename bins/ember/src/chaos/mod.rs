@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 #[derive(Subcommand)]
 pub enum ChaosCmd {
     /// Run the drill: sessions, node kills, the queue leader's kill; writes
-    /// report.json, report.md and timeline.svg into --out.
+    /// report.json, report.md and timeline.svg into --out, and the nodes'
+    /// and nats-servers' logs into --out/logs.
     Run(RunArgs),
 }
 
@@ -102,8 +103,41 @@ pub async fn run(cmd: ChaosCmd) -> anyhow::Result<i32> {
     let report = drill(&st, &a, &out).await?;
     print!("{}", report.to_text());
     report.write(&out)?;
+    if let Err(e) = keep_logs(&st, &out) {
+        eprintln!("warning: the nodes' logs were not kept: {e:#}");
+    }
     println!("\nreport: {}", out.join("report.md").display());
     Ok(if report.invariants.iter().all(|i| i.holds) { 0 } else { 1 })
+}
+
+/// The most of each log [`keep_logs`] copies: its last bytes.
+const LOG_TAIL: u64 = 64 << 20;
+
+/// Copies each host's node and nats-server log (the last [`LOG_TAIL`] bytes)
+/// into `out/logs/<host>/`: the cause of a failed run is in them, and `ember
+/// cluster down` removes the cluster's folder (docs/chaos.md, run CD). The
+/// logs are the cluster's own processes', written in the cluster's folder,
+/// not a sandbox's.
+fn keep_logs(st: &State, out: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    for h in &st.hosts {
+        for name in ["ember.log", "nats.log"] {
+            let src = crate::cluster::procs::host_dir(st, h).join(name);
+            let mut f = match std::fs::File::open(&src) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("opening {}", src.display())),
+            };
+            let len = f.metadata()?.len();
+            f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL)))?;
+            let dir = out.join("logs").join(&h.name);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let dst = dir.join(name);
+            let mut w = std::fs::File::create(&dst).with_context(|| format!("creating {}", dst.display()))?;
+            std::io::copy(&mut f.take(LOG_TAIL), &mut w).with_context(|| format!("copying {}", src.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// `30%` of `n` rounded up, or a plain count; at most `n - 1` (someone has

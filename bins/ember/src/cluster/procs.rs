@@ -48,7 +48,7 @@ fn spawn_in(h: &Host, bin: &Path, args: &[String], log: &Path, env: &[(&str, &st
     cmd.spawn().with_context(|| format!("starting {} in {}", bin.display(), h.netns))
 }
 
-fn host_dir(st: &State, h: &Host) -> PathBuf {
+pub(crate) fn host_dir(st: &State, h: &Host) -> PathBuf {
     st.dir.join(&h.name)
 }
 
