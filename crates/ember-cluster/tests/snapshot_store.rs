@@ -70,30 +70,6 @@ fn a_get_over_the_cap_is_refused_before_reading() {
     assert!(roomy.get("chunks/big").expect("get") == big);
 }
 
-/// An object of one part is read from its part's subject directly (two
-/// requests, no consumer): the bytes found there must still match the
-/// object's digest. Here a message of other bytes, the same length, is
-/// appended to the part's subject, so it is the last one there: the get
-/// refuses it rather than handing back what the digest does not vouch for.
-#[test]
-fn a_one_part_object_whose_part_does_not_match_its_digest_is_refused() {
-    let cluster = NatsCluster::start("objdigest", 3);
-    let store = bucket(cluster.urls(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
-    store.put("chunks/x", b"hello").expect("put");
-    assert_eq!(store.get("chunks/x").expect("get"), b"hello");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
-        let client = async_nats::ConnectOptions::new().connect(cluster.urls().as_slice()).await.expect("connect");
-        let js = async_nats::jetstream::new(client);
-        let objects = js.get_object_store("ember_snapshots").await.expect("bucket");
-        let nuid = objects.info("chunks/x").await.expect("info").nuid;
-        let ack = js.publish(format!("$O.ember_snapshots.C.{nuid}"), "HELLO".into()).await.expect("publish");
-        ack.await.expect("stored");
-    });
-    let err = store.get("chunks/x").expect_err("bytes that do not match the digest");
-    assert!(matches!(&err, StoreError::Backend { reason, .. } if reason.contains("digest")), "{err:?}");
-}
-
 /// The part messages the bucket's stream holds, by subject.
 fn parts_held(urls: &[String]) -> serde_json::Value {
     let body = r#"{"subjects_filter":"$O.ember_snapshots.C.>"}"#;
@@ -125,6 +101,48 @@ fn objects_replaced_by_another_writer_leave_no_parts_behind() {
     assert_eq!(parts_held(&cluster.urls()), serde_json::Value::Null, "no part left behind");
 }
 
+/// Counts the messages on `subjects` that one server sees, from a
+/// connection of its own to it.
+struct Tap {
+    rt: tokio::runtime::Runtime,
+    client: async_nats::Client,
+    subs: Vec<async_nats::Subscriber>,
+}
+
+impl Tap {
+    fn new(url: &str, subjects: &[&str]) -> Tap {
+        use futures_util::StreamExt;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let client = rt.block_on(async_nats::connect(url)).expect("connect the tap");
+        let mut subs: Vec<_> =
+            subjects.iter().map(|s| rt.block_on(client.subscribe(s.to_string())).expect("subscribe")).collect();
+        let mut end = rt.block_on(client.subscribe("tap.end")).expect("subscribe");
+        // The server has the tap's subscriptions once it echoes a message
+        // sent after them (a flush only writes them out: a store's first
+        // lookup, on another connection, was seen to overtake them under load).
+        rt.block_on(async {
+            client.publish("tap.end", "begin".into()).await.expect("publish");
+            end.next().await.expect("the start of the tap");
+        });
+        subs.push(end);
+        Tap { rt, client, subs }
+    }
+
+    /// How many messages each subject saw so far: every message the other
+    /// connections of the server sent before this call has reached the tap
+    /// before the one it sends now (one server, one connection's order).
+    fn counts(&mut self) -> Vec<usize> {
+        use futures_util::{FutureExt, StreamExt};
+        let Tap { rt, client, subs } = self;
+        let (end, counted) = subs.split_last_mut().expect("the end's subscription");
+        rt.block_on(async {
+            client.publish("tap.end", "".into()).await.expect("publish");
+            end.next().await.expect("the end of the tap");
+        });
+        counted.iter_mut().map(|sub| std::iter::from_fn(|| sub.next().now_or_never().flatten()).count()).collect()
+    }
+}
+
 /// What one snapshot of a one-file tree into an empty bucket asks of the
 /// servers, counted by a subscriber on the same server as the store's
 /// connection: 2 lookups (the manifest's name, the gc lock), 4 metadata
@@ -134,7 +152,6 @@ fn objects_replaced_by_another_writer_leave_no_parts_behind() {
 /// pack, 3 lookups (its own).
 #[test]
 fn a_snapshot_asks_the_servers_as_little_as_it_can() {
-    use futures_util::{FutureExt, StreamExt};
     let cluster = NatsCluster::start("objcount", 3);
     let url = vec![cluster.urls()[0].clone()];
     let store = bucket(url.clone(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
@@ -142,28 +159,78 @@ fn a_snapshot_asks_the_servers_as_little_as_it_can() {
     let src = tmp.path().join("src");
     std::fs::create_dir(&src).expect("mkdir");
     std::fs::write(src.join("a"), b"one small file, one chunk").expect("write");
-
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let client = rt.block_on(async_nats::connect(url[0].as_str())).expect("connect the tap");
-    let subjects = [
-        "$JS.API.STREAM.MSG.GET.OBJ_ember_snapshots",
-        "$JS.API.STREAM.PURGE.OBJ_ember_snapshots",
-        "$O.ember_snapshots.M.>",
-        "$O.ember_snapshots.C.>",
-        "tap.end",
-    ];
-    let mut subs: Vec<_> = subjects.iter().map(|s| rt.block_on(client.subscribe(*s)).expect("subscribe")).collect();
-    rt.block_on(client.flush()).expect("flush");
-
+    let mut tap = Tap::new(
+        &url[0],
+        &[
+            "$JS.API.STREAM.MSG.GET.OBJ_ember_snapshots",
+            "$JS.API.STREAM.PURGE.OBJ_ember_snapshots",
+            "$O.ember_snapshots.M.>",
+            "$O.ember_snapshots.C.>",
+        ],
+    );
     snapshot(&src, &store, SnapshotOptions::new("counted")).expect("snapshot");
+    assert_eq!(tap.counts(), [2, 0, 4, 2], "lookups, purges, metadata messages, parts");
+}
 
-    // Every message the store's requests made reached this connection
-    // before the one it sends now (one server, one connection's order).
+/// An object of several parts is read by one request for its metadata and
+/// one per part, every one to the stream's leader, no consumer made; a
+/// message added to its parts' subject after them is not read.
+#[test]
+fn an_object_of_several_parts_is_read_without_a_consumer() {
+    let cluster = NatsCluster::start("objparts", 3);
+    let url = vec![cluster.urls()[0].clone()];
+    let store = bucket(url.clone(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
+    let data: Vec<u8> = (0..(3 << 19) + 5).map(|i: u32| (i % 251) as u8).collect();
+    store.put("chunks/three", &data).expect("put");
+    let nuid = object_nuid(&cluster, "chunks/three");
+    publish_part(&cluster, &nuid, b"not a part");
+    let mut tap = Tap::new(&url[0], &["$JS.API.STREAM.MSG.GET.OBJ_ember_snapshots", "$JS.API.CONSUMER.>"]);
+    assert!(store.get("chunks/three").expect("get") == data, "the object's bytes");
+    assert_eq!(tap.counts(), [1 + 4, 0], "lookups (metadata, 4 parts), consumer requests");
+}
+
+/// A part's bytes replaced by others of the same length (the message
+/// purged, another published in its place): the get refuses what the
+/// object's digest does not vouch for, whether of one part or of several.
+#[test]
+fn an_object_whose_parts_do_not_match_its_digest_is_refused() {
+    let cluster = NatsCluster::start("objdigest", 3);
+    let store = bucket(cluster.urls(), ember_snapshot::MAX_OBJECT_BYTES).store(ManifestKey::ephemeral());
+    let big = vec![3u8; (1 << 20) + 1];
+    for (key, data) in [("chunks/x", &b"hello"[..]), ("chunks/big", &big[..])] {
+        store.put(key, data).expect("put");
+        assert!(store.get(key).expect("get") == data);
+        let nuid = object_nuid(&cluster, key);
+        let subject = format!("$O.ember_snapshots.C.{nuid}");
+        let body = serde_json::json!({ "filter": subject }).to_string();
+        common::request_with(&cluster.urls(), &format!("$JS.API.STREAM.PURGE.{STREAM}"), &body).expect("purge");
+        let forged: Vec<u8> = data.iter().map(|b| b ^ 0x20).collect();
+        for part in forged.chunks(512 << 10) {
+            publish_part(&cluster, &nuid, part);
+        }
+        let err = store.get(key).expect_err("bytes that do not match the digest");
+        assert!(matches!(&err, StoreError::Backend { reason, .. } if reason.contains("digest")), "{key}: {err:?}");
+    }
+}
+
+/// The part id (`nuid`) of object `key`, from its metadata.
+fn object_nuid(cluster: &NatsCluster, key: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
-        client.publish("tap.end", "".into()).await.expect("publish");
-        subs[4].next().await.expect("the end of the tap");
+        let client = async_nats::ConnectOptions::new().connect(cluster.urls().as_slice()).await.expect("connect");
+        let objects = async_nats::jetstream::new(client).get_object_store("ember_snapshots").await.expect("bucket");
+        objects.info(key).await.expect("info").nuid
+    })
+}
+
+/// Appends `bytes` as a part of the object whose parts are `nuid`'s.
+fn publish_part(cluster: &NatsCluster, nuid: &str, bytes: &[u8]) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::ConnectOptions::new().connect(cluster.urls().as_slice()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let subject = format!("$O.ember_snapshots.C.{nuid}");
+        let ack = js.publish(subject, bytes.to_vec().into()).await.expect("publish");
+        ack.await.expect("stored");
     });
-    let counts: Vec<usize> =
-        subs[..4].iter_mut().map(|sub| std::iter::from_fn(|| sub.next().now_or_never().flatten()).count()).collect();
-    assert_eq!(counts, [2, 0, 4, 2], "lookups, purges, metadata messages, parts");
 }

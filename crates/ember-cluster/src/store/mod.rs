@@ -29,6 +29,7 @@ use crate::bridge::Bridge;
 use crate::retry::{again, retry, Step};
 use write::{Write, Written};
 
+mod read;
 mod write;
 use async_nats::jetstream::{self, object_store};
 use ember_snapshot::{check_key, ManifestKey, ObjectMeta, ObjectStore, StoreError};
@@ -36,7 +37,6 @@ use futures_util::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::io::AsyncReadExt;
 
 /// The bucket `ember serve --cluster` keeps snapshots in.
 pub const DEFAULT_BUCKET: &str = "ember_snapshots";
@@ -221,92 +221,6 @@ struct Handles {
     bucket: String,
 }
 
-/// Reads object `key` whole: its size checked against `max` before a byte
-/// is read, never more than that size read. An object of one part (every
-/// manifest and most chunks) is read by two requests to the stream's
-/// leader, its metadata and its part; the library's get makes and drops a
-/// consumer per object, and a rebind's restore (three objects) spent
-/// 440-700 ms so on the loaded 300-session drill.
-async fn read(h: Handles, key: String, max: u64) -> Result<Answer<Vec<u8>>, Step> {
-    let Handles { store, stream, .. } = h;
-    let info = match step("info", store.info(&key)).await? {
-        Ok(info) if info.deleted => return Ok(Err(StoreError::NotFound { key })),
-        Ok(info) => info,
-        Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => return Ok(Err(StoreError::NotFound { key })),
-        Err(e) => return Err(again(e)),
-    };
-    let size = info.size as u64;
-    if size > max {
-        return Ok(Err(StoreError::TooLarge { key, size, limit: max }));
-    }
-    if info.chunks <= 1 && info.digest.is_some() {
-        return read_one_part(&stream, &info, key).await;
-    }
-    read_parts(store, key, max).await
-}
-
-/// An object of at most one part, from its part's subject; checked against
-/// the metadata's size and SHA-256 digest as the library's get checks it.
-async fn read_one_part(
-    stream: &jetstream::stream::Stream,
-    info: &object_store::ObjectInfo,
-    key: String,
-) -> Result<Answer<Vec<u8>>, Step> {
-    let data = if info.chunks == 0 {
-        Vec::new()
-    } else {
-        let subject = format!("$O.{}.C.{}", info.bucket, info.nuid);
-        match step("get part", stream.get_last_raw_message_by_subject(&subject)).await? {
-            Ok(m) => m.payload.to_vec(),
-            Err(e) => return Err(again(e)),
-        }
-    };
-    if data.len() != info.size {
-        return Ok(Err(failed("get", &key, format!("{} bytes, its metadata says {}", data.len(), info.size))));
-    }
-    let digest = {
-        use base64::Engine;
-        use sha2::Digest;
-        format!("SHA-256={}", base64::engine::general_purpose::URL_SAFE.encode(sha2::Sha256::digest(&data)))
-    };
-    if info.digest.as_deref() != Some(digest.as_str()) {
-        return Ok(Err(failed("get", &key, "its bytes do not match the digest of its metadata")));
-    }
-    Ok(Ok(data))
-}
-
-/// An object of several parts, through the library's get.
-async fn read_parts(store: object_store::ObjectStore, key: String, max: u64) -> Result<Answer<Vec<u8>>, Step> {
-    let mut object = match step("get", store.get(&key)).await? {
-        Ok(o) => o,
-        Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(Err(StoreError::NotFound { key })),
-        Err(e) => return Err(again(e)),
-    };
-    let size = object.info().size as u64;
-    if size > max {
-        return Ok(Err(StoreError::TooLarge { key, size, limit: max }));
-    }
-    let mut data = Vec::with_capacity(size as usize);
-    loop {
-        let room = (size + 1).saturating_sub(data.len() as u64) as usize;
-        let mut buf = (&mut object).take(room.min(PART) as u64);
-        match step("read", buf.read_buf(&mut data)).await? {
-            Ok(0) => break,
-            Ok(_) if data.len() as u64 > size => {
-                return Ok(Err(failed("get", &key, format!("more than the {size} bytes its metadata says"))));
-            }
-            Ok(_) => {}
-            // The library checks the parts against the object's digest.
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Ok(Err(failed("get", &key, e))),
-            Err(e) => return Err(again(e)),
-        }
-    }
-    if data.len() as u64 != size {
-        return Ok(Err(failed("get", &key, format!("{} bytes, its metadata says {size}", data.len()))));
-    }
-    Ok(Ok(data))
-}
-
 impl ObjectStore for NatsStore {
     fn manifest_key(&self) -> &ManifestKey {
         &self.key
@@ -325,7 +239,7 @@ impl ObjectStore for NatsStore {
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         check_key(key)?;
         let name = key.to_string();
-        self.call("get", key, move |h, max| read(h, name.clone(), max))
+        self.call("get", key, move |h, max| read::read(h, name.clone(), max))
     }
 
     fn exists(&self, key: &str) -> Result<bool, StoreError> {
