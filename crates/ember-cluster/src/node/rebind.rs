@@ -379,6 +379,8 @@ impl ClusterPlane {
         };
         if thawed {
             lock(&self.fence.frozen).remove(id);
+            // Beside the freeze's warning, so a drill's logs show how long each freeze lasted.
+            tracing::info!(sandbox = %id, "renewed: rebind sandbox thawed");
         }
     }
 

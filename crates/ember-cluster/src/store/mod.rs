@@ -209,11 +209,10 @@ fn failed(op: &'static str, key: &str, reason: impl std::fmt::Display) -> StoreE
 /// The bucket's handles a call's tries use.
 #[derive(Clone)]
 struct Handles {
-    /// The library's object store: metadata lookups, listings, reads of
-    /// several parts.
+    /// The library's object store: metadata lookups and listings.
     store: object_store::ObjectStore,
-    /// The bucket's stream: an object of one part is read from it by one
-    /// request ([`read_one_part`]); lookups and purges of `write.rs`.
+    /// The bucket's stream: the parts of a read (`read.rs`, one request a
+    /// part); lookups and purges of `write.rs`.
     stream: jetstream::stream::Stream,
     /// Publishes of `write.rs`.
     js: jetstream::Context,
