@@ -13,9 +13,7 @@ use super::{failed, step, Answer, Handles};
 use crate::retry::{again, Step};
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
-use base64::Engine;
 use ember_snapshot::StoreError;
-use sha2::Digest;
 
 /// Reads object `key` whole: its size checked against `max` before a byte
 /// is read, never more than that size read, and its bytes checked against
@@ -40,9 +38,7 @@ pub(super) async fn read(h: Handles, key: String, max: u64) -> Result<Answer<Vec
     }
     // The library checks a digest only when there is one, as here.
     if let Some(want) = info.digest.as_deref() {
-        let digest =
-            format!("SHA-256={}", base64::engine::general_purpose::URL_SAFE.encode(sha2::Sha256::digest(&data)));
-        if want != digest {
+        if want != super::write::digest(&data) {
             return Ok(Err(failed("get", &key, "its bytes do not match the digest of its metadata")));
         }
     }

@@ -81,6 +81,12 @@ pub(super) struct Write<'a> {
     pub assume_absent: bool,
 }
 
+/// An object's digest as its metadata carries it (the library's format),
+/// written by a put and checked by a read (`read.rs`).
+pub(super) fn digest(data: &[u8]) -> String {
+    format!("SHA-256={}", base64::engine::general_purpose::URL_SAFE.encode(sha2::Sha256::digest(data)))
+}
+
 fn meta_subject(bucket: &str, name: &str) -> String {
     format!("$O.{bucket}.M.{}", base64::engine::general_purpose::URL_SAFE.encode(name))
 }
@@ -167,7 +173,6 @@ pub(super) async fn put(h: &Handles, written: &Written, w: &Write<'_>) -> Result
         let sent = step("put part", h.js.publish(parts.clone(), bytes::Bytes::copy_from_slice(part))).await?;
         step("put part", sent.map_err(again)?.into_future()).await?.map_err(again)?;
     }
-    let digest = base64::engine::general_purpose::URL_SAFE.encode(sha2::Sha256::digest(w.data));
     let info = ObjectInfo {
         name: w.name.to_string(),
         description: None,
@@ -179,7 +184,7 @@ pub(super) async fn put(h: &Handles, written: &Written, w: &Write<'_>) -> Result
         size: w.data.len(),
         chunks: w.data.len().div_ceil(PART),
         modified: Some(SystemTime::now().into()),
-        digest: Some(format!("SHA-256={digest}")),
+        digest: Some(digest(w.data)),
         deleted: false,
     };
     let absent = Last { seq: 0, nuid: String::new(), chunks: 0, deleted: true };
