@@ -120,10 +120,7 @@ async fn a_paused_sandbox_is_snapshotted_and_stays_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_resume_cannot_thaw_a_snapshot_and_a_pause_outlives_it() {
     let d = Daemon::start();
-    d.client.create_workspace("big", "512Mi").await.expect("workspace");
-    let s = d.create(|r| r.workspaces = vec![mount("big")]).await;
-    let script = "for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done";
-    assert_eq!(d.sh(&s.id, script, None).await.0, Some(0));
+    let s = d.big_writer("").await;
     let client = ember_client::Client::new(&d.url, None).expect("client");
     let sid = s.id.clone();
     let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
@@ -158,12 +155,9 @@ async fn a_users_resume_cannot_thaw_a_snapshot_and_a_pause_outlives_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
     let mut d = Daemon::start();
-    d.client.create_workspace("big", "512Mi").await.expect("workspace");
-    let s = d.create(|r| r.workspaces = vec![mount("big")]).await;
     // The layer is small and goes first; the workspace's 240 MB of random
-    // bytes keep the snapshot in Creating for seconds (hashing, compressing).
-    let script = "echo layer > /tmp/l; for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done";
-    assert_eq!(d.sh(&s.id, script, None).await.0, Some(0));
+    // bytes keep the snapshot in Creating for seconds.
+    let s = d.big_writer("echo layer > /tmp/l; ").await;
     // A client of its own: a fresh connection, not one the exec above may be closing.
     let client = ember_client::Client::new(&d.url, None).expect("client");
     let sid = s.id.clone();
@@ -200,6 +194,38 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
     assert_eq!(d.sh(&s.id, "cat /tmp/l", None).await.1, "layer\n");
     let snap = d.client.snapshot_sandbox(&s.id, None).await.expect("a snapshot after the restart");
     assert_eq!(snap.status.state, "Ready");
+}
+
+/// A snapshot runs to its end whoever waits for it: a caller gone between
+/// the sandbox's freeze and its thaw left it frozen for good and the record
+/// Creating (`snapshots/mod.rs`, `detached`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_caller_goes_away_is_made_and_thaws_the_sandbox() {
+    let d = Daemon::start();
+    let s = d.big_writer("").await;
+    let client = ember_client::Client::new(&d.url, None).expect("client");
+    let sid = s.id.clone();
+    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
+    d.until_frozen(&s.id, || task.is_finished()).await;
+    let cg = d.cgroups();
+    let frozen = || cg.is_frozen(&s.id).expect("freezer state");
+    // The caller goes away mid-snapshot: its connection is dropped.
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    let mut tries = 0;
+    let snap = loop {
+        let all = d.client.list_sandbox_snapshots(&format!("sandboxId={}", s.id)).await.expect("list");
+        let snap = all.into_iter().next().expect("the snapshot's record");
+        if snap.status.state != "Creating" {
+            break snap;
+        }
+        tries += 1;
+        assert!(tries < 1200, "the snapshot stayed Creating after its caller went away (frozen: {})", frozen());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(snap.status.state, "Ready", "{snap:?}");
+    assert!(!frozen(), "the sandbox was left frozen");
+    assert_eq!(d.sh(&s.id, "echo alive", None).await.1, "alive\n");
 }
 
 /// The OCI classes write through the host overlay ember assembles, whose upper

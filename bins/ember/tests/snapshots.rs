@@ -94,11 +94,7 @@ async fn a_stale_writer_cannot_commit_a_snapshot_after_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_mid_snapshot_leaves_no_half_snapshot_and_thaws_the_writer() {
     let mut d = Daemon::start();
-    d.client.create_workspace("big", "512Mi").await.expect("workspace");
-    let w = d.create(|r| r.workspaces = vec![mount("big")]).await;
-    let (code, _, _) =
-        d.sh(&w.id, "for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done", None).await;
-    assert_eq!(code, Some(0));
+    let w = d.big_writer("").await;
     let client = d.client.clone();
     let snap = tokio::spawn(async move { client.snapshot_workspace("big", None).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -114,6 +110,44 @@ async fn kill9_mid_snapshot_leaves_no_half_snapshot_and_thaws_the_writer() {
     assert_eq!(state, "Running", "the writer frozen for the interrupted snapshot was thawed");
     let s = d.client.snapshot_workspace("big", None).await.expect("a new snapshot after the restart");
     assert!(s.logical_bytes >= 240_000_000);
+}
+
+/// A snapshot runs to its end whoever waits for it: its caller gone
+/// mid-snapshot (a client's disconnect; in a cluster a forwarded call's
+/// deadline) left the writer frozen for good and the operation running
+/// (the 300-session drill's runs CD and CQ: six sessions hung on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_caller_goes_away_runs_to_its_end_and_thaws_the_writer() {
+    let d = Daemon::start();
+    let w = d.big_writer("").await;
+    let client = d.client.clone();
+    let snap = tokio::spawn(async move { client.snapshot_workspace("big", None).await });
+    d.until_frozen(&w.id, || snap.is_finished()).await;
+    let cg = d.cgroups();
+    let frozen = || cg.is_frozen(&w.id).expect("freezer state");
+    // The caller goes away mid-snapshot: its connection is dropped.
+    snap.abort();
+    assert!(snap.await.expect_err("aborted").is_cancelled());
+    let mut tries = 0;
+    let op = loop {
+        let ops = d.client.snapshot_operations().await.expect("operations");
+        let op = ops.into_iter().find(|o| o.target == "big").expect("the snapshot's operation");
+        if op.finished_at.is_some() {
+            break op;
+        }
+        tries += 1;
+        assert!(
+            tries < 1200,
+            "the operation never finished after its caller went away (writer frozen: {}): {op:?}",
+            frozen()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(op.phase, "done", "{op:?}");
+    assert_eq!(d.client.list_snapshots(Some("big")).await.expect("list").len(), 1, "it was committed");
+    assert!(!frozen(), "the writer was left frozen");
+    let (code, out, _) = d.sh(&w.id, "echo alive", None).await;
+    assert_eq!((code, out.as_str()), (Some(0), "alive\n"));
 }
 
 /// Stored bytes of every chunk in the daemon's local snapshot store: the

@@ -204,6 +204,34 @@ impl Daemon {
         ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &self.group).expect("cgroups")
     }
 
+    /// A sandbox writing workspace `big` (512 MiB), which holds 240 MB of
+    /// random bytes: a snapshot of it runs for seconds (hashing,
+    /// compressing). `first`: a script run before the files are written.
+    pub async fn big_writer(&self, first: &str) -> SandboxInfo {
+        self.client.create_workspace("big", "512Mi").await.expect("workspace");
+        let mount = ember_types::api::WorkspaceMountSpec { name: "big".into(), ..Default::default() };
+        let s = self.create(|r| r.workspaces = vec![mount]).await;
+        let script = format!("{first}for i in 1 2 3 4 5 6; do head -c 40000000 /dev/urandom > /workspace/f$i; done");
+        let (code, _, err) = self.sh(&s.id, &script, None).await;
+        assert_eq!(code, Some(0), "{err}");
+        s
+    }
+
+    /// Polls until sandbox `id`'s cgroup is frozen (a snapshot under way),
+    /// unless `ended` says the call that should freeze it ended first
+    /// (at most ~60 s, a bound on a hang).
+    pub async fn until_frozen(&self, id: &str, ended: impl Fn() -> bool) {
+        let cg = self.cgroups();
+        for _ in 0..6000 {
+            if cg.is_frozen(id).expect("freezer state") {
+                return;
+            }
+            assert!(!ended(), "the call ended before it froze sandbox {id}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("sandbox {id} was never frozen");
+    }
+
     pub async fn create(&self, f: impl FnOnce(&mut CreateSandboxRequest)) -> SandboxInfo {
         let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
         f(&mut req);

@@ -99,6 +99,19 @@ pub(crate) struct Snapshots {
     pins: pins::Pins,
 }
 
+/// Runs an operation in a task of its own and waits for it: once begun it
+/// runs to its end whoever waits. Awaited in the caller's own future, a
+/// caller that went away (a client's disconnect; in a cluster a forwarded
+/// call's deadline, or its node judged dead mid-call) dropped a snapshot
+/// between its writer's freeze and the thaw: the sandbox stayed frozen for
+/// good, every later call into it hanging (six sessions of the 300-session
+/// drill, runs CD and CQ), and the operation stayed running.
+async fn detached<T: Send + 'static>(
+    op: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::spawn(op).await.map_err(|e| EngineError::Internal(format!("snapshot operation: {e}")))?
+}
+
 impl Snapshots {
     pub fn new(
         cfg: &crate::EngineConfig,
@@ -144,9 +157,13 @@ impl Snapshots {
         op: Option<String>,
     ) -> Result<SnapshotSummary, EngineError> {
         let op = self.snapshot_ops.begin(op, OpKind::Snapshot, name, 0)?;
-        let res = self.snapshot_workspace_inner(name, fence, &op).await;
-        self.snapshot_ops.finish(&op, &res, |s| vec![s.id.clone()]);
-        res
+        let (me, name) = (self.clone(), name.to_string());
+        detached(async move {
+            let res = me.snapshot_workspace_inner(&name, fence, &op).await;
+            me.snapshot_ops.finish(&op, &res, |s| vec![s.id.clone()]);
+            res
+        })
+        .await
     }
 
     async fn snapshot_workspace_inner(
@@ -259,13 +276,16 @@ impl Snapshots {
         op: Option<String>,
     ) -> Result<WorkspaceStatus, EngineError> {
         let op = self.snapshot_ops.begin(op, OpKind::Restore, id, 1)?;
-        let res = self.make_workspaces(id, &[name.to_string()], size, &op).await;
-        let res = match res {
-            Ok(_) => self.workspaces.workspace(name).await,
-            Err(e) => Err(e),
-        };
-        self.snapshot_ops.finish(&op, &res, |w| vec![w.meta.name.clone()]);
-        res
+        let (me, id, name) = (self.clone(), id.to_string(), name.to_string());
+        detached(async move {
+            let res = match me.make_workspaces(&id, std::slice::from_ref(&name), size, &op).await {
+                Ok(_) => me.workspaces.workspace(&name).await,
+                Err(e) => Err(e),
+            };
+            me.snapshot_ops.finish(&op, &res, |w| vec![w.meta.name.clone()]);
+            res
+        })
+        .await
     }
 
     /// `count` new workspaces `<prefix>-<i>` from one snapshot, with its
@@ -280,19 +300,24 @@ impl Snapshots {
         ember_types::limits::check("count", count.into(), 1, ember_types::limits::MAX_FORK_COUNT.into(), "")?;
         let names: Vec<String> = (1..=count).map(|i| format!("{prefix}-{i}")).collect();
         let op = self.snapshot_ops.begin(op, OpKind::Fork, id, count)?;
-        let res = self.make_workspaces(id, &names, None, &op).await;
-        let res = match res {
-            Ok(()) => {
-                let mut out = Vec::new();
-                for n in &names {
-                    out.push(self.workspaces.workspace(n).await?);
-                }
-                Ok(out)
-            }
-            Err(e) => Err(e),
-        };
-        self.snapshot_ops.finish(&op, &res, |ws| ws.iter().map(|w| w.meta.name.clone()).collect());
-        res
+        let (me, id) = (self.clone(), id.to_string());
+        detached(async move {
+            let res = match me.make_workspaces(&id, &names, None, &op).await {
+                Ok(()) => me.workspaces_named(&names).await,
+                Err(e) => Err(e),
+            };
+            me.snapshot_ops.finish(&op, &res, |ws| ws.iter().map(|w| w.meta.name.clone()).collect());
+            res
+        })
+        .await
+    }
+
+    async fn workspaces_named(&self, names: &[String]) -> Result<Vec<WorkspaceStatus>, EngineError> {
+        let mut out = Vec::new();
+        for n in names {
+            out.push(self.workspaces.workspace(n).await?);
+        }
+        Ok(out)
     }
 
     /// New workspaces `names` holding snapshot `id`: the first restored (every

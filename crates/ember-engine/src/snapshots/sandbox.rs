@@ -158,6 +158,17 @@ impl Snapshots {
         id: &str,
         name: Option<String>,
     ) -> Result<SandboxSnapshotRecord, EngineError> {
+        // Its freeze and thaw in one task: a caller gone meanwhile cannot
+        // leave the sandbox frozen (`super::detached`).
+        let (me, id) = (self.clone(), id.to_string());
+        super::detached(async move { me.snapshot_sandbox_inner(&id, name).await }).await
+    }
+
+    async fn snapshot_sandbox_inner(
+        self: &Arc<Self>,
+        id: &str,
+        name: Option<String>,
+    ) -> Result<SandboxSnapshotRecord, EngineError> {
         let entry = self.sandboxes.visible(id)?;
         let src = entry.snapshot();
         // Live (running, or paused by its user: the snapshot keeps it paused).
