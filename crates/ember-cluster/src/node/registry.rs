@@ -102,11 +102,17 @@ struct Beat {
 pub const OWN_GAP: Duration = Duration::from_millis(1000);
 
 impl Seen {
-    /// How long `at` was before the reference beat, from the run's start.
-    fn silence(&self, me: &str, at: Instant) -> Duration {
+    /// How long before the reference `at` was, from the run's start. The
+    /// reference is `now`, but never more than one [`HEARTBEAT`] past this
+    /// node's own last beat: while its beats come back on time the verdict
+    /// falls due at the bound itself, not at the next beat after it (the
+    /// reference was that beat: MTTD was the bound plus up to one beat, over
+    /// 2 s in half the 300-session drills); once they stop coming (the
+    /// bucket elects, this node is cut off) the silence stops growing.
+    fn silence(&self, me: &str, at: Instant, now: Instant) -> Duration {
         match (self.nodes.get(me), self.run_start) {
-            (Some(mine), Some(start)) => mine.at.saturating_duration_since(at.max(start)),
-            _ => at.elapsed(),
+            (Some(mine), Some(start)) => now.min(mine.at + HEARTBEAT).saturating_duration_since(at.max(start)),
+            _ => now.saturating_duration_since(at),
         }
     }
 }
@@ -139,9 +145,13 @@ impl Nodes {
 
     /// The live nodes, by name.
     pub fn live(&self) -> Vec<NodeInfo> {
+        self.live_at(Instant::now())
+    }
+
+    fn live_at(&self, now: Instant) -> Vec<NodeInfo> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<NodeInfo> =
-            seen.nodes.values().filter(|b| seen.silence(&self.me, b.at) < DEAD_AFTER).map(|b| b.info.clone()).collect();
+        let live = |b: &&Beat| seen.silence(&self.me, b.at, now) < DEAD_AFTER;
+        let mut out: Vec<NodeInfo> = seen.nodes.values().filter(live).map(|b| b.info.clone()).collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
@@ -149,12 +159,12 @@ impl Nodes {
     /// Every node heard of, by name: its last heartbeat, whether it is live
     /// and how long it had been silent at this node's last beat.
     pub fn all(&self) -> Vec<(NodeInfo, bool, Duration)> {
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (seen, now) = (self.seen.lock().unwrap_or_else(|p| p.into_inner()), Instant::now());
         let mut out: Vec<_> = seen
             .nodes
             .values()
             .map(|b| {
-                let silent = seen.silence(&self.me, b.at);
+                let silent = seen.silence(&self.me, b.at, now);
                 (b.info.clone(), silent < DEAD_AFTER, silent)
             })
             .collect();
@@ -170,10 +180,14 @@ impl Nodes {
     /// `name`'s last heartbeat if it is live; else how long it had been
     /// silent at this node's last beat (`None`: never heard of).
     pub fn get(&self, name: &str) -> Result<NodeInfo, Option<Duration>> {
+        self.get_at(name, Instant::now())
+    }
+
+    fn get_at(&self, name: &str, now: Instant) -> Result<NodeInfo, Option<Duration>> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        match seen.nodes.get(name) {
-            Some(b) if seen.silence(&self.me, b.at) < DEAD_AFTER => Ok(b.info.clone()),
-            Some(b) => Err(Some(seen.silence(&self.me, b.at))),
+        match seen.nodes.get(name).map(|b| (b, seen.silence(&self.me, b.at, now))) {
+            Some((b, silent)) if silent < DEAD_AFTER => Ok(b.info.clone()),
+            Some((_, silent)) => Err(Some(silent)),
             None => Err(None),
         }
     }
@@ -314,8 +328,9 @@ mod tests {
         }
     }
 
-    fn names(n: &Nodes) -> Vec<String> {
-        n.live().into_iter().map(|i| i.name).collect()
+    /// The live nodes at `ms` after `t0`.
+    fn names(n: &Nodes, t0: Instant, ms: u64) -> Vec<String> {
+        n.live_at(t0 + Duration::from_millis(ms)).into_iter().map(|i| i.name).collect()
     }
 
     /// Beats every 500 ms of `who` from `from` ms to `to` ms (revisions
@@ -337,12 +352,23 @@ mod tests {
         let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
         beats(&n, t0, &mut rev, &["a", "b"], 0, 2000);
         beats(&n, t0, &mut rev, &["a"], 8000, 9000);
-        assert_eq!(names(&n), ["a", "b"]);
-        assert!(n.get("b").is_ok());
+        assert_eq!(names(&n, t0, 9000), ["a", "b"]);
+        assert!(n.get_at("b", t0 + Duration::from_millis(9000)).is_ok());
         // Still silent 1.5 s into this node's unbroken run: dead.
         beats(&n, t0, &mut rev, &["a"], 9500, 9500);
-        assert_eq!(names(&n), ["a"]);
-        assert_eq!(n.get("b").unwrap_err(), Some(Duration::from_millis(1500)));
+        assert_eq!(names(&n, t0, 9500), ["a"]);
+        assert_eq!(n.get_at("b", t0 + Duration::from_millis(9500)).unwrap_err(), Some(Duration::from_millis(1500)));
+    }
+
+    /// While the bucket takes no writes, this node's included, the silence
+    /// stops growing one beat after this node's last: nobody dies of it.
+    #[test]
+    fn silence_stops_growing_while_this_nodes_beats_do_not_come_back() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 2000);
+        assert_eq!(names(&n, t0, 2400), ["a", "b"]);
+        assert_eq!(names(&n, t0, 9000), ["a", "b"], "7 s of an election");
+        assert_eq!(n.get_at("b", t0 + Duration::from_millis(9000)).map(|i| i.name), Ok("b".into()));
     }
 
     #[test]
@@ -350,9 +376,23 @@ mod tests {
         let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
         beats(&n, t0, &mut rev, &["a", "b"], 0, 3000);
         beats(&n, t0, &mut rev, &["a"], 3500, 4000);
-        assert_eq!(names(&n), ["a", "b"], "1 s of silence");
+        assert_eq!(names(&n, t0, 4000), ["a", "b"], "1 s of silence");
         beats(&n, t0, &mut rev, &["a"], 4500, 4500);
-        assert_eq!(names(&n), ["a"], "1.5 s of silence");
+        assert_eq!(names(&n, t0, 4500), ["a"], "1.5 s of silence");
+    }
+
+    /// The verdict does not wait for this node's next beat to come back: b
+    /// is dead 1.5 s after its last beat arrived, between two of this
+    /// node's (MTTD was the bound plus up to one beat, over 2 s on the drill).
+    #[test]
+    fn a_silent_node_is_dead_at_the_bound_between_this_nodes_beats() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 3000);
+        beats(&n, t0, &mut rev, &["a"], 3500, 4000);
+        assert_eq!(names(&n, t0, 4400), ["a", "b"], "1.4 s of silence");
+        assert_eq!(names(&n, t0, 4500), ["a"], "1.5 s of silence, this node's next beat not back yet");
+        let silent = n.get_at("b", t0 + Duration::from_millis(4700)).unwrap_err();
+        assert_eq!(silent, Some(Duration::from_millis(1500)), "one beat past this node's last, no more");
     }
 
     /// A re-opened watch replays b's last value: b stays dead.
@@ -362,10 +402,10 @@ mod tests {
         beats(&n, t0, &mut rev, &["a", "b"], 0, 1000);
         let b_rev = rev;
         beats(&n, t0, &mut rev, &["a"], 1500, 4000);
-        assert_eq!(names(&n), ["a"]);
+        assert_eq!(names(&n, t0, 4000), ["a"]);
         n.saw_at(info("b"), b_rev, t0 + Duration::from_millis(4100));
-        assert_eq!(names(&n), ["a"]);
+        assert_eq!(names(&n, t0, 4100), ["a"]);
         n.saw_at(info("b"), rev + 1, t0 + Duration::from_millis(4200));
-        assert_eq!(names(&n), ["a", "b"]);
+        assert_eq!(names(&n, t0, 4200), ["a", "b"]);
     }
 }
