@@ -186,6 +186,9 @@ pub fn router(state: ApiState) -> Router {
         // `/health`: under a sandbox's name every path is the sandbox's.
         .layer(axum::middleware::from_fn_with_state(state.clone(), origin::dispatch))
         .layer(axum::middleware::from_fn_with_state(state.clone(), middleware::host_check))
+        // Inside the request's span, around everything else: a call that
+        // changes something runs to its end if its client goes away.
+        .layer(axum::middleware::from_fn(middleware::run_to_end))
         .layer(axum::middleware::from_fn(middleware::request_id))
         .with_state(state)
 }

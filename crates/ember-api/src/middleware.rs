@@ -37,6 +37,33 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     resp
 }
 
+/// Runs a call that may change something (any method but GET, HEAD and
+/// OPTIONS) to its end whoever waits for it, in a task of its own: hyper
+/// drops a handler whose client disconnects, and a call dropped between two
+/// of its steps left them half done. A workspace checkpoint dropped between
+/// its writer's freeze and thaw left the sandbox frozen for good (the chaos
+/// drill's runs CD and CQ; the engine's snapshots now detach themselves
+/// too); a create dropped during its launch left a running sandbox nobody
+/// published, or one without its tenant's owner record. Its answer, if
+/// nobody reads it, is dropped; a streamed body is still the client's to
+/// read or drop.
+pub async fn run_to_end(req: Request, next: Next) -> Response {
+    use axum::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let call = tracing::Instrument::instrument(next.run(req), tracing::Span::current());
+    match tokio::spawn(call).await {
+        Ok(resp) => resp,
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "GENERAL::UNKNOWN_ERROR",
+            format!("the call ended abnormally: {e}"),
+        )
+        .into_response(),
+    }
+}
+
 /// 128 random bits, hex: one `getrandom(2)`, no file opened per request.
 fn random_hex() -> String {
     use std::fmt::Write;
@@ -184,6 +211,48 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use axum::routing::post;
+    use tokio::io::AsyncWriteExt;
+
+    /// A handler whose client went away runs to its end: it is released
+    /// only after the client's connection is closed, and its end is seen.
+    /// Without the layer hyper drops it, and the end's sender with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_changing_call_runs_to_its_end_after_its_client_goes_away() {
+        let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+        let (ended_tx, ended) = tokio::sync::oneshot::channel::<()>();
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        let slots = std::sync::Arc::new(std::sync::Mutex::new((Some(started_tx), Some(ended_tx))));
+        let (r, s) = (release.clone(), slots.clone());
+        let handler = move || async move {
+            let (start, end) = {
+                let mut g = s.lock().expect("slots");
+                (g.0.take(), g.1.take())
+            };
+            start.expect("one call").send(()).expect("the test waits");
+            r.notified().await;
+            end.expect("one call").send(()).expect("the test waits");
+            "done"
+        };
+        let app =
+            axum::Router::new().route("/change", post(handler)).layer(axum::middleware::from_fn(super::run_to_end));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let req = format!("POST /change HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.expect("send");
+        started.await.expect("the handler started");
+        drop(conn);
+        // Without the layer the server, seeing the close, drops the handler
+        // and the end's sender with it: the wait ends at once, in an error.
+        let mut ended = ended;
+        let early = tokio::time::timeout(std::time::Duration::from_secs(2), &mut ended).await;
+        assert!(early.is_err(), "the handler was dropped when its client went away: {early:?}");
+        release.notify_one();
+        ended.await.expect("the handler ran to its end");
+    }
+
     #[test]
     fn only_served_names_pass_the_host_check() {
         let cfg = crate::ApiConfig {
