@@ -11,6 +11,17 @@ fn mount(name: &str) -> WorkspaceMountSpec {
     WorkspaceMountSpec { name: name.into(), ..Default::default() }
 }
 
+/// A snapshot of sandbox `id` through a client of its own (a fresh
+/// connection, not one an earlier call may be closing), in a task.
+fn snapshot_in_background(
+    d: &Daemon,
+    id: &str,
+) -> tokio::task::JoinHandle<Result<ember_types::api::SandboxSnapshotInfo, ember_client::ClientError>> {
+    let client = ember_client::Client::new(&d.url, None).expect("client");
+    let id = id.to_string();
+    tokio::spawn(async move { client.snapshot_sandbox(&id, None).await })
+}
+
 /// Run as root in the sandbox: a new file (mode, owner), a template file
 /// changed, one deleted, a template dir deleted, a template dir replaced
 /// (opaque), a symlink, and a file in the workspace.
@@ -121,9 +132,7 @@ async fn a_paused_sandbox_is_snapshotted_and_stays_paused() {
 async fn a_users_resume_cannot_thaw_a_snapshot_and_a_pause_outlives_it() {
     let d = Daemon::start();
     let s = d.big_writer("").await;
-    let client = ember_client::Client::new(&d.url, None).expect("client");
-    let sid = s.id.clone();
-    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
+    let task = snapshot_in_background(&d, &s.id);
     // The layer's manifest is written while the sandbox is frozen; the
     // workspace's 240 MB follow, still frozen.
     let creating = loop {
@@ -158,10 +167,7 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
     // The layer is small and goes first; the workspace's 240 MB of random
     // bytes keep the snapshot in Creating for seconds.
     let s = d.big_writer("echo layer > /tmp/l; ").await;
-    // A client of its own: a fresh connection, not one the exec above may be closing.
-    let client = ember_client::Client::new(&d.url, None).expect("client");
-    let sid = s.id.clone();
-    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
+    let task = snapshot_in_background(&d, &s.id);
     let creating = loop {
         let l = d.client.list_sandbox_snapshots("state=Creating").await.expect("list");
         if let Some(x) = l.into_iter().next() {
@@ -203,15 +209,10 @@ async fn kill9_mid_snapshot_leaves_no_ready_snapshot_and_thaws_the_sandbox() {
 async fn a_snapshot_whose_caller_goes_away_is_made_and_thaws_the_sandbox() {
     let d = Daemon::start();
     let s = d.big_writer("").await;
-    let client = ember_client::Client::new(&d.url, None).expect("client");
-    let sid = s.id.clone();
-    let task = tokio::spawn(async move { client.snapshot_sandbox(&sid, None).await });
-    d.until_frozen(&s.id, || task.is_finished()).await;
+    let task = snapshot_in_background(&d, &s.id);
+    d.abort_when_frozen(&s.id, task).await;
     let cg = d.cgroups();
     let frozen = || cg.is_frozen(&s.id).expect("freezer state");
-    // The caller goes away mid-snapshot: its connection is dropped.
-    task.abort();
-    assert!(task.await.expect_err("aborted").is_cancelled());
     let mut tries = 0;
     let snap = loop {
         let all = d.client.list_sandbox_snapshots(&format!("sandboxId={}", s.id)).await.expect("list");

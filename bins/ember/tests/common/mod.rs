@@ -232,6 +232,14 @@ impl Daemon {
         panic!("sandbox {id} was never frozen");
     }
 
+    /// Once sandbox `id` is frozen by the call `task` makes, the caller goes
+    /// away mid-call: the task is aborted and its connection dropped.
+    pub async fn abort_when_frozen<T: Send + 'static>(&self, id: &str, task: tokio::task::JoinHandle<T>) {
+        self.until_frozen(id, || task.is_finished()).await;
+        task.abort();
+        assert!(task.await.err().is_some_and(|e| e.is_cancelled()), "the call ended before it was aborted");
+    }
+
     pub async fn create(&self, f: impl FnOnce(&mut CreateSandboxRequest)) -> SandboxInfo {
         let mut req = CreateSandboxRequest { template: Some("host".into()), ..Default::default() };
         f(&mut req);
