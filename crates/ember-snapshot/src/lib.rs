@@ -72,7 +72,9 @@ pub use error::{SnapshotError, StoreError};
 pub use key::ManifestKey;
 pub use layer::{layer_marks, restore_layer, scan_marks, snapshot_layer, LayerMarks, LAYER_LABEL};
 pub use manifest::{Chunking, Stats};
-pub use restore::{copy_restored, restore, RestoreInfo, RestoreOptions};
+pub use restore::{
+    copy_loaded, copy_restored, load_snapshot, restore, restore_loaded, LoadedSnapshot, RestoreInfo, RestoreOptions,
+};
 pub use snapshot::{snapshot, validate_id, Phase, Progress, SnapshotInfo, SnapshotOptions};
 #[cfg(feature = "testing")]
 pub use store::conformance;

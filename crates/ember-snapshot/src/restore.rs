@@ -86,6 +86,33 @@ pub(crate) fn load(store: &dyn ObjectStore, id: &str) -> Result<Manifest, Snapsh
     Ok(m)
 }
 
+/// A snapshot's manifest, read from the store and verified once
+/// ([`load_snapshot`]): a caller that checks a snapshot's size before it
+/// makes the target, then restores it and copies it (a fork), reads the
+/// manifest once, where [`inspect`](crate::inspect), [`restore`] and each
+/// [`copy_restored`] read it again (on the JetStream object store each read
+/// is two requests to the stream's leader: a rebind's restore read it twice).
+pub struct LoadedSnapshot {
+    manifest: Manifest,
+}
+
+impl LoadedSnapshot {
+    pub fn id(&self) -> &str {
+        &self.manifest.id
+    }
+
+    /// What [`inspect`](crate::inspect) answers, without a read.
+    pub fn summary(&self) -> crate::SnapshotSummary {
+        crate::SnapshotSummary::from(&self.manifest)
+    }
+}
+
+/// Reads and verifies snapshot `id`'s manifest, for [`restore_loaded`] and
+/// [`copy_loaded`].
+pub fn load_snapshot(store: &dyn ObjectStore, id: &str) -> Result<LoadedSnapshot, SnapshotError> {
+    Ok(LoadedSnapshot { manifest: load(store, id)? })
+}
+
 /// Restores snapshot `id` as the new directory `into` (which must not exist;
 /// its parent must). The tree is built in a hidden sibling directory and
 /// renamed into place only when every chunk has been verified and every
@@ -96,7 +123,17 @@ pub fn restore(
     into: &Path,
     opts: RestoreOptions<'_>,
 ) -> Result<RestoreInfo, SnapshotError> {
-    restore_from(store, id, into, opts, None)
+    restore_loaded(store, &load_snapshot(store, id)?, into, opts)
+}
+
+/// [`restore`] of a snapshot whose manifest was loaded already.
+pub fn restore_loaded(
+    store: &dyn ObjectStore,
+    snap: &LoadedSnapshot,
+    into: &Path,
+    opts: RestoreOptions<'_>,
+) -> Result<RestoreInfo, SnapshotError> {
+    restore_from(store, &snap.manifest, into, opts, None)
 }
 
 /// Makes `into` a copy of `from`, a tree this process restored from snapshot
@@ -112,21 +149,31 @@ pub fn copy_restored(
     into: &Path,
     opts: RestoreOptions<'_>,
 ) -> Result<RestoreInfo, SnapshotError> {
-    restore_from(store, id, into, opts, Some(from))
+    copy_loaded(store, &load_snapshot(store, id)?, from, into, opts)
+}
+
+/// [`copy_restored`] of a snapshot whose manifest was loaded already.
+pub fn copy_loaded(
+    store: &dyn ObjectStore,
+    snap: &LoadedSnapshot,
+    from: &Path,
+    into: &Path,
+    opts: RestoreOptions<'_>,
+) -> Result<RestoreInfo, SnapshotError> {
+    restore_from(store, &snap.manifest, into, opts, Some(from))
 }
 
 fn restore_from(
     store: &dyn ObjectStore,
-    id: &str,
+    manifest: &Manifest,
     into: &Path,
     opts: RestoreOptions<'_>,
     from: Option<&Path>,
 ) -> Result<RestoreInfo, SnapshotError> {
     let start = Instant::now();
-    let manifest = load(store, id)?;
     let bytes = manifest.data_bytes();
     if let Some(limit) = opts.max_bytes.filter(|l| bytes > *l) {
-        return Err(SnapshotError::TooLarge { id: id.to_string(), bytes, limit });
+        return Err(SnapshotError::TooLarge { id: manifest.id.clone(), bytes, limit });
     }
     match fs::symlink_metadata(into) {
         Ok(_) => return Err(SnapshotError::TargetExists { path: into.to_path_buf() }),
@@ -140,7 +187,7 @@ fn restore_from(
     let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = parent.join(format!(".{}.restore-{}-{n}", name.to_string_lossy(), std::process::id()));
     fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(io("create", &tmp))?;
-    let result = build(store, &manifest, &tmp, &opts, from)
+    let result = build(store, manifest, &tmp, &opts, from)
         .and_then(|info| fs::rename(&tmp, into).map(|()| info).map_err(io("rename into", into)));
     match result {
         Ok(mut info) => {

@@ -331,17 +331,20 @@ impl Snapshots {
         size: Option<u64>,
         op: &str,
     ) -> Result<(), EngineError> {
-        let summary = self.inspect_snapshot(id).await?;
+        // Read once: the size check below and the restore share it.
+        let owned = id.to_string();
+        let snap = self.snap(move |_, store| Ok(ember_snapshot::load_snapshot(store, &owned)?)).await?;
+        let summary = snap.summary();
         let data = restored_data(&summary);
         let size = restored_size(&summary, size);
         if data > size {
             return Err(ember_snapshot::SnapshotError::TooLarge { id: id.to_string(), bytes: data, limit: size }.into());
         }
         self.snapshot_ops.update(op, |o| o.progress.bytes_total = data.saturating_mul(names.len() as u64));
-        let (id, names, op) = (id.to_string(), names.to_vec(), op.to_string());
+        let (names, op) = (names.to_vec(), op.to_string());
         self.snap(move |e, store| {
             let mut made = Vec::new();
-            let res = fill_workspaces(e, store, &id, &names, size, &op, &mut made);
+            let res = fill_workspaces(e, store, &snap, &names, size, &op, &mut made);
             if res.is_err() {
                 for n in &made {
                     let _ = e.workspaces.discard(n);
@@ -361,7 +364,7 @@ const STAGING: &str = ".ember-restore";
 fn fill_workspaces(
     e: &Snapshots,
     store: &dyn ObjectStore,
-    id: &str,
+    snap: &ember_snapshot::LoadedSnapshot,
     names: &[String],
     size: u64,
     op: &str,
@@ -380,8 +383,8 @@ fn fill_workspaces(
     let progress =
         |p: Progress| e.snapshot_ops.update(op, |o| o.progress = Progress { bytes_total: o.progress.bytes_total, ..p });
     let opts = RestoreOptions { progress: &progress, max_bytes: Some(size), ..Default::default() };
-    let info = ember_snapshot::restore(store, id, &first_tmp, opts)?;
-    tracing::debug!(snapshot = %id, ?made_in, restored_in = ?t0.elapsed() - made_in, bytes = info.bytes, "restored");
+    let info = ember_snapshot::restore_loaded(store, snap, &first_tmp, opts)?;
+    tracing::debug!(snapshot = %snap.id(), ?made_in, restored_in = ?t0.elapsed() - made_in, bytes = info.bytes, "restored");
     let item_done = || {
         e.snapshot_ops.update(op, |o| {
             o.items_done += 1;
@@ -399,7 +402,7 @@ fn fill_workspaces(
                 scope.spawn(move || -> Result<(), EngineError> {
                     for mnt in part {
                         let opts = RestoreOptions::default();
-                        ember_snapshot::copy_restored(store, id, first_tmp, &mnt.join(STAGING), opts)?;
+                        ember_snapshot::copy_loaded(store, snap, first_tmp, &mnt.join(STAGING), opts)?;
                         item_done();
                     }
                     Ok(())
