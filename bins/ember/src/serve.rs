@@ -57,6 +57,9 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
     };
 
     let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
+    if let Some(shares) = args.sandboxes_cpu_shares {
+        cgroups.set_group_cpu_shares(shares).context("--sandboxes-cpu-shares")?;
+    }
     let native = NativeConfig {
         data_dir: args.data_dir.clone(),
         agent_path: agent.clone(),
@@ -200,6 +203,9 @@ fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Pat
         let made = class.detect().and_then(|binary| {
             let group = format!("{}-{}", args.cgroup_parent, class.name());
             let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).map_err(|e| e.to_string())?;
+            if let Some(shares) = args.sandboxes_cpu_shares {
+                cgroups.set_group_cpu_shares(shares).map_err(|e| e.to_string())?;
+            }
             let cfg = OciConfig {
                 class,
                 binary: binary.clone(),

@@ -116,11 +116,25 @@ fn up(nodes: u32, nats: u32) -> Cluster {
         // Short leases: a killed node's leased tasks re-run within the drill.
         "--serve-arg=--task-lease=5s",
         "--serve-arg=--task-heartbeat=1s",
+        "--serve-arg=--sandboxes-cpu-shares=256",
     ]);
     let state = std::fs::read(dir.join("cluster.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let c = Cluster { dir, state: state.unwrap_or(Value::Null), down: false };
     assert!(out.status.success(), "cluster up failed");
     c
+}
+
+/// A sandbox parent group's weight in contended CPU (v1 `cpu.shares`, v2
+/// `cpu.weight`), if the group is there.
+fn group_weight(parent: &str) -> Option<u64> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let file = match ember_cgroups::unified(root) {
+        true => root.join(parent).join("cpu.weight"),
+        false => {
+            ["cpu", "cpu,cpuacct"].iter().map(|h| root.join(h)).find(|d| d.exists())?.join(parent).join("cpu.shares")
+        }
+    };
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 #[test]
@@ -136,6 +150,19 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     assert!(hosts.iter().all(|h| h["alive"] == true), "every node alive: {s}");
     let leader = s["taskStreamLeader"].as_str().expect("a task stream leader");
     assert!(hosts[..3].iter().any(|h| h["host"]["name"] == leader), "{leader} is one of the 3 nats hosts");
+    // `--sandboxes-cpu-shares` (given below) sets each node's sandbox group's weight.
+    for h in hosts {
+        let parent = h["host"]["cgroupParent"].as_str().expect("cgroupParent");
+        assert_eq!(
+            group_weight(parent),
+            Some(if ember_cgroups::unified("/sys/fs/cgroup".as_ref()) {
+                ember_cgroups::weight_of_shares(256)
+            } else {
+                256
+            }),
+            "{parent}'s weight"
+        );
+    }
     // The host reaches every node's API over the bridge, with the cluster's key.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let key = c.state["apiKey"].as_str().expect("apiKey").to_string();

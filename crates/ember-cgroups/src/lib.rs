@@ -33,7 +33,12 @@ pub fn cpu_shares(cpu_millis: u64) -> u64 {
 /// v2 `cpu.weight` (1..=10000) for v1 shares, by the conversion runc, crun and
 /// the kubelet use, so a sandbox weighs the same on either version.
 pub fn cpu_weight(cpu_millis: u64) -> u64 {
-    1 + (cpu_shares(cpu_millis) - 2) * 9999 / 262_142
+    weight_of_shares(cpu_shares(cpu_millis))
+}
+
+/// v2 `cpu.weight` for v1 `cpu.shares` (clamped to the kernel's range).
+pub fn weight_of_shares(shares: u64) -> u64 {
+    1 + (shares.clamp(2, 262_144) - 2) * 9999 / 262_142
 }
 
 /// A group's weight in contended CPU (v1 `cpu.shares`, v2 `cpu.weight`).
@@ -47,6 +52,13 @@ pub enum CpuShare {
     /// the spawning thread's nice value has no say against other groups),
     /// then is set back to its limit's share.
     Background,
+    /// The most the kernel gives (v1 262144, v2 10000): a launch someone
+    /// waits on (a cold create, a cluster's rebind) until its agent is up,
+    /// so the new init's setup and the agent's start take their parent
+    /// group's CPU ahead of the node's busy sandboxes (40 of them left a
+    /// rebind's launch a fortieth of it), then it is set back to its
+    /// limit's share.
+    Foreground,
 }
 
 impl CpuShare {
@@ -55,6 +67,7 @@ impl CpuShare {
         match self {
             CpuShare::Limit(m) => cpu_shares(m),
             CpuShare::Background => 2,
+            CpuShare::Foreground => 262_144,
         }
     }
 
@@ -63,6 +76,7 @@ impl CpuShare {
         match self {
             CpuShare::Limit(m) => cpu_weight(m),
             CpuShare::Background => 1,
+            CpuShare::Foreground => 10_000,
         }
     }
 }
@@ -193,6 +207,12 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn create(&self, name: &str, limits: &Limits) -> Result<(), CgroupError>;
     /// Sets the group's weight in contended CPU, its limits unchanged.
     fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError>;
+    /// Sets the weight in contended CPU of the parent group of every
+    /// sandbox (v1 `cpu.shares`; v2 `cpu.weight`, converted as for a
+    /// sandbox), making the group if it is not there yet: how much the
+    /// daemon's sandboxes together weigh against what runs beside the
+    /// group (the daemon itself, other daemons' groups).
+    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError>;
     /// Moves `pid` into the sandbox's cgroups.
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError>;
     /// Moves the calling thread, and only it, into the sandbox's cgroups, so

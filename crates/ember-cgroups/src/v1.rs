@@ -97,6 +97,12 @@ impl Cgroups for V1 {
         write(&self.dir(CPU, name).join("cpu.shares"), &share.shares().to_string())
     }
 
+    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError> {
+        let g = self.roots[CPU].join(&self.group);
+        std::fs::create_dir_all(&g).map_err(io_err("mkdir", &g))?;
+        write(&g.join("cpu.shares"), &shares.clamp(2, 262_144).to_string())
+    }
+
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
         for root in self.all_roots() {
             write(&root.join(&self.group).join(name).join("cgroup.procs"), &pid.to_string())?;

@@ -94,12 +94,45 @@ fn cpu_weight_follows_the_cpu_limit() {
         cg.set_cpu_share("w1", CpuShare::Background).expect("background");
         let least: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
         assert_eq!(least, if cg.version() == "v2" { 1 } else { 2 }, "{file} in the background");
+        // A launch someone waits on runs at the most, then is set back.
+        cg.set_cpu_share("w1", CpuShare::Foreground).expect("foreground");
+        let most: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(most, if cg.version() == "v2" { 10_000 } else { 262_144 }, "{file} in the foreground");
         cg.set_cpu_share("w1", CpuShare::Limit(millis)).expect("set back");
         let back: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
         assert_eq!(back, want, "{file} set back for {millis} millicpu");
         cg.destroy("w1").expect("destroy");
     }
+    // The parent group's own weight (a local cluster's nodes share one host).
+    let group_file = std::path::Path::new(&file).parent().and_then(|w| w.parent()).expect("the group's dir");
+    let group_file = group_file.join(if cg.version() == "v2" { "cpu.weight" } else { "cpu.shares" });
+    for (shares, want) in
+        [(102, if cg.version() == "v2" { 4 } else { 102 }), (1024, if cg.version() == "v2" { 39 } else { 1024 })]
+    {
+        cg.set_group_cpu_shares(shares).expect("the group's weight");
+        let got: u64 = std::fs::read_to_string(&group_file).expect("weight file").trim().parse().expect("a number");
+        assert_eq!(got, want, "{} for {shares} shares", group_file.display());
+    }
     cg.remove_group().expect("remove group");
+}
+
+/// The parent group's weight can be set before any sandbox made it.
+#[test]
+fn the_group_weight_is_set_on_a_group_not_made_yet() {
+    let group = format!("ember-cggroupw-{}", std::process::id());
+    let cg = detect("/sys/fs/cgroup".as_ref(), &group).expect("a usable cgroup hierarchy");
+    cg.set_group_cpu_shares(300).expect("the group's weight");
+    let file = match cg.version() {
+        "v2" => format!("/sys/fs/cgroup/{group}/cpu.weight"),
+        _ => {
+            let cpu =
+                ["cpu", "cpu,cpuacct"].into_iter().find(|h| std::path::Path::new("/sys/fs/cgroup").join(h).exists());
+            format!("/sys/fs/cgroup/{}/{group}/cpu.shares", cpu.expect("the v1 cpu hierarchy"))
+        }
+    };
+    let got: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+    let _ = cg.remove_group();
+    assert_eq!(got, if cg.version() == "v2" { ember_cgroups::weight_of_shares(300) } else { 300 });
 }
 
 /// A task of the group in uninterruptible sleep: `dd … conv=fsync` into an

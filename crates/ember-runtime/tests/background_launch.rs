@@ -1,6 +1,7 @@
 //! A pool's refill launches behind the claims: its sandbox's cgroup weighs
 //! the least in contended CPU from before its init is cloned until its agent
-//! answers, then its limit's share, which every other launch has throughout.
+//! answers, then its limit's share. Every other launch (a cold create, a
+//! rebind: someone waits on it) weighs the most until then.
 //! Real launches (root, the host's cgroups, the static agent), the cgroup
 //! calls seen through a wrapper that passes each on to the real hierarchy.
 use ember_cgroups::{CgroupError, Cgroups, CpuShare, Limits, Usage};
@@ -39,6 +40,9 @@ impl Cgroups for Seen {
     fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError> {
         self.note(format!("{share:?}"));
         self.real.set_cpu_share(name, share)
+    }
+    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError> {
+        self.real.set_group_cpu_shares(shares)
     }
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
         self.note("init in its group".into());
@@ -134,7 +138,7 @@ fn kernel_weight(pid: i32) -> u64 {
 }
 
 #[test]
-fn a_refill_launches_at_the_least_cpu_weight_and_is_set_back_once_up() {
+fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_back_once_up() {
     let pid = std::process::id();
     let group = format!("ember-bgl-{pid}");
     let data = std::env::temp_dir().join(format!("ember-bgl-{pid}"));
@@ -166,7 +170,7 @@ fn a_refill_launches_at_the_least_cpu_weight_and_is_set_back_once_up() {
     let calls = seen.take();
     let weight = kernel_weight(up.pid);
     rt.destroy(&cold, Some(&up.pidfd)).expect("destroy");
-    assert_eq!(calls, ["create", "init in its group"], "a cold launch's cgroup calls");
+    assert_eq!(calls, ["create", "Foreground", "init in its group", "Limit(500)"], "a cold launch's cgroup calls");
     assert_eq!(weight, want, "a cold launch's group");
 }
 

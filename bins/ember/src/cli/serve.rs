@@ -41,6 +41,16 @@ pub struct ServeArgs {
     /// different ones.
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
+    /// The weight in contended CPU of the parent group of this daemon's
+    /// sandboxes, in v1 `cpu.shares` (2-262144; v2: its `cpu.weight` by
+    /// runc's conversion): what all of them together weigh against the
+    /// daemon's own threads and whatever else runs beside the group. Unset:
+    /// as the kernel made it (1024, v2 100). Lower puts the daemon's work
+    /// (API calls, claims, a cluster's rebinds) ahead of the sandboxes' own
+    /// on a saturated host, at their cost (docs/performance.md, "The
+    /// control plane's weight").
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=262_144))]
+    pub sandboxes_cpu_shares: Option<u64>,
     /// How often unreferenced snapshot chunks are swept (also about a minute
     /// after a delete, except on a cluster's nodes, which share the store);
     /// `off`: only by `ember snapshot gc`.

@@ -191,11 +191,15 @@ impl NativeRuntime {
             pids: spec.resources.pids,
         };
         self.cgroups.create(name, &limits).map_err(Self::cg_err(id))?;
-        // A refill's group weighs the least until its agent is up (crate::in_background).
-        let background = crate::launching_in_background();
-        if background {
-            self.cgroups.set_cpu_share(name, CpuShare::Background).map_err(Self::cg_err(id))?;
-        }
+        // Until its agent is up a refill's group weighs the least
+        // (crate::in_background), any other launch's the most: someone waits
+        // on it, and a node's busy sandboxes left a rebind's launch a
+        // fortieth of their group's CPU (docs/performance.md).
+        let launch_share = match crate::launching_in_background() {
+            true => CpuShare::Background,
+            false => CpuShare::Foreground,
+        };
+        self.cgroups.set_cpu_share(name, launch_share).map_err(Self::cg_err(id))?;
         let oom = self.oom.watch(&*self.cgroups, name).map_err(Self::cg_err(id))?;
         let t_cg = t0.elapsed();
 
@@ -242,11 +246,10 @@ impl NativeRuntime {
         crate::ping_agent(&sock, self.cfg.ready_timeout)
             .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
             .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
-        if background {
-            // A sandbox left at the least weight would starve its user's
-            // commands: failing here fails the launch, which reaps it.
-            self.cgroups.set_cpu_share(name, CpuShare::Limit(limits.cpu_millis)).map_err(Self::cg_err(id))?;
-        }
+        // A sandbox left at the least weight would starve its user's
+        // commands, at the most its neighbours': failing here fails the
+        // launch, which reaps it.
+        self.cgroups.set_cpu_share(name, CpuShare::Limit(limits.cpu_millis)).map_err(Self::cg_err(id))?;
         let total = t0.elapsed();
         let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
         Ok(Launched {
