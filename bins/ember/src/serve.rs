@@ -56,10 +56,12 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         None => default_agent()?,
     };
 
-    let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?;
-    if let Some(shares) = args.sandboxes_cpu_shares {
-        cgroups.set_group_cpu_shares(shares).context("--sandboxes-cpu-shares")?;
-    }
+    let cgroups: Arc<dyn ember_cgroups::Cgroups> =
+        ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &args.cgroup_parent).context("cgroups")?.into();
+    // Set every start, unset included: a node that died mid-rebind left
+    // its recovery weight behind (`ember_cluster::node::RecoveryWeight`).
+    cgroups.set_group_cpu_shares(args.sandboxes_cpu_shares).context("--sandboxes-cpu-shares")?;
+    let recovery = recovery_weight(cgroups.clone(), args.sandboxes_cpu_shares, args.cluster.recovery_cpu_shares);
     let native = NativeConfig {
         data_dir: args.data_dir.clone(),
         agent_path: agent.clone(),
@@ -67,7 +69,7 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         id_ranges: args.id_ranges,
         ready_timeout,
     };
-    let runtime = NativeRuntime::new(native, Arc::from(cgroups)).context("native runtime")?;
+    let runtime = NativeRuntime::new(native, cgroups).context("native runtime")?;
     let images = ember_image::ImageStore::open(ember_image::StoreConfig {
         root: ember_engine::templates::images_dir(&args.data_dir),
         uid_base: args.uid_base,
@@ -107,7 +109,7 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
     println!("ember listening on http://{local}");
     let tenants = engine.tenants();
     let engine: Arc<dyn ember_engine::ControlPlane> = Arc::new(engine);
-    let engine = cluster_plane(&args.cluster, engine, local, api_key.clone(), &tenants).await?;
+    let engine = cluster_plane(&args.cluster, engine, local, api_key.clone(), &tenants, recovery).await?;
     let state = ApiState {
         // The API sees the engine only through the seam.
         engine,
@@ -168,6 +170,7 @@ async fn cluster_plane(
     local: SocketAddr,
     api_key: Option<String>,
     tenants: &Arc<ember_engine::Tenants>,
+    recovery: ember_cluster::node::RecoveryWeight,
 ) -> anyhow::Result<Arc<dyn ember_engine::ControlPlane>> {
     if c.cluster.is_empty() {
         return Ok(engine);
@@ -183,6 +186,7 @@ async fn cluster_plane(
         checkpoint_every: c.checkpoint_every,
         rebinds_at_once: c.rebinds_at_once,
         rebind_hold: c.rebind_hold,
+        recovery: Some(recovery),
     };
     tracing::info!(node = %cfg.name, advertise = %cfg.advertise, api_only = cfg.api_only, "joining the cluster");
     let plane = ember_cluster::node::join(cfg, engine).await.context("--cluster")?;
@@ -191,6 +195,23 @@ async fn cluster_plane(
     // A tenant's running sandboxes, memory and cpu are counted cluster-wide.
     ember_cluster::node::quota::share_quotas(&plane, tenants.clone()).await.context("--cluster: tenant quotas")?;
     Ok(plane)
+}
+
+/// The native sandboxes' group at `rebinding` shares while this node
+/// re-creates a dead node's sandboxes, at `normal` (`None`: the kernel's
+/// default) once the last has ended.
+fn recovery_weight(
+    cgroups: Arc<dyn ember_cgroups::Cgroups>,
+    normal: Option<u64>,
+    rebinding: u64,
+) -> ember_cluster::node::RecoveryWeight {
+    ember_cluster::node::RecoveryWeight(Arc::new(move |on| {
+        let shares = if on { Some(rebinding) } else { normal };
+        match cgroups.set_group_cpu_shares(shares) {
+            Ok(()) => tracing::debug!(rebinding = on, ?shares, "the sandboxes' CPU weight"),
+            Err(e) => tracing::warn!(rebinding = on, error = %e, "setting the sandboxes' CPU weight"),
+        }
+    }))
 }
 
 /// The runtime classes of this daemon: native, and each OCI class whose
@@ -203,9 +224,6 @@ fn runtimes(native: Arc<NativeRuntime>, args: &ServeArgs, agent: &std::path::Pat
         let made = class.detect().and_then(|binary| {
             let group = format!("{}-{}", args.cgroup_parent, class.name());
             let cgroups = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).map_err(|e| e.to_string())?;
-            if let Some(shares) = args.sandboxes_cpu_shares {
-                cgroups.set_group_cpu_shares(shares).map_err(|e| e.to_string())?;
-            }
             let cfg = OciConfig {
                 class,
                 binary: binary.clone(),

@@ -151,17 +151,11 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     let leader = s["taskStreamLeader"].as_str().expect("a task stream leader");
     assert!(hosts[..3].iter().any(|h| h["host"]["name"] == leader), "{leader} is one of the 3 nats hosts");
     // `--sandboxes-cpu-shares` (given below) sets each node's sandbox group's weight.
+    let weight_256 =
+        if ember_cgroups::unified("/sys/fs/cgroup".as_ref()) { ember_cgroups::weight_of_shares(256) } else { 256 };
     for h in hosts {
         let parent = h["host"]["cgroupParent"].as_str().expect("cgroupParent");
-        assert_eq!(
-            group_weight(parent),
-            Some(if ember_cgroups::unified("/sys/fs/cgroup".as_ref()) {
-                ember_cgroups::weight_of_shares(256)
-            } else {
-                256
-            }),
-            "{parent}'s weight"
-        );
+        assert_eq!(group_weight(parent), Some(weight_256), "{parent}'s weight");
     }
     // The host reaches every node's API over the bridge, with the cluster's key.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -265,6 +259,23 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     assert_eq!(lost["readable"], lost["sessions"], "{lost}");
     let rebound = sessions.iter().filter(|s| s["rebindsSeen"].as_u64() > Some(0)).count();
     assert!(rebound > 0, "a killed node's session saw its workspace's new epoch");
+    // The survivors' sandbox groups, lowered while they rebound the killed
+    // node's sessions (`--recovery-cpu-shares`), are back at their weight
+    // once their rebinds have ended (waited for: a slow machine's last
+    // rebind may end after the drill).
+    let victim = victims[0]["host"].as_str().expect("victim host");
+    let survivors: Vec<&str> = hosts
+        .iter()
+        .filter(|h| h["host"]["name"] != victim)
+        .map(|h| h["host"]["cgroupParent"].as_str().expect("cgroupParent"))
+        .collect();
+    let back = |p: &&str| group_weight(p) == Some(weight_256);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !survivors.iter().all(back) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let weights: Vec<(&str, Option<u64>)> = survivors.iter().map(|p| (*p, group_weight(p))).collect();
+    assert!(survivors.iter().all(back), "a survivor's sandbox group not set back after its rebinds: {weights:?}");
     let _ = std::fs::remove_dir_all(&out);
 
     let down = ember(&["cluster", "down", "--dir", &d]);

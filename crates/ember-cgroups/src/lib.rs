@@ -209,10 +209,11 @@ pub trait Cgroups: Send + Sync + std::fmt::Debug {
     fn set_cpu_share(&self, name: &str, share: CpuShare) -> Result<(), CgroupError>;
     /// Sets the weight in contended CPU of the parent group of every
     /// sandbox (v1 `cpu.shares`; v2 `cpu.weight`, converted as for a
-    /// sandbox), making the group if it is not there yet: how much the
-    /// daemon's sandboxes together weigh against what runs beside the
-    /// group (the daemon itself, other daemons' groups).
-    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError>;
+    /// sandbox; `None`: the kernel's default, v1 1024, v2 100), making the
+    /// group if it is not there yet: how much the daemon's sandboxes
+    /// together weigh against what runs beside the group (the daemon
+    /// itself, other daemons' groups).
+    fn set_group_cpu_shares(&self, shares: Option<u64>) -> Result<(), CgroupError>;
     /// Moves `pid` into the sandbox's cgroups.
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError>;
     /// Moves the calling thread, and only it, into the sandbox's cgroups, so

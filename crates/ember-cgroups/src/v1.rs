@@ -97,10 +97,10 @@ impl Cgroups for V1 {
         write(&self.dir(CPU, name).join("cpu.shares"), &share.shares().to_string())
     }
 
-    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError> {
+    fn set_group_cpu_shares(&self, shares: Option<u64>) -> Result<(), CgroupError> {
         let g = self.roots[CPU].join(&self.group);
         std::fs::create_dir_all(&g).map_err(io_err("mkdir", &g))?;
-        write(&g.join("cpu.shares"), &shares.clamp(2, 262_144).to_string())
+        write(&g.join("cpu.shares"), &shares.unwrap_or(1024).clamp(2, 262_144).to_string())
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {

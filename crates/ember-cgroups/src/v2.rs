@@ -52,9 +52,10 @@ impl Cgroups for V2 {
         write(&self.dir(name).join("cpu.weight"), &share.weight().to_string())
     }
 
-    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError> {
+    fn set_group_cpu_shares(&self, shares: Option<u64>) -> Result<(), CgroupError> {
         // `new` made the group.
-        write(&self.root.join(&self.group).join("cpu.weight"), &crate::weight_of_shares(shares).to_string())
+        let weight = shares.map_or(100, crate::weight_of_shares);
+        write(&self.root.join(&self.group).join("cpu.weight"), &weight.to_string())
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
@@ -198,10 +199,12 @@ mod tests {
         cg.set_cpu_share("s1", CpuShare::Limit(500)).expect("set back");
         assert_eq!(std::fs::read_to_string(d.join("cpu.weight")).unwrap(), "20");
         // The parent's weight: 1024 shares are v2's 39 (runc's conversion), 102 its 4.
-        cg.set_group_cpu_shares(1024).expect("group");
+        cg.set_group_cpu_shares(Some(1024)).expect("group");
         assert_eq!(std::fs::read_to_string(root.join("g/cpu.weight")).unwrap(), "39");
-        cg.set_group_cpu_shares(102).expect("group");
+        cg.set_group_cpu_shares(Some(102)).expect("group");
         assert_eq!(std::fs::read_to_string(root.join("g/cpu.weight")).unwrap(), "4");
+        cg.set_group_cpu_shares(None).expect("group");
+        assert_eq!(std::fs::read_to_string(root.join("g/cpu.weight")).unwrap(), "100", "the kernel's default");
         assert_eq!(std::fs::read_to_string(d.join("pids.max")).unwrap(), "99");
         assert_eq!(cg.read_limits("s1").expect("read back"), l);
         std::fs::write(d.join("memory.events"), "low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\n").expect("events");

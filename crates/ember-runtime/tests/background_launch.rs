@@ -41,7 +41,7 @@ impl Cgroups for Seen {
         self.note(format!("{share:?}"));
         self.real.set_cpu_share(name, share)
     }
-    fn set_group_cpu_shares(&self, shares: u64) -> Result<(), CgroupError> {
+    fn set_group_cpu_shares(&self, shares: Option<u64>) -> Result<(), CgroupError> {
         self.real.set_group_cpu_shares(shares)
     }
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {

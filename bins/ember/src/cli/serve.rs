@@ -42,13 +42,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "ember")]
     pub cgroup_parent: String,
     /// The weight in contended CPU of the parent group of this daemon's
-    /// sandboxes, in v1 `cpu.shares` (2-262144; v2: its `cpu.weight` by
+    /// native sandboxes, in v1 `cpu.shares` (2-262144; v2: its `cpu.weight` by
     /// runc's conversion): what all of them together weigh against the
     /// daemon's own threads and whatever else runs beside the group. Unset:
-    /// as the kernel made it (1024, v2 100). Lower puts the daemon's work
-    /// (API calls, claims, a cluster's rebinds) ahead of the sandboxes' own
-    /// on a saturated host, at their cost (docs/performance.md, "The
-    /// control plane's weight").
+    /// the kernel's default (1024, v2 100). Lower puts the daemon's work
+    /// (API calls, claims) ahead of the sandboxes' own on a saturated host,
+    /// at their cost (docs/performance.md, "The control plane's weight").
     #[arg(long, value_parser = clap::value_parser!(u64).range(2..=262_144))]
     pub sandboxes_cpu_shares: Option<u64>,
     /// How often unreferenced snapshot chunks are swept (also about a minute
@@ -147,6 +146,14 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "N", default_value_t = ember_cluster::node::REBINDS_AT_ONCE, requires = "cluster",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub rebinds_at_once: usize,
+    /// The weight (v1 `cpu.shares`, as `--sandboxes-cpu-shares`) of this
+    /// node's sandboxes while it re-creates a dead node's rebind sandboxes:
+    /// its daemon's steps go first for those seconds, then the weight is
+    /// set back (docs/cluster.md). Equal to `--sandboxes-cpu-shares` (or
+    /// 1024 without it): unchanged.
+    #[arg(long, value_name = "SHARES", default_value_t = 128, requires = "cluster",
+          value_parser = clap::value_parser!(u64).range(2..=262_144))]
+    pub recovery_cpu_shares: u64,
     /// How long a call for a rebind sandbox that is being re-created
     /// elsewhere (or whose dead node's copy no survivor has claimed yet)
     /// waits for it before it answers 503 (`10s`, at most 60s; 0: at once).

@@ -33,6 +33,7 @@ mod plane;
 mod pools;
 pub mod quota;
 mod rebind;
+mod recovery;
 mod registry;
 pub mod share;
 mod takeover;
@@ -44,6 +45,7 @@ mod workspaces;
 pub use hold::REBIND_HOLD;
 pub use plane::ClusterPlane;
 pub use rebind::{RebindEntry, FREEZE_AFTER, REBINDS_AT_ONCE};
+pub use recovery::RecoveryWeight;
 pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
 pub use workspaces::WorkspaceEntry;
 
@@ -84,6 +86,9 @@ pub struct NodeConfig {
     /// whose dead node's copy is not claimed yet) waits for it before it
     /// answers 503 (default [`REBIND_HOLD`]; zero: at once).
     pub rebind_hold: Duration,
+    /// Lowers this node's sandboxes' CPU weight while it re-creates a dead
+    /// node's sandboxes, and sets it back after (`recovery.rs`).
+    pub recovery: Option<RecoveryWeight>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -87,7 +87,7 @@ impl ClusterPlane {
         let fwd = Forwarder::new(cfg.api_key.clone(), nodes.clone());
         let Buckets { sandboxes, workspaces, rebind, pools, templates } = buckets;
         let desired = Desired::new(pools, templates);
-        let fence = Fence::new(cfg.rebinds_at_once);
+        let fence = Fence::new(cfg.rebinds_at_once, cfg.recovery.clone());
         ClusterPlane {
             cfg,
             local,

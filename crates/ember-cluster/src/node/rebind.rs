@@ -78,6 +78,8 @@ pub(super) struct Fence {
     done: Mutex<HashMap<String, u64>>,
     /// Rebinds run here (`ember_cluster_rebinds_total`).
     runs: std::sync::atomic::AtomicU64,
+    /// Told when the first rebind in flight here starts and the last ends.
+    recovery: Option<super::RecoveryWeight>,
 }
 
 /// How many rebinds one node runs at once by default, and so claims
@@ -115,8 +117,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Fence {
     /// A node's fence that runs up to `rebinds` rebinds at once.
-    pub(super) fn new(rebinds: usize) -> Fence {
-        Fence { rebinds: RebindSlots::new(rebinds), ..Fence::default() }
+    pub(super) fn new(rebinds: usize, recovery: Option<super::RecoveryWeight>) -> Fence {
+        Fence { rebinds: RebindSlots::new(rebinds), recovery, ..Fence::default() }
+    }
+
+    /// Counts `id`'s rebind in flight here (`false`: it already was). The
+    /// first lowers the sandboxes' weight; told under the lock, so a start
+    /// and an end never reach it out of order.
+    fn rebind_starts(&self, id: &str) -> bool {
+        let mut inflight = lock(&self.inflight);
+        if !inflight.insert(id.to_string()) {
+            return false;
+        }
+        if let (1, Some(r)) = (inflight.len(), &self.recovery) {
+            r.set(true);
+        }
+        true
+    }
+
+    /// `id`'s rebind ended here; the last one sets the weight back.
+    fn rebind_ends(&self, id: &str) {
+        let mut inflight = lock(&self.inflight);
+        if let (true, true, Some(r)) = (inflight.remove(id), inflight.is_empty(), &self.recovery) {
+            r.set(false);
+        }
     }
 
     /// A heartbeat sent at `sent` got through.
@@ -419,7 +443,7 @@ impl ClusterPlane {
     }
 
     fn spawn_rebind(self: Arc<Self>, id: String, req: CreateSandbox) {
-        if !lock(&self.fence.inflight).insert(id.clone()) {
+        if !self.fence.rebind_starts(&id) {
             return;
         }
         tokio::spawn(async move {
@@ -432,7 +456,7 @@ impl ClusterPlane {
                 Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind failed; the next heartbeat retries"),
             }
             drop(slot);
-            lock(&self.fence.inflight).remove(&id);
+            self.fence.rebind_ends(&id);
             self.fence.ended.send_modify(|n| *n += 1);
             // A slot is free: the next sweep now, not at the next beat.
             self.fence.freed.notify_one();
@@ -564,8 +588,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_weight_is_lowered_for_the_first_rebind_in_flight_and_set_back_after_the_last() {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let seen = told.clone();
+        let hook = super::super::RecoveryWeight(Arc::new(move |on| lock(&seen).push(on)));
+        let fence = Fence::new(4, Some(hook));
+        assert!(fence.rebind_starts("a"));
+        assert!(fence.rebind_starts("b"));
+        assert!(!fence.rebind_starts("a"), "already in flight");
+        fence.rebind_ends("a");
+        assert_eq!(*lock(&told), [true], "b is still in flight");
+        fence.rebind_ends("b");
+        fence.rebind_ends("b");
+        assert!(fence.rebind_starts("c"));
+        fence.rebind_ends("c");
+        assert_eq!(*lock(&told), [true, false, true, false]);
+    }
+
+    #[test]
     fn a_done_mark_lasts_until_the_watch_catches_up_or_the_entry_goes() {
-        let fence = Fence::new(1);
+        let fence = Fence::new(1, None);
         for (id, rev) in [("lagging", 10), ("caught-up", 10), ("rebound-elsewhere", 10), ("removed", 10)] {
             lock(&fence.done).insert(id.to_string(), rev);
         }
