@@ -15,10 +15,10 @@
 //! templates are the cluster's desired state (`pools.rs`). Everything else
 //! (workspace snapshots, images, tasks) is this node's own for now
 //! (docs/cluster.md says what is not routed yet).
+use super::fence::Fence;
 use super::forward::Forwarder;
 use super::owner::Owner;
 use super::pools::Desired;
-use super::rebind::Fence;
 use super::registry::{NodeInfo, Nodes};
 use super::{Buckets, NodeConfig};
 use async_nats::jetstream::kv;

@@ -12,6 +12,7 @@
 //! the others may take it for dead) freezes its rebind sandboxes; once its
 //! beats get through again it thaws those still its own and removes those
 //! rebound elsewhere. So no two live, writable copies of one id.
+use super::fence::lock;
 use super::plane::ClusterPlane;
 #[cfg(doc)]
 use super::registry::DEAD_AFTER;
@@ -19,7 +20,7 @@ use async_nats::jetstream::kv;
 use ember_engine::{CreateSandbox, EngineError, ListFilter, SandboxRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A node whose last heartbeat that got through was sent this long ago
@@ -40,183 +41,6 @@ pub struct RebindEntry {
     pub pending: bool,
     /// The create request, registry credentials left out.
     pub req: CreateSandbox,
-}
-
-/// This node's side of the fencing.
-#[derive(Default)]
-pub(super) struct Fence {
-    /// When the last heartbeat that got through was sent.
-    renewed: Mutex<Option<Instant>>,
-    /// The main runtime's last tick (the heartbeat, on a thread of its own,
-    /// stops once it is stale: `beat.rs`).
-    pulse: Mutex<Option<Instant>>,
-    /// Rebind sandboxes the bucket says are this node's, with their
-    /// workspaces.
-    mine: Mutex<HashMap<String, Vec<String>>>,
-    /// Those this node froze because it could not renew.
-    frozen: Mutex<HashSet<String>>,
-    /// Re-creations under way here.
-    inflight: Mutex<HashSet<String>>,
-    /// Workspaces taken over here and not restored yet.
-    restoring: Mutex<HashSet<String>>,
-    /// Held across one freeze (counted frozen, then paused) or one thaw
-    /// (resumed, then no longer counted): a thaw never runs between the two
-    /// steps of a freeze, where its resume would find the sandbox still
-    /// running and the pause that follows would leave it paused for good.
-    ops: tokio::sync::Mutex<()>,
-    /// Rebinds under way here at once (default [`REBINDS_AT_ONCE`]).
-    rebinds: RebindSlots,
-    /// Dead nodes' sandboxes not claimed yet, as this node saw them.
-    orphans: Mutex<super::takeover::Orphans>,
-    /// A rebind ended here: its slot is free for the next orphan.
-    pub(super) freed: tokio::sync::Notify,
-    /// Counts the rebinds ended here: a call held for one wakes (`hold.rs`).
-    ended: tokio::sync::watch::Sender<u64>,
-    /// The revision of each rebind entry this node marked done, until its
-    /// watch shows it: an older, pending revision there is the watch
-    /// lagging, not a rebind to resume.
-    done: Mutex<HashMap<String, u64>>,
-    /// Rebinds run here (`ember_cluster_rebinds_total`).
-    runs: std::sync::atomic::AtomicU64,
-    /// Told when the first rebind in flight here starts and the last ends.
-    recovery: Option<super::RecoveryWeight>,
-}
-
-/// How many rebinds one node runs at once by default, and so claims
-/// (`takeover.rs`; `ember serve --rebinds-at-once`).
-/// A node that took over a dead node's 30 sessions restored all 30 at once:
-/// 24 s each on the 300-session drill, and its own heartbeats starved for
-/// 13 s behind them, so the others took it for dead too and the failure
-/// spread. In turn, the first sessions are back in the time of one restore.
-/// Two while a restore made an image and a filesystem (drill D: six at
-/// once, 13 s each); four since a rebind takes ~0.5-1.3 s: on the
-/// 300-session drill four at once brought the last session back in
-/// 8.4 s where two took 11.2 s (a saturated host), 4.7 s where two took
-/// 4.9 s (a host with room; docs/chaos.md, drills U-Y).
-pub const REBINDS_AT_ONCE: usize = 4;
-
-/// The rebind slots: the semaphore a rebind holds while it runs, and its size.
-struct RebindSlots(tokio::sync::Semaphore, usize);
-
-impl Default for RebindSlots {
-    fn default() -> Self {
-        RebindSlots::new(REBINDS_AT_ONCE)
-    }
-}
-
-impl RebindSlots {
-    fn new(n: usize) -> Self {
-        let n = n.max(1);
-        RebindSlots(tokio::sync::Semaphore::new(n), n)
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Fence {
-    /// A node's fence that runs up to `rebinds` rebinds at once.
-    pub(super) fn new(rebinds: usize, recovery: Option<super::RecoveryWeight>) -> Fence {
-        Fence { rebinds: RebindSlots::new(rebinds), recovery, ..Fence::default() }
-    }
-
-    /// Counts `id`'s rebind in flight here (`false`: it already was). The
-    /// first lowers the sandboxes' weight; told under the lock, so a start
-    /// and an end never reach it out of order.
-    fn rebind_starts(&self, id: &str) -> bool {
-        let mut inflight = lock(&self.inflight);
-        if !inflight.insert(id.to_string()) {
-            return false;
-        }
-        if let (1, Some(r)) = (inflight.len(), &self.recovery) {
-            r.set(true);
-        }
-        true
-    }
-
-    /// `id`'s rebind ended here; the last one sets the weight back.
-    fn rebind_ends(&self, id: &str) {
-        let mut inflight = lock(&self.inflight);
-        if let (true, true, Some(r)) = (inflight.remove(id), inflight.is_empty(), &self.recovery) {
-            r.set(false);
-        }
-    }
-
-    /// A heartbeat sent at `sent` got through.
-    pub(super) fn renewed_at(&self, sent: Instant) {
-        *lock(&self.renewed) = Some(sent);
-    }
-
-    /// Whether this node's last beat that got through is recent enough to act
-    /// as a live node (claim, publish, keep its rebind sandboxes thawed).
-    pub(super) fn renewed(&self) -> bool {
-        lock(&self.renewed).is_some_and(|t| t.elapsed() < FREEZE_AFTER)
-    }
-
-    /// How long ago the main runtime last ticked (`None`: not yet).
-    pub(super) fn pulse_age(&self) -> Option<Duration> {
-        lock(&self.pulse).map(|t| t.elapsed())
-    }
-
-    /// How long ago this node's last beat that got through was sent.
-    pub(super) fn renewed_ago(&self) -> Option<Duration> {
-        lock(&self.renewed).map(|t| t.elapsed())
-    }
-
-    /// This node froze sandbox `id` because it could not renew.
-    pub(super) fn is_frozen(&self, id: &str) -> bool {
-        lock(&self.frozen).contains(id)
-    }
-
-    /// Sandbox `id` is being re-created here (or waits its turn to be).
-    pub(super) fn is_rebinding(&self, id: &str) -> bool {
-        lock(&self.inflight).contains(id)
-    }
-
-    /// Told of every rebind that ends here (a count).
-    pub(super) fn ended(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.ended.subscribe()
-    }
-
-    /// How many rebinds this node has run.
-    pub(super) fn rebinds_run(&self) -> u64 {
-        self.runs.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether this node marked `id`'s rebind done at a revision after
-    /// `rev` (the watch that read `rev` lags); forgets it once it does not.
-    fn done_since(&self, id: &str, rev: u64) -> bool {
-        let mut done = lock(&self.done);
-        match done.get(id) {
-            Some(&at) if at > rev => true,
-            Some(_) => {
-                done.remove(id);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Forgets the done marks the watch has caught up with: `seen` is the
-    /// bucket as the watch has it (id → revision), and a mark whose entry is
-    /// gone (the sandbox removed) or at its revision or later (rebound
-    /// elsewhere since, or read back) has nothing left to tell a lagging
-    /// read from. Without this every rebind a node ran left its mark for the
-    /// node's lifetime.
-    fn forget_done_seen(&self, seen: &HashMap<&str, u64>) {
-        lock(&self.done).retain(|id, at| seen.get(id.as_str()).is_some_and(|rev| rev < at));
-    }
-
-    /// The read-write workspaces of this node's rebind sandboxes.
-    pub(super) fn workspaces_held(&self) -> HashSet<String> {
-        lock(&self.mine).values().flatten().cloned().collect()
-    }
-
-    /// Workspace `name` is being restored here by a rebind.
-    pub(super) fn is_restoring(&self, name: &str) -> bool {
-        lock(&self.restoring).contains(name)
-    }
 }
 
 /// Where one rebind's time went (logged with "rebound here"; docs/chaos.md
@@ -580,45 +404,5 @@ impl ClusterPlane {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_weight_is_lowered_for_the_first_rebind_in_flight_and_set_back_after_the_last() {
-        let told = Arc::new(Mutex::new(Vec::new()));
-        let seen = told.clone();
-        let hook = super::super::RecoveryWeight(Arc::new(move |on| lock(&seen).push(on)));
-        let fence = Fence::new(4, Some(hook));
-        assert!(fence.rebind_starts("a"));
-        assert!(fence.rebind_starts("b"));
-        assert!(!fence.rebind_starts("a"), "already in flight");
-        fence.rebind_ends("a");
-        assert_eq!(*lock(&told), [true], "b is still in flight");
-        fence.rebind_ends("b");
-        fence.rebind_ends("b");
-        assert!(fence.rebind_starts("c"));
-        fence.rebind_ends("c");
-        assert_eq!(*lock(&told), [true, false, true, false]);
-    }
-
-    #[test]
-    fn a_done_mark_lasts_until_the_watch_catches_up_or_the_entry_goes() {
-        let fence = Fence::new(1, None);
-        for (id, rev) in [("lagging", 10), ("caught-up", 10), ("rebound-elsewhere", 10), ("removed", 10)] {
-            lock(&fence.done).insert(id.to_string(), rev);
-        }
-        // The watch: "lagging" at its pending revision, "caught-up" at the
-        // marked one, "rebound-elsewhere" later, "removed" gone.
-        let seen = HashMap::from([("lagging", 9), ("caught-up", 10), ("rebound-elsewhere", 14)]);
-        fence.forget_done_seen(&seen);
-        let mut kept: Vec<String> = lock(&fence.done).keys().cloned().collect();
-        kept.sort();
-        assert_eq!(kept, ["lagging"]);
-        // The mark still tells the lagging read from a rebind to resume.
-        assert!(fence.done_since("lagging", 9));
     }
 }
