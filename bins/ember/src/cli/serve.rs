@@ -149,8 +149,8 @@ pub struct ClusterArgs {
     /// The weight (v1 `cpu.shares`, as `--sandboxes-cpu-shares`) of this
     /// node's sandboxes while it re-creates a dead node's rebind sandboxes:
     /// its daemon's steps go first for those seconds, then the weight is
-    /// set back (docs/cluster.md). Equal to `--sandboxes-cpu-shares` (or
-    /// 1024 without it): unchanged.
+    /// set back (docs/cluster.md). Given the value of
+    /// `--sandboxes-cpu-shares`: unchanged.
     #[arg(long, value_name = "SHARES", default_value_t = 128, requires = "cluster",
           value_parser = clap::value_parser!(u64).range(2..=262_144))]
     pub recovery_cpu_shares: u64,
