@@ -195,7 +195,11 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
             workspace: format!("{run_id}-{i}"),
             ..Default::default()
         };
-        let mut s = Session { conn: Conn::new(clients.clone(), node, shared.clone()), r, run: run_id.clone() };
+        let mut s = Session {
+            conn: Conn::new(clients.clone(), node, i as usize / st.hosts.len(), shared.clone()),
+            r,
+            run: run_id.clone(),
+        };
         let (shared, opening, pace) = (shared.clone(), opening.clone(), a.pace());
         let done = opened.clone();
         tasks.push(tokio::spawn(async move {

@@ -2,8 +2,8 @@
 //! under the documented retry policy (a 503, an unreachable node or an
 //! idempotent call's answer cut off mid-stream is tried again after 100 ms,
 //! doubling to 1 s, for up to 30 s; an unreachable node or a cut also sends
-//! the next try to the next node's URL that has not failed lately, as a
-//! load balancer would; a try whose node fails its health probes is an
+//! the next try to another node's URL that has not failed lately, the
+//! sessions of one node parting over them as a load balancer would; a try whose node fails its health probes is an
 //! unreachable node's, `health.rs`). A call that still fails is a
 //! *user-visible error*.
 //!
@@ -41,6 +41,10 @@ pub const CALL_WAIT: Duration = Duration::from_secs(20);
 /// A checkpoint every this many records, a task every `TASK_EVERY`.
 pub const CHECKPOINT_EVERY: u64 = 4;
 pub const TASK_EVERY: u64 = 3;
+/// Failed tries a session's report keeps.
+pub const TRIES_KEPT: usize = 32;
+/// A try that took this long is kept even if it answered at once.
+pub const SLOW_TRY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -121,6 +125,11 @@ pub struct SessionResult {
     pub retries: u64,
     pub user_errors: u64,
     pub first_errors: Vec<String>,
+    /// The tries of calls that failed at least once or waited over
+    /// [`SLOW_TRY`]: when each started (ms on the drill's clock), how long
+    /// it took (ms), through which node, what came back; the first
+    /// [`TRIES_KEPT`]: where a session's outage went, try by try.
+    pub tries: Vec<(u64, u64, String, String)>,
     /// (key, task id) of every task whose submit answered.
     pub tasks: Vec<(String, String)>,
     /// (first failure, next success) of the sandbox's calls, ms on the drill's clock.
@@ -183,6 +192,16 @@ impl SessionResult {
         self.checkpointed_upto = self.checkpointed_upto.max(upto);
     }
 
+    /// Keeps try `what` through `url`, bounded by [`TRIES_KEPT`].
+    fn keep_try(&mut self, at_ms: u64, took: Duration, url: &str, what: String) {
+        if self.tries.len() < TRIES_KEPT {
+            let mut what = what;
+            what.truncate(what.floor_char_boundary(160));
+            let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+            self.tries.push((at_ms, ms, url.to_string(), what));
+        }
+    }
+
     /// Whether record `seq` was acknowledged.
     pub fn is_acked(&self, seq: u64) -> bool {
         self.acked_ranges.iter().any(|&(after, upto)| seq > after && seq <= upto)
@@ -193,6 +212,8 @@ impl SessionResult {
 pub struct Conn {
     clients: Vec<Client>,
     cur: usize,
+    /// Which of the nodes left this session moves to (`Health::next`).
+    spread: usize,
     shared: Arc<Shared>,
 }
 
@@ -211,8 +232,8 @@ impl Conn {
         &self.clients[self.cur]
     }
 
-    pub fn new(clients: Vec<Client>, first: usize, shared: Arc<Shared>) -> Conn {
-        Conn { cur: first % clients.len().max(1), clients, shared }
+    pub fn new(clients: Vec<Client>, first: usize, spread: usize, shared: Arc<Shared>) -> Conn {
+        Conn { cur: first % clients.len().max(1), clients, spread, shared }
     }
 
     /// `f` under the retry policy; the time of the first failed try if any.
@@ -252,28 +273,37 @@ impl Conn {
             // drill's end for over 20 min.
             let client = self.clients[self.cur].clone();
             let url = client.base_url().to_string();
+            let try_at = Instant::now();
             let res = super::health::watched(&url, CALL_WAIT, f(client)).await;
             r.took(what, self.shared.ms(start), start.elapsed());
+            let (try_ms, try_took) = (self.shared.ms(try_at), try_at.elapsed());
+            let failed =
+                |r: &mut SessionResult, e: &ClientError| r.keep_try(try_ms, try_took, &url, format!("{what}: {e}"));
             match res {
                 Ok(v) => {
                     self.shared.note(Kind::Ok);
                     self.shared.health.mark_up(&url);
+                    if first_fail.is_some() || try_took >= SLOW_TRY {
+                        r.keep_try(try_ms, try_took, &url, format!("{what}: ok"));
+                    }
                     return (Ok(v), first_fail);
                 }
                 Err(e) if retryable(&e) && start.elapsed() + wait <= RETRY_FOR => {
                     first_fail.get_or_insert_with(Instant::now);
                     r.retries += 1;
+                    failed(r, &e);
                     self.shared.note(Kind::Retry);
                     if matches!(e, ClientError::Connect { .. } | ClientError::Cut { .. }) {
                         self.shared.health.mark_down(&url);
                         let urls: Vec<&str> = self.clients.iter().map(Client::base_url).collect();
-                        self.cur = self.shared.health.next(&urls, self.cur);
+                        self.cur = self.shared.health.next(&urls, self.cur, self.spread);
                     }
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(BACKOFF_MAX);
                 }
                 Err(e) if expected(&e) => return (Err(e), first_fail),
                 Err(e) => {
+                    failed(r, &e);
                     self.shared.note(Kind::UserError);
                     r.user_errors += 1;
                     if r.first_errors.len() < 3 {
