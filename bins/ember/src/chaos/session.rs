@@ -549,7 +549,21 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::SessionResult;
+    use super::{SessionResult, TRIES_KEPT};
+    use std::time::Duration;
+
+    #[test]
+    fn a_sessions_tries_are_kept_bounded_in_number_and_length() {
+        let mut r = SessionResult::default();
+        let long = "é".repeat(200);
+        for i in 0..(TRIES_KEPT as u64 + 5) {
+            r.keep_try(i * 100, Duration::from_millis(1_234), "http://h1", format!("append: {long}"));
+        }
+        assert_eq!(r.tries.len(), TRIES_KEPT, "the first ones only");
+        let (at, took, url, what) = &r.tries[3];
+        assert_eq!((*at, *took, url.as_str()), (300, 1_234, "http://h1"));
+        assert!(what.len() <= 160 && what.starts_with("append: é"), "{what}");
+    }
 
     #[test]
     fn a_call_held_through_the_rebind_is_the_sessions_recovery() {
