@@ -81,10 +81,13 @@ impl ClusterPlane {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            // A rebind slot freed here starts the next claim at once.
+            // A rebind slot freed here starts the next claim at once, and a
+            // node falling due for the verdict is swept for at that instant.
+            let due = self.nodes.next_verdict().map(|at| at + VERDICT_SLACK);
             let beat = tokio::select! {
                 _ = tick.tick() => true,
                 () = self.fence.freed.notified() => false,
+                () = sleep_until(due), if due.is_some() => false,
             };
             self.rebind_sweep().await;
             if !beat {
@@ -173,6 +176,18 @@ impl ClusterPlane {
             sandboxes,
             pools: self.desired.loads(),
         }
+    }
+}
+
+/// Past a node's due verdict when the sweep wakes for it: the verdict is
+/// `silence < DEAD_AFTER`, and a timer may fire a hair early.
+const VERDICT_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Sleeps until `due`, or for good when there is none.
+async fn sleep_until(due: Option<std::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
     }
 }
 

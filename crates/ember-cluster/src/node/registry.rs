@@ -172,6 +172,26 @@ impl Nodes {
         out
     }
 
+    /// When the first node other than this one falls due for the verdict
+    /// if nothing more arrives from it (its silence reaching [`DEAD_AFTER`];
+    /// this node's own beats still coming back), if after now. The upkeep's
+    /// sweep wakes then, not at its next tick: a dead node's rebinds started
+    /// up to one [`HEARTBEAT`] after the verdict, half a beat on average.
+    pub fn next_verdict(&self) -> Option<Instant> {
+        self.next_verdict_at(Instant::now())
+    }
+
+    fn next_verdict_at(&self, now: Instant) -> Option<Instant> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        // The start of `Seen::silence`'s count.
+        let from = |b: &Beat| match (seen.nodes.get(&self.me), seen.run_start) {
+            (Some(_), Some(start)) => b.at.max(start),
+            _ => b.at,
+        };
+        let others = seen.nodes.values().filter(|b| b.info.name != self.me);
+        others.map(|b| from(b) + DEAD_AFTER).filter(|due| *due > now).min()
+    }
+
     /// `name`'s last heartbeat, live or not (`None`: never heard of).
     pub fn last_seen(&self, name: &str) -> Option<NodeInfo> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).nodes.get(name).map(|b| b.info.clone())
@@ -393,6 +413,33 @@ mod tests {
         assert_eq!(names(&n, t0, 4500), ["a"], "1.5 s of silence, this node's next beat not back yet");
         let silent = n.get_at("b", t0 + Duration::from_millis(4700)).unwrap_err();
         assert_eq!(silent, Some(Duration::from_millis(1500)), "one beat past this node's last, no more");
+    }
+
+    #[test]
+    fn the_next_verdict_falls_due_at_the_bound_after_the_first_silent_nodes_last_beat() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        beats(&n, t0, &mut rev, &["a", "b", "c"], 0, 3000);
+        beats(&n, t0, &mut rev, &["a", "c"], 3500, 3500);
+        beats(&n, t0, &mut rev, &["a"], 4000, 4000);
+        // b's last beat at 3,000, c's at 3,500: b falls due first, at the
+        // instant it is judged dead.
+        assert_eq!(n.next_verdict_at(at(4100)), Some(at(4500)));
+        assert_eq!(names(&n, t0, 4499), ["a", "b", "c"]);
+        assert_eq!(names(&n, t0, 4500), ["a", "c"]);
+        // Once b is past due, c's is next; this node's own beats are none.
+        assert_eq!(n.next_verdict_at(at(4500)), Some(at(5000)));
+        assert_eq!(n.next_verdict_at(at(5000)), None, "all due already: nothing to wake for");
+    }
+
+    /// After an election the count starts at this node's run: the verdict
+    /// falls due then, not at once.
+    #[test]
+    fn after_an_election_the_next_verdict_counts_from_this_nodes_run() {
+        let (n, t0, mut rev) = (Nodes::new("a".into()), Instant::now(), 0);
+        beats(&n, t0, &mut rev, &["a", "b"], 0, 2000);
+        beats(&n, t0, &mut rev, &["a"], 8000, 8000);
+        assert_eq!(n.next_verdict_at(t0 + Duration::from_millis(8000)), Some(t0 + Duration::from_millis(9500)));
     }
 
     /// A re-opened watch replays b's last value: b stays dead.
