@@ -4,6 +4,7 @@
 use crate::{io_err, parse_procs, read, read_key, rmdir_retry, write, CgroupError, Cgroups, CpuShare, Limits, Usage};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
 /// Accounting-only hierarchies, for `usage` (cpu time, block IO): joined
@@ -19,6 +20,8 @@ pub struct V1 {
     /// Parent group of every sandbox cgroup (`ember` by default): one per daemon,
     /// so daemons sharing a host never touch each other's sandboxes.
     group: String,
+    /// The group's CPU weight is below the default (`set_group_cpu_shares`).
+    lowered: AtomicBool,
 }
 
 impl V1 {
@@ -42,7 +45,7 @@ impl V1 {
                 find(c).ok_or_else(|| CgroupError::NoHierarchy(format!("cgroup v1 controller {c} is not mounted")))?;
         }
         let accounting = ACCOUNTING.map(find);
-        Ok(V1 { roots, accounting, group: group.to_string() })
+        Ok(V1 { roots, accounting, group: group.to_string(), lowered: AtomicBool::new(false) })
     }
 
     /// Every hierarchy a sandbox's group is made in: the controllers, then the
@@ -100,7 +103,10 @@ impl Cgroups for V1 {
     fn set_group_cpu_shares(&self, shares: Option<u64>) -> Result<(), CgroupError> {
         let g = self.roots[CPU].join(&self.group);
         std::fs::create_dir_all(&g).map_err(io_err("mkdir", &g))?;
-        write(&g.join("cpu.shares"), &shares.unwrap_or(1024).clamp(2, 262_144).to_string())
+        let shares = shares.unwrap_or(1024).clamp(2, 262_144);
+        write(&g.join("cpu.shares"), &shares.to_string())?;
+        self.lowered.store(shares < 1024, Ordering::Relaxed);
+        Ok(())
     }
 
     fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
@@ -117,6 +123,25 @@ impl Cgroups for V1 {
             write(&root.join(&self.group).join(name).join("tasks"), "0")?;
         }
         Ok(true)
+    }
+
+    /// As `enter_thread`, the cpu hierarchy left out (with whatever is
+    /// co-mounted with it, `cpuacct`).
+    fn enter_thread_but_cpu(&self, name: &str) -> Result<bool, CgroupError> {
+        for root in self.all_roots().into_iter().filter(|r| **r != self.roots[CPU]) {
+            write(&root.join(&self.group).join(name).join("tasks"), "0")?;
+        }
+        Ok(true)
+    }
+
+    fn open_cpu_tasks(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
+        let tasks = self.dir(CPU, name).join("tasks");
+        let f = std::fs::OpenOptions::new().write(true).open(&tasks).map_err(io_err("open", &tasks))?;
+        Ok(Some(f.into()))
+    }
+
+    fn group_lowered(&self) -> bool {
+        self.lowered.load(Ordering::Relaxed)
     }
 
     fn oom_source(&self) -> Result<OwnedFd, CgroupError> {

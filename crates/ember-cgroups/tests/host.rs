@@ -131,8 +131,14 @@ fn the_group_weight_is_set_on_a_group_not_made_yet() {
         }
     };
     let got: u64 = std::fs::read_to_string(&file).expect("weight file").trim().parse().expect("a number");
+    // Below the default (v1 1024) the group is lowered: a launch someone
+    // waits on is then born out of its CPU cgroup (v1 only).
+    let lowered = cg.group_lowered();
+    cg.set_group_cpu_shares(None).expect("the default weight");
+    let back = cg.group_lowered();
     let _ = cg.remove_group();
     assert_eq!(got, if cg.version() == "v2" { ember_cgroups::weight_of_shares(300) } else { 300 });
+    assert_eq!((lowered, back), (cg.version() == "v1", false), "lowered at 300 shares (v1), not at the default");
 }
 
 /// A task of the group in uninterruptible sleep: `dd … conv=fsync` into an

@@ -1,7 +1,10 @@
 //! A pool's refill launches behind the claims: its sandbox's cgroup weighs
 //! the least in contended CPU from before its init is cloned until its agent
 //! answers, then its limit's share. Every other launch (a cold create, a
-//! rebind: someone waits on it) weighs the most until then.
+//! rebind: someone waits on it) weighs the most until then, and while the
+//! sandboxes' group is lowered (a node rebinding) it is born out of its CPU
+//! cgroup (v1), sets up at the daemon's weight and moves itself in before
+//! its exec.
 //! Real launches (root, the host's cgroups, the static agent), the cgroup
 //! calls seen through a wrapper that passes each on to the real hierarchy.
 use ember_cgroups::{CgroupError, Cgroups, CpuShare, Limits, Usage};
@@ -54,6 +57,23 @@ impl Cgroups for Seen {
             self.note("init in its group".into());
         }
         Ok(entered)
+    }
+    fn enter_thread_but_cpu(&self, name: &str) -> Result<bool, CgroupError> {
+        let entered = self.real.enter_thread_but_cpu(name)?;
+        if entered {
+            self.note("init in its group but cpu".into());
+        }
+        Ok(entered)
+    }
+    fn open_cpu_tasks(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
+        let tasks = self.real.open_cpu_tasks(name)?;
+        if tasks.is_some() {
+            self.note("its cpu group's tasks, for the init".into());
+        }
+        Ok(tasks)
+    }
+    fn group_lowered(&self) -> bool {
+        self.real.group_lowered()
     }
     fn open_dir(&self, name: &str) -> Result<Option<OwnedFd>, CgroupError> {
         let dir = self.real.open_dir(name)?;
@@ -172,6 +192,42 @@ fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_
     rt.destroy(&cold, Some(&up.pidfd)).expect("destroy");
     assert_eq!(calls, ["create", "Foreground", "init in its group", "Limit(500)"], "a cold launch's cgroup calls");
     assert_eq!(weight, want, "a cold launch's group");
+
+    // The node rebinds: its sandboxes' group lowered. On v1 a launch someone
+    // waits on is born out of its CPU cgroup and moves itself in (where it
+    // is once up says it did); a refill is not (it is to wait).
+    seen.set_group_cpu_shares(Some(128)).expect("the group lowered");
+    let rebind = SandboxId::from_random([3; 16]);
+    let up = rt.launch(&rebind, &spec()).expect("a launch while the group is lowered");
+    let calls = seen.take();
+    let (weight, cpu_group) = (kernel_weight(up.pid), cpu_group(up.pid));
+    rt.destroy(&rebind, Some(&up.pidfd)).expect("destroy");
+    let refill = SandboxId::from_random([4; 16]);
+    let up = ember_runtime::in_background(|| rt.launch(&refill, &spec())).expect("a refill while lowered");
+    let refill_calls = seen.take();
+    rt.destroy(&refill, Some(&up.pidfd)).expect("destroy");
+    if seen.version() == "v1" {
+        let want_calls =
+            ["create", "Foreground", "its cpu group's tasks, for the init", "init in its group but cpu", "Limit(500)"];
+        assert_eq!(calls, want_calls, "a launch's cgroup calls while the group is lowered");
+    } else {
+        assert_eq!(calls, ["create", "Foreground", "init in its group", "Limit(500)"], "v2: one hierarchy");
+    }
+    assert!(cpu_group.ends_with(&format!("/{group}/{rebind}")), "its cpu cgroup once up: {cpu_group}");
+    assert_eq!(weight, want, "its group's weight once up");
+    assert_eq!(refill_calls, ["create", "Background", "init in its group", "Limit(500)"], "a refill while lowered");
+}
+
+/// The cgroup path of `pid` in the cpu hierarchy (v2: the one hierarchy).
+fn cpu_group(pid: i32) -> String {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+    cg.lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            (ctrls.is_empty() || ctrls.split(',').any(|c| c == "cpu")).then(|| path.to_string())
+        })
+        .expect("a cpu hierarchy")
 }
 
 /// What the test leaves on the host, removed when it ends, a failure included

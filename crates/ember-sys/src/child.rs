@@ -29,6 +29,7 @@ const STEPS: &[&str] = &[
     "attach idmapped mount",
     "close inherited descriptors",
     "set RLIMIT_NOFILE",
+    "enter its cpu cgroup",
 ];
 
 pub(crate) fn step_name(step: u32) -> &'static str {
@@ -102,6 +103,16 @@ pub(crate) fn child_main(plan: &LaunchPlan, fds: &ChildFds, args: &ExecArgs) -> 
         pivot(fds, &plan.new_root);
         if args.lo_up {
             lo_up(fds);
+        }
+        // Born out of its cpu cgroup (a launch out of a lowered group,
+        // `SpawnFrom::cpu_tasks`): in now, its setup done, before the
+        // cgroup namespace is rooted at its cgroups. Its own thread moves
+        // (`0`): the kernel takes no threadgroup lock for that.
+        if fds.cpu_tasks >= 0 {
+            if libc::write(fds.cpu_tasks, b"0".as_ptr().cast(), 1) != 1 {
+                fail(fds, 21);
+            }
+            libc::close(fds.cpu_tasks);
         }
         check!(fds, 13, libc::unshare(libc::CLONE_NEWCGROUP));
         drop_caps(fds, plan.keep_caps, args.cap_last);

@@ -134,6 +134,8 @@ pub(crate) struct ChildFds {
     pub exe: RawFd,
     pub listen: RawFd,
     pub log: RawFd,
+    /// The `tasks` file of its cpu cgroup, or -1 (`SpawnFrom::cpu_tasks`).
+    pub cpu_tasks: RawFd,
 }
 
 /// Pointer arrays built in the parent so the child never allocates.
@@ -174,6 +176,11 @@ pub struct SpawnFrom<'a> {
     /// runs on a short-lived thread of its own, which ends with the spawn:
     /// no other thread of the daemon ever leaves the daemon's cgroups.
     pub enter_cgroups: Option<&'a (dyn Fn() -> Result<(), String> + Sync)>,
+    /// The v1 `tasks` file of the sandbox's cpu cgroup, opened for writing,
+    /// when the spawning thread left that hierarchy out of the cgroups it
+    /// entered: the child does its setup at the daemon's CPU weight, then
+    /// moves itself in before exec (`ember_cgroups::Cgroups::enter_thread_but_cpu`).
+    pub cpu_tasks: Option<BorrowedFd<'a>>,
     /// A cgroup v2 directory to clone the init into (`CLONE_INTO_CGROUP`),
     /// so it is born there; the parent's setup is told whether it was.
     pub cgroup_dir: Option<BorrowedFd<'a>>,
@@ -200,8 +207,9 @@ pub fn spawn_sandbox_from(
     parent_setup: impl FnOnce(i32, bool) -> Result<(), String> + Send,
 ) -> Result<Spawned, SpawnError> {
     let cgroup = from.cgroup_dir.map(|f| f.as_raw_fd());
+    let cpu_tasks = from.cpu_tasks;
     if from.mounts.is_none() && from.netns.is_none() && from.enter_cgroups.is_none() {
-        return spawn_inner(plan, fds, parent_setup, NS_FLAGS, cgroup);
+        return spawn_inner(plan, fds, parent_setup, NS_FLAGS, cgroup, cpu_tasks);
     }
     let flags = match from.netns {
         Some(_) => NS_FLAGS & !(libc::CLONE_NEWNET as u64),
@@ -218,7 +226,7 @@ pub fn spawn_sandbox_from(
             if let Some(enter) = from.enter_cgroups {
                 enter().map_err(SpawnError::EnterCgroups)?;
             }
-            spawn_inner(plan, fds, parent_setup, flags, cgroup)
+            spawn_inner(plan, fds, parent_setup, flags, cgroup, cpu_tasks)
         });
         t.join().unwrap_or_else(|_| {
             Err(SysError::new("spawn thread", "sandbox init", std::io::Error::other("the spawn thread panicked"))
@@ -233,6 +241,7 @@ fn spawn_inner(
     parent_setup: impl FnOnce(i32, bool) -> Result<(), String>,
     ns_flags: u64,
     cgroup: Option<RawFd>,
+    cpu_tasks: Option<BorrowedFd<'_>>,
 ) -> Result<Spawned, SpawnError> {
     let (sync_r, sync_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -246,12 +255,14 @@ fn spawn_inner(
     ];
     drop((sync_r, err_w));
     let [sync_r, err_w, exe, listen, log] = keep;
+    let cpu_tasks = cpu_tasks.map(|f| dup_above(f.as_raw_fd(), 10)).transpose()?;
     let cfds = ChildFds {
         sync_r: sync_r.as_raw_fd(),
         err_w: err_w.as_raw_fd(),
         exe: exe.as_raw_fd(),
         listen: listen.as_raw_fd(),
         log: log.as_raw_fd(),
+        cpu_tasks: cpu_tasks.as_ref().map_or(-1, |f| f.as_raw_fd()),
     };
     // Blocked from the clone until the child's report is read: no handler
     // runs on the child's stack, and this thread, whose errno the child
@@ -284,7 +295,7 @@ fn spawn_inner(
     };
     // SAFETY: CLONE_PIDFD stored a fresh descriptor that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((sync_r, err_w, exe, listen, log));
+    drop((sync_r, err_w, exe, listen, log, cpu_tasks));
     let spawned = Spawned { pid, pidfd };
     let res = release_child(plan, &spawned, sync_w, &err_r, |pid| parent_setup(pid, born_in.is_some()));
     drop(blocked);
@@ -307,7 +318,9 @@ fn keep_fds(c: &ChildFds, plan: &LaunchPlan) -> Vec<RawFd> {
         FsOp::Attach { tree, .. } => Some(*tree),
         _ => None,
     });
-    let mut keep: Vec<RawFd> = [c.sync_r, c.err_w, c.exe, c.listen, c.log].into_iter().chain(trees).collect();
+    let cpu = (c.cpu_tasks >= 0).then_some(c.cpu_tasks);
+    let mut keep: Vec<RawFd> =
+        [c.sync_r, c.err_w, c.exe, c.listen, c.log].into_iter().chain(cpu).chain(trees).collect();
     keep.sort_unstable();
     keep.dedup();
     keep

@@ -220,9 +220,17 @@ impl NativeRuntime {
         // can be (a kernel before 5.7 on v2), it is attached by pid before it
         // goes on.
         let born_in = AtomicBool::new(false);
+        // While the node rebinds its sandboxes' group is lowered: a launch
+        // someone waits on is born out of its CPU cgroup, sets up at the
+        // daemon's weight, and moves itself in before exec (v1).
+        let but_cpu = launch_share == CpuShare::Foreground && cg.group_lowered();
+        let cpu_tasks = if but_cpu { cg.open_cpu_tasks(name).map_err(Self::cg_err(id))? } else { None };
         let enter = || {
-            let entered = cg.enter_thread(name).map_err(|e| e.to_string())?;
-            born_in.store(entered, Ordering::Relaxed);
+            let entered = match &cpu_tasks {
+                Some(_) => cg.enter_thread_but_cpu(name),
+                None => cg.enter_thread(name),
+            };
+            born_in.store(entered.map_err(|e| e.to_string())?, Ordering::Relaxed);
             Ok(())
         };
         let setup = |pid, cloned_into: bool| match cloned_into || born_in.load(Ordering::Relaxed) {
@@ -237,6 +245,7 @@ impl NativeRuntime {
             mounts: self.launch_ns.as_ref().map(|n| n.as_fd()),
             netns: netns.as_ref().map(|f| f.as_fd()),
             enter_cgroups: Some(&enter),
+            cpu_tasks: cpu_tasks.as_ref().map(|f| f.as_fd()),
             cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
         };
         let spawned = spawn_sandbox_from(from, &plan, fds, setup)
