@@ -284,3 +284,44 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
     let left = leftovers(&c.state);
     assert!(left.is_empty(), "left behind by cluster down: {left:#?}");
 }
+
+/// `up` with the name of a cluster that is up already (its bridge there)
+/// refuses before it makes anything, and leaves that cluster's network be:
+/// its teardown, by name, removed the bridge and namespaces of the cluster
+/// that ran.
+#[test]
+fn up_refuses_a_name_in_use_and_leaves_its_network_be() {
+    let n = std::process::id();
+    let name = format!("cu{}", n % 100_000);
+    let bridge = format!("{name}-br");
+    let dir = std::env::temp_dir().join(format!("ember-chaos-inuse-{n}"));
+    let (d, nats_bin) = (dir.display().to_string(), nats_server());
+    let agent = common::agent_bin().display().to_string();
+    let made = Command::new("ip").args(["link", "add", &bridge, "type", "bridge"]).status().expect("ip");
+    assert!(made.success(), "a link named as the cluster's bridge");
+    let out = ember(&[
+        "cluster",
+        "up",
+        "--nodes",
+        "1",
+        "--nats",
+        "1",
+        "--nats-server",
+        &nats_bin,
+        "--dir",
+        &d,
+        "--name",
+        &name,
+        "--agent",
+        &agent,
+    ]);
+    let still = Path::new("/sys/class/net").join(&bridge).exists();
+    let _ = Command::new("ip").args(["link", "del", &bridge]).status();
+    let state = dir.join("cluster.json").exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "up over a name in use");
+    assert!(still, "the link of the name in use was removed");
+    assert!(stderr.contains("is up already") && stderr.contains(&bridge), "{stderr}");
+    assert!(!state, "no state written for a cluster not made");
+}

@@ -106,6 +106,17 @@ async fn up(a: UpArgs) -> anyhow::Result<i32> {
     let nats_bin = procs::nats_server_bin(a.nats_server.as_deref())?;
     let agent = procs::agent_bin(a.agent.as_deref())?;
     let st = State::plan(&a)?;
+    // Another cluster of this name (from another --dir) holds its bridge or
+    // namespaces: `up` failed on them and its teardown, by name, then
+    // removed the running cluster's network.
+    let taken = hosts::leftovers(&st);
+    if !taken.is_empty() {
+        bail!(
+            "a cluster named {} is up already ({}): `ember cluster down` it, or `--name` another",
+            st.name,
+            taken.join(", ")
+        );
+    }
     st.save()?;
     println!("cluster {}: {} hosts on {}.0/24, state in {}", st.name, st.hosts.len(), st.subnet, st.file().display());
     let started = start(&st, &nats_bin, &agent, &a.serve_arg).await;
