@@ -94,34 +94,35 @@ fn up(nodes: u32, nats: u32) -> Cluster {
     let n = std::process::id();
     let dir = std::env::temp_dir().join(format!("ember-chaos-test-{n}"));
     let (name, subnet) = (format!("ct{}", n % 100_000), format!("10.213.{}.0/24", 20 + n % 200));
-    let agent = common::agent_bin().display().to_string();
-    let (d, nodes, nats, nats_bin) = (dir.display().to_string(), nodes.to_string(), nats.to_string(), nats_server());
-    let out = ember(&[
-        "cluster",
-        "up",
-        "--nodes",
-        &nodes,
-        "--nats",
-        &nats,
-        "--nats-server",
-        &nats_bin,
-        "--dir",
-        &d,
-        "--name",
+    let out = cluster_up(
+        &dir,
         &name,
-        "--subnet",
-        &subnet,
-        "--agent",
-        &agent,
-        // Short leases: a killed node's leased tasks re-run within the drill.
-        "--serve-arg=--task-lease=5s",
-        "--serve-arg=--task-heartbeat=1s",
-        "--serve-arg=--sandboxes-cpu-shares=256",
-    ]);
+        nodes,
+        nats,
+        &[
+            "--subnet",
+            &subnet,
+            // Short leases: a killed node's leased tasks re-run within the drill.
+            "--serve-arg=--task-lease=5s",
+            "--serve-arg=--task-heartbeat=1s",
+            "--serve-arg=--sandboxes-cpu-shares=256",
+        ],
+    );
     let state = std::fs::read(dir.join("cluster.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let c = Cluster { dir, state: state.unwrap_or(Value::Null), down: false };
     assert!(out.status.success(), "cluster up failed");
     c
+}
+
+/// `ember cluster up` of `nodes` nodes, `nats` servers, named `name`, in
+/// `dir`, with the static agent, then `more`.
+fn cluster_up(dir: &Path, name: &str, nodes: u32, nats: u32, more: &[&str]) -> std::process::Output {
+    let agent = common::agent_bin().display().to_string();
+    let (d, nodes, nats, nats_bin) = (dir.display().to_string(), nodes.to_string(), nats.to_string(), nats_server());
+    let mut args = vec!["cluster", "up", "--nodes", &nodes, "--nats", &nats, "--nats-server", &nats_bin];
+    args.extend(["--dir", &d, "--name", name, "--agent", &agent]);
+    args.extend(more);
+    ember(&args)
 }
 
 /// A sandbox parent group's weight in contended CPU (v1 `cpu.shares`, v2
@@ -295,26 +296,11 @@ fn up_refuses_a_name_in_use_and_leaves_its_network_be() {
     let name = format!("cu{}", n % 100_000);
     let bridge = format!("{name}-br");
     let dir = std::env::temp_dir().join(format!("ember-chaos-inuse-{n}"));
-    let (d, nats_bin) = (dir.display().to_string(), nats_server());
-    let agent = common::agent_bin().display().to_string();
+    // What `cluster_up` asserts, first: a panic past the link would leave it.
+    let _ = (nats_server(), common::agent_bin());
     let made = Command::new("ip").args(["link", "add", &bridge, "type", "bridge"]).status().expect("ip");
     assert!(made.success(), "a link named as the cluster's bridge");
-    let out = ember(&[
-        "cluster",
-        "up",
-        "--nodes",
-        "1",
-        "--nats",
-        "1",
-        "--nats-server",
-        &nats_bin,
-        "--dir",
-        &d,
-        "--name",
-        &name,
-        "--agent",
-        &agent,
-    ]);
+    let out = cluster_up(&dir, &name, 1, 1, &[]);
     let still = Path::new("/sys/class/net").join(&bridge).exists();
     let _ = Command::new("ip").args(["link", "del", &bridge]).status();
     let state = dir.join("cluster.json").exists();
