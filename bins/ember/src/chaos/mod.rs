@@ -8,6 +8,7 @@
 //! `verify.rs` (records and tasks at the end), `host.rs` (the host's CPU
 //! in the warm-up), `report.rs` (report.json,
 //! report.md, the SVG timeline, through the labs' `LabReport`).
+mod conn;
 mod faults;
 mod health;
 mod host;
