@@ -61,7 +61,6 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
     // Set every start, unset included: a node that died mid-rebind left
     // its recovery weight behind (`ember_cluster::node::RecoveryWeight`).
     cgroups.set_group_cpu_shares(args.sandboxes_cpu_shares).context("--sandboxes-cpu-shares")?;
-    let recovery = recovery_weight(cgroups.clone(), args.sandboxes_cpu_shares, args.cluster.recovery_cpu_shares);
     let native = NativeConfig {
         data_dir: args.data_dir.clone(),
         agent_path: agent.clone(),
@@ -69,7 +68,9 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         id_ranges: args.id_ranges,
         ready_timeout,
     };
-    let runtime = NativeRuntime::new(native, cgroups).context("native runtime")?;
+    let runtime = Arc::new(NativeRuntime::new(native, cgroups.clone()).context("native runtime")?);
+    let recovery =
+        recovery_weight(runtime.clone(), cgroups, args.sandboxes_cpu_shares, args.cluster.recovery_cpu_shares);
     let images = ember_image::ImageStore::open(ember_image::StoreConfig {
         root: ember_engine::templates::images_dir(&args.data_dir),
         uid_base: args.uid_base,
@@ -78,7 +79,7 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         max_config_bytes: args.max_image_config_bytes,
     })
     .context("image store")?;
-    let runtimes = runtimes(Arc::new(runtime), &args, &agent, ready_timeout);
+    let runtimes = runtimes(runtime, &args, &agent, ready_timeout);
     let network = crate::netsetup::open(&args.net)?;
     let cfg = EngineConfig {
         data_dir: args.data_dir.clone(),
@@ -199,13 +200,17 @@ async fn cluster_plane(
 
 /// The native sandboxes' group at `rebinding` shares while this node
 /// re-creates a dead node's sandboxes, at `normal` (`None`: the kernel's
-/// default) once the last has ended.
+/// default) once the last has ended; the sandboxes launched meanwhile for
+/// someone waiting keep their launch's weight until then
+/// ([`NativeRuntime::recovering`]).
 fn recovery_weight(
+    native: Arc<NativeRuntime>,
     cgroups: Arc<dyn ember_cgroups::Cgroups>,
     normal: Option<u64>,
     rebinding: u64,
 ) -> ember_cluster::node::RecoveryWeight {
     ember_cluster::node::RecoveryWeight(Arc::new(move |on| {
+        native.recovering(on);
         let shares = if on { Some(rebinding) } else { normal };
         match cgroups.set_group_cpu_shares(shares) {
             Ok(()) => tracing::debug!(rebinding = on, ?shares, "the sandboxes' CPU weight"),

@@ -157,14 +157,15 @@ fn kernel_weight(pid: i32) -> u64 {
     std::fs::read_to_string(&file).expect("the weight file").trim().parse().expect("a number")
 }
 
-#[test]
-fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_back_once_up() {
+/// A native runtime on the host's cgroups under a group of its own (`tag`),
+/// the calls seen, and the weight of a sandbox of [`spec`] once up.
+fn runtime(tag: &str) -> (Cleanup, Arc<Seen>, NativeRuntime, u64) {
     let pid = std::process::id();
-    let group = format!("ember-bgl-{pid}");
-    let data = std::env::temp_dir().join(format!("ember-bgl-{pid}"));
+    let group = format!("ember-bgl-{tag}-{pid}");
+    let data = std::env::temp_dir().join(&group);
     let _ = std::fs::remove_dir_all(&data);
     std::fs::create_dir_all(&data).expect("data dir");
-    let _cleanup = Cleanup { data: data.clone(), group: group.clone() };
+    let cleanup = Cleanup { data: data.clone(), group: group.clone() };
     let real = ember_cgroups::detect("/sys/fs/cgroup".as_ref(), &group).expect("a cgroup hierarchy");
     let seen = Arc::new(Seen { real, calls: Mutex::default() });
     let cfg = NativeConfig {
@@ -176,6 +177,13 @@ fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_
     };
     let rt = NativeRuntime::new(cfg, seen.clone()).expect("the native runtime");
     let want = if seen.version() == "v2" { ember_cgroups::cpu_weight(500) } else { ember_cgroups::cpu_shares(500) };
+    (cleanup, seen, rt, want)
+}
+
+#[test]
+fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_back_once_up() {
+    let (cleanup, seen, rt, want) = runtime("each");
+    let group = cleanup.group.clone();
 
     let refill = SandboxId::from_random([1; 16]);
     let up = ember_runtime::in_background(|| rt.launch(&refill, &spec())).expect("a refill's launch");
@@ -216,6 +224,43 @@ fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_
     assert!(cpu_group.ends_with(&format!("/{group}/{rebind}")), "its cpu cgroup once up: {cpu_group}");
     assert_eq!(weight, want, "its group's weight once up");
     assert_eq!(refill_calls, ["create", "Background", "init in its group", "Limit(500)"], "a refill while lowered");
+}
+
+#[test]
+fn while_the_node_recovers_a_launch_someone_waits_on_keeps_the_most_weight_until_it_ends_and_a_while_after() {
+    let (_cleanup, seen, rt, want) = runtime("rec");
+    let most = if seen.version() == "v2" { CpuShare::Foreground.weight() } else { CpuShare::Foreground.shares() };
+    rt.recovering(true);
+    seen.set_group_cpu_shares(Some(128)).expect("the group lowered");
+    let rebind = SandboxId::from_random([5; 16]);
+    let rebound = rt.launch(&rebind, &spec()).expect("a launch while the node recovers");
+    let up = std::time::Instant::now();
+    let refill = SandboxId::from_random([6; 16]);
+    let refilled = ember_runtime::in_background(|| rt.launch(&refill, &spec())).expect("a refill while it recovers");
+    let gone = SandboxId::from_random([7; 16]);
+    let removed = rt.launch(&gone, &spec()).expect("a launch removed before the recovery ends");
+    rt.destroy(&gone, Some(&removed.pidfd)).expect("destroy");
+    let during = (kernel_weight(rebound.pid), kernel_weight(refilled.pid));
+    seen.take();
+    rt.recovering(false);
+    seen.set_group_cpu_shares(None).expect("the group raised");
+    let (just_after, soon) = (kernel_weight(rebound.pid), up.elapsed() < ember_runtime::native::KEEP_AFTER_UP);
+    // Set back by a thread once its time is up: waited for (what is timed
+    // is the kernel's answer, not a figure).
+    let deadline = up + ember_runtime::native::KEEP_AFTER_UP + std::time::Duration::from_secs(30);
+    while kernel_weight(rebound.pid) != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (after, calls) = (kernel_weight(rebound.pid), seen.take());
+    rt.destroy(&rebind, Some(&rebound.pidfd)).expect("destroy");
+    rt.destroy(&refill, Some(&refilled.pidfd)).expect("destroy");
+    assert_eq!(during, (most, want), "a rebind's and a refill's weights while the node recovers");
+    if soon {
+        assert_eq!(just_after, most, "the rebind's weight as the recovery ends, before its time is up");
+    }
+    // The one removed meanwhile is skipped, the one kept set back.
+    assert_eq!(calls, ["Limit(500)"], "after the recovery's end");
+    assert_eq!(after, want, "the rebind's weight once its time is up");
 }
 
 /// The cgroup path of `pid` in the cpu hierarchy (v2: the one hierarchy).

@@ -10,6 +10,8 @@ pub(crate) mod boundary;
 mod dirs;
 pub(crate) mod idmapped;
 pub mod rootfs;
+mod weight;
+pub use weight::KEEP_AFTER_UP;
 
 use crate::idrange::IdRanges;
 use crate::{LaunchTiming, Launched, NetJoin, Runtime, RuntimeError, WritableLayer};
@@ -74,6 +76,8 @@ pub struct NativeRuntime {
     launch_ns: Option<ember_sys::mountns::LaunchNs>,
     /// Where its sandboxes' OOM kills are reported, shared.
     oom: crate::oom::OomSources,
+    /// The node's recovery, and the sandboxes kept at their launch's weight through it.
+    recovery: Arc<weight::Recovery>,
 }
 
 impl NativeRuntime {
@@ -99,6 +103,7 @@ impl NativeRuntime {
             cgroups,
             host_template,
             oom: Default::default(),
+            recovery: Default::default(),
         })
     }
 
@@ -113,6 +118,15 @@ impl NativeRuntime {
 
     pub fn cgroups(&self) -> &Arc<dyn Cgroups> {
         &self.cgroups
+    }
+
+    /// This node starts (`true`) or ends re-creating a dead node's
+    /// sandboxes: meanwhile a launch someone waits on keeps its launch's
+    /// weight once up, and after the end each is set back to its limit's
+    /// share, [`KEEP_AFTER_UP`] after it was up at the earliest
+    /// (`weight.rs`). The caller lowers and raises the group.
+    pub fn recovering(&self, on: bool) {
+        self.recovery.set(&self.cgroups, on);
     }
 
     fn plan(
@@ -256,9 +270,10 @@ impl NativeRuntime {
             .or_else(|message| ended_before_ready(&spawned.pidfd, spec, message))
             .map_err(|message| RuntimeError::AgentNotReady { id: id.clone(), message })?;
         // A sandbox left at the least weight would starve its user's
-        // commands, at the most its neighbours': failing here fails the
-        // launch, which reaps it.
-        self.cgroups.set_cpu_share(name, CpuShare::Limit(limits.cpu_millis)).map_err(Self::cg_err(id))?;
+        // commands, at the most its neighbours' (but while the node
+        // recovers, `weight.rs`): failing here fails the launch, which
+        // reaps it.
+        self.recovery.settle(&**cg, name, launch_share, limits.cpu_millis).map_err(Self::cg_err(id))?;
         let total = t0.elapsed();
         let start_time = boundary::start_time(spawned.pid).unwrap_or(0);
         Ok(Launched {
