@@ -215,6 +215,9 @@ def ember():
             shutil.rmtree(data_dir, ignore_errors=True)
             shutil.rmtree(host_dir, ignore_errors=True)
             _remove_network(net_tag, "10.214.0.254/32")
+            if front:
+                # Its cpu group, made at start though it runs no sandboxes.
+                stop_daemon(front[0], f"{tag}-front")
             for t in (front, nats):
                 if t:
                     t[0].kill()
