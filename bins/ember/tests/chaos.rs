@@ -270,6 +270,19 @@ fn a_local_cluster_survives_a_small_drill_and_leaves_nothing_behind() {
         .filter(|h| h["host"]["name"] != victim)
         .map(|h| h["host"]["cgroupParent"].as_str().expect("cgroupParent"))
         .collect();
+    // Where each recovered session's MTTR went: its sandbox was made again
+    // after the kill (its record's createdAt), and the session was back
+    // only after that.
+    let kill_at = victims[0]["atMs"].as_u64().expect("the kill's time");
+    let mut split = 0;
+    for s in sessions.iter().filter(|s| s["node"] == victim) {
+        let outages = s["outages"].as_array().expect("outages");
+        let Some(back) = outages.iter().filter_map(|o| o[1].as_u64()).find(|b| *b > kill_at) else { continue };
+        let made = s["remadeMs"].as_u64().unwrap_or_else(|| panic!("a session back, its sandbox's time unread: {s}"));
+        assert!(kill_at < made && made < back, "session {}: killed {kill_at}, made {made}, back {back}", s["index"]);
+        split += 1;
+    }
+    assert!(split > 0 && data["mttr"]["remade"]["sessions"] == split, "{}", data["mttr"]);
     let back = |p: &&str| group_weight(p) == Some(weight_256);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !survivors.iter().all(back) && std::time::Instant::now() < deadline {

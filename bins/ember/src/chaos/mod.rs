@@ -173,8 +173,10 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
         }
     }
     let clients: Vec<_> = st.hosts.iter().map(|h| st.client(h)).collect::<anyhow::Result<_>>()?;
+    let unix_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
     let shared = Arc::new(Shared {
         t0: Instant::now(),
+        t0_unix_ms: i64::try_from(unix_ms()).unwrap_or(i64::MAX),
         stop: false.into(),
         events: Default::default(),
         health: Default::default(),
@@ -236,7 +238,7 @@ pub async fn drill(st: &State, a: &RunArgs, out: &Path) -> anyhow::Result<crate:
         sessions.push(t.await.context("a session panicked")?);
     }
     let tasks = verify::tasks(&clients, &faults, &sessions).await;
-    let sessions = verify::records(sessions).await;
+    let sessions = verify::records(sessions, &shared).await;
     report::build(st, a, out, &shared, &faults, &sessions, &tasks, &warm, stopped_ms)
 }
 

@@ -23,12 +23,29 @@ fn ms(v: Option<u64>) -> String {
     v.map_or("—".into(), |v| format!("{v} ms"))
 }
 
+/// p50 / p99 / max of sorted `v`.
+fn spread(v: &[u64]) -> String {
+    format!("{} / {} / {}", ms(quantile(v, 0.5)), ms(quantile(v, 0.99)), ms(v.last().copied()))
+}
+
 /// Kill → the session's next successful append on its sandbox, for each
 /// session whose node was lost; `None`: it never came back.
 fn mttr(r: &SessionResult, faults: &Faults) -> Option<Option<u64>> {
     let v = faults.killed(&r.node)?;
     r.sandbox.as_ref()?;
     Some(r.outages.iter().find(|(_, back)| *back > v.at_ms).map(|(_, back)| back - v.at_ms))
+}
+
+/// Where a recovered session's MTTR went: kill → its sandbox made again
+/// elsewhere (the verdict, the rebind's queue and its steps up to the
+/// create), and that → its next append back (the launch, the rebind's end,
+/// the client's retry and the call). `None` unless it came back, and for
+/// one whose times are out of that order (which the drill checks).
+fn split(r: &SessionResult, faults: &Faults) -> Option<(u64, u64)> {
+    let kill = faults.killed(&r.node)?.at_ms;
+    let back = kill + mttr(r, faults)??;
+    let made = r.remade_ms?;
+    Some((made.checked_sub(kill)?, back.checked_sub(made)?))
 }
 
 /// Per-second counts of each kind of try.
@@ -97,6 +114,9 @@ pub fn build(
         }
     }
     rec.sort_unstable();
+    let (mut made, mut then): (Vec<u64>, Vec<u64>) = rs.iter().filter_map(|r| split(r, faults)).unzip();
+    made.sort_unstable();
+    then.sort_unstable();
     let unsupported = rs.iter().any(|r| r.checkpoint_unsupported);
     let live_bad = sum(&on_live, |r| r.written_lost + r.corrupted);
     let live_acked_bad = sum(&on_live, |r| r.acked_lost + r.corrupted);
@@ -110,11 +130,10 @@ pub fn build(
         ("retried tries (503 or unreachable)", sum(&rs, |r| r.retries).to_string()),
         ("user-visible errors", errors.to_string()),
         ("sessions with a user-visible error", rs.iter().filter(|r| r.user_errors > 0).count().to_string()),
-        (
-            "MTTR p50 / p99 / max",
-            format!("{} / {} / {}", ms(quantile(&rec, 0.5)), ms(quantile(&rec, 0.99)), ms(rec.last().copied())),
-        ),
+        ("MTTR p50 / p99 / max", spread(&rec)),
         ("sessions of lost nodes recovered / not", format!("{} / {unrecovered}", rec.len())),
+        ("MTTR's first part, kill → sandbox made again, p50 / p99 / max", spread(&made)),
+        ("MTTR's second part, sandbox made again → session back, p50 / p99 / max", spread(&then)),
         ("tasks acknowledged / succeeded", format!("{} / {}", tasks.acknowledged, tasks.succeeded)),
         (
             "tasks lost / unfinished / duplicated in effect / re-run",
@@ -168,6 +187,11 @@ pub fn build(
         unrecovered == 0,
         format!("{unrecovered} of {} did not", on_lost.len()),
     );
+    rep.check(
+        "every recovered session's sandbox made again after the kill, and back after that",
+        made.len() == rec.len(),
+        format!("{} of {} (the rest: no time, or out of order)", made.len(), rec.len()),
+    );
     if unsupported {
         rep.notes.push("the cluster answers no POST /v1/workspaces/{name}/checkpoint (rebind not built): no record was acknowledged, and the sessions of lost nodes stay lost (counted above)".into());
     }
@@ -187,7 +211,11 @@ pub fn build(
         "sessions": rs,
         "faults": faults,
         "tasks": tasks,
-        "mttr": {"p50Ms": quantile(&rec, 0.5), "p99Ms": quantile(&rec, 0.99), "maxMs": rec.last(), "recovered": rec.len(), "unrecovered": unrecovered},
+        "mttr": {
+            "p50Ms": quantile(&rec, 0.5), "p99Ms": quantile(&rec, 0.99), "maxMs": rec.last(), "recovered": rec.len(), "unrecovered": unrecovered,
+            "remade": {"p50Ms": quantile(&made, 0.5), "p99Ms": quantile(&made, 0.99), "maxMs": made.last(), "sessions": made.len()},
+            "backAfterRemade": {"p50Ms": quantile(&then, 0.5), "p99Ms": quantile(&then, 0.99), "maxMs": then.last()},
+        },
         "userVisibleErrors": errors,
         "records": {
             "survivors": {"sessions": on_live.len(), "lost": sum(&on_live, |r| r.written_lost), "ackedLost": sum(&on_live, |r| r.acked_lost), "corrupted": sum(&on_live, |r| r.corrupted), "written": sum(&on_live, |r| r.written)},

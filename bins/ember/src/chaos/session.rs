@@ -59,6 +59,8 @@ pub struct Event {
 /// The drill's shared clock, stop flag and timeline.
 pub struct Shared {
     pub t0: Instant,
+    /// `t0` on the wall clock (ms since the epoch), to read the nodes' times.
+    pub t0_unix_ms: i64,
     pub stop: AtomicBool,
     pub events: Mutex<Vec<Event>>,
     /// (node, sandbox id) of one sandbox on each node that does not rebind:
@@ -75,6 +77,14 @@ pub struct Shared {
 impl Shared {
     pub fn ms(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.t0).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A node's RFC 3339 time on the drill's clock (ms; `None` before it
+    /// started or unreadable). The nodes share this host's clock.
+    pub fn ms_of(&self, rfc3339: &str) -> Option<u64> {
+        let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339).ok()?;
+        let ms = i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()?;
+        u64::try_from(ms.checked_sub(self.t0_unix_ms)?).ok()
     }
 
     pub(super) fn note(&self, kind: Kind) {
@@ -127,6 +137,10 @@ pub struct SessionResult {
     pub tasks: Vec<(String, String)>,
     /// (first failure, next success) of the sandbox's calls, ms on the drill's clock.
     pub outages: Vec<(u64, u64)>,
+    /// For a session of a lost node: when the sandbox serving it at the end
+    /// was made (its record's `createdAt`, ms on the drill's clock), the
+    /// start of its re-creation elsewhere.
+    pub remade_ms: Option<u64>,
     /// Still failing at the end (first failure, ms).
     pub open_outage: Option<u64>,
     // Verification.
@@ -418,16 +432,26 @@ impl Session {
         }
     }
 
+    /// When the session's sandbox was made ([`SessionResult::remade_ms`]).
+    pub async fn made_at(&mut self, shared: &Shared) -> Option<u64> {
+        let info = self.on_sandbox("read the sandbox", |c, id| async move { c.get_sandbox(&id).await }).await?;
+        shared.ms_of(&info.created_at)
+    }
+
     /// The records file, under the retry policy.
     pub async fn read_records(&mut self) -> Option<Bytes> {
+        self.on_sandbox("read records", |c, id| async move { c.download(&id, "/workspace/records").await }).await
+    }
+
+    /// `f` on the session's sandbox under the retry policy (`None`: it has
+    /// none, or the call failed).
+    async fn on_sandbox<T, F, Fut>(&mut self, what: &'static str, f: F) -> Option<T>
+    where
+        F: Fn(ember_client::Client, String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
         let id = self.r.sandbox.clone()?;
-        let (res, _) = self
-            .conn
-            .call(&mut self.r, "read records", |c| {
-                let id = id.clone();
-                async move { c.download(&id, "/workspace/records").await }
-            })
-            .await;
+        let (res, _) = self.conn.call(&mut self.r, what, |c| f(c, id.clone())).await;
         res.ok()
     }
 }
@@ -436,6 +460,25 @@ impl Session {
 mod tests {
     use super::{SessionResult, TRIES_KEPT};
     use std::time::Duration;
+
+    #[test]
+    fn a_nodes_time_is_read_on_the_drills_clock() {
+        let shared = super::Shared {
+            t0: std::time::Instant::now(),
+            t0_unix_ms: 1_796_581_599_000,
+            stop: false.into(),
+            events: Default::default(),
+            probes: Default::default(),
+            faulted: Default::default(),
+            health: Default::default(),
+        };
+        // 2026-12-06T18:26:39Z is t0.
+        assert_eq!(shared.ms_of("2026-12-06T18:26:39Z"), Some(0));
+        assert_eq!(shared.ms_of("2026-12-06T18:27:44.232Z"), Some(65_232));
+        assert_eq!(shared.ms_of("2026-12-06T19:27:44.232+01:00"), Some(65_232), "an offset");
+        assert_eq!(shared.ms_of("2026-12-06T18:26:38.999Z"), None, "before the drill");
+        assert_eq!(shared.ms_of("yesterday"), None);
+    }
 
     #[test]
     fn a_sessions_tries_are_kept_bounded_in_number_and_length() {

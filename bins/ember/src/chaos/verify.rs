@@ -2,11 +2,12 @@
 //! Succeeded with exactly one successful attempt (its effect), and every
 //! record a session wrote must be in its workspace, intact.
 use super::faults::Faults;
-use super::session::{parse_records, Session};
+use super::session::{parse_records, Session, Shared};
 use ember_client::Client;
 use ember_types::task::{TaskRecord, TaskState};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long the queue gets to finish the tasks after the sessions stop (a
@@ -119,14 +120,19 @@ fn stuck(at: Result<TaskRecord, String>) -> String {
 }
 
 /// Reads every session's records (all at once: a session whose node died
-/// waits through the whole retry policy) and counts what is missing or bad.
-pub async fn records(sessions: Vec<Session>) -> Vec<Session> {
+/// waits through the whole retry policy) and counts what is missing or bad;
+/// for a session of a lost node, when its sandbox was made again.
+pub async fn records(sessions: Vec<Session>, shared: &Arc<Shared>) -> Vec<Session> {
     let reads: Vec<_> = sessions
         .into_iter()
         .map(|mut s| {
+            let shared = shared.clone();
             tokio::spawn(async move {
                 let data = s.read_records().await;
                 check(&mut s, data.as_deref());
+                if shared.faulted.lock().contains_key(&s.r.node) {
+                    s.r.remade_ms = s.made_at(&shared).await;
+                }
                 s
             })
         })
