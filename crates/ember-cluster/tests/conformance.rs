@@ -65,3 +65,55 @@ fn more_queued_says_whether_a_lease_left_work_behind() {
     q.submit("t3", spec(Tier::Batch, 1)).expect("submit");
     assert!(q.more_queued(), "a submit to another tier");
 }
+
+/// A listing while tasks change names each task once: the records bucket's
+/// listing goes on delivering the writes made while it runs, and a task
+/// written meanwhile was listed twice (a cluster's `GET /v1/tasks`, seen in
+/// `bins/ember/tests/cluster/tasks.rs`).
+#[test]
+fn a_listing_while_tasks_change_names_each_once() {
+    use ember_queue::conformance::spec;
+    use ember_types::task::Tier;
+    let cluster = NatsCluster::start("listing", 3);
+    let q = Arc::new(
+        JetStreamQueue::open(JetStreamConfig::new(cluster.urls()), QueueConfig::default(), ember_queue::system_clock())
+            .expect("open"),
+    );
+    let n = 300;
+    for i in 0..n {
+        q.submit(&format!("t{i}"), spec(Tier::Standard, 1)).expect("submit");
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (q, stop) = (q.clone(), stop.clone());
+        // Each lease writes its task's record: leased, then its heartbeat.
+        std::thread::spawn(move || {
+            let mut leased = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match q.lease("w1").expect("lease") {
+                    Some((l, _)) => {
+                        let _ = q.heartbeat(&l);
+                        leased += 1;
+                    }
+                    None => break,
+                }
+            }
+            leased
+        })
+    };
+    let mut listings = 0;
+    let mut twice = Vec::new();
+    while !writer.is_finished() || listings == 0 {
+        let all = q.list(&Default::default()).expect("list");
+        let ids: std::collections::BTreeSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
+        if ids.len() != all.len() {
+            twice.push(all.len() - ids.len());
+        }
+        assert_eq!(ids.len(), n, "every task listed");
+        listings += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let leased = writer.join().expect("the writer");
+    assert!(leased > 0, "tasks changed while listed");
+    assert!(twice.is_empty(), "of {listings} listings, these named tasks twice: {twice:?}");
+}

@@ -123,10 +123,14 @@ impl Bucket {
                 ..Default::default()
             };
             let mut consumer = self.store.stream.create_consumer(cfg).await.map_err(again)?;
-            let mut out = Vec::new();
+            // By key: the consumer goes on delivering the writes made while
+            // it runs, so a key written meanwhile comes twice (a cluster's
+            // `GET /v1/tasks` listed such a task twice). Its later message
+            // is its newer value, or its removal.
+            let mut out = std::collections::BTreeMap::new();
             let left = consumer.info().await.map_err(again)?.num_pending;
             if left == 0 {
-                return Ok(out);
+                return Ok(Vec::new());
             }
             let mut messages = consumer.messages().await.map_err(again)?;
             while let Some(m) = messages.next().await {
@@ -134,11 +138,14 @@ impl Bucket {
                 let pending = m.info().map_err(again)?.pending;
                 // A delete or purge leaves a marker as the key's last message.
                 let removed = m.headers.as_ref().is_some_and(|h| h.get("KV-Operation").is_some());
-                if let Some(key) = m.subject.strip_prefix(self.store.prefix.as_str()).filter(|_| !removed) {
-                    out.push((key.to_string(), m.payload.clone()));
+                if let Some(key) = m.subject.strip_prefix(self.store.prefix.as_str()) {
+                    match removed {
+                        true => _ = out.remove(key),
+                        false => _ = out.insert(key.to_string(), m.payload.clone()),
+                    }
                 }
                 if pending == 0 {
-                    return Ok(out);
+                    return Ok(out.into_iter().collect());
                 }
             }
             Err(again(format!("the listing of bucket {} ended early", self.name)))
