@@ -69,7 +69,7 @@ fn more_queued_says_whether_a_lease_left_work_behind() {
 /// A listing while tasks change names each task once: the records bucket's
 /// listing goes on delivering the writes made while it runs, and a task
 /// written meanwhile was listed twice (a cluster's `GET /v1/tasks`, seen in
-/// `bins/ember/tests/cluster/tasks.rs`).
+/// `bins/ember/tests/cluster/tasks.rs`), and under load one was missed.
 #[test]
 fn a_listing_while_tasks_change_names_each_once() {
     use ember_queue::conformance::spec;
@@ -103,20 +103,24 @@ fn a_listing_while_tasks_change_names_each_once() {
     };
     let mut listings = 0;
     let mut twice = Vec::new();
+    let mut missed = Vec::new();
     while !writer.is_finished() || listings == 0 {
         let all = q.list(&Default::default()).expect("list");
         let ids: std::collections::BTreeSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
         if ids.len() != all.len() {
             twice.push(all.len() - ids.len());
         }
-        // Not asserted: that every task is listed. Under load a listing
-        // missed one task of 300 (a fresh clone's run of this test; the
-        // pass ends when the consumer reports nothing pending), which is
-        // open, not fixed here.
+        // None is removed while listed, so each listing names all of them:
+        // a key rewritten during the pass once dropped out of it (one of
+        // 300, under load, in a fresh clone's run).
+        if ids.len() != n {
+            missed.push(n - ids.len());
+        }
         listings += 1;
     }
     stop.store(true, Ordering::Relaxed);
     let leased = writer.join().expect("the writer");
     assert!(leased > 0, "tasks changed while listed");
     assert!(twice.is_empty(), "of {listings} listings, these named tasks twice: {twice:?}");
+    assert!(missed.is_empty(), "of {listings} listings, these missed tasks: {missed:?}");
 }
