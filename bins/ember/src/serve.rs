@@ -186,6 +186,7 @@ async fn cluster_plane(
         prefix: "ember".into(),
         checkpoint_every: c.checkpoint_every,
         rebinds_at_once: c.rebinds_at_once,
+        rebind_standbys: c.rebind_standbys,
         rebind_hold: c.rebind_hold,
         recovery: Some(recovery),
     };

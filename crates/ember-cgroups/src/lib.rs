@@ -59,6 +59,14 @@ pub enum CpuShare {
     /// rebind's launch a fortieth of it), then it is set back to its
     /// limit's share.
     Foreground,
+    /// Sixteen cores' share (v1 16384, v2 626): a session a recovering
+    /// node re-created, up and kept ahead of the node's other sandboxes
+    /// while the node recovers, yet behind the launches still starting
+    /// there, which are at [`CpuShare::Foreground`]: kept at the launch's
+    /// weight, the sessions rebound first (warm, from their standbys) left a
+    /// later cold launch a twelfth of the group, and its agent was not up
+    /// after 13 s (the 300-session drill, docs/chaos.md).
+    Ahead,
 }
 
 impl CpuShare {
@@ -68,6 +76,7 @@ impl CpuShare {
             CpuShare::Limit(m) => cpu_shares(m),
             CpuShare::Background => 2,
             CpuShare::Foreground => 262_144,
+            CpuShare::Ahead => 16_384,
         }
     }
 
@@ -77,6 +86,7 @@ impl CpuShare {
             CpuShare::Limit(m) => cpu_weight(m),
             CpuShare::Background => 1,
             CpuShare::Foreground => 10_000,
+            CpuShare::Ahead => weight_of_shares(16_384),
         }
     }
 }

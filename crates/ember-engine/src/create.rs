@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod standby;
+
 /// A create request, transport-independent. Every field is optional; the
 /// template fills in what is missing.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -159,6 +161,8 @@ pub(crate) struct Provisioner {
     snapshots: Arc<Snapshots>,
     /// Who owns each pool: a create claims only from its tenant's.
     tenants: Arc<crate::Tenants>,
+    /// One launch under a fixed id at a time (`create/standby.rs`).
+    fixed: standby::FixedIds,
 }
 
 impl Provisioner {
@@ -170,7 +174,7 @@ impl Provisioner {
         snapshots: Arc<Snapshots>,
         tenants: Arc<crate::Tenants>,
     ) -> Provisioner {
-        Provisioner { catalog, workspaces, pools, sandboxes, snapshots, tenants }
+        Provisioner { catalog, workspaces, pools, sandboxes, snapshots, tenants, fixed: standby::FixedIds::new() }
     }
 
     /// Creates a sandbox and returns once its agent answers: claimed warm from
@@ -178,8 +182,13 @@ impl Provisioner {
     /// miss is never an error).
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxRecord, EngineError> {
         let t0 = Instant::now();
+        // A standby of this id still starting is waited for, then claimed.
+        let _held = match &req.id {
+            Some(id) => Some(self.fixed.hold(id.as_str()).await),
+            None => None,
+        };
         if let Some(id) = &req.id {
-            if self.sandboxes.entry(id.as_str()).is_ok() {
+            if self.sandboxes.entry(id.as_str()).is_ok_and(|e| !e.snapshot().is_standby()) {
                 return Err(EngineError::invalid("id", format!("sandbox {id} exists on this node")));
             }
         }
@@ -198,7 +207,13 @@ impl Provisioner {
         let spec = self.catalog.resolve(&req)?;
         self.workspaces.create_missing_workspaces(&req.workspaces).await?;
         self.workspaces.check_workspaces(&req.workspaces)?;
-        // A rebind (a fixed id) is a cold start: a warm member has its own id.
+        // A rebind (a fixed id) claims its standby if this node has one; a
+        // pool's member has an id of its own.
+        if let Some(id) = &req.id {
+            if let Some(rec) = self.pools.claim_standby(id.as_str(), &spec, &req, t0).await? {
+                return self.sandboxes.record_policy(rec, req.network_policy).await;
+            }
+        }
         if req.launch != LaunchMode::Cold && req.id.is_none() {
             let named = req.pool.is_some();
             let may_claim = |p: &str| self.tenants.may_claim(req.tenant.as_deref(), p, named);

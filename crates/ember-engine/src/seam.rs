@@ -131,6 +131,25 @@ pub trait ControlPlane: Send + Sync {
         Vec::new()
     }
 
+    /// Launches a standby for rebind sandbox `req.id` on this node: its
+    /// launch done ahead, idle and seen by no caller, which a create of that
+    /// id (its rebind) claims rather than starting cold (`pool/standby.rs`).
+    /// Node-local: a cluster's plane has none of its own (the default).
+    async fn launch_standby(&self, req: CreateSandbox) -> Result<(), EngineError> {
+        let id = req.id.map(|i| i.to_string()).unwrap_or_default();
+        Err(EngineError::invalid("standby", format!("{id}: standbys are a node's own")))
+    }
+
+    /// The ids of this node's idle standbys (none by default).
+    async fn standbys(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Removes idle standby `id` (`NotFound`: none here, the default).
+    async fn remove_standby(&self, id: &str) -> Result<(), EngineError> {
+        Err(EngineError::NotFound(id.to_string()))
+    }
+
     /// Stops and removes a sandbox. Cluster: on its node; `NotFound` if none.
     async fn remove(&self, id: &str) -> Result<(), EngineError>;
 

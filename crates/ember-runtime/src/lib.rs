@@ -245,6 +245,14 @@ pub trait Runtime: Send + Sync {
     fn class(&self) -> &'static str;
     /// Starts a sandbox and returns once its agent answers `/ping`.
     fn launch(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError>;
+    /// An idle sandbox (a pool's member, a rebind's standby) is being handed
+    /// to a caller, who waits on its first calls as on a launch's. Native:
+    /// while the node recovers, it weighs as a launch until the recovery
+    /// ends and for a while after (`native/weight.rs`); otherwise, and for
+    /// the other classes, nothing.
+    fn claimed(&self, _id: &SandboxId, _spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     /// Like [`Runtime::launch`], but the sandbox joins the network namespace
     /// `net` (egress networking) instead of getting one with only `lo`.
     fn launch_in_network(&self, id: &SandboxId, spec: &SandboxSpec, net: &NetJoin) -> Result<Launched, RuntimeError> {

@@ -4,7 +4,9 @@
 //! rebind: someone waits on it) weighs the most until then, and while the
 //! sandboxes' group is lowered (a node rebinding) it is born out of its CPU
 //! cgroup (v1), sets up at the daemon's weight and moves itself in before
-//! its exec.
+//! its exec; once up, while the node recovers, it and any sandbox claimed
+//! meanwhile are kept ahead of the group's others until the recovery ends
+//! and a while after.
 //! Real launches (root, the host's cgroups, the static agent), the cgroup
 //! calls seen through a wrapper that passes each on to the real hierarchy.
 use ember_cgroups::{CgroupError, Cgroups, CpuShare, Limits, Usage};
@@ -227,11 +229,18 @@ fn a_refill_launches_at_the_least_cpu_weight_a_cold_launch_at_the_most_each_set_
 }
 
 #[test]
-fn while_the_node_recovers_a_launch_someone_waits_on_keeps_the_most_weight_until_it_ends_and_a_while_after() {
+fn while_the_node_recovers_a_launch_or_claim_someone_waits_on_is_kept_ahead_until_it_ends_and_a_while_after() {
     let (_cleanup, seen, rt, want) = runtime("rec");
-    let most = if seen.version() == "v2" { CpuShare::Foreground.weight() } else { CpuShare::Foreground.shares() };
+    let ahead = if seen.version() == "v2" { CpuShare::Ahead.weight() } else { CpuShare::Ahead.shares() };
+    // An idle member (a pool's, a rebind's standby), claimed once before
+    // the recovery (nothing changes) and once while it lasts.
+    let member = SandboxId::from_random([8; 16]);
+    let idle = ember_runtime::in_background(|| rt.launch(&member, &spec())).expect("an idle member");
+    rt.claimed(&member, &spec()).expect("a claim before the recovery");
+    let before = kernel_weight(idle.pid);
     rt.recovering(true);
     seen.set_group_cpu_shares(Some(128)).expect("the group lowered");
+    rt.claimed(&member, &spec()).expect("a claim while the node recovers");
     let rebind = SandboxId::from_random([5; 16]);
     let rebound = rt.launch(&rebind, &spec()).expect("a launch while the node recovers");
     let up = std::time::Instant::now();
@@ -240,7 +249,7 @@ fn while_the_node_recovers_a_launch_someone_waits_on_keeps_the_most_weight_until
     let gone = SandboxId::from_random([7; 16]);
     let removed = rt.launch(&gone, &spec()).expect("a launch removed before the recovery ends");
     rt.destroy(&gone, Some(&removed.pidfd)).expect("destroy");
-    let during = (kernel_weight(rebound.pid), kernel_weight(refilled.pid));
+    let during = (kernel_weight(rebound.pid), kernel_weight(refilled.pid), kernel_weight(idle.pid));
     seen.take();
     rt.recovering(false);
     seen.set_group_cpu_shares(None).expect("the group raised");
@@ -248,19 +257,22 @@ fn while_the_node_recovers_a_launch_someone_waits_on_keeps_the_most_weight_until
     // Set back by a thread once its time is up: waited for (what is timed
     // is the kernel's answer, not a figure).
     let deadline = up + ember_runtime::native::KEEP_AFTER_UP + std::time::Duration::from_secs(30);
-    while kernel_weight(rebound.pid) != want && std::time::Instant::now() < deadline {
+    let back = || kernel_weight(rebound.pid) == want && kernel_weight(idle.pid) == want;
+    while !back() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let (after, calls) = (kernel_weight(rebound.pid), seen.take());
+    let (after, calls) = ((kernel_weight(rebound.pid), kernel_weight(idle.pid)), seen.take());
     rt.destroy(&rebind, Some(&rebound.pidfd)).expect("destroy");
     rt.destroy(&refill, Some(&refilled.pidfd)).expect("destroy");
-    assert_eq!(during, (most, want), "a rebind's and a refill's weights while the node recovers");
+    rt.destroy(&member, Some(&idle.pidfd)).expect("destroy");
+    assert_eq!(before, want, "a claim while no recovery runs leaves the weight as it is");
+    assert_eq!(during, (ahead, want, ahead), "a rebind's, a refill's and a claim's weights while the node recovers");
     if soon {
-        assert_eq!(just_after, most, "the rebind's weight as the recovery ends, before its time is up");
+        assert_eq!(just_after, ahead, "the rebind's weight as the recovery ends, before its time is up");
     }
-    // The one removed meanwhile is skipped, the one kept set back.
-    assert_eq!(calls, ["Limit(500)"], "after the recovery's end");
-    assert_eq!(after, want, "the rebind's weight once its time is up");
+    // The one removed meanwhile is skipped, those kept set back.
+    assert_eq!(calls, ["Limit(500)", "Limit(500)"], "after the recovery's end");
+    assert_eq!(after, (want, want), "the rebind's and the claim's weights once their time is up");
 }
 
 /// The cgroup path of `pid` in the cpu hierarchy (v2: the one hierarchy).

@@ -146,6 +146,13 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "N", default_value_t = ember_cluster::node::REBINDS_AT_ONCE, requires = "cluster",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub rebinds_at_once: usize,
+    /// How many standbys this node keeps at most for other nodes' rebind
+    /// sandboxes: the launch of each sandbox this node would re-create
+    /// first if its node died, done ahead, so that the rebind claims it
+    /// rather than starting cold (docs/cluster.md). 0: none.
+    #[arg(long, value_name = "N", default_value_t = ember_cluster::node::REBIND_STANDBYS, requires = "cluster",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=4096))]
+    pub rebind_standbys: usize,
     /// The weight (v1 `cpu.shares`, as `--sandboxes-cpu-shares`) of this
     /// node's sandboxes while it re-creates a dead node's rebind sandboxes:
     /// its daemon's steps go first for those seconds, then the weight is

@@ -2,7 +2,7 @@
 //! share one snapshot store (a directory) and its manifest key; a sandbox
 //! created with `extensions.restartPolicy = "rebind"` comes back on another
 //! node under the same id, its workspace at its last checkpoint, when its
-//! node is SIGKILLed; two nodes creating one workspace name at once: one
+//! node is SIGKILLed (from the standby the survivor kept for it); two nodes creating one workspace name at once: one
 //! wins; a node cut off from NATS freezes its copy, and a checkpoint asked
 //! of it goes to the new holder once the sandbox was rebound elsewhere;
 //! every node SIGKILLed and started again at once: the cluster converges.
@@ -156,12 +156,29 @@ fn a_sigkilled_nodes_rebind_sandbox_comes_back_elsewhere_with_its_last_checkpoin
             b.client.get_sandbox(&id).await.map_err(|e| eprintln!("get {id} through b: {e}")).ok()
         })
         .await;
+        // B, the survivor that would re-create it, keeps its launch ahead.
+        let standbys = || async { super::metric(&b, "ember_cluster_rebind_standbys").await };
+        eventually(Duration::from_secs(60), "b keeps a standby for a's sandbox", || async {
+            (standbys().await.as_deref() == Some("1")).then_some(())
+        })
+        .await;
+        assert!(
+            b.client.get_sandbox(&id).await.is_ok_and(|s| s.launch.is_some_and(|l| l.kind == "cold")),
+            "the standby is no caller's: calls for {id} still reach a's sandbox"
+        );
 
         a.kill9();
         let killed = Instant::now();
         let kept = read_through(&b, &id, "kept").await;
         eprintln!("MTTR: sandbox {id} answered on b {:?} after a's SIGKILL", killed.elapsed());
         assert_eq!(kept, "before-checkpoint\n");
+        // The rebind claimed the standby rather than starting cold.
+        let launch = b.client.get_sandbox(&id).await.expect("rebound").launch.expect("its launch");
+        assert_eq!(launch.kind, "standby", "{launch:?}");
+        eventually(Duration::from_secs(30), "the standby claimed, b keeps none", || async {
+            (standbys().await.as_deref() == Some("0")).then_some(())
+        })
+        .await;
         // The restored files are the sandbox user's to write (the drill's
         // sessions appended to theirs after a rebind: "Permission denied").
         let (code, out, err) = b.sh(&id, "echo appended >> /workspace/kept && id && ls -ln /workspace", None).await;
@@ -326,10 +343,17 @@ async fn wait_frozen(d: &Daemon, id: &str) {
     .await;
 }
 
-/// Whether `d`'s data dir holds a copy of sandbox `id`.
+/// Whether `d`'s data dir holds a copy of sandbox `id`: its files, under a
+/// record that is not an idle standby's (a node keeps the launch of another
+/// node's rebind sandbox ready under its id, `standby.rs`; no workspace is
+/// in it, and its rebind claims it).
 fn has_copy(d: &Daemon, id: &str) -> bool {
     let dir = std::fs::read_dir(d.data_dir.join("sandboxes"));
-    dir.is_ok_and(|mut r| r.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy() == id)))
+    let files = dir.is_ok_and(|mut r| r.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy() == id)));
+    let record = d.data_dir.join("state/sandboxes").join(format!("{id}.json"));
+    let record = std::fs::read_to_string(record).unwrap_or_default();
+    let standby = record.contains(r#""pool":"rebind.standby""#) && record.contains(r#""phase":"pooled""#);
+    files && !standby
 }
 
 /// Every node SIGKILLed at once and started again at once (a power cut, a

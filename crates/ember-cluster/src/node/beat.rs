@@ -48,7 +48,10 @@ impl ClusterPlane {
     /// (`claims.rs`). Returns the count of sandboxes, members left out.
     async fn reconcile(&self) -> u64 {
         let all = ListFilter { pool_members: true, ..Default::default() };
-        let Ok(list) = self.local.list(&all).await else { return 0 };
+        let Ok(mut list) = self.local.list(&all).await else { return 0 };
+        // A standby is another node's sandbox's, ahead of its rebind: the
+        // registry names that node until the rebind claims it.
+        list.retain(|r| !r.is_standby());
         let held = list.iter().filter(|r| !r.lifecycle.is_hidden()).count() as u64;
         let now: HashMap<String, String> = list.iter().map(|r| (r.id.to_string(), r.state.to_string())).collect();
         let last = self.published.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -98,6 +101,7 @@ impl ClusterPlane {
             if !self.cfg.api_only && self.fence.renewed() {
                 let n = self.reconcile().await;
                 self.held.store(n, std::sync::atomic::Ordering::Relaxed);
+                self.standby_upkeep().await;
             }
         }
     }

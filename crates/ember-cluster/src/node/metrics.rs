@@ -9,13 +9,15 @@ use prometheus_client::registry::Registry;
 /// `ember_cluster_rebinds_total`: the rebinds this node ran (`rebinds`); and
 /// `ember_cluster_heartbeat_age_seconds`: how long ago this node's last
 /// heartbeat that got through was sent (`beat_age`; absent before the
-/// first). Past a second the node freezes its rebind sandboxes, and the
+/// first); `ember_cluster_rebind_standbys`: the idle standbys this node keeps
+/// for other nodes' rebind sandboxes (`standbys`). Past a second the node freezes its rebind sandboxes, and the
 /// others soon take it for dead: a node cut off from NATS shows here.
 pub(super) fn with_nodes(
     body: String,
     live: &[NodeInfo],
     rebinds: u64,
     beat_age: Option<std::time::Duration>,
+    standbys: u64,
 ) -> String {
     let mut registry = Registry::with_prefix("ember_cluster");
     let alive = Gauge::<i64>::default();
@@ -27,6 +29,13 @@ pub(super) fn with_nodes(
         "rebinds",
         "Rebinds this node ran (a dead node's sandbox re-created here, or its steps resumed)",
         ran,
+    );
+    let held = Gauge::<i64>::default();
+    held.set(standbys as i64);
+    registry.register(
+        "rebind_standbys",
+        "Standbys this node keeps for other nodes' rebind sandboxes, idle (standby.rs)",
+        held,
     );
     if let Some(age) = beat_age {
         let gauge = Gauge::<f64, std::sync::atomic::AtomicU64>::default();

@@ -37,6 +37,7 @@ mod rebind;
 mod recovery;
 mod registry;
 pub mod share;
+mod standby;
 mod takeover;
 mod tasks;
 mod tenant_use;
@@ -49,6 +50,7 @@ pub use plane::ClusterPlane;
 pub use rebind::{RebindEntry, FREEZE_AFTER};
 pub use recovery::RecoveryWeight;
 pub use registry::{NodeInfo, PoolLoad, SandboxEntry, DEAD_AFTER, HEARTBEAT};
+pub use standby::REBIND_STANDBYS;
 pub use workspaces::WorkspaceEntry;
 
 /// The key-value buckets of a node's plane: registries and desired state.
@@ -91,6 +93,10 @@ pub struct NodeConfig {
     /// Lowers this node's sandboxes' CPU weight while it re-creates a dead
     /// node's sandboxes, and sets it back after (`recovery.rs`).
     pub recovery: Option<RecoveryWeight>,
+    /// How many standbys this node keeps at most for the rebind sandboxes
+    /// of other nodes it would re-create first (default
+    /// [`REBIND_STANDBYS`]; zero: none, every rebind starts cold).
+    pub rebind_standbys: usize,
 }
 
 #[derive(Debug, thiserror::Error)]

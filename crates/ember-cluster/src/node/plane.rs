@@ -64,6 +64,8 @@ pub struct ClusterPlane {
     pub(super) nats: async_nats::Client,
     /// Orders this node's workspace checkpoints (`workspaces.rs`).
     pub(super) checkpoints: super::workspaces::CheckpointClock,
+    /// The standbys kept for other nodes' rebind sandboxes (`standby.rs`).
+    pub(super) standbys: super::standby::Standbys,
 }
 
 /// Runs a sandbox call where the sandbox is: `$local` here, `$call` forwarded.
@@ -88,6 +90,7 @@ impl ClusterPlane {
         let Buckets { sandboxes, workspaces, rebind, pools, templates } = buckets;
         let desired = Desired::new(pools, templates);
         let fence = Fence::new(cfg.rebinds_at_once, cfg.recovery.clone());
+        let cfg_standbys = cfg.rebind_standbys;
         ClusterPlane {
             cfg,
             local,
@@ -103,6 +106,7 @@ impl ClusterPlane {
             desired,
             nats,
             checkpoints: super::workspaces::CheckpointClock::new(),
+            standbys: super::standby::Standbys::new(cfg_standbys),
         }
     }
 
@@ -564,6 +568,7 @@ impl ControlPlane for ClusterPlane {
             &self.live_nodes(),
             fence.rebinds_run(),
             fence.renewed_ago(),
+            self.standbys.held.load(std::sync::atomic::Ordering::Relaxed),
         )
     }
     fn observe_exec(&self, took: std::time::Duration) {

@@ -110,7 +110,7 @@ impl ClusterPlane {
 
     /// The bucket's entries as this node's watch of it has them (a copy:
     /// every write below is a compare-and-set on the revision read here).
-    fn rebind_entries(&self) -> Result<Vec<(String, RebindEntry, u64)>, String> {
+    pub(super) fn rebind_entries(&self) -> Result<Vec<(String, RebindEntry, u64)>, String> {
         let entries = self.rebind_seen.entries().ok_or("its watch has not caught up yet")?;
         Ok(entries
             .into_iter()
@@ -178,7 +178,11 @@ impl ClusterPlane {
         let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
         let ids: Vec<String> = orphans.iter().map(|(id, _, _)| id.clone()).collect();
         let free = self.fence.rebinds.1.saturating_sub(lock(&self.fence.inflight).len());
-        let now = lock(&self.fence.orphans).plan(&ids, self.name(), &runners, Instant::now(), free);
+        let ready: HashSet<String> = match free {
+            0 => HashSet::new(),
+            _ => self.local().standbys().await.into_iter().collect(),
+        };
+        let now = lock(&self.fence.orphans).plan(&ids, self.name(), &runners, &ready, Instant::now(), free);
         lock(&self.fence.orphans).keep_only(&ids.iter().cloned().collect());
         for (id, e, rev) in orphans.into_iter().filter(|(id, _, _)| now.contains(id)) {
             let dead = e.node;

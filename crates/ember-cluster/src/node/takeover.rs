@@ -17,7 +17,7 @@
 //! budget). An orphan its preferred node has not claimed after
 //! [`TAKEOVER_GRACE`] (that node busy, slow or dying too, or seeing another
 //! live set) goes to whichever node has a slot free.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How long an orphan is left to its preferred survivor: two sweeps, so a
@@ -29,6 +29,13 @@ pub const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
 /// every node computes the same).
 pub fn preferred<'a>(id: &str, nodes: &'a [String]) -> Option<&'a str> {
     nodes.iter().max_by_key(|n| (weight(id, n), n.as_str())).map(|n| n.as_str())
+}
+
+/// Where node `me` stands among `nodes` for orphan `id` (0: preferred, 1:
+/// preferred once that one is gone too, ...); `None` if it is not among them.
+pub fn rank(id: &str, me: &str, nodes: &[String]) -> Option<usize> {
+    let mine = (weight(id, me), me);
+    nodes.iter().any(|n| n == me).then(|| nodes.iter().filter(|n| (weight(id, n), n.as_str()) > mine).count())
 }
 
 /// FNV-1a of `id`, a zero and `node`, then murmur3's finalizer: FNV alone
@@ -52,15 +59,24 @@ pub struct Orphans {
 
 impl Orphans {
     /// Which of the orphans `ids` node `me` claims now, with `free` rebind
-    /// slots: those it is preferred for, then those that have waited
-    /// [`TAKEOVER_GRACE`] since this node first saw them, longest first; no
-    /// more than `free`.
-    pub fn plan(&mut self, ids: &[String], me: &str, live: &[String], now: Instant, free: usize) -> Vec<String> {
+    /// slots: those it is preferred for or keeps a standby of (`ready`:
+    /// its rebind is a warm claim here, `standby.rs`), then those that have
+    /// waited [`TAKEOVER_GRACE`] since this node first saw them, longest
+    /// first; no more than `free`.
+    pub fn plan(
+        &mut self,
+        ids: &[String],
+        me: &str,
+        live: &[String],
+        ready: &HashSet<String>,
+        now: Instant,
+        free: usize,
+    ) -> Vec<String> {
         let mut eligible: Vec<(bool, Instant, &String)> = ids
             .iter()
             .filter_map(|id| {
                 let first = *self.seen.entry(id.clone()).or_insert(now);
-                let mine = preferred(id, live) == Some(me);
+                let mine = preferred(id, live) == Some(me) || ready.contains(id);
                 (mine || now.duration_since(first) >= TAKEOVER_GRACE).then_some((!mine, first, id))
             })
             .collect();
@@ -126,13 +142,46 @@ mod tests {
         let live = names(3);
         let id = (0..).map(|i| format!("s{i}")).find(|id| preferred(id, &live) == Some("h1")).expect("some id");
         let ids = [id.clone()];
-        let (mut o, t0) = (Orphans::default(), Instant::now());
-        assert_eq!(o.plan(&ids, "h1", &live, t0, 2), ids, "the preferred node takes it at once");
-        assert!(o.plan(&ids, "h2", &live, t0, 2).is_empty(), "another waits");
-        assert!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE / 2, 2).is_empty());
-        assert_eq!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE, 2), ids, "then takes it");
+        let (mut o, t0, none) = (Orphans::default(), Instant::now(), HashSet::new());
+        assert_eq!(o.plan(&ids, "h1", &live, &none, t0, 2), ids, "the preferred node takes it at once");
+        assert!(o.plan(&ids, "h2", &live, &none, t0, 2).is_empty(), "another waits");
+        assert!(o.plan(&ids, "h2", &live, &none, t0 + TAKEOVER_GRACE / 2, 2).is_empty());
+        assert_eq!(o.plan(&ids, "h2", &live, &none, t0 + TAKEOVER_GRACE, 2), ids, "then takes it");
         o.keep_only(&Default::default());
-        assert!(o.plan(&ids, "h2", &live, t0 + TAKEOVER_GRACE * 2, 2).is_empty(), "a new wait once forgotten");
+        assert!(o.plan(&ids, "h2", &live, &none, t0 + TAKEOVER_GRACE * 2, 2).is_empty(), "a new wait once forgotten");
+    }
+
+    /// A node that keeps a standby of an orphan (`standby.rs`) takes it at
+    /// once, as its preferred node does, and before those it waited for.
+    #[test]
+    fn a_node_with_a_standby_of_an_orphan_takes_it_at_once() {
+        let live = names(3);
+        let ids: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+        let theirs = ids.iter().find(|id| preferred(id, &live) == Some("h1")).expect("some id").clone();
+        let ready: HashSet<String> = [theirs.clone()].into();
+        let (mut o, t0) = (Orphans::default(), Instant::now());
+        let one = std::slice::from_ref(&theirs);
+        assert_eq!(o.plan(one, "h2", &live, &ready, t0, 2), one, "at once");
+        let later = o.plan(&ids, "h2", &live, &ready, t0 + TAKEOVER_GRACE, 1);
+        let own = ids.iter().find(|id| preferred(id, &live) == Some("h2"));
+        assert!(later == [theirs.clone()] || Some(&later[0]) == own, "its own or its standby's first: {later:?}");
+    }
+
+    #[test]
+    fn rank_counts_the_nodes_preferred_before() {
+        let live = names(5);
+        for i in 0..50 {
+            let id = format!("s{i}");
+            let first = preferred(&id, &live).expect("a node");
+            assert_eq!(rank(&id, first, &live), Some(0));
+            let rest: Vec<String> = live.iter().filter(|n| *n != first).cloned().collect();
+            let second = preferred(&id, &rest).expect("a node");
+            assert_eq!(rank(&id, second, &live), Some(1), "{id}");
+            let mut ranks: Vec<usize> = live.iter().filter_map(|n| rank(&id, n, &live)).collect();
+            ranks.sort();
+            assert_eq!(ranks, [0, 1, 2, 3, 4]);
+        }
+        assert_eq!(rank("s", "h9", &live), None);
     }
 
     /// A node claims no more than its free slots, its own orphans first:
@@ -143,20 +192,20 @@ mod tests {
         let ids: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
         let own: Vec<&String> = ids.iter().filter(|id| preferred(id, &live) == Some("h1")).collect();
         assert!(own.len() > 2, "{own:?}");
-        let (mut o, t0) = (Orphans::default(), Instant::now());
-        let now = o.plan(&ids, "h1", &live, t0, 2);
+        let (mut o, t0, none) = (Orphans::default(), Instant::now(), HashSet::new());
+        let now = o.plan(&ids, "h1", &live, &none, t0, 2);
         assert_eq!(now.len(), 2, "two slots, two claims");
         assert!(now.iter().all(|id| own.contains(&id)), "its own first: {now:?}");
-        assert!(o.plan(&ids, "h1", &live, t0, 0).is_empty(), "no slot, no claim");
+        assert!(o.plan(&ids, "h1", &live, &none, t0, 0).is_empty(), "no slot, no claim");
         // After the grace the rest are anyone's, its own still first.
-        let later = o.plan(&ids, "h1", &live, t0 + TAKEOVER_GRACE, ids.len());
+        let later = o.plan(&ids, "h1", &live, &none, t0 + TAKEOVER_GRACE, ids.len());
         assert_eq!(later.len(), ids.len());
         assert!(later[..own.len()].iter().all(|id| own.contains(&id)), "{later:?}");
         // Another node with slots takes h1's orphans once they waited.
         let (mut o2, t1) = (Orphans::default(), Instant::now());
-        assert!(o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, t1, 4).is_empty());
+        assert!(o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, &none, t1, 4).is_empty());
         let stolen =
-            o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, t1 + TAKEOVER_GRACE, 4);
+            o2.plan(&own.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "h2", &live, &none, t1 + TAKEOVER_GRACE, 4);
         assert_eq!(stolen.len(), 4.min(own.len()));
     }
 }

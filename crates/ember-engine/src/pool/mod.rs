@@ -12,9 +12,11 @@ mod gate;
 mod golden;
 mod manage;
 pub mod plan;
+mod standby;
 
 pub use manage::{check_bounds, CreatePool, MAX_POOL};
 pub use plan::Target;
+pub use standby::STANDBY;
 
 use crate::catalog::Catalog;
 use crate::record::now_ms;

@@ -42,6 +42,18 @@ impl Sandboxes {
         self.launch_from(id, spec, image_uri, None, t0, None).await
     }
 
+    /// A rebind's standby (`pool/standby.rs`): a cold start under `id`, idle
+    /// as a pool member is, in the pool that no pool is.
+    pub(crate) async fn launch_standby(
+        self: &Arc<Self>,
+        id: SandboxId,
+        spec: SandboxSpec,
+        image_uri: Option<String>,
+        t0: Instant,
+    ) -> Result<SandboxRecord, EngineError> {
+        self.launch_from(Some(id), spec, image_uri, Some(crate::pool::STANDBY.to_string()), t0, None).await
+    }
+
     /// A cold start whose writable layer is first filled from a sandbox
     /// snapshot's layer snapshot (a restore).
     pub(crate) async fn launch_seeded(

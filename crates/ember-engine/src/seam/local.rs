@@ -41,6 +41,15 @@ impl ControlPlane for Arc<Engine> {
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.sandboxes.remove(id).await
     }
+    async fn launch_standby(&self, req: CreateSandbox) -> Result<(), EngineError> {
+        self.provision.launch_standby(req).await
+    }
+    async fn standbys(&self) -> Vec<String> {
+        self.provision.standbys()
+    }
+    async fn remove_standby(&self, id: &str) -> Result<(), EngineError> {
+        self.provision.remove_standby(id).await
+    }
     async fn pause(&self, id: &str) -> Result<(), EngineError> {
         self.sandboxes.pause(id).await
     }

@@ -76,7 +76,7 @@ pub struct NativeRuntime {
     launch_ns: Option<ember_sys::mountns::LaunchNs>,
     /// Where its sandboxes' OOM kills are reported, shared.
     oom: crate::oom::OomSources,
-    /// The node's recovery, and the sandboxes kept at their launch's weight through it.
+    /// The node's recovery, and the sandboxes kept ahead through it.
     recovery: Arc<weight::Recovery>,
 }
 
@@ -435,6 +435,11 @@ impl Runtime for NativeRuntime {
             ember_sys::pidfd::pidfd_signal(fd, 9)?;
         }
         self.reap_leftover(id.as_str())
+    }
+
+    fn claimed(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let cpu_millis = spec.resources.cpu_millis;
+        self.recovery.hasten(&*self.cgroups, id.as_str(), cpu_millis).map_err(Self::cg_err(id))
     }
 
     fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), RuntimeError> {

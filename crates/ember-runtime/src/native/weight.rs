@@ -7,8 +7,10 @@
 //! first calls have run: at its limit's share it was one of the group's
 //! forty busy sandboxes, and on the 300-session drill its first append took
 //! up to 2.9 s after the rebind ended (docs/performance.md). So a launch
-//! someone waits on keeps the launch's weight while the recovery lasts and
-//! at least [`KEEP_AFTER_UP`] after it was up: the last ones re-created come
+//! someone waits on, or a claim (a rebind's standby, a pool's member), is
+//! kept ahead of the group's others ([`CpuShare::Ahead`], behind the
+//! launches still starting) while the recovery lasts and at least
+//! [`KEEP_AFTER_UP`] after it was up: the last ones re-created come
 //! up as the recovery ends, when the node's other sessions, held back
 //! through it, all call at once. The weight is a share, not a limit: the
 //! sandbox's CPU quota holds either way.
@@ -17,12 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long past its launch a sandbox made while the node recovers keeps
-/// the launch's weight, the recovery over or not: the client's retry that
+/// its weight ahead, the recovery over or not: the client's retry that
 /// the rebind held lands within a second of it, and its first calls then.
 pub const KEEP_AFTER_UP: Duration = Duration::from_secs(3);
 
 /// The node's recovery as the native class sees it, and the sandboxes kept
-/// at the launch's weight through it.
+/// ahead through it.
 #[derive(Debug, Default)]
 pub(super) struct Recovery {
     state: Mutex<State>,
@@ -48,7 +50,7 @@ impl Recovery {
 
     /// Sets sandbox `name`, launched at `launch` and now up, to its limit's
     /// share, unless the node recovers and someone waits on it: it is then
-    /// kept at the launch's weight until the recovery ends, and
+    /// kept ahead ([`CpuShare::Ahead`]) until the recovery ends, and
     /// [`KEEP_AFTER_UP`] at least. Decided under the lock, so a recovery
     /// ending meanwhile either finds it kept or was over before.
     pub(super) fn settle(
@@ -60,12 +62,35 @@ impl Recovery {
     ) -> Result<(), ember_cgroups::CgroupError> {
         let mut state = self.state();
         if state.on && launch == CpuShare::Foreground {
+            cg.set_cpu_share(name, CpuShare::Ahead)?;
             let until = Instant::now() + KEEP_AFTER_UP;
             state.kept.push(Kept { name: name.to_string(), cpu_millis, until });
             return Ok(());
         }
         drop(state);
         cg.set_cpu_share(name, CpuShare::Limit(cpu_millis))
+    }
+
+    /// An idle sandbox `name`, up already, is claimed: while the node
+    /// recovers it weighs as a launch someone waits on, kept so as
+    /// [`Self::settle`] keeps one (a standby claimed by a rebind was one of
+    /// the group's busy sandboxes at its limit's share, and its session back
+    /// 2 s after it, p50, on the 300-session drill). Set under the lock: a
+    /// recovery ending meanwhile finds it kept, or was over before.
+    pub(super) fn hasten(
+        &self,
+        cg: &dyn Cgroups,
+        name: &str,
+        cpu_millis: u64,
+    ) -> Result<(), ember_cgroups::CgroupError> {
+        let mut state = self.state();
+        if !state.on {
+            return Ok(());
+        }
+        cg.set_cpu_share(name, CpuShare::Ahead)?;
+        let until = Instant::now() + KEEP_AFTER_UP;
+        state.kept.push(Kept { name: name.to_string(), cpu_millis, until });
+        Ok(())
     }
 
     /// The node's recovery starts (`true`) or ends: then each sandbox kept
