@@ -45,6 +45,21 @@ pub(super) struct Fence {
     pub(super) runs: std::sync::atomic::AtomicU64,
     /// Told when the first rebind in flight here starts and the last ends.
     pub(super) recovery: Option<super::RecoveryWeight>,
+    /// Rebinds here starting their sandbox cold (no standby): meanwhile the
+    /// sandboxes weigh as usual.
+    pub(super) cold: Mutex<usize>,
+    /// When each rebind that failed here last failed: tried again a
+    /// heartbeat later, not at once.
+    pub(super) failed: Mutex<HashMap<String, Instant>>,
+}
+
+/// A rebind's cold start under way ([`Fence::cold_starts`]).
+pub(super) struct ColdStart<'a>(&'a Fence);
+
+impl Drop for ColdStart<'_> {
+    fn drop(&mut self) {
+        self.0.cold_change(false);
+    }
 }
 
 /// How many rebinds one node runs at once by default, and so claims
@@ -94,7 +109,7 @@ impl Fence {
         if !inflight.insert(id.to_string()) {
             return false;
         }
-        if let (1, Some(r)) = (inflight.len(), &self.recovery) {
+        if let (1, 0, Some(r)) = (inflight.len(), *lock(&self.cold), &self.recovery) {
             r.set(true);
         }
         true
@@ -103,9 +118,50 @@ impl Fence {
     /// `id`'s rebind ended here; the last one sets the weight back.
     pub(super) fn rebind_ends(&self, id: &str) {
         let mut inflight = lock(&self.inflight);
-        if let (true, true, Some(r)) = (inflight.remove(id), inflight.is_empty(), &self.recovery) {
+        if let (true, true, 0, Some(r)) = (inflight.remove(id), inflight.is_empty(), *lock(&self.cold), &self.recovery)
+        {
             r.set(false);
         }
+    }
+
+    /// A rebind here starts its sandbox cold (no standby of it here): until
+    /// the returned guard is dropped the node's sandboxes weigh as usual.
+    /// Lowered, the group of a node recovering alone (the other survivors'
+    /// rebinds warm and done, their groups back to the usual weight) had an
+    /// eighth of its neighbours' weight, and a launch's agent there was not
+    /// up after 13 s (the 300-session drill, docs/chaos.md FF).
+    pub(super) fn cold_starts(&self) -> ColdStart<'_> {
+        self.cold_change(true);
+        ColdStart(self)
+    }
+
+    /// One cold start more or less; the hook told when the weight changes.
+    fn cold_change(&self, more: bool) {
+        let inflight = lock(&self.inflight);
+        let mut cold = lock(&self.cold);
+        let lowered = |cold: usize| !inflight.is_empty() && cold == 0;
+        let was = lowered(*cold);
+        *cold = if more { *cold + 1 } else { cold.saturating_sub(1) };
+        if let (true, Some(r)) = (was != lowered(*cold), &self.recovery) {
+            r.set(lowered(*cold));
+        }
+    }
+
+    /// `id`'s rebind here failed (`ok`: it succeeded).
+    pub(super) fn rebind_done(&self, id: &str, ok: bool) {
+        let mut failed = lock(&self.failed);
+        match ok {
+            true => _ = failed.remove(id),
+            false => _ = failed.insert(id.to_string(), Instant::now()),
+        }
+    }
+
+    /// Whether `id`'s rebind may start again: not within a heartbeat of its
+    /// last failure. A rebind that failed at once (its registry write
+    /// refused through an election) was started again as its slot freed,
+    /// 118 times in 9 s on the 300-session drill (FF).
+    pub(super) fn may_retry(&self, id: &str) -> bool {
+        lock(&self.failed).get(id).is_none_or(|at| at.elapsed() >= super::HEARTBEAT)
     }
 
     /// A heartbeat sent at `sent` got through.
@@ -205,6 +261,45 @@ mod tests {
         assert!(fence.rebind_starts("c"));
         fence.rebind_ends("c");
         assert_eq!(*lock(&told), [true, false, true, false]);
+    }
+
+    #[test]
+    fn a_cold_start_sets_the_weight_back_while_it_lasts() {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let seen = told.clone();
+        let hook = super::super::RecoveryWeight(Arc::new(move |on| lock(&seen).push(on)));
+        let fence = Fence::new(4, Some(hook));
+        assert!(fence.rebind_starts("a") && fence.rebind_starts("b"));
+        let cold = fence.cold_starts();
+        let again = fence.cold_starts();
+        assert_eq!(*lock(&told), [true, false], "set back at the first cold start");
+        drop(cold);
+        fence.rebind_ends("a");
+        assert_eq!(*lock(&told), [true, false], "one cold start left");
+        drop(again);
+        assert_eq!(*lock(&told), [true, false, true], "lowered again: b is in flight");
+        fence.rebind_ends("b");
+        assert_eq!(*lock(&told), [true, false, true, false]);
+        // A cold start that outlives the last rebind's end: not lowered again.
+        assert!(fence.rebind_starts("c"));
+        let cold = fence.cold_starts();
+        fence.rebind_ends("c");
+        drop(cold);
+        assert_eq!(*lock(&told), [true, false, true, false, true, false]);
+    }
+
+    #[test]
+    fn a_failed_rebind_waits_a_heartbeat_before_it_is_tried_again() {
+        let fence = Fence::new(1, None);
+        assert!(fence.may_retry("a"), "never failed");
+        fence.rebind_done("a", false);
+        assert!(!fence.may_retry("a"), "just failed");
+        assert!(fence.may_retry("b"), "another");
+        lock(&fence.failed).insert("a".into(), Instant::now() - super::super::HEARTBEAT);
+        assert!(fence.may_retry("a"), "a heartbeat later");
+        fence.rebind_done("a", false);
+        fence.rebind_done("a", true);
+        assert!(fence.may_retry("a") && lock(&fence.failed).is_empty(), "forgotten once it succeeded");
     }
 
     #[test]

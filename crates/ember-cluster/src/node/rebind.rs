@@ -155,7 +155,7 @@ impl ClusterPlane {
                 // resume after the create. Left as it was, the entry stayed
                 // pending for good and every call answered 503.
                 let lagging = self.fence.done_since(&id, rev);
-                if e.pending && !lagging {
+                if e.pending && !lagging && self.fence.may_retry(&id) {
                     self.clone().spawn_rebind(id, e.req);
                 }
             } else if here.contains(&id) {
@@ -279,7 +279,9 @@ impl ClusterPlane {
             let slot = self.fence.rebinds.0.acquire().await;
             let queued = t0.elapsed();
             self.fence.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            match self.rebind_here(&id, req).await {
+            let done = self.rebind_here(&id, req).await;
+            self.fence.rebind_done(&id, done.is_ok());
+            match done {
                 Ok(steps) => tracing::info!(sandbox = %id, took = ?t0.elapsed(), ?queued, %steps, "rebound here"),
                 Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind failed; the next heartbeat retries"),
             }
@@ -350,6 +352,8 @@ impl ClusterPlane {
         }
         req.id = Some(ember_types::SandboxId::try_from(id.to_string()).map_err(|_| rebind_error("id", id, &"bad"))?);
         let t = Instant::now();
+        let warm = self.local().standbys().await.iter().any(|s| s == id);
+        let _cold = (!warm).then(|| self.fence.cold_starts());
         let rec = self.local().create(req.clone()).await;
         steps.create = t.elapsed();
         steps.launch = rec.as_ref().ok().and_then(|r| r.launch.clone());
