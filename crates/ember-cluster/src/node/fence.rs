@@ -245,12 +245,17 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    #[test]
-    fn the_weight_is_lowered_for_the_first_rebind_in_flight_and_set_back_after_the_last() {
+    /// A fence of 4 slots whose hook records what it is told.
+    fn hooked() -> (Fence, Arc<Mutex<Vec<bool>>>) {
         let told = Arc::new(Mutex::new(Vec::new()));
         let seen = told.clone();
         let hook = super::super::RecoveryWeight(Arc::new(move |on| lock(&seen).push(on)));
-        let fence = Fence::new(4, Some(hook));
+        (Fence::new(4, Some(hook)), told)
+    }
+
+    #[test]
+    fn the_weight_is_lowered_for_the_first_rebind_in_flight_and_set_back_after_the_last() {
+        let (fence, told) = hooked();
         assert!(fence.rebind_starts("a"));
         assert!(fence.rebind_starts("b"));
         assert!(!fence.rebind_starts("a"), "already in flight");
@@ -265,10 +270,7 @@ mod tests {
 
     #[test]
     fn a_cold_start_sets_the_weight_back_while_it_lasts() {
-        let told = Arc::new(Mutex::new(Vec::new()));
-        let seen = told.clone();
-        let hook = super::super::RecoveryWeight(Arc::new(move |on| lock(&seen).push(on)));
-        let fence = Fence::new(4, Some(hook));
+        let (fence, told) = hooked();
         assert!(fence.rebind_starts("a") && fence.rebind_starts("b"));
         let cold = fence.cold_starts();
         let again = fence.cold_starts();
