@@ -24,6 +24,9 @@ pub(super) struct Fence {
     pub(super) inflight: Mutex<HashSet<String>>,
     /// Workspaces taken over here and not restored yet.
     pub(super) restoring: Mutex<HashSet<String>>,
+    /// The workspaces of each rebind that failed here, counted restoring
+    /// until it is tried again or is no longer this node's to finish.
+    pub(super) unfinished: Mutex<HashMap<String, Vec<String>>>,
     /// Held across one freeze (counted frozen, then paused) or one thaw
     /// (resumed, then no longer counted): a thaw never runs between the two
     /// steps of a freeze, where its resume would find the sandbox still
@@ -235,6 +238,40 @@ impl Fence {
     }
 
     /// Workspace `name` is being restored here by a rebind.
+    /// `id`'s rebind attempt starts restoring `names`.
+    pub(super) fn restore_starts(&self, id: &str, names: &[String]) {
+        lock(&self.unfinished).remove(id);
+        lock(&self.restoring).extend(names.iter().cloned());
+    }
+
+    /// `id`'s attempt ended: restored (`ok`), its workspaces are no longer
+    /// restoring; failed, they stay so until the retry, or until the sweep
+    /// finds the rebind no longer this node's ([`Self::forget_unfinished`]).
+    /// Between a failed attempt and its retry this node held a stale copy
+    /// while the registry still named it holder at the old epoch: a
+    /// checkpoint of that copy, then fenced by the retry's take, answered
+    /// the drill's session a 409 (FF).
+    pub(super) fn restore_ends(&self, id: &str, names: &[String], ok: bool) {
+        if !ok {
+            lock(&self.unfinished).insert(id.to_string(), names.to_vec());
+            return;
+        }
+        let mut restoring = lock(&self.restoring);
+        names.iter().for_each(|n| _ = restoring.remove(n));
+    }
+
+    /// The failed rebinds that `pending_here` says are no longer this
+    /// node's to finish (taken elsewhere, done, removed): their workspaces
+    /// no longer count as restoring.
+    pub(super) fn forget_unfinished(&self, pending_here: impl Fn(&str) -> bool) {
+        let mut unfinished = lock(&self.unfinished);
+        let gone: Vec<String> = unfinished.keys().filter(|id| !pending_here(id)).cloned().collect();
+        let mut restoring = lock(&self.restoring);
+        for names in gone.iter().filter_map(|id| unfinished.remove(id)) {
+            names.iter().for_each(|n| _ = restoring.remove(n));
+        }
+    }
+
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
     }
@@ -302,6 +339,24 @@ mod tests {
         fence.rebind_done("a", false);
         fence.rebind_done("a", true);
         assert!(fence.may_retry("a") && lock(&fence.failed).is_empty(), "forgotten once it succeeded");
+    }
+
+    #[test]
+    fn a_failed_attempts_workspaces_stay_restoring_until_its_retry_or_its_end_here() {
+        let fence = Fence::new(1, None);
+        let names = ["w".to_string()];
+        fence.restore_starts("s", &names);
+        fence.restore_ends("s", &names, false);
+        assert!(fence.is_restoring("w"), "between a failed attempt and its retry");
+        fence.forget_unfinished(|id| id == "s");
+        assert!(fence.is_restoring("w"), "still pending here");
+        fence.restore_starts("s", &names);
+        fence.restore_ends("s", &names, true);
+        assert!(!fence.is_restoring("w"), "restored");
+        fence.restore_starts("s", &names);
+        fence.restore_ends("s", &names, false);
+        fence.forget_unfinished(|_| false);
+        assert!(!fence.is_restoring("w"), "no longer this node's to finish");
     }
 
     #[test]

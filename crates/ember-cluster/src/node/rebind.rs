@@ -131,6 +131,12 @@ impl ClusterPlane {
             Err(e) => return tracing::warn!(error = %e, "rebind registry: read"),
         };
         self.fence.forget_done_seen(&entries.iter().map(|(id, _, rev)| (id.as_str(), *rev)).collect());
+        let pending_here: HashSet<&str> = entries
+            .iter()
+            .filter(|(_, e, _)| e.pending && e.node == self.name())
+            .map(|(id, _, _)| id.as_str())
+            .collect();
+        self.fence.forget_unfinished(|id| pending_here.contains(id));
         let Ok(list) = self.local().list(&ListFilter::default()).await else { return };
         let here: HashSet<String> = list.iter().map(|r| r.id.to_string()).collect();
         // Nodes silent in the registry holding sandboxes to rebind: asked
@@ -298,10 +304,9 @@ impl ClusterPlane {
     /// its id, the sandbox registry pointed here, the entry no longer pending.
     async fn rebind_here(&self, id: &str, req: CreateSandbox) -> Result<Steps, EngineError> {
         let names: Vec<String> = req.workspaces.iter().map(|w| w.name.clone()).collect();
-        lock(&self.fence.restoring).extend(names.iter().cloned());
+        self.fence.restore_starts(id, &names);
         let done = self.rebind_steps(id, req).await;
-        let mut restoring = lock(&self.fence.restoring);
-        names.iter().for_each(|n| _ = restoring.remove(n));
+        self.fence.restore_ends(id, &names, done.is_ok());
         done
     }
 
