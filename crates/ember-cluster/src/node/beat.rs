@@ -86,11 +86,18 @@ impl ClusterPlane {
         loop {
             // A rebind slot freed here starts the next claim at once, and a
             // node falling due for the verdict is swept for at that instant.
+            // One held back past its due time by this node's own late beat
+            // falls due when that beat comes back.
             let due = self.nodes.next_verdict().map(|at| at + VERDICT_SLACK);
+            let overdue = self.nodes.overdue();
             let beat = tokio::select! {
                 _ = tick.tick() => true,
                 () = self.fence.freed.notified() => false,
                 () = sleep_until(due), if due.is_some() => false,
+                () = self.nodes.own_beat(), if overdue => {
+                    tracing::debug!("a verdict fell due at this node's late beat");
+                    false
+                }
             };
             self.rebind_sweep().await;
             if !beat {

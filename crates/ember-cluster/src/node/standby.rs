@@ -123,28 +123,43 @@ impl ClusterPlane {
     /// Each heartbeat: the standbys brought toward the plan, by one task at
     /// a time (removals, then a few starts), none while the cluster recovers.
     pub(super) async fn standby_upkeep(self: &Arc<Self>) {
+        let Some(work) = self.standby_work().await else { return };
+        self.standbys.working.store(true, Ordering::Relaxed);
+        let me = self.clone();
+        tokio::spawn(async move {
+            for id in work.remove {
+                match me.local().remove_standby(&id).await {
+                    Ok(()) => tracing::info!(sandbox = %id, "rebind standby removed: no longer this node's"),
+                    Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind standby: remove"),
+                }
+            }
+            futures_util::future::join_all(work.start.into_iter().map(|req| me.start_standby(req))).await;
+            me.standbys.working.store(false, Ordering::Relaxed);
+        });
+    }
+
+    /// What the upkeep does now: the standbys to remove and the launches to
+    /// start (`None`: nothing, or not now).
+    async fn standby_work(&self) -> Option<Work> {
         let sb = &self.standbys;
         // Read after the last task's end: one read during it missed the
         // standby it was starting, and started it again.
         let working = sb.working.load(Ordering::Relaxed);
         let have: HashSet<String> = self.local().standbys().await.into_iter().collect();
         sb.held.store(have.len() as u64, Ordering::Relaxed);
-        if self.api_only() || working {
-            return;
+        if self.api_only() || working || !super::fence::lock(&self.fence.inflight).is_empty() {
+            return None;
         }
-        if !super::fence::lock(&self.fence.inflight).is_empty() {
-            return;
-        }
-        let Ok(entries) = self.rebind_entries() else { return };
+        let entries = self.rebind_entries().ok()?;
         let runners: Vec<String> = self.nodes.live().into_iter().filter(|n| !n.api_only).map(|n| n.name).collect();
         // While the cluster recovers (a rebind under way anywhere, or a dead
         // node's sandbox not claimed yet), the cores are the rebinds'.
         if entries.iter().any(|(_, e, _)| e.pending || !runners.contains(&e.node)) {
-            return;
+            return None;
         }
         // A sandbox of that id here (a stale copy), or a launch that failed
         // lately: left alone.
-        let Ok(here) = self.local().list(&ember_engine::ListFilter::default()).await else { return };
+        let here = self.local().list(&ember_engine::ListFilter::default()).await.ok()?;
         let mut busy: HashSet<String> = here.into_iter().map(|r| r.id.to_string()).collect();
         busy.extend(sb.failed_lately());
         let wanted: Vec<Wanted<'_>> = entries
@@ -159,22 +174,14 @@ impl ClusterPlane {
                 Some(ember_engine::CreateSandbox { id: Some(id), ..e.req.clone() })
             })
             .collect();
-        if plan.remove.is_empty() && start.is_empty() {
-            return;
-        }
-        sb.working.store(true, Ordering::Relaxed);
-        let me = self.clone();
-        tokio::spawn(async move {
-            for id in plan.remove {
-                match me.local().remove_standby(&id).await {
-                    Ok(()) => tracing::info!(sandbox = %id, "rebind standby removed: no longer this node's"),
-                    Err(e) => tracing::warn!(sandbox = %id, error = %e, "rebind standby: remove"),
-                }
-            }
-            futures_util::future::join_all(start.into_iter().map(|req| me.start_standby(req))).await;
-            me.standbys.working.store(false, Ordering::Relaxed);
-        });
+        (!plan.remove.is_empty() || !start.is_empty()).then_some(Work { remove: plan.remove, start })
     }
+}
+
+/// One upkeep's task: standbys removed, then launches started.
+struct Work {
+    remove: Vec<String>,
+    start: Vec<ember_engine::CreateSandbox>,
 }
 
 impl ClusterPlane {
