@@ -117,6 +117,16 @@ impl Seen {
             _ => now.saturating_duration_since(at),
         }
     }
+
+    /// When [`Seen::silence`] starts counting for beat `b`, and so when `b`'s
+    /// node falls due for the verdict, [`DEAD_AFTER`] after it.
+    fn due(&self, me: &str, b: &Beat) -> Instant {
+        let from = match (self.nodes.get(me), self.run_start) {
+            (Some(_), Some(start)) => b.at.max(start),
+            _ => b.at,
+        };
+        from + DEAD_AFTER
+    }
 }
 
 impl Nodes {
@@ -170,12 +180,8 @@ impl Nodes {
 
     fn overdue_at(&self, now: Instant) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let from = |b: &Beat| match (seen.nodes.get(&self.me), seen.run_start) {
-            (Some(_), Some(start)) => b.at.max(start),
-            _ => b.at,
-        };
         let others = seen.nodes.values().filter(|b| b.info.name != self.me);
-        others.filter(|b| from(b) + DEAD_AFTER <= now).any(|b| seen.silence(&self.me, b.at, now) < DEAD_AFTER)
+        others.filter(|b| seen.due(&self.me, b) <= now).any(|b| seen.silence(&self.me, b.at, now) < DEAD_AFTER)
     }
 
     /// The live nodes, by name.
@@ -218,13 +224,8 @@ impl Nodes {
 
     fn next_verdict_at(&self, now: Instant) -> Option<Instant> {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        // The start of `Seen::silence`'s count.
-        let from = |b: &Beat| match (seen.nodes.get(&self.me), seen.run_start) {
-            (Some(_), Some(start)) => b.at.max(start),
-            _ => b.at,
-        };
         let others = seen.nodes.values().filter(|b| b.info.name != self.me);
-        others.map(|b| from(b) + DEAD_AFTER).filter(|due| *due > now).min()
+        others.map(|b| seen.due(&self.me, b)).filter(|due| *due > now).min()
     }
 
     /// `name`'s last heartbeat, live or not (`None`: never heard of).
