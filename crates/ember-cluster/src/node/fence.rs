@@ -237,7 +237,6 @@ impl Fence {
         lock(&self.mine).values().flatten().cloned().collect()
     }
 
-    /// Workspace `name` is being restored here by a rebind.
     /// `id`'s rebind attempt starts restoring `names`.
     pub(super) fn restore_starts(&self, id: &str, names: &[String]) {
         lock(&self.unfinished).remove(id);
@@ -262,8 +261,9 @@ impl Fence {
 
     /// The failed rebinds that `pending_here` says are no longer this
     /// node's to finish (taken elsewhere, done, removed): their workspaces
-    /// no longer count as restoring.
+    /// no longer count as restoring, and their failures are forgotten.
     pub(super) fn forget_unfinished(&self, pending_here: impl Fn(&str) -> bool) {
+        lock(&self.failed).retain(|id, _| pending_here(id));
         let mut unfinished = lock(&self.unfinished);
         let gone: Vec<String> = unfinished.keys().filter(|id| !pending_here(id)).cloned().collect();
         let mut restoring = lock(&self.restoring);
@@ -272,6 +272,7 @@ impl Fence {
         }
     }
 
+    /// Workspace `name` is being restored here by a rebind.
     pub(super) fn is_restoring(&self, name: &str) -> bool {
         lock(&self.restoring).contains(name)
     }
