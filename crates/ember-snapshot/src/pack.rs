@@ -16,6 +16,9 @@ const PROBE: usize = 4 << 10;
 /// Largest block of a zstd frame.
 const BLOCK: usize = 128 << 10;
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+/// A raw frame's header: magic, descriptor, 4-byte content size; and an
+/// empty segment's one empty block.
+const RAW_OVERHEAD: usize = 4 + 1 + 4 + 3;
 
 /// One worker's compression contexts, reused from chunk to chunk.
 pub(crate) struct Packer {
@@ -30,20 +33,35 @@ impl Packer {
     }
 
     /// The stored form of `data`.
+    #[cfg(test)]
     pub(crate) fn pack(&mut self, data: &[u8]) -> io::Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(data.len() / 2 + 64);
+        let mut out = Vec::new();
+        self.pack_into(data, &mut out)?;
+        Ok(out)
+    }
+
+    /// The stored form of `data`, in `out` (emptied first). Each frame is
+    /// written in place at `out`'s end, and a worker passes the same `out`
+    /// for every chunk: no copy of a frame, no fresh pages per chunk.
+    pub(crate) fn pack_into(&mut self, data: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        out.clear();
         for seg in data.chunks(SEGMENT) {
             if self.incompressible(seg)? {
-                raw_frame(seg, &mut out);
+                out.reserve(seg.len() + RAW_OVERHEAD + 3 * seg.len().div_ceil(BLOCK));
+                raw_frame(seg, out);
             } else {
                 let main = match &mut self.main {
                     Some(c) => c,
                     none => none.insert(Compressor::new(self.level)?),
                 };
-                out.extend_from_slice(&main.compress(seg)?);
+                out.reserve(zstd::zstd_safe::compress_bound(seg.len()));
+                let at = out.len();
+                let mut end = io::Cursor::new(&mut *out);
+                end.set_position(at as u64);
+                main.compress_to_buffer(seg, &mut end)?;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn incompressible(&mut self, seg: &[u8]) -> io::Result<bool> {
@@ -93,6 +111,24 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    /// One worker's `out` reused for chunk after chunk, each frame appended
+    /// in place: the same bytes as a fresh packer's, none of the last chunk's.
+    #[test]
+    fn a_reused_output_holds_the_same_bytes_as_a_fresh_one() {
+        let text: Vec<u8> = b"the agent writes the workspace and the snapshot ".repeat(20_000);
+        let mut mixed = text[..SEGMENT + 7].to_vec();
+        mixed.extend_from_slice(&noise(SEGMENT));
+        mixed.extend_from_slice(&text[..SEGMENT * 2]);
+        let (mut packer, mut out) = (Packer::new(3), vec![0xAA; 3 * SEGMENT]);
+        for data in [mixed.clone(), noise(10), text.clone(), Vec::new(), mixed] {
+            packer.pack_into(&data, &mut out).unwrap();
+            assert_eq!(out, Packer::new(3).pack(&data).unwrap(), "length {}", data.len());
+            if !data.is_empty() {
+                assert_eq!(zstd::bulk::decompress(&out, data.len()).unwrap(), data);
+            }
+        }
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Pack objects: many small chunks in one object.
 //!
 //! A chunk under [`PACK_BELOW`] bytes (a small file, or a file's tail) is not
-//! stored as `chunks/<sha256>` but appended, in its stored form, to its
-//! worker's pack, which goes to the store as `packs/<sha256 of the pack>`
+//! stored as `chunks/<digest>` but appended, in its stored form, to its
+//! worker's pack, which goes to the store as `packs/<digest of the pack>`
 //! once it holds [`PACK_TARGET`] bytes or the upload ends. The manifest
 //! names each packed chunk's place ([`PackAt`]). Why: an object per small
 //! file made a snapshot of a tree of small files create (and fsync, and
@@ -23,9 +23,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
-use sha2::{Digest, Sha256};
-
-use crate::manifest::{pack_key, Manifest, PackAt};
+use crate::manifest::{pack_key, ChunkHash, Manifest, PackAt};
 use crate::{ObjectStore, SnapshotError, Staged};
 
 /// Chunks shorter than this are packed.
@@ -38,14 +36,14 @@ const PLACES_MAX: usize = 100_000;
 const PLACES_PER_CHUNK: usize = 2;
 
 /// Places of packed chunks, by the [`Scope`] they were learned in and the
-/// chunk's sha256. Bounded: when full it is emptied (what is forgotten costs
+/// chunk's digest. Bounded: when full it is emptied (what is forgotten costs
 /// a chunk stored again, never a wrong read).
 pub(crate) struct Places {
     map: Mutex<HashMap<PlaceKey, Vec<PackAt>>>,
 }
 
-/// A chunk's sha256 in a [`Scope`].
-type PlaceKey = (Scope, [u8; 32]);
+/// A chunk's digest, under its hash, in a [`Scope`].
+type PlaceKey = (Scope, ChunkHash, [u8; 32]);
 
 /// Where a place may be reused: the snapshots of one workspace (or one
 /// sandbox's layer; or the unlabelled ones) in the stores of one manifest
@@ -85,8 +83,8 @@ pub(crate) fn places() -> &'static Places {
 
 impl Places {
     /// The places known for chunk `sha`, newest first.
-    pub(crate) fn get(&self, scope: Scope, sha: &[u8; 32]) -> Vec<PackAt> {
-        self.map.lock().get(&(scope, *sha)).cloned().unwrap_or_default()
+    pub(crate) fn get(&self, scope: Scope, hash: ChunkHash, sha: &[u8; 32]) -> Vec<PackAt> {
+        self.map.lock().get(&(scope, hash, *sha)).cloned().unwrap_or_default()
     }
 
     /// Learns the places of `m`'s packed chunks (a manifest `store` verified or wrote).
@@ -97,11 +95,12 @@ impl Places {
         let scope = Scope::of(store, &m.labels);
         let mut map = self.map.lock();
         for c in m.chunks() {
-            let (Some(at), Ok(sha)) = (c.pack, decode_sha(&c.sha256)) else { continue };
-            if map.len() >= PLACES_MAX && !map.contains_key(&(scope, sha)) {
+            let (Some(at), Ok(sha)) = (c.pack, decode_sha(c.id.hex())) else { continue };
+            let key = (scope, c.id.hash(), sha);
+            if map.len() >= PLACES_MAX && !map.contains_key(&key) {
                 map.clear();
             }
-            let known = map.entry((scope, sha)).or_default();
+            let known = map.entry(key).or_default();
             known.retain(|p| *p != at);
             known.insert(0, at);
             known.truncate(PLACES_PER_CHUNK);
@@ -116,14 +115,19 @@ fn decode_sha(hex_text: &str) -> Result<[u8; 32], hex::FromHexError> {
 }
 
 /// One worker's pack being filled.
-#[derive(Default)]
 pub(crate) struct PackWriter {
+    /// Names the pack.
+    hash: ChunkHash,
     buf: Vec<u8>,
-    /// (chunk sha256, offset, stored length) of what `buf` holds.
+    /// (chunk digest, offset, stored length) of what `buf` holds.
     members: Vec<([u8; 32], u64, u64)>,
 }
 
 impl PackWriter {
+    pub(crate) fn new(hash: ChunkHash) -> PackWriter {
+        PackWriter { hash, buf: Vec::new(), members: Vec::new() }
+    }
+
     /// Appends a chunk's stored form, first writing the pack out if the
     /// chunk would take it past [`PACK_TARGET`]. Returns the places of the
     /// chunks written out, if any.
@@ -153,7 +157,7 @@ impl PackWriter {
         if self.buf.is_empty() {
             return Ok(Vec::new());
         }
-        let pack: [u8; 32] = Sha256::digest(&self.buf).into();
+        let pack = self.hash.digest(&self.buf);
         // Named by its bytes: a pack of that name, if any, holds the same.
         store.put_staged(&pack_key(&pack), &self.buf, batch)?;
         self.buf.clear();

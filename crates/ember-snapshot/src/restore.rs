@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use filetime::FileTime;
-use sha2::{Digest, Sha256};
 
 use crate::fetch::{Fetcher, FileJob, Placed};
 use crate::manifest::{chunk_key, manifest_key, pack_key, ChunkRef, Entry, EntryKind, Manifest, PackAt};
@@ -369,7 +368,7 @@ fn copy_file(
 /// the next chunks: a pack's chunks come in walk order.
 pub(crate) type LastPack = Option<([u8; 32], Vec<u8>)>;
 
-/// Fetches a chunk and verifies its length and sha256.
+/// Fetches a chunk and verifies its length and digest.
 pub(crate) fn fetch_chunk(
     store: &dyn ObjectStore,
     dctx: &mut zstd::bulk::Decompressor<'static>,
@@ -377,7 +376,7 @@ pub(crate) fn fetch_chunk(
     max_len: u64,
     last: &mut LastPack,
 ) -> Result<Vec<u8>, SnapshotError> {
-    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
+    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.id.hex().to_string(), reason };
     // Bounded by the chunker's limit too, so a tampered manifest cannot ask for a huge buffer.
     let max_len = max_len.min(16 << 20);
     if c.len > max_len {
@@ -385,7 +384,7 @@ pub(crate) fn fetch_chunk(
     }
     let data = match &c.pack {
         None => {
-            let packed = store.get(&chunk_key(&c.sha256)).map_err(|e| missing(&c.sha256, e))?;
+            let packed = store.get(&chunk_key(c.id.hex())).map_err(|e| missing(c.id.hex(), e))?;
             dctx.decompress(&packed, c.len as usize)
         }
         Some(at) => {
@@ -397,8 +396,8 @@ pub(crate) fn fetch_chunk(
     if data.len() as u64 != c.len {
         return Err(corrupt(format!("{} bytes, expected {}", data.len(), c.len)));
     }
-    let actual = hex::encode(Sha256::digest(&data));
-    if actual != c.sha256 {
+    let actual = hex::encode(c.id.hash().digest(&data));
+    if actual != c.id.hex() {
         return Err(corrupt(format!("content hashes to {actual}")));
     }
     Ok(data)
@@ -412,7 +411,7 @@ fn packed_slice<'l>(
     c: &ChunkRef,
     last: &'l mut LastPack,
 ) -> Result<std::borrow::Cow<'l, [u8]>, SnapshotError> {
-    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.sha256.clone(), reason };
+    let corrupt = |reason: String| SnapshotError::CorruptChunk { chunk: c.id.hex().to_string(), reason };
     // A packed chunk is small, and its stored form at most a few bytes a frame over that.
     if at.stored > PACK_BELOW as u64 + 4096 {
         return Err(corrupt(format!("recorded stored length {} is too large for a packed chunk", at.stored)));

@@ -1,5 +1,6 @@
 //! Reading and uploading a walked tree. The calling thread reads each file and
-//! cuts it into chunks (FastCDC, in order, so the manifest is deterministic);
+//! cuts it into chunks (FastCDC, in order, so the manifest is deterministic;
+//! see [`crate::window`]);
 //! worker threads take the chunks from a bounded channel, hash them, and
 //! compress (see [`crate::pack`]) and stage the ones the store does not have:
 //! a large chunk as an object of its own (one lookup each), a small one in
@@ -11,21 +12,19 @@ use std::io::{Read, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use fastcdc::v2020::FastCDC;
-use sha2::{Digest, Sha256};
-
 use ember_sys::beneath::PinnedDir;
 
-use crate::manifest::{chunk_key, ChunkRef, Chunking, EntryKind, PackAt, Stats};
+use crate::manifest::{chunk_key, ChunkHash, ChunkId, ChunkRef, Chunking, EntryKind, PackAt, Stats};
 pub(crate) use crate::packfile::Scope;
 use crate::packfile::{places, PackCheck, PackWriter, PACK_BELOW};
 use crate::walk::{Walk, Walked};
+use crate::window::{cut, Chunk, Cut, Windows};
 use crate::{pack, sparse, ObjectStore, SnapshotError, Staged};
 
 struct Job {
     /// Index of the chunk in walk order: where its hash goes.
     slot: usize,
-    data: Vec<u8>,
+    data: Chunk,
 }
 
 /// Chunks travel to the workers in batches of up to this many bytes or
@@ -44,7 +43,7 @@ struct Batcher {
 impl Batcher {
     /// Queues a job; false when the workers are gone.
     fn push(&mut self, job: Job) -> bool {
-        self.bytes += job.data.len();
+        self.bytes += job.data.bytes().len();
         self.pending.push(job);
         if self.bytes >= BATCH_BYTES || self.pending.len() >= BATCH_JOBS {
             return self.flush();
@@ -73,6 +72,8 @@ struct Shared<'s> {
     store: &'s dyn ObjectStore,
     batch: &'s Staged,
     level: i32,
+    /// Names the chunks and packs.
+    hash: ChunkHash,
     /// The store's chunks when the snapshot started, with their stored sizes.
     /// Chunks claimed by this snapshot: the first worker to insert a hash handles it.
     seen: Mutex<HashSet<[u8; 32]>>,
@@ -95,7 +96,8 @@ impl Shared<'_> {
     }
 
     fn worker(&self, rx: &Mutex<Receiver<Vec<Job>>>) {
-        let mut w = Worker { packer: pack::Packer::new(self.level), pack: PackWriter::default() };
+        let mut w =
+            Worker { packer: pack::Packer::new(self.level), pack: PackWriter::new(self.hash), stored: Vec::new() };
         loop {
             let batch = rx.lock().recv();
             let Ok(batch) = batch else { break };
@@ -124,7 +126,7 @@ impl Shared<'_> {
     /// A place for small chunk `sha` known to this process, in a pack the
     /// store still has.
     fn known_place(&self, sha: &[u8; 32]) -> Result<Option<PackAt>, SnapshotError> {
-        for at in places().get(self.scope, sha) {
+        for at in places().get(self.scope, self.hash, sha) {
             if self.packs.holds(self.store, &at)? {
                 return Ok(Some(at));
             }
@@ -135,13 +137,14 @@ impl Shared<'_> {
     /// Chunk `sha`'s stored size if the store has it: one lookup per
     /// distinct chunk of this snapshot (after its marker is up, so gc cannot
     /// remove one meanwhile), not a listing of every chunk in the store.
-    fn stored(&self, sha: &[u8; 32]) -> Result<Option<u64>, SnapshotError> {
-        Ok(self.store.meta(&chunk_key(&hex::encode(sha)))?.map(|m| m.size))
+    fn stored(&self, id: &ChunkId) -> Result<Option<u64>, SnapshotError> {
+        Ok(self.store.meta(&chunk_key(id.hex()))?.map(|m| m.size))
     }
 
     fn handle(&self, job: Job, w: &mut Worker) -> Result<(), SnapshotError> {
-        let len = job.data.len() as u64;
-        let sha: [u8; 32] = Sha256::digest(&job.data).into();
+        let data = job.data.bytes();
+        let len = data.len() as u64;
+        let sha = self.hash.digest(data);
         self.hashes.lock()[job.slot] = sha;
         let done = || {
             self.counters.bytes.fetch_add(len, Ordering::Relaxed);
@@ -156,13 +159,13 @@ impl Shared<'_> {
             done();
             return Ok(());
         }
-        let small = job.data.len() < PACK_BELOW;
+        let small = data.len() < PACK_BELOW;
         let found = match small {
             true => self.known_place(&sha)?.map(|at| {
                 self.placed.lock().insert(sha, at);
                 at.stored
             }),
-            false => self.stored(&sha)?,
+            false => self.stored(&ChunkId::new(self.hash, &sha))?,
         };
         if let Some(stored) = found {
             let mut s = self.stats.lock();
@@ -173,14 +176,14 @@ impl Shared<'_> {
             done();
             return Ok(());
         }
-        let sha256 = hex::encode(sha);
-        let packed = w
-            .packer
-            .pack(&job.data)
-            .map_err(|e| SnapshotError::CorruptChunk { chunk: sha256.clone(), reason: format!("compressing: {e}") })?;
+        let hex = hex::encode(sha);
+        w.packer
+            .pack_into(data, &mut w.stored)
+            .map_err(|e| SnapshotError::CorruptChunk { chunk: hex.clone(), reason: format!("compressing: {e}") })?;
+        let packed = &w.stored;
         match small {
-            true => self.place(w.pack.add(sha, &packed, self.store, self.batch)?),
-            false => self.store.put_staged(&chunk_key(&sha256), &packed, self.batch)?,
+            true => self.place(w.pack.add(sha, packed, self.store, self.batch)?),
+            false => self.store.put_staged(&chunk_key(&hex), packed, self.batch)?,
         }
         let mut s = self.stats.lock();
         (s.unique_chunks, s.unique_bytes) = (s.unique_chunks + 1, s.unique_bytes + len);
@@ -203,10 +206,12 @@ pub(crate) struct How {
     pub scope: Scope,
 }
 
-/// A worker's compression contexts and its pack being filled.
+/// A worker's compression contexts, its pack being filled, and the stored
+/// form of its current chunk (one allocation, reused).
 struct Worker {
     packer: pack::Packer,
     pack: PackWriter,
+    stored: Vec<u8>,
 }
 
 /// Fills in every file entry's chunks and size, staging absent chunks in
@@ -226,6 +231,7 @@ pub(crate) fn upload(
         store,
         batch,
         level: chunking.zstd_level,
+        hash: chunking.hash,
         seen: Mutex::new(HashSet::new()),
         hashes: Mutex::new(Vec::new()),
         placed: Mutex::new(HashMap::new()),
@@ -251,7 +257,7 @@ pub(crate) fn upload(
     }
     produced?;
     let hashes = std::mem::take(&mut *shared.hashes.lock());
-    fill_hashes(&mut walked.items, &hashes, &shared.placed.lock())?;
+    fill_hashes(&mut walked.items, chunking.hash, &hashes, &shared.placed.lock())?;
     let s = shared.stats.lock().clone();
     Ok(Stats {
         logical_bytes: counts.logical_bytes,
@@ -268,6 +274,7 @@ pub(crate) fn upload(
 /// chunk references, in walk order.
 fn fill_hashes(
     items: &mut [Walked],
+    hash: ChunkHash,
     hashes: &[[u8; 32]],
     placed: &HashMap<[u8; 32], PackAt>,
 ) -> Result<(), SnapshotError> {
@@ -275,11 +282,11 @@ fn fill_hashes(
     for item in items {
         if let EntryKind::File { chunks, .. } = &mut item.entry.kind {
             for (c, sha) in chunks.iter_mut().zip(&mut slots) {
-                c.sha256 = hex::encode(sha);
+                c.id = ChunkId::new(hash, sha);
                 if (c.len as usize) < PACK_BELOW {
                     // Every small chunk was packed or found packed by a worker.
                     let at = placed.get(sha).ok_or_else(|| SnapshotError::CorruptChunk {
-                        chunk: c.sha256.clone(),
+                        chunk: c.id.hex().to_string(),
                         reason: "a small chunk has no place in a pack".into(),
                     })?;
                     c.pack = Some(*at);
@@ -299,6 +306,7 @@ fn produce(
     counts: &mut Stats,
     on_chunk: &mut dyn FnMut(),
 ) -> Result<(), SnapshotError> {
+    let windows = &mut Windows::default();
     for item in items {
         let rel = item.entry.path.as_str();
         match &mut item.entry.kind {
@@ -306,7 +314,7 @@ fn produce(
             EntryKind::Symlink { .. } => counts.symlinks += 1,
             EntryKind::File { size, chunks, data } => {
                 counts.files += 1;
-                let mut reader = Reader { root, rel, c, out, shared, on_chunk: &mut *on_chunk };
+                let mut reader = Reader { root, rel, c, out, shared, windows, on_chunk: &mut *on_chunk };
                 let read = reader.file(chunks)?;
                 (*size, *data) = (read.size, read.data);
                 counts.logical_bytes += read.size;
@@ -334,6 +342,7 @@ struct Reader<'r, 's> {
     root: &'r PinnedDir,
     rel: &'r str,
     c: Chunking,
+    windows: &'r mut Windows,
     out: &'r mut Batcher,
     shared: &'r Shared<'s>,
     on_chunk: &'r mut dyn FnMut(),
@@ -363,23 +372,16 @@ impl Reader<'_, '_> {
         Ok(ReadFile { size, data: sparse::as_recorded(extents, size), bytes: total })
     }
 
-    /// Chunks one extent; returns the bytes read. The references get their
-    /// hashes later, from the workers ([`fill_hashes`]).
-    ///
-    /// The extent is read in windows of four of the largest chunk (16 MiB by
-    /// default; a smaller extent in one read of its size) and cut in memory;
-    /// a chunk is cut only when the window holds the largest chunk's worth
-    /// of bytes from its start (or the extent's end), so the cut points are
-    /// the streaming chunker's. What is left of a window moves to the front
-    /// once. Why not fastcdc's `StreamCDC`: it zeroes a buffer of the largest
-    /// chunk (4 MiB) for every extent and moves the rest of its buffer after
-    /// every chunk; for a tree of small files that cost more than reading them.
+    /// Chunks one extent ([`cut`]); returns the bytes read. The references
+    /// get their hashes later, from the workers ([`fill_hashes`]).
     fn extent(&mut self, r: impl Read, len: u64, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
         let mut total = 0;
-        let read = cut(r, len, self.c, &mut |data| {
+        let mut windows = std::mem::take(self.windows);
+        let read = cut(r, len, self.c, &mut windows, &mut |data| {
             total += self.send(data, out)?;
             Ok(())
         });
+        *self.windows = windows;
         read.map_err(|e| match e {
             Cut::Read(e) => self.err("read", e),
             Cut::Send(e) => e,
@@ -388,10 +390,11 @@ impl Reader<'_, '_> {
     }
 
     /// Hands one chunk to the workers; returns its length.
-    fn send(&mut self, data: Vec<u8>, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
+    fn send(&mut self, data: Chunk, out: &mut Vec<ChunkRef>) -> Result<u64, SnapshotError> {
         let shared = self.shared;
-        let len = data.len() as u64;
-        out.push(ChunkRef { sha256: String::new(), len, pack: None });
+        let len = data.bytes().len() as u64;
+        // Named by its digest once a worker has hashed it (`fill_hashes`).
+        out.push(ChunkRef { id: ChunkId::Sha256(String::new()), len, pack: None });
         let slot = {
             let mut hashes = shared.hashes.lock();
             hashes.push([0; 32]);
@@ -403,96 +406,5 @@ impl Reader<'_, '_> {
         }
         (self.on_chunk)();
         Ok(len)
-    }
-}
-
-/// Why [`cut`] stopped.
-enum Cut {
-    Read(std::io::Error),
-    Send(SnapshotError),
-}
-
-/// Cuts `len` bytes of `r` into chunks, in order, handing each to `send`
-/// (see [`Reader::extent`]).
-fn cut(
-    r: impl Read,
-    len: u64,
-    c: Chunking,
-    send: &mut dyn FnMut(Vec<u8>) -> Result<(), SnapshotError>,
-) -> Result<(), Cut> {
-    let (min, avg, max) = (c.min as usize, c.avg as usize, c.max as usize);
-    let window = 4 * max;
-    let mut r = r.take(len);
-    let mut buf: Vec<u8> = Vec::with_capacity(window.min(len as usize));
-    let mut eof = false;
-    loop {
-        while buf.len() < window && !eof {
-            let want = (window - buf.len()) as u64;
-            eof = (&mut r).take(want).read_to_end(&mut buf).map_err(Cut::Read)? == 0;
-        }
-        if eof && buf.len() <= min {
-            // The rest is one chunk (a small file: all of it), sent as read.
-            if !buf.is_empty() {
-                send(std::mem::take(&mut buf)).map_err(Cut::Send)?;
-            }
-            return Ok(());
-        }
-        let mut used = 0;
-        for chunk in FastCDC::new(&buf, min, avg, max) {
-            if !eof && chunk.offset + max > buf.len() {
-                break; // its cut may depend on bytes not read yet
-            }
-            send(buf[chunk.offset..chunk.offset + chunk.length].to_vec()).map_err(Cut::Send)?;
-            used = chunk.offset + chunk.length;
-        }
-        buf.drain(..used);
-        if eof && buf.is_empty() {
-            return Ok(());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use fastcdc::v2020::StreamCDC;
-
-    fn data(len: usize) -> Vec<u8> {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        (0..len)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                if (i / 5000) % 3 == 0 {
-                    b'a'
-                } else {
-                    x as u8
-                }
-            })
-            .collect()
-    }
-
-    /// A tree snapshotted by a build that streamed every extent (fastcdc's
-    /// `StreamCDC`) must dedup against this one: the same cut points, over
-    /// many windows and at any length.
-    #[test]
-    fn cutting_in_windows_cuts_where_streaming_does() {
-        let small = Chunking { min: 256, avg: 1024, max: 4096, zstd_level: 3 };
-        for (c, len) in [(small, 300_000), (small, 4 * 4096), (small, 200), (small, 0), (Chunking::default(), 41 << 20)]
-        {
-            let data = data(len);
-            let (min, avg, max) = (c.min as usize, c.avg as usize, c.max as usize);
-            let streamed: Vec<Vec<u8>> = StreamCDC::new(&data[..], min, avg, max).map(|ch| ch.unwrap().data).collect();
-            let mut got = Vec::new();
-            let done = cut(&data[..], len as u64, c, &mut |d| {
-                got.push(d);
-                Ok(())
-            });
-            assert!(done.is_ok(), "length {len}");
-            assert_eq!(got.len(), streamed.len(), "length {len}");
-            assert!(got == streamed, "length {len}: different cuts");
-            assert!(len < 100_000 || got.len() > 8, "length {len}: {} chunks", got.len());
-        }
     }
 }

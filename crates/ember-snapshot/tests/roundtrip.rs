@@ -6,7 +6,9 @@ use std::cell::Cell;
 use std::fs;
 
 use common::{assert_same_tree, keys, mixed_tree, Rng};
-use ember_snapshot::{inspect, list, restore, snapshot, LocalStore, RestoreOptions, SnapshotError, SnapshotOptions};
+use ember_snapshot::{
+    inspect, list, restore, snapshot, ChunkHash, LocalStore, RestoreOptions, SnapshotError, SnapshotOptions,
+};
 
 #[test]
 fn mixed_tree_round_trips_through_local_store() {
@@ -136,4 +138,70 @@ fn missing_chunk_is_detected() {
     let SnapshotError::MissingChunk { chunk } = &err else { panic!("{err:?}") };
     assert_eq!(format!("chunks/{chunk}"), key);
     assert!(!out.exists());
+}
+
+/// The chunk names file `path` has in stored manifest `id`: (hash, hex digest, length).
+fn chunk_names(store: &LocalStore, id: &str, path: &str) -> (u64, Vec<(String, String, usize)>) {
+    let text = fs::read(store.root().join(format!("manifests/{id}.json"))).unwrap();
+    let env: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let entry = env["manifest"]["entries"].as_array().unwrap().iter().find(|e| e["path"] == path).unwrap().clone();
+    let names = entry["chunks"].as_array().unwrap().iter().map(|c| {
+        let (hash, hex) =
+            ["sha256", "blake3"].iter().find_map(|h| Some((h.to_string(), c.get(*h)?.as_str()?.to_string()))).unwrap();
+        (hash, hex, c["len"].as_u64().unwrap() as usize)
+    });
+    (env["version"].as_u64().unwrap(), names.collect())
+}
+
+/// A store written by the builds before BLAKE3 (chunks named by sha256)
+/// keeps restoring beside the snapshots this build writes, named by BLAKE3;
+/// each chunk is checked against the hash that named it.
+#[test]
+fn sha256_and_blake3_snapshots_share_a_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = Rng(5).bytes(3_000_000);
+    fs::write(src.join("a"), &data).unwrap();
+    let store = common::local_store(&tmp.path().join("store"));
+    let mut old = SnapshotOptions::new("old");
+    old.chunking.hash = ChunkHash::Sha256;
+    snapshot(&src, &store, old).unwrap();
+    let new = snapshot(&src, &store, SnapshotOptions::new("new")).unwrap().summary.stats;
+    assert_eq!(new.bytes_reused, 0, "other names: the same chunks stored once more");
+
+    let digest = |hash: &str, bytes: &[u8]| match hash {
+        "sha256" => hex::encode(ChunkHash::Sha256.digest(bytes)),
+        _ => hex::encode(blake3::hash(bytes).as_bytes()),
+    };
+    let mut objects = Vec::new();
+    for (id, want, version) in [("old", "sha256", 1), ("new", "blake3", 3)] {
+        let (found, names) = chunk_names(&store, id, "a");
+        assert_eq!(found, version, "{id}");
+        let mut at = 0;
+        for (hash, hex, len) in names {
+            assert_eq!(hash, want, "{id}");
+            assert_eq!(hex, digest(&hash, &data[at..at + len]), "{id}: the chunk at {at} is named by its bytes");
+            at += len;
+            objects.push(format!("chunks/{hex}"));
+        }
+        assert_eq!(at, data.len());
+        let out = tmp.path().join(format!("out-{id}"));
+        restore(&store, id, &out, RestoreOptions::default()).unwrap();
+        assert_same_tree(&src, &out);
+    }
+    objects.sort();
+    assert_eq!(keys(&store, "chunks/"), objects, "each snapshot's chunks under their own names");
+
+    for id in ["old", "new"] {
+        let key = format!("chunks/{}", chunk_names(&store, id, "a").1[0].1);
+        let path = store.root().join(&key);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x55;
+        fs::write(&path, bytes).unwrap();
+        let err = restore(&store, id, &tmp.path().join(format!("bad-{id}")), RestoreOptions::default()).unwrap_err();
+        let SnapshotError::CorruptChunk { chunk, .. } = &err else { panic!("{id}: {err:?}") };
+        assert_eq!(format!("chunks/{chunk}"), key, "{id}");
+    }
 }
