@@ -145,7 +145,7 @@ pub(crate) mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                if (i / run) % every == 0 {
+                if (i / run).is_multiple_of(every) {
                     b'z'
                 } else {
                     x as u8
