@@ -103,7 +103,7 @@ impl Default for GcOptions {
 }
 
 /// What gc found and did. Its "chunks" are the store's chunk objects:
-/// `chunks/<sha256>`, and the packs of small chunks, `packs/<sha256>`.
+/// `chunks/<digest>`, and the packs of small chunks, `packs/<digest>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub manifests: u64,

@@ -170,7 +170,7 @@ pub struct ChunkRef {
     /// Uncompressed length.
     pub len: u64,
     /// Where the chunk's stored bytes are when it is packed; absent for a
-    /// chunk stored as `chunks/<sha256>` (and in manifests of older builds).
+    /// chunk stored as `chunks/<digest>` (and in manifests of older builds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<PackAt>,
 }

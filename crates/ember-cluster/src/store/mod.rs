@@ -2,7 +2,7 @@
 //! object store, the snapshot store of `ember serve --cluster` by default.
 //!
 //! One bucket (`ember_snapshots`, stream `OBJ_ember_snapshots`, R3 on a
-//! cluster of three servers or more); each store key (`chunks/<sha256>`,
+//! cluster of three servers or more); each store key (`chunks/<digest>`,
 //! `manifests/<id>.json`, gc's markers) is one object of that name, written
 //! in parts of [`PART`] bytes (under the servers' default 1 MiB message
 //! cap). An object's metadata message is published after its parts, so a

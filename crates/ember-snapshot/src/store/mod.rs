@@ -2,7 +2,7 @@
 //! and [`S3Store`] (any S3-compatible endpoint).
 //!
 //! Keys are relative, `/`-separated paths of plain names, such as
-//! `chunks/<sha256>` and `manifests/<id>.json`. A `put` is atomic: readers see
+//! `chunks/<digest>` and `manifests/<id>.json`. A `put` is atomic: readers see
 //! the whole object or nothing.
 use ember_sys::beneath::PinnedDir;
 use parking_lot::Mutex;
