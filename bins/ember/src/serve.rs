@@ -89,6 +89,10 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         snapshot_store: cluster_snapshot_store(&args).await?,
         snapshot_key_file: args.snapshot_key_file.clone(),
         snapshot_accept_unsigned: args.snapshot_accept_unsigned,
+        snapshot_hash: match args.snapshot_hash.as_str() {
+            "sha256" => ember_snapshot::ChunkHash::Sha256,
+            _ => ember_snapshot::ChunkHash::Blake3,
+        },
         snapshot_gc_interval: match args.snapshot_gc_interval.as_str() {
             "off" => None,
             every => Some(parse_duration(every).context("--snapshot-gc-interval")?).filter(|d| !d.is_zero()),

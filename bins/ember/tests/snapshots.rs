@@ -242,3 +242,44 @@ async fn a_restore_smaller_than_the_snapshots_data_is_refused_up_front() {
     assert!(gone.contains("WORKSPACE::NOT_FOUND"), "{gone}");
     d.client.restore_snapshot(&snap.id, "fits", Some("48Mi")).await.expect("a quota the data fits in");
 }
+
+/// The chunk hash of each snapshot manifest in `d`'s store, and its version.
+fn manifest_hashes(d: &Daemon, id: &str) -> (u64, Vec<String>) {
+    let text = std::fs::read(d.data_dir.join(format!("snapshots/manifests/{id}.json"))).expect("manifest");
+    let env: serde_json::Value = serde_json::from_slice(&text).expect("json");
+    let mut hashes: Vec<String> = env["manifest"]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["chunks"].as_array())
+        .flatten()
+        .map(|c| ["sha256", "blake3"].iter().find(|h| c.get(**h).is_some()).expect("a chunk name").to_string())
+        .collect();
+    hashes.dedup();
+    (env["version"].as_u64().expect("version"), hashes)
+}
+
+/// A daemon told `--snapshot-hash sha256` writes what the builds before
+/// BLAKE3 read (a rolling upgrade of a cluster); by default chunks are
+/// named by BLAKE3 (manifest version 3). Both restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chunk_hash_follows_the_daemons_flag_and_both_kinds_restore() {
+    for (flag, version, hash) in [(None, 3, "blake3"), (Some("sha256"), 2, "sha256")] {
+        let d = match flag {
+            Some(h) => Daemon::start_with(&["--snapshot-hash", h]),
+            None => Daemon::start(),
+        };
+        d.client.create_workspace("w", "64Mi").await.expect("workspace");
+        let w = d.create(|r| r.workspaces = vec![mount("w")]).await;
+        let script = "head -c 3000000 /dev/urandom > /workspace/big; echo small > /workspace/small; \
+                      md5sum /workspace/big /workspace/small | cut -c1-32";
+        let (code, sums, _) = d.sh(&w.id, script, None).await;
+        assert_eq!(code, Some(0));
+        let snap = d.client.snapshot_workspace("w", None).await.expect("snapshot");
+        assert_eq!(manifest_hashes(&d, &snap.id), (version, vec![hash.to_string()]), "{flag:?}");
+        d.client.restore_snapshot(&snap.id, "copy", None).await.expect("restore");
+        let r = d.create(|r| r.workspaces = vec![mount("copy")]).await;
+        let (code, again, _) = d.sh(&r.id, "md5sum /workspace/big /workspace/small | cut -c1-32", None).await;
+        assert_eq!((code, again), (Some(0), sums), "{flag:?}: the restore holds the same bytes");
+    }
+}

@@ -80,6 +80,9 @@ pub struct EngineConfig {
     /// Accept manifests without a MAC (written before manifests were
     /// authenticated): a migration aid, off by default.
     pub snapshot_accept_unsigned: bool,
+    /// The hash that names new snapshots' chunks (BLAKE3; sha256 keeps
+    /// manifests the builds before BLAKE3 read, for a rolling upgrade).
+    pub snapshot_hash: ember_snapshot::ChunkHash,
     /// How often the snapshot store's unreferenced chunks are swept (also
     /// soon after a delete); `None`: only on request.
     pub snapshot_gc_interval: Option<Duration>,

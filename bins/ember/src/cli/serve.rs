@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// Anyone who can write the store can then forge one: migrate, then drop it.
     #[arg(long)]
     pub snapshot_accept_unsigned: bool,
+    /// The hash that names new snapshot chunks: `blake3`, or `sha256` as the
+    /// builds before BLAKE3 wrote, whose manifests they can read. Use
+    /// `sha256` while a cluster's nodes are upgraded one by one, then drop it.
+    #[arg(long, value_name = "HASH", default_value = "blake3", value_parser = ["blake3", "sha256"])]
+    pub snapshot_hash: String,
     /// host:port put in endpoint answers (default: the request's Host header).
     #[arg(long)]
     pub public_host: Option<String>,

@@ -97,6 +97,8 @@ pub(crate) struct Snapshots {
     runtimes: Runtimes,
     /// The golden pools that start from each sandbox snapshot (`pins.rs`).
     pins: pins::Pins,
+    /// Names new snapshots' chunks (`--snapshot-hash`).
+    chunk_hash: ember_snapshot::ChunkHash,
 }
 
 /// Runs an operation in a task of its own and waits for it: once begun it
@@ -132,7 +134,15 @@ impl Snapshots {
             catalog,
             runtimes,
             pins: Default::default(),
+            chunk_hash: cfg.snapshot_hash,
         }
+    }
+
+    /// Options for snapshot `id` of this node: its chunk hash.
+    fn options<'a>(&self, id: String) -> SnapshotOptions<'a> {
+        let mut opts = SnapshotOptions::new(id);
+        opts.chunking.hash = self.chunk_hash;
+        opts
     }
 
     async fn snap<T: Send + 'static>(
@@ -198,7 +208,7 @@ impl Snapshots {
                     }
                 };
                 let progress = |p: Progress| e.snapshot_ops.update(&op, |o| o.progress = p);
-                let mut opts = SnapshotOptions::new(id).label("workspace", n.clone());
+                let mut opts = e.options(id).label("workspace", n.clone());
                 opts.labels.insert("sizeBytes".into(), meta.size_bytes.to_string());
                 if let Some(l) = &start {
                     opts.labels.insert("epoch".into(), l.epoch.to_string());

@@ -27,7 +27,6 @@ use crate::record::now_ms;
 use crate::sandbox::Command;
 use crate::store::Store;
 use crate::{EngineError, SandboxRecord};
-use ember_snapshot::SnapshotOptions;
 use ember_types::lifecycle::Lifecycle;
 use ember_types::{SandboxId, SandboxSpec};
 use serde::{Deserialize, Serialize};
@@ -238,9 +237,8 @@ impl Snapshots {
         holder: &str,
     ) -> Result<u64, EngineError> {
         let store = self.snapshot_store.as_ref();
-        let opts = SnapshotOptions::new(rec.layer_snapshot.clone())
-            .label("sandbox", holder)
-            .label("sandboxSnapshot", rec.id.clone());
+        let opts =
+            self.options(rec.layer_snapshot.clone()).label("sandbox", holder).label("sandboxSnapshot", rec.id.clone());
         let info = ember_snapshot::snapshot_layer(&layer.upper, layer.opaque_xattr, store, opts)?;
         let src = self.sandboxes.entry(holder)?.snapshot();
         for w in &rec.workspaces {
@@ -251,7 +249,8 @@ impl Snapshots {
                 let now = self.workspaces.meta(&w.name).ok().and_then(|m| m.leases.lease);
                 now.is_some_and(|l| l.holder == holder && Some(l.epoch) == epoch)
             };
-            let mut opts = SnapshotOptions::new(sid.clone())
+            let mut opts = self
+                .options(sid.clone())
                 .label("workspace", w.name.clone())
                 .label("sizeBytes", w.size_bytes.to_string())
                 .label("sandboxSnapshot", rec.id.clone());
