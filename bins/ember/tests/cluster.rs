@@ -207,6 +207,58 @@ fn a_call_to_a_node_that_stops_answering_ends_when_it_is_judged_dead() {
     });
 }
 
+/// An owner that accepts the proxy's connection and then resets it (a node
+/// SIGKILLed while its listener still queued connections: the drill's run HD
+/// saw three) fails the proxied call with a 503 naming the node, which
+/// clients retry, not a 502 `SANDBOX::AGENT_UNREACHABLE`, which none does.
+/// The reset is real: an nftables rule of the test's own answers every
+/// packet carrying data to b's port with a TCP reset (the handshake passes).
+#[test]
+fn a_proxied_call_whose_owner_resets_the_connection_is_a_503() {
+    let nats = nats::NatsCluster::start("reset", 3);
+    let a = node(&nats, "a", &[]);
+    let b = node(&nats, "b", &[]);
+    runtime().block_on(async {
+        let on_b = b.create(|_| {}).await.id;
+        eventually(Duration::from_secs(60), "a routes to b", || async { a.client.get_sandbox(&on_b).await.ok() }).await;
+        let port = b.url.rsplit(':').next().expect("b's port").trim_end_matches('/').to_string();
+        let _rule = ResetRule::add(&port);
+        let err = a.client.download(&on_b, "/etc/hostname").await.expect_err("a file from a node that resets");
+        assert_node_unavailable(&err, "b");
+        assert!(matches!(&err, ClientError::Api { message, .. } if message.contains("request")), "{err:?}");
+    });
+}
+
+/// An nftables table answering data sent to a local TCP port with a reset;
+/// deleted when dropped.
+struct ResetRule(String);
+
+impl ResetRule {
+    fn add(port: &str) -> ResetRule {
+        let table = format!("ember_reset_{}", std::process::id());
+        let nft = |args: &[&str]| {
+            let out = std::process::Command::new("nft").args(args).output().expect("nft");
+            assert!(out.status.success(), "nft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let rule = ResetRule(table.clone());
+        nft(&["add", "table", "inet", &table]);
+        nft(&["add", "chain", "inet", &table, "in", "{ type filter hook input priority -10; }"]);
+        // Not the SYN, not a bare ACK (no data): the connection is made, and
+        // its first request is answered with a reset.
+        let spec = format!("tcp dport {port} tcp flags != syn ip length > 52 reject with tcp reset");
+        let mut args = vec!["add", "rule", "inet", &table, "in"];
+        args.extend(spec.split(' '));
+        nft(&args);
+        rule
+    }
+}
+
+impl Drop for ResetRule {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft").args(["delete", "table", "inet", &self.0]).output();
+    }
+}
+
 /// A 503 `CLUSTER::NODE_UNAVAILABLE` naming `node`.
 fn assert_node_unavailable(err: &ClientError, node: &str) {
     let ok = matches!(err, ClientError::Api { status: 503, code, message, .. }

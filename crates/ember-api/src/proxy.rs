@@ -146,10 +146,13 @@ async fn forward(
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let on_api_origin = matches!(via, Via::Path);
-    let Target { stream, path, host, key } = connect(route, &id, port, rest, &query, via).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| bad_gateway(&id, "handshake", &e))?;
+    let Target { stream, path, host, key, owner } = connect(route, &id, port, rest, &query, via).await?;
+    let hop_failed = |what: &str, e: &hyper::Error| match &owner {
+        Some(o) => o.unavailable(&id, what, chain(e)),
+        None => bad_gateway(&id, what, e),
+    };
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| hop_failed("handshake", &e))?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
@@ -173,7 +176,7 @@ async fn forward(
         None => tracing::info_span!("agent_proxy", sandbox = %id, port),
     };
     let sent = tracing::Instrument::instrument(sender.send_request(out), span).await;
-    let mut resp = sent.map_err(|e| bad_gateway(&id, "request", &e))?;
+    let mut resp = sent.map_err(|e| hop_failed("request", &e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let agent_upgrade = hyper::upgrade::on(&mut resp);
         let Some(client_upgrade) = client_upgrade else {
@@ -245,6 +248,31 @@ struct Target {
     path: String,
     host: HeaderValue,
     key: Option<String>,
+    /// The owning node, when the hop is to another node.
+    owner: Option<Owner>,
+}
+
+/// The node a proxied request is sent on to.
+struct Owner {
+    node: String,
+    authority: axum::http::uri::Authority,
+}
+
+impl Owner {
+    /// The owning node failed the hop before its answer began: it does not
+    /// accept the connection, or it accepted and then reset it (a node
+    /// killed while its listener still queued connections, a cut link). It
+    /// is down or cut off, its death not noticed yet: a 503 the retry policy
+    /// rides out, as for a forwarded call, not a 502 for the agent (no
+    /// client retries one; the drill counted them as user-visible errors).
+    /// A load balancer answers a reset before the headers the same way.
+    fn unavailable(&self, id: &str, what: &str, why: String) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "CLUSTER::NODE_UNAVAILABLE",
+            format!("sandbox {id}: node {} ({}) {what}: {why}", self.node, self.authority),
+        )
+    }
 }
 
 async fn connect(
@@ -264,7 +292,7 @@ async fn connect(
                 (_, false) => format!("proxy/{port}/{rest}"),
             };
             let host = HeaderValue::from_static("agent");
-            Ok(Target { stream: Either::Left(s), path: format!("/{rest}{query}"), host, key: None })
+            Ok(Target { stream: Either::Left(s), path: format!("/{rest}{query}"), host, key: None, owner: None })
         }
         AgentRoute::Remote { node, base_url, api_key } => {
             let authority = remote_authority(&base_url).ok_or_else(|| {
@@ -280,17 +308,11 @@ async fn connect(
             // A bounded connect: a node whose link is cut drops the SYN, and
             // the kernel's own retries last two minutes.
             let connect = tokio::time::timeout(NODE_CONNECT, tokio::net::TcpStream::connect(authority.as_str()));
-            let unavailable = |why: String| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "CLUSTER::NODE_UNAVAILABLE",
-                    format!("sandbox {id}: node {node} ({authority}) connect: {why}"),
-                )
-            };
+            let owner = Owner { node, authority: authority.clone() };
             let s = connect
                 .await
-                .map_err(|_| unavailable(format!("no answer within {NODE_CONNECT:?}")))?
-                .map_err(|e| unavailable(chain(&e)))?;
+                .map_err(|_| owner.unavailable(id, "connect", format!("no answer within {NODE_CONNECT:?}")))?
+                .map_err(|e| owner.unavailable(id, "connect", chain(&e)))?;
             // The same way in on the owner: its path route (which sets the
             // same policy), or the same sandbox name (the nodes of a cluster
             // share `--sandbox-domain`).
@@ -303,7 +325,7 @@ async fn connect(
                 }
                 Via::Host(host) => (format!("/{rest}{query}"), host),
             };
-            Ok(Target { stream: Either::Right(s), path, host, key: api_key })
+            Ok(Target { stream: Either::Right(s), path, host, key: api_key, owner: Some(owner) })
         }
     }
 }
