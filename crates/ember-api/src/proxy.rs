@@ -147,9 +147,11 @@ async fn forward(
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let on_api_origin = matches!(via, Via::Path);
     let Target { stream, path, host, key, owner } = connect(route, &id, port, rest, &query, via).await?;
+    // No answer from an owning node is its failure or its link's (503); an
+    // answer that came and cannot be read, or a misuse of ours, is not.
     let hop_failed = |what: &str, e: &hyper::Error| match &owner {
-        Some(o) => o.unavailable(&id, what, chain(e)),
-        None => bad_gateway(&id, what, e),
+        Some(o) if !e.is_parse() && !e.is_user() => o.unavailable(&id, what, chain(e)),
+        _ => bad_gateway(&id, what, e),
     };
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| hop_failed("handshake", &e))?;
