@@ -29,6 +29,11 @@ log="$data/serve.log"
 # child, which a loaded machine may not have run yet when the poll below
 # first reads the file (sed failing on a missing file ended the script).
 : >"$data/listen"
+# Workspaces of at most 1 GiB (larger sizes get the documented 400): an 8 TiB
+# one costs 113 MiB of ext4 metadata and a fork makes up to 100, so the run's
+# disk use stays bounded (~0.2 GiB) on a CI machine whose disk may be small;
+# the reserve is a small one for the same reason (a CI run whose disk was
+# nearly full got 500s here before full disks were 507s).
 # Egress networking on a range, tag and nflog group of this run's own (from
 # its pid, as the tests pick theirs), so that `PUT /v1/sandboxes/{id}/network`
 # has a sandbox created with egress to change. The DNS upstream is a closed
@@ -38,6 +43,7 @@ net_range="10.214.$net_n.0/24"
 net_tag="fz$(($$ % 100000))"
 "$target/debug/ember" serve --listen 127.0.0.1:0 --data-dir "$data/data" --cgroup-parent "$group" \
   --agent "${EMBER_AGENT_BIN:-$target/debug/ember-agent-static}" --max-ttl 10m --retention 1m \
+  --max-workspace-size 1Gi --disk-reserve 256Mi \
   --network-range "$net_range" --network-tag "$net_tag" --nflog-group $((12000 + $$ % 1000)) \
   --dns-upstream 127.0.0.1:9 --ui >"$data/listen" 2>"$log" &
 pid=$!

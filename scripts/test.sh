@@ -67,6 +67,7 @@ cargo test -p ember --test hostile -- --test-threads 2 runsc
 # 10 examples per operation, then the stateful phase; no 5xx, every answer as
 # documented. About two minutes; the script prints its run time.
 echo "== API fuzzing (schemathesis on docs/api/openapi.yaml)"
+echo "disk free: $(df -h --output=avail "${CARGO_TARGET_DIR:-$PWD/target}" | tail -1)"
 cargo build -q -p ember
 scripts/fuzz-api.sh 10
 

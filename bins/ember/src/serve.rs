@@ -103,6 +103,7 @@ pub async fn run(mut args: ServeArgs, api_key: Option<String>) -> anyhow::Result
         workspace_spares: args
             .workspace_spares
             .map_or(if args.cluster.cluster.is_empty() { 0 } else { 4 }, |n| n as usize),
+        workspace_limits: ember_workspace::Limits { max_size: args.max_workspace_size, reserve: args.disk_reserve },
     };
     let engine = Engine::start_networked(cfg, runtimes, Arc::new(images), network).await.context("engine")?;
     let (tasks, queue) = task_queue(&args.cluster, args.tasks.config()?).await?;

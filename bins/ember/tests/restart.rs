@@ -130,7 +130,8 @@ fn a_data_dir_the_sandbox_range_cannot_traverse_is_refused_at_start() {
 /// Running after it. Here the state dir has room for one record page and no
 /// more (a 2-page tmpfs, one page taken), so the Pending record fits and the
 /// Running one cannot be written: the sandbox is up but unrecorded. The
-/// create must fail with a structured 5xx and leave nothing behind.
+/// create must fail with a structured 5xx (507: the disk is full) and leave
+/// nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_record_cannot_be_written_fails_and_leaves_nothing() {
     let mut d = Daemon::start();
@@ -168,7 +169,8 @@ async fn a_create_whose_record_cannot_be_written_fails_and_leaves_nothing() {
 
     match err {
         ember_client::ClientError::Api { status, code, .. } => {
-            assert_eq!((status, code.as_str()), (500, "STORE::IO_ERROR"))
+            // The full disk said as such (docs/api/openapi.yaml, InsufficientStorage).
+            assert_eq!((status, code.as_str()), (507, "STORE::NO_SPACE"))
         }
         other => panic!("expected a structured API error, got {other}"),
     }

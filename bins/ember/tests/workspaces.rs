@@ -331,3 +331,50 @@ async fn a_launch_copies_a_mount_table_that_does_not_grow_with_the_sandboxes() {
     let (code, out, err) = d.sh(&reader.id, "cat /workspace/probe", None).await;
     assert_eq!((code, out.as_str()), (Some(0), "ws\nws\nws\n"), "{err}");
 }
+
+/// The status and code of an API refusal.
+fn refusal(e: ember_client::ClientError) -> (u16, String) {
+    match e {
+        ember_client::ClientError::Api { status, code, .. } => (status, code),
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+/// A full disk. New volumes are refused up front, a whole fork before its
+/// first volume, with 507 WORKSPACE::NO_SPACE; a state write that finds the
+/// disk full is a 507 STORE::NO_SPACE that leaves nothing half-made; and
+/// once there is room again the same requests succeed. (The fuzzer's CI run
+/// on a nearly full disk answered these with 500s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_a_507_and_loses_nothing() {
+    let d = Daemon::start_on_tmpfs(&["--disk-reserve", "64Mi"], "256m");
+    d.client.create_workspace("a", "64Mi").await.expect("workspace");
+    let snap = d.client.snapshot_workspace("a", None).await.expect("snapshot");
+    // 60 volumes of 64 MiB cost ~4 MiB each (ember_workspace::image_cost):
+    // with the reserve, more than the 256 MiB disk.
+    let e = d.client.fork_snapshot(&snap.id, 60, "f").await.expect_err("no room for the fork");
+    assert_eq!(refusal(e), (507, "WORKSPACE::NO_SPACE".into()));
+    let names = |ws: Vec<ember_types::api::WorkspaceInfo>| ws.into_iter().map(|w| w.name).collect::<Vec<_>>();
+    assert_eq!(names(d.client.list_workspaces().await.expect("list")), ["a"], "a refused fork made nothing");
+
+    // Fill the disk from the host, to the last page.
+    let filler = d.data_dir.join("filler");
+    let out = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", &format!("of={}", filler.display())])
+        .output()
+        .expect("run dd");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No space left on device"), "the disk is full");
+    let e = d.client.create_workspace("b", "64Mi").await.expect_err("no room for a volume");
+    assert_eq!(refusal(e), (507, "WORKSPACE::NO_SPACE".into()));
+    let pool = CreatePoolRequest { name: Some("p".into()), template: "host".into(), max: 1, ..Default::default() };
+    let e = d.client.create_pool(&pool).await.expect_err("its record cannot be written");
+    assert_eq!(refusal(e), (507, "STORE::NO_SPACE".into()));
+    let e = d.client.get_pool("p").await.expect_err("the refused pool is not half there");
+    assert_eq!(refusal(e).1, "POOL::NOT_FOUND");
+
+    std::fs::remove_file(&filler).expect("remove filler");
+    d.client.create_pool(&pool).await.expect("the same pool, with room");
+    d.client.create_workspace("b", "64Mi").await.expect("the same workspace, with room");
+    let forks = d.client.fork_snapshot(&snap.id, 2, "f").await.expect("a fork that fits");
+    assert_eq!(names(forks), ["f-1", "f-2"]);
+}

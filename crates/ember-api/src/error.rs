@@ -51,6 +51,9 @@ impl From<EngineError> for ApiError {
             return ApiError::new(status.unwrap_or(S::BAD_GATEWAY), code.clone(), message.clone());
         }
         let (status, code) = match &e {
+            // A full disk anywhere under the request: the server's storage,
+            // not a bug, and said so (RFC 4918's 507), whatever wrote.
+            e if disk_full(e) => (S::INSUFFICIENT_STORAGE, "STORE::NO_SPACE"),
             EngineError::NotFound(_) => (S::NOT_FOUND, "SANDBOX::NOT_FOUND"),
             EngineError::OperationNotFound(_) => (S::NOT_FOUND, "SNAPSHOT::OPERATION_NOT_FOUND"),
             EngineError::NotRunning { .. } => (S::CONFLICT, "SANDBOX::NOT_RUNNING"),
@@ -94,6 +97,26 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// Whether `e` or one of its sources is a write that found the disk (or a
+/// quota) full: an `io::Error` of that kind, or `mkfs.ext4` saying so (a
+/// child process, whose exit status does not tell).
+fn disk_full(e: &EngineError) -> bool {
+    use std::io::ErrorKind as K;
+    if let EngineError::Workspace(ember_workspace::WorkspaceError::Command { stderr, .. }) = e {
+        return stderr.contains("No space left on device");
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(io.kind(), K::StorageFull | K::QuotaExceeded) {
+                return true;
+            }
+        }
+        cur = c.source();
+    }
+    false
+}
+
 /// Image errors: the registry's refusals are the caller's problem (4xx) or the
 /// registry's (502); the store's are ours (500).
 fn image_status(e: &ember_image::ImageError) -> (StatusCode, &'static str) {
@@ -122,7 +145,8 @@ fn workspace_status(e: &ember_workspace::WorkspaceError) -> (StatusCode, &'stati
     use ember_workspace::{LeaseError, WorkspaceError as W};
     use StatusCode as S;
     match e {
-        W::Name(_) | W::TooSmall(_) | W::TooLarge(_) => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
+        W::Name(_) | W::TooSmall(_) | W::TooLarge { .. } => (S::BAD_REQUEST, "WORKSPACE::INVALID_PARAMETER"),
+        W::NoSpace { .. } => (S::INSUFFICIENT_STORAGE, "WORKSPACE::NO_SPACE"),
         W::NotFound(_) => (S::NOT_FOUND, "WORKSPACE::NOT_FOUND"),
         W::Exists(_) => (S::CONFLICT, "WORKSPACE::ALREADY_EXISTS"),
         W::InUse { .. } => (S::CONFLICT, "WORKSPACE::IN_USE"),

@@ -99,6 +99,9 @@ pub struct EngineConfig {
     /// size asked for lately: a create of that size, a rebind's restore above
     /// all, is then a rename. 0: none.
     pub workspace_spares: usize,
+    /// The largest workspace accepted and the disk reserve new volumes never
+    /// take (`ember_workspace::Limits`).
+    pub workspace_limits: ember_workspace::Limits,
 }
 
 /// The composition root: it builds the services, wires them, runs restart
@@ -200,7 +203,8 @@ impl Engine {
         // Workspaces belong to the sandbox user (uid 1000 inside).
         let owner =
             runtimes.default_runtime().host_ids(ember_types::UserSpec::SANDBOX.uid, ember_types::UserSpec::SANDBOX.gid);
-        let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?;
+        let workspaces = ember_workspace::WorkspaceStore::open(cfg.data_dir.join("workspaces"), owner)?
+            .with_limits(cfg.workspace_limits);
         // Spares an earlier process left (made again by this one if it keeps any).
         workspaces.clear_spares()?;
         let registry = Arc::new(sandbox::Registry::default());

@@ -108,6 +108,12 @@ impl Workspaces {
         self.store.create(name, size_bytes).map(drop)
     }
 
+    /// Refuses `count` new volumes of `size` bytes holding `data` bytes each
+    /// unless the store's disk has room for them and its reserve. Blocking.
+    pub fn check_room(&self, size: u64, count: u64, data: u64) -> Result<(), WorkspaceError> {
+        self.store.check_room(size, count, data)
+    }
+
     /// Removes a workspace this node just made and nobody holds. Blocking.
     pub fn discard(&self, name: &str) -> Result<(), WorkspaceError> {
         self.store.remove(name, |_| false)

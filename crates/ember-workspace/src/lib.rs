@@ -25,11 +25,13 @@ pub mod bench;
 mod layer;
 mod lease;
 mod merge;
+mod room;
 mod spares;
 mod volume;
 
 pub use layer::Idmap;
 pub use lease::{Lease, LeaseError, LeaseState};
+pub use room::{free_bytes, image_cost, Limits, DEFAULT_RESERVE};
 pub use volume::{WorkspaceMeta, WorkspaceStore, MAX_SIZE, MIN_SIZE};
 
 use std::path::PathBuf;
@@ -44,8 +46,12 @@ pub enum WorkspaceError {
     Exists(String),
     #[error("workspace size {0} bytes is below the minimum of {MIN_SIZE} bytes")]
     TooSmall(u64),
-    #[error("workspace size {0} bytes is above the maximum of {MAX_SIZE} bytes")]
-    TooLarge(u64),
+    #[error("workspace size {size} bytes is above the maximum of {max} bytes")]
+    TooLarge { size: u64, max: u64 },
+    /// The store's filesystem has no room for the volumes asked for with the
+    /// daemon's reserve left free (`room.rs`), or a write found it full.
+    #[error("not enough disk on {path}: {free} bytes free, {need} needed (the daemon's reserve included)")]
+    NoSpace { path: PathBuf, free: u64, need: u64 },
     #[error("{op} {path}")]
     Io {
         op: &'static str,

@@ -49,6 +49,8 @@ pub struct WorkspaceStore {
     /// Where `mkfs.ext4` runs (see [`make_image`]); the host's namespace
     /// when it could not be made.
     quiet: Option<ember_sys::mountns::LaunchNs>,
+    /// The largest size accepted and the disk reserve (`room.rs`).
+    limits: crate::Limits,
 }
 
 /// The host-only dir at the root of every workspace filesystem.
@@ -88,7 +90,29 @@ impl WorkspaceStore {
             mounts: parking_lot::Mutex::new(()),
             spares: Default::default(),
             quiet,
+            limits: crate::Limits::default(),
         })
+    }
+
+    /// Refuses a size below ext4's needs or above the configured maximum.
+    pub fn check_size(&self, size: u64) -> Result<(), WorkspaceError> {
+        if size < MIN_SIZE {
+            return Err(WorkspaceError::TooSmall(size));
+        }
+        if size > self.limits.max_size {
+            return Err(WorkspaceError::TooLarge { size, max: self.limits.max_size });
+        }
+        Ok(())
+    }
+
+    /// The store with `limits` in place of the defaults.
+    pub fn with_limits(mut self, limits: crate::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> crate::Limits {
+        self.limits
     }
 
     /// The namespace `mkfs.ext4` runs in, if there is one.
@@ -120,12 +144,7 @@ impl WorkspaceStore {
     /// and the mounts when there is one.
     pub fn create(&self, name: &str, size_bytes: u64) -> Result<WorkspaceMeta, WorkspaceError> {
         check_name(name)?;
-        if size_bytes < MIN_SIZE {
-            return Err(WorkspaceError::TooSmall(size_bytes));
-        }
-        if size_bytes > MAX_SIZE {
-            return Err(WorkspaceError::TooLarge(size_bytes));
-        }
+        self.check_size(size_bytes)?;
         let dir = self.dir(name);
         if dir.exists() {
             return Err(WorkspaceError::Exists(name.to_string()));
@@ -136,6 +155,7 @@ impl WorkspaceStore {
             WorkspaceMeta { name: name.into(), size_bytes, created_at_ms: now_ms(), leases: LeaseState::default() };
         let spare = self.take_spare(size_bytes, &tmp);
         if !spare {
+            self.check_room(size_bytes, 1, 0)?;
             make_image(&tmp, size_bytes, self.owner, self.quiet())?;
         }
         let placed = self.write_meta(&tmp, &meta).and_then(|()| {

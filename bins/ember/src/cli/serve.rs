@@ -100,6 +100,17 @@ pub struct ServeArgs {
     /// A registry (host:port) to reach over plain http (repeatable).
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registry: Vec<String>,
+    /// Largest workspace a create, restore or fork may ask for (at most
+    /// 8Ti, ext4's file-size limit on the host less headroom); a larger one is
+    /// refused with WORKSPACE::INVALID_PARAMETER.
+    #[arg(long, value_name = "SIZE", value_parser = parse_workspace_size, default_value = "8Ti")]
+    pub max_workspace_size: u64,
+    /// Disk space of the data dir's filesystem that new workspace volumes
+    /// never take, left for the daemon's state and snapshots; a create,
+    /// restore or fork that would cut into it is refused with 507
+    /// WORKSPACE::NO_SPACE.
+    #[arg(long, value_name = "SIZE", value_parser = crate::commands::parse_size, default_value = "1Gi")]
+    pub disk_reserve: u64,
     /// Most bytes an image's layers may decompress to, summed (pulls and
     /// imports); past it the image is refused with IMAGE::TOO_LARGE.
     #[arg(long = "max-image-size", alias = "max-image-bytes", value_name = "SIZE",
@@ -204,4 +215,12 @@ pub struct NetArgs {
     /// Network slots kept ready ahead of creates with egress.
     #[arg(long, default_value_t = 4)]
     pub network_slots: usize,
+}
+
+fn parse_workspace_size(s: &str) -> Result<u64, String> {
+    let n = crate::commands::parse_size(s)?;
+    if !(ember_workspace::MIN_SIZE..=ember_workspace::MAX_SIZE).contains(&n) {
+        return Err(format!("{s} is outside {}..={} bytes", ember_workspace::MIN_SIZE, ember_workspace::MAX_SIZE));
+    }
+    Ok(n)
 }

@@ -78,6 +78,21 @@ impl Daemon {
         d
     }
 
+    /// A daemon whose data dir is a tmpfs of `size` (`mount -o size=`): a
+    /// disk the test can fill. Unmounted on drop.
+    pub fn start_on_tmpfs(extra: &[&str], size: &str) -> Daemon {
+        let mut d = Self::unstarted(extra);
+        std::fs::create_dir_all(&d.data_dir).expect("data dir");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=755"), "tmpfs"])
+            .arg(&d.data_dir)
+            .output()
+            .expect("run mount");
+        assert!(out.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+        d.spawn();
+        d
+    }
+
     /// A daemon started in `/` and given its data dir and agent as relative
     /// paths.
     pub fn start_relative() -> Daemon {
@@ -481,6 +496,10 @@ impl Drop for Daemon {
         }
         let _ = cg.remove_group();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        // A data dir that is a mount of its own (`start_on_tmpfs`).
+        if Command::new("umount").arg("-l").arg(&self.data_dir).output().is_ok_and(|o| o.status.success()) {
+            let _ = std::fs::remove_dir(&self.data_dir);
+        }
         self.remove_network();
     }
 }

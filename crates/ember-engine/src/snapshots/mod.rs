@@ -353,6 +353,9 @@ impl Snapshots {
         self.snapshot_ops.update(op, |o| o.progress.bytes_total = data.saturating_mul(names.len() as u64));
         let (names, op) = (names.to_vec(), op.to_string());
         self.snap(move |e, store| {
+            // All of them up front: a fork the disk cannot hold is refused
+            // before its first volume, not after filling the disk.
+            e.workspaces.check_room(size, names.len() as u64, data)?;
             let mut made = Vec::new();
             let res = fill_workspaces(e, store, &snap, &names, size, &op, &mut made);
             if res.is_err() {
