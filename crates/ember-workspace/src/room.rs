@@ -14,17 +14,26 @@ use std::path::Path;
 pub struct Limits {
     /// The largest workspace a create, restore or fork may ask for.
     pub max_size: u64,
-    /// Bytes of the store's filesystem that new volumes never take.
-    pub reserve: u64,
+    /// Bytes of the store's filesystem that new volumes never take; `None`:
+    /// [`default_reserve`] of the filesystem's size.
+    pub reserve: Option<u64>,
 }
 
-/// The reserve when none is configured: enough for the daemon's state and a
+/// The most the default reserve keeps: enough for the daemon's state and a
 /// few snapshots' staging on a disk that new workspaces have filled.
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
 
+/// The reserve when none is configured: 5 % of a filesystem of `total`
+/// bytes, at most [`DEFAULT_RESERVE`]. A flat gigabyte would refuse every
+/// workspace on a small disk (the cgroup v2 guest's 1 GiB `/tmp`), where
+/// the daemon's state needs a few megabytes.
+pub fn default_reserve(total: u64) -> u64 {
+    (total / 20).min(DEFAULT_RESERVE)
+}
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_size: MAX_SIZE, reserve: DEFAULT_RESERVE }
+        Limits { max_size: MAX_SIZE, reserve: None }
     }
 }
 
@@ -36,10 +45,11 @@ pub fn image_cost(size: u64) -> u64 {
 }
 
 /// Bytes an unprivileged writer may still take on the filesystem of `path`
-/// (`f_bavail`: the root-reserved blocks are not counted on).
-pub fn free_bytes(path: &Path) -> Result<u64, WorkspaceError> {
+/// (`f_bavail`: the root-reserved blocks are not counted on), and the
+/// filesystem's size.
+pub fn free_bytes(path: &Path) -> Result<(u64, u64), WorkspaceError> {
     let st = rustix::fs::statvfs(path).map_err(|e| io("statvfs", path)(e.into()))?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    Ok((st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize)))
 }
 
 impl WorkspaceStore {
@@ -49,9 +59,10 @@ impl WorkspaceStore {
     /// caller's error whatever the disk holds.
     pub fn check_room(&self, size: u64, count: u64, data: u64) -> Result<(), WorkspaceError> {
         self.check_size(size)?;
+        let (free, total) = free_bytes(self.root())?;
+        let reserve = self.limits().reserve.unwrap_or_else(|| default_reserve(total));
         let each = image_cost(size).saturating_add(data);
-        let need = each.saturating_mul(count).saturating_add(self.limits().reserve);
-        let free = free_bytes(self.root())?;
+        let need = each.saturating_mul(count).saturating_add(reserve);
         if free < need {
             return Err(WorkspaceError::NoSpace { path: self.root().to_path_buf(), free, need });
         }
@@ -67,6 +78,13 @@ mod tests {
     /// The estimate against what `make_image` really writes into a sparse
     /// image (its allocated blocks), small to largest: never under, and not
     /// wildly over (a fork's admission would refuse what fits).
+    #[test]
+    fn the_default_reserve_is_a_twentieth_up_to_a_gigabyte() {
+        assert_eq!(default_reserve(1 << 30), (1 << 30) / 20);
+        assert_eq!(default_reserve(20 << 30), 1 << 30);
+        assert_eq!(default_reserve(252 << 30), DEFAULT_RESERVE);
+    }
+
     #[test]
     fn the_cost_covers_what_mkfs_writes() {
         let root = std::env::temp_dir().join(format!("ember-room-{}", std::process::id()));

@@ -106,11 +106,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_workspace_size, default_value = "8Ti")]
     pub max_workspace_size: u64,
     /// Disk space of the data dir's filesystem that new workspace volumes
-    /// never take, left for the daemon's state and snapshots; a create,
-    /// restore or fork that would cut into it is refused with 507
-    /// WORKSPACE::NO_SPACE.
-    #[arg(long, value_name = "SIZE", value_parser = crate::commands::parse_size, default_value = "1Gi")]
-    pub disk_reserve: u64,
+    /// never take, left for the daemon's state and snapshots (default: 5 % of
+    /// the filesystem, at most 1Gi); a create, restore or fork that would cut
+    /// into it is refused with 507 WORKSPACE::NO_SPACE.
+    #[arg(long, value_name = "SIZE", value_parser = crate::commands::parse_size)]
+    pub disk_reserve: Option<u64>,
     /// Most bytes an image's layers may decompress to, summed (pulls and
     /// imports); past it the image is refused with IMAGE::TOO_LARGE.
     #[arg(long = "max-image-size", alias = "max-image-bytes", value_name = "SIZE",
