@@ -75,9 +75,6 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
-    /// The estimate against what `make_image` really writes into a sparse
-    /// image (its allocated blocks), small to largest: never under, and not
-    /// wildly over (a fork's admission would refuse what fits).
     #[test]
     fn the_default_reserve_is_a_twentieth_up_to_a_gigabyte() {
         assert_eq!(default_reserve(1 << 30), (1 << 30) / 20);
@@ -85,6 +82,9 @@ mod tests {
         assert_eq!(default_reserve(252 << 30), DEFAULT_RESERVE);
     }
 
+    /// The estimate against what `make_image` really writes into a sparse
+    /// image (its allocated blocks), small to largest: never under, and not
+    /// wildly over (a fork's admission would refuse what fits).
     #[test]
     fn the_cost_covers_what_mkfs_writes() {
         let root = std::env::temp_dir().join(format!("ember-room-{}", std::process::id()));
