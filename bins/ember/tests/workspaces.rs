@@ -377,6 +377,11 @@ async fn a_full_disk_is_a_507_and_loses_nothing() {
     assert_eq!(refusal(e), (507, "STORE::NO_SPACE".into()));
     let e = d.client.get_pool("p").await.expect_err("the refused pool is not half there");
     assert_eq!(refusal(e).1, "POOL::NOT_FOUND");
+    let upload = bytes::Bytes::from(vec![0u8; 1 << 20]);
+    let e = d.client.import_image("big:1", upload).await.expect_err("no room for the upload");
+    assert_eq!(refusal(e), (507, "STORE::NO_SPACE".into()));
+    let e = d.client.get_image("big:1").await.expect_err("the refused image is not there");
+    assert_eq!(refusal(e).1, "IMAGE::NOT_FOUND");
 
     std::fs::remove_file(&filler).expect("remove filler");
     d.client.create_pool(&pool).await.expect("the same pool, with room");

@@ -130,24 +130,30 @@ pub async fn import(
     let name = q.name.filter(|n| !n.is_empty()).ok_or_else(|| ApiError::bad_request("?name=NAME:TAG is required"))?;
     let path = st.engine.image_upload_path();
     let res = async {
-        let mut f = tokio::fs::File::create(&path)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR", e.to_string()))?;
+        let mut f = tokio::fs::File::create(&path).await.map_err(upload_error)?;
         let mut stream = body.into_data_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
-            f.write_all(&chunk)
-                .await
-                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR", e.to_string()))?;
+            f.write_all(&chunk).await.map_err(upload_error)?;
         }
-        f.flush()
-            .await
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR", e.to_string()))?;
+        f.flush().await.map_err(upload_error)?;
         Ok::<_, ApiError>(st.engine.import_image(&name, path.clone()).await?)
     }
     .await;
     let _ = tokio::fs::remove_file(&path).await;
     Ok((StatusCode::CREATED, Json(with_skipped(&st, &res?).await?)).into_response())
+}
+
+/// A write of the upload that failed: a full disk (or quota) is the
+/// documented 507, as for every other write the daemon makes; anything else is
+/// ours.
+fn upload_error(e: std::io::Error) -> ApiError {
+    use std::io::ErrorKind as K;
+    let (status, code) = match e.kind() {
+        K::StorageFull | K::QuotaExceeded => (StatusCode::INSUFFICIENT_STORAGE, "STORE::NO_SPACE"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),
+    };
+    ApiError::new(status, code, format!("writing the upload: {e}"))
 }
 
 fn template_out(mut t: TemplateInfo) -> TemplateInfo {
