@@ -4,16 +4,17 @@
 //! and must reap them all, so it cannot wait on its own children one by one
 //! (tokio::process would race it for their statuses). Instead:
 //!
-//! 1. commands are spawned with `std::process::Command` while holding the
-//!    table lock, and registered under that same lock;
+//! 1. commands are spawned (`ember_sys::vspawn`, or `std::process::Command`
+//!    for a terminal) while holding the table lock, and registered under that
+//!    same lock;
 //! 2. on every SIGCHLD the reaper takes the lock and reaps with WNOHANG until
 //!    nothing is left, handing each registered pid's status to its waiter and
 //!    dropping the statuses of orphans.
 //!
 //! Holding the lock across spawn closes two races: a child that exits before
 //! it is registered is still found (the reaper waits for the lock), and the
-//! internal `waitpid(pid)` std (or glibc's posix_spawn) does when exec fails
-//! never finds its child already stolen by the reaper.
+//! internal `waitpid(pid)` a spawn does when exec fails never finds its
+//! child already stolen by the reaper.
 use ember_sys::process::{self as sys, ExitKind, Reaped};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -45,6 +46,19 @@ impl Reaper {
         let (tx, rx) = oneshot::channel();
         table.insert(child.id() as i32, tx);
         Ok((child, rx))
+    }
+
+    /// Runs `spawn` (which starts a child, reaping it itself if it fails)
+    /// and registers the pid it returns, both under the table lock.
+    pub fn spawn_with(
+        &self,
+        spawn: impl FnOnce() -> io::Result<i32>,
+    ) -> io::Result<(i32, oneshot::Receiver<ExitKind>)> {
+        let mut table = self.lock();
+        let pid = spawn()?;
+        let (tx, rx) = oneshot::channel();
+        table.insert(pid, tx);
+        Ok((pid, rx))
     }
 
     /// Sends `sig` to the process group led by `pid` if that leader is still

@@ -42,6 +42,7 @@ pub mod seccomp;
 pub mod slot;
 pub mod spawn;
 mod vmclone;
+pub mod vspawn;
 
 use std::io;
 

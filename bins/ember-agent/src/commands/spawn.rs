@@ -6,14 +6,14 @@ use crate::reaper::Reaper;
 use crate::users::{User, UserDb};
 use crate::{envfile, paths};
 use ember_sys::process::{self as sys, Credentials, ExitKind};
+use ember_sys::vspawn;
 use ember_types::execd::RunCommandRequest;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
@@ -46,6 +46,14 @@ impl Plan {
             }
         }
         cmd
+    }
+}
+
+impl Plan {
+    /// The plan as [`vspawn::Exec`]: started without a copy of the agent.
+    fn exec(&self) -> std::io::Result<vspawn::Exec> {
+        let env = self.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str()));
+        vspawn::Exec::new(&self.program, &self.args, env, &self.cwd, self.creds.clone(), DEFAULT_PATH)
     }
 }
 
@@ -200,31 +208,28 @@ fn find_shell(path: &str) -> Option<PathBuf> {
 
 /// Starts the plan in a new process group, stdout and stderr on pipes, stdin
 /// on a pipe if `stdin` (else /dev/null). The group is killed if its pipes
-/// cannot be watched.
+/// cannot be watched. `clone(CLONE_VM | CLONE_VFORK)` ([`vspawn`]), not
+/// `fork`: a fork copied the agent's page tables for every command.
 pub fn spawn(reaper: &Reaper, plan: &Plan, stdin: bool) -> Result<Spawned, String> {
-    let mut cmd = plan.command(|cmd| {
-        cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-    });
-    let (mut child, exit) = reaper.spawn(&mut cmd).map_err(|e| format!("fork/exec {}: {e}", plan.program.display()))?;
-    let pid = child.id() as i32;
-    let rx = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
+    let failed = |e: std::io::Error| format!("fork/exec {}: {e}", plan.program.display());
+    let exec = plan.exec().map_err(failed)?;
+    let pipe = || std::io::pipe().map(|(r, w)| (OwnedFd::from(r), OwnedFd::from(w))).map_err(|e| format!("pipe: {e}"));
+    let (input, input_w) = match stdin {
+        true => pipe().map(|(r, w)| (r, Some(w)))?,
+        false => (std::fs::File::open("/dev/null").map_err(|e| format!("open /dev/null: {e}"))?.into(), None),
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let stdio = vspawn::Stdio { stdin: input.as_raw_fd(), stdout: out_w.as_raw_fd(), stderr: err_w.as_raw_fd() };
+    let (pid, exit) = reaper.spawn_with(|| exec.spawn(stdio)).map_err(failed)?;
+    // The child's ends close here: reading stdout ends when the command's do.
+    drop((input, out_w, err_w));
     let ends = (|| {
-        let input = child.stdin.take().map(|fd| pipe::Sender::from_owned_fd(fd.into())).transpose()?;
-        let out = rx(child.stdout.take().map(OwnedFd::from))?;
-        let err = rx(child.stderr.take().map(OwnedFd::from))?;
-        Ok::<_, std::io::Error>((input, out, err))
+        let input = input_w.map(pipe::Sender::from_owned_fd).transpose()?;
+        Ok::<_, std::io::Error>((input, pipe::Receiver::from_owned_fd(out_r)?, pipe::Receiver::from_owned_fd(err_r)?))
     })();
     match ends {
-        Ok((input, Some(stdout), Some(stderr))) if input.is_some() == stdin => {
-            Ok(Spawned { pid, stdin: input, stdout, stderr, exit })
-        }
-        Ok(_) => {
-            reaper.signal_group(pid, sys::SIGKILL);
-            Err("the command's pipes are missing".to_string())
-        }
+        Ok((stdin, stdout, stderr)) => Ok(Spawned { pid, stdin, stdout, stderr, exit }),
         Err(e) => {
             reaper.signal_group(pid, sys::SIGKILL);
             Err(format!("cannot watch the command's pipes: {e}"))
