@@ -101,20 +101,22 @@ impl From<EngineError> for ApiError {
 /// quota) full: an `io::Error` of that kind, or `mkfs.ext4` saying so (a
 /// child process, whose exit status does not tell).
 fn disk_full(e: &EngineError) -> bool {
-    use std::io::ErrorKind as K;
     if let EngineError::Workspace(ember_workspace::WorkspaceError::Command { stderr, .. }) = e {
         return stderr.contains("No space left on device");
     }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if matches!(io.kind(), K::StorageFull | K::QuotaExceeded) {
-                return true;
-            }
+        if c.downcast_ref::<std::io::Error>().is_some_and(io_full) {
+            return true;
         }
         cur = c.source();
     }
     false
+}
+
+/// A write that found the disk (or a quota) full.
+pub(crate) fn io_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 /// Image errors: the registry's refusals are the caller's problem (4xx) or the

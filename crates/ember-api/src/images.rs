@@ -148,10 +148,9 @@ pub async fn import(
 /// documented 507, as for every other write the daemon makes; anything else is
 /// ours.
 fn upload_error(e: std::io::Error) -> ApiError {
-    use std::io::ErrorKind as K;
-    let (status, code) = match e.kind() {
-        K::StorageFull | K::QuotaExceeded => (StatusCode::INSUFFICIENT_STORAGE, "STORE::NO_SPACE"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),
+    let (status, code) = match crate::error::io_full(&e) {
+        true => (StatusCode::INSUFFICIENT_STORAGE, "STORE::NO_SPACE"),
+        false => (StatusCode::INTERNAL_SERVER_ERROR, "IMAGE::IO_ERROR"),
     };
     ApiError::new(status, code, format!("writing the upload: {e}"))
 }

@@ -47,9 +47,7 @@ impl Plan {
         }
         cmd
     }
-}
 
-impl Plan {
     /// The plan as [`vspawn::Exec`]: started without a copy of the agent.
     fn exec(&self) -> std::io::Result<vspawn::Exec> {
         let env = self.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str()));
