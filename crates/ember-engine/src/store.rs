@@ -14,6 +14,10 @@
 //! [`Store::save_deferred`], for a warm claim's record, which answers once
 //! the record is in place (a daemon crash keeps it) and is fsynced right
 //! after by a thread of its own (`flush.rs` says what that trades).
+//! A removed record's files are kept as spares for the next records
+//! ([`spares`]): records come and go with sandboxes.
+mod spares;
+
 use crate::error::EngineError;
 use crate::flush::Flusher;
 use serde::de::DeserializeOwned;
@@ -25,6 +29,7 @@ const VERSION: &str = "v1";
 
 pub struct Store<T> {
     dir: PathBuf,
+    spares: spares::Spares,
     /// Started by the first [`Store::save_deferred`].
     flusher: std::sync::OnceLock<Flusher>,
     _kind: std::marker::PhantomData<fn() -> T>,
@@ -58,8 +63,21 @@ fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
 
 impl<T: Serialize + DeserializeOwned> Store<T> {
     pub fn open(dir: PathBuf) -> Result<Store<T>, EngineError> {
+        Self::open_with_spares(dir, spares::MAX_SPARES)
+    }
+
+    fn open_with_spares(dir: PathBuf, max_spares: usize) -> Result<Store<T>, EngineError> {
         private_dir(&dir)?;
-        Ok(Store { dir, flusher: Default::default(), _kind: std::marker::PhantomData })
+        let spares = spares::Spares::new(dir.clone(), max_spares);
+        Ok(Store { dir, spares, flusher: Default::default(), _kind: std::marker::PhantomData })
+    }
+
+    /// Writes the record through [`write_durable`], its temp file a spare
+    /// when it has none yet (a new record's first two saves).
+    fn write(&self, id: &str, r: &T, sync: bool) -> Result<(), EngineError> {
+        let path = self.path(id);
+        self.spares.provide(&path.with_extension("tmp"));
+        write_durable(&path, &encode(r)?, sync)
     }
 
     fn path(&self, id: &str) -> PathBuf {
@@ -67,7 +85,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     pub fn save(&self, id: &str, r: &T) -> Result<(), EngineError> {
-        write_durable(&self.path(id), &encode(r)?, true)
+        self.write(id, r, true)
     }
 
     /// [`save`](Self::save) without the fsyncs, for a record that only has to
@@ -75,7 +93,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     /// Stopping one. A power loss ends those sandboxes' processes too, and
     /// the restart reaps whatever they left with or without the record.
     pub fn save_volatile(&self, id: &str, r: &T) -> Result<(), EngineError> {
-        write_durable(&self.path(id), &encode(r)?, false)
+        self.write(id, r, false)
     }
 
     /// [`save_volatile`](Self::save_volatile) now and the fsyncs right after,
@@ -87,8 +105,22 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         Ok(())
     }
 
+    /// Removes the record and its previous version; each file is kept as
+    /// a zeroed spare while there is room, else unlinked.
     pub fn remove(&self, id: &str) -> Result<(), EngineError> {
-        remove_durable(&self.path(id))
+        let path = self.path(id);
+        for p in [path.clone(), path.with_extension("tmp")] {
+            match self.spares.keep(&p) {
+                Ok(true) => {}
+                Ok(false) => match std::fs::remove_file(&p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(store_err(&p)(e)),
+                    _ => {}
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(store_err(&p)(e)),
+            }
+        }
+        Ok(())
     }
 
     /// One record: `None` if there is none, else it or why it could not be read.
@@ -260,6 +292,56 @@ mod tests {
         assert_eq!(store.load_all().len(), 1, "the old version is no record of its own");
         store.remove("r").expect("remove");
         assert!(!d.join("r.json").exists() && !d.join("r.tmp").exists(), "a version left behind");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A removed record's files become the next records' (no inode freed or
+    /// made while spares last), hold nothing of it meanwhile, are no records
+    /// of their own, and outlive a restart; past the cap a removal unlinks.
+    #[test]
+    fn a_removed_records_files_are_kept_zeroed_for_the_next_records() {
+        use std::os::unix::fs::MetadataExt;
+        let d = dir("spares");
+        let store: Store<String> = Store::open_with_spares(d.clone(), 3).expect("open");
+        let mut held = Vec::new();
+        for id in ["a", "b"] {
+            store.save(id, &format!("secret of {id}")).expect("save");
+            store.save_volatile(id, &format!("secret of {id}, again")).expect("save");
+            for ext in ["json", "tmp"] {
+                held.push(std::fs::File::open(d.join(format!("{id}.{ext}"))).expect("a version"));
+            }
+        }
+        let old: std::collections::BTreeSet<u64> = held.iter().map(|f| f.metadata().unwrap().ino()).collect();
+        store.remove("a").expect("remove");
+        store.remove("b").expect("remove");
+        let linked: Vec<_> = held.iter().filter(|f| f.metadata().unwrap().nlink() == 1).collect();
+        assert_eq!(linked.len(), 3, "three files kept (the cap), the fourth unlinked");
+        for mut f in linked {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut bytes).unwrap();
+            assert!(!bytes.is_empty() && bytes.iter().all(|&b| b == 0), "a spare holds a record's bytes");
+        }
+        assert!(store.load_all().is_empty(), "a spare read as a record");
+        assert!(store.load("a").is_none() && store.load("b").is_none());
+        drop(store);
+
+        let store: Store<String> = Store::open_with_spares(d.clone(), 3).expect("reopen");
+        let mut new = std::collections::BTreeSet::new();
+        for id in ["c", "d"] {
+            store.save(id, &format!("{id}1")).expect("save");
+            store.save_deferred(id, &format!("{id}2")).expect("save");
+            for ext in ["json", "tmp"] {
+                new.insert(std::fs::metadata(d.join(format!("{id}.{ext}"))).unwrap().ino());
+            }
+            assert_eq!(store.load(id).expect("a record").expect("readable"), format!("{id}2"));
+        }
+        assert_eq!(new.intersection(&old).count(), 3, "new records made new inodes past the spares: {new:?} {old:?}");
+        store.remove("c").expect("remove");
+        store.remove("d").expect("remove");
+        let names: Vec<_> =
+            std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.len(), 3, "more than the cap kept: {names:?}");
+        assert!(names.iter().all(|n| n.starts_with(".spare-")), "{names:?}");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

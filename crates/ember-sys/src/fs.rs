@@ -170,6 +170,17 @@ pub fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
     }
 }
 
+/// Renames `a` to `b` unless `b` exists (`renameat2` with
+/// `RENAME_NOREPLACE`): `Ok(false)`, nothing done, when it does.
+pub fn rename_noreplace(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    match renameat_with(CWD, a, CWD, b, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::EXIST => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,9 +17,13 @@ pub(crate) fn truncation_marker(limit: u64) -> String {
 }
 
 /// An attempt's log being written: output past `limit` is dropped, with one
-/// marker saying so.
+/// marker saying so. The file is made at the first output: an attempt
+/// that prints nothing makes none (a read finds it empty either way), and
+/// a task per sandbox at hundreds a second pays no inode for each silent
+/// one (docs/performance.md, "Record files kept for reuse"). A path is one
+/// attempt's, so no earlier file is there to replace.
 pub(crate) struct TaskLog {
-    file: tokio::fs::File,
+    file: Option<tokio::fs::File>,
     path: PathBuf,
     written: u64,
     limit: u64,
@@ -27,27 +31,38 @@ pub(crate) struct TaskLog {
 }
 
 impl TaskLog {
-    pub(crate) async fn create(path: PathBuf, limit: u64) -> std::io::Result<Self> {
-        let file = tokio::fs::File::create(&path).await?;
-        Ok(TaskLog { file, path, written: 0, limit, truncated: false })
+    pub(crate) fn new(path: PathBuf, limit: u64) -> Self {
+        TaskLog { file: None, path, written: 0, limit, truncated: false }
     }
 
     /// Appends what fits under the cap, and the marker once it is reached.
     /// Flushed each time: tokio's File writes in the background and a
     /// follower reads the file.
     pub(crate) async fn append(&mut self, chunk: &[u8]) {
-        if self.truncated {
+        if self.truncated || chunk.is_empty() {
             return;
         }
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => match tokio::fs::File::create(&self.path).await {
+                Ok(f) => self.file.insert(f),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "task log cannot be written");
+                    // Once: the attempt's further output is dropped too.
+                    self.truncated = true;
+                    return;
+                }
+            },
+        };
         let room = self.limit.saturating_sub(self.written) as usize;
         let (fits, over) = chunk.split_at(chunk.len().min(room));
-        let mut res = self.file.write_all(fits).await;
+        let mut res = file.write_all(fits).await;
         self.written += fits.len() as u64;
         if !over.is_empty() {
             self.truncated = true;
-            res = res.and(self.file.write_all(truncation_marker(self.limit).as_bytes()).await);
+            res = res.and(file.write_all(truncation_marker(self.limit).as_bytes()).await);
         }
-        if let Err(e) = res.and(self.file.flush().await) {
+        if let Err(e) = res.and(file.flush().await) {
             tracing::warn!(path = %self.path.display(), error = %e, "task log write failed");
         }
     }
@@ -77,7 +92,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ember-tasklog-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.1.log");
-        let mut log = TaskLog::create(path.clone(), 10).await.unwrap();
+        let mut log = TaskLog::new(path.clone(), 10);
+        log.append(b"").await;
+        assert!(!path.exists(), "a log made before any output");
         log.append(b"12345").await;
         log.append(b"6789abcdef").await;
         log.append(b"more").await;

@@ -351,13 +351,7 @@ async fn attempt(
         ..Default::default()
     };
     let path = svc.log_path(&rec.id, lease.attempt);
-    let mut log = match super::log::TaskLog::create(path.clone(), svc.cfg.log_limit).await {
-        Ok(f) => Some(f),
-        Err(err) => {
-            tracing::warn!(path = %path.display(), error = %err, "task log cannot be written");
-            None
-        }
-    };
+    let mut log = super::log::TaskLog::new(path, svc.cfg.log_limit);
     // The stream's callback hands output over; it is appended to the log as
     // it arrives, so `logs -f` follows the command live.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
@@ -371,21 +365,15 @@ async fn attempt(
     let end = loop {
         tokio::select! {
             end = &mut exec => break Some(end),
-            Some(chunk) = rx.recv() => {
-                if let Some(f) = log.as_mut() {
-                    f.append(&chunk).await;
-                }
-            }
+            Some(chunk) = rx.recv() => log.append(&chunk).await,
             err = &mut fenced => {
                 tracing::info!(task = %lease.task, error = %err, "attempt fenced while running; stopping it");
                 break None;
             }
         }
     };
-    if let Some(f) = log.as_mut() {
-        while let Ok(chunk) = rx.try_recv() {
-            f.append(&chunk).await;
-        }
+    while let Ok(chunk) = rx.try_recv() {
+        log.append(&chunk).await;
     }
     svc.metrics.phase("exec", t_exec);
     let Some(end) = end else { return Ended::Done { succeeded: false } };
