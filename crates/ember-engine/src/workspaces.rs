@@ -14,7 +14,7 @@ use crate::record::SandboxRecord;
 use crate::EngineError;
 use ember_runtime::Runtimes;
 use ember_types::SandboxState;
-use ember_workspace::{WorkspaceError, WorkspaceMeta, WorkspaceStore};
+use ember_workspace::{RoomHold, WorkspaceError, WorkspaceMeta, WorkspaceStore};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -103,15 +103,16 @@ impl Workspaces {
         self.store.ensure_mounted(name)
     }
 
-    /// A new workspace (a restore's target). Blocking.
-    pub fn create_blocking(&self, name: &str, size_bytes: u64) -> Result<(), WorkspaceError> {
-        self.store.create(name, size_bytes).map(drop)
+    /// A new workspace (a restore's target) in room `hold` admitted. Blocking.
+    pub fn create_within(&self, name: &str, size_bytes: u64, hold: &RoomHold<'_>) -> Result<(), WorkspaceError> {
+        self.store.create_within(name, size_bytes, hold).map(drop)
     }
 
-    /// Refuses `count` new volumes of `size` bytes holding `data` bytes each
-    /// unless the store's disk has room for them and its reserve. Blocking.
-    pub fn check_room(&self, size: u64, count: u64, data: u64) -> Result<(), WorkspaceError> {
-        self.store.check_room(size, count, data)
+    /// Admits `count` new volumes of `size` bytes holding `data` bytes each
+    /// if the store's disk has room for them, its reserve and the writes in
+    /// flight; their room is held until the hold is dropped. Blocking.
+    pub fn reserve_room(&self, size: u64, count: u64, data: u64) -> Result<RoomHold<'_>, WorkspaceError> {
+        self.store.reserve_room(size, count, data)
     }
 
     /// Removes a workspace this node just made and nobody holds. Blocking.

@@ -31,7 +31,7 @@ mod volume;
 
 pub use layer::Idmap;
 pub use lease::{Lease, LeaseError, LeaseState};
-pub use room::{default_reserve, free_bytes, image_cost, Limits, DEFAULT_RESERVE};
+pub use room::{default_reserve, free_bytes, image_cost, Limits, RoomHold, DEFAULT_RESERVE};
 pub use volume::{WorkspaceMeta, WorkspaceStore, MAX_SIZE, MIN_SIZE};
 
 use std::path::PathBuf;

@@ -5,6 +5,14 @@
 //! workspace up front with `NoSpace`, naming what is free and what was
 //! needed, instead of failing halfway through an image or, worse, failing
 //! the next state write of an unrelated request.
+//!
+//! Writes in flight hold what they were admitted for ([`RoomHold`]) until
+//! they end: two forks that each fit the disk alone, admitted together,
+//! would fill it between them, the second failing halfway (or an unrelated
+//! write failing) instead of being refused up front. A hold also counts
+//! the bytes its write has already put on disk, which `statfs` counts as
+//! used too: while writes run, admission is stricter than it needs to be,
+//! never looser.
 use crate::volume::{WorkspaceStore, MAX_SIZE};
 use crate::{io, WorkspaceError};
 use std::path::Path;
@@ -52,21 +60,46 @@ pub fn free_bytes(path: &Path) -> Result<(u64, u64), WorkspaceError> {
     Ok((st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize)))
 }
 
+/// Bytes admitted to writes still in flight, per store.
+#[derive(Default)]
+pub(crate) struct Ledger(parking_lot::Mutex<u64>);
+
+/// Room a write was admitted for, held until it is dropped (the write done
+/// or undone): other admissions count it as taken.
+#[must_use = "the room is released when the hold is dropped"]
+pub struct RoomHold<'a> {
+    ledger: &'a Ledger,
+    bytes: u64,
+}
+
+impl Drop for RoomHold<'_> {
+    fn drop(&mut self) {
+        let mut held = self.ledger.0.lock();
+        *held = held.saturating_sub(self.bytes);
+    }
+}
+
 impl WorkspaceStore {
-    /// Refuses `count` new volumes of `size` bytes, each to receive `data`
-    /// bytes, unless they fit with the reserve still free after them. A size
-    /// out of bounds is refused first, as such: asking for too much is the
-    /// caller's error whatever the disk holds.
-    pub fn check_room(&self, size: u64, count: u64, data: u64) -> Result<(), WorkspaceError> {
+    /// Admits `count` new volumes of `size` bytes, each to receive `data`
+    /// bytes, if they fit with the reserve still free after them and after
+    /// what writes in flight were admitted for; the hold keeps their room
+    /// until it is dropped. A size out of bounds is refused first, as such:
+    /// asking for too much is the caller's error whatever the disk holds.
+    pub fn reserve_room(&self, size: u64, count: u64, data: u64) -> Result<RoomHold<'_>, WorkspaceError> {
         self.check_size(size)?;
+        let bytes = image_cost(size).saturating_add(data).saturating_mul(count);
+        // Under the lock: two admissions must not both read the same free
+        // space (statfs is a few microseconds).
+        let mut held = self.room.0.lock();
         let (free, total) = free_bytes(self.root())?;
         let reserve = self.limits().reserve.unwrap_or_else(|| default_reserve(total));
-        let each = image_cost(size).saturating_add(data);
-        let need = each.saturating_mul(count).saturating_add(reserve);
+        let need = bytes.saturating_add(reserve);
+        let free = free.saturating_sub(*held);
         if free < need {
             return Err(WorkspaceError::NoSpace { path: self.root().to_path_buf(), free, need });
         }
-        Ok(())
+        *held = held.saturating_add(bytes);
+        Ok(RoomHold { ledger: &self.room, bytes })
     }
 }
 
@@ -74,6 +107,32 @@ impl WorkspaceStore {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// Two writes that each fit alone are not both admitted: the second is
+    /// refused while the first holds its room, and admitted once it ends.
+    #[test]
+    fn room_held_by_a_write_in_flight_is_not_given_twice() {
+        let root = std::env::temp_dir().join(format!("ember-room-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("mkdir");
+        ember_sys::fs::mount_tmpfs(&root, "size=67108864,mode=0700").expect("tmpfs (the tests run as root)");
+        let store = WorkspaceStore::open(root.join("ws"), (0, 0))
+            .expect("store")
+            .with_limits(Limits { max_size: crate::MAX_SIZE, reserve: Some(8 << 20) });
+        let (size, data) = (64u64 << 20, 30u64 << 20);
+        let first = store.reserve_room(size, 1, data).expect("64 MiB free: the first fits");
+        match store.reserve_room(size, 1, data) {
+            Err(WorkspaceError::NoSpace { free, need, .. }) => {
+                assert!(free < need, "free {free} need {need}");
+                assert!(free <= (64 << 20) - (30 << 20), "the first write's room counted as free: {free}");
+            }
+            other => panic!("a second write admitted into the first one's room: {:?}", other.map(|h| h.bytes)),
+        }
+        drop(first);
+        let again = store.reserve_room(size, 1, data).expect("the first write ended: room again");
+        drop(again);
+        let _ = ember_sys::fs::unmount_detach(&root);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn the_default_reserve_is_a_twentieth_up_to_a_gigabyte() {

@@ -133,7 +133,7 @@ impl WorkspaceStore {
 
     fn build_spare(&self, size: u64) -> Result<(), WorkspaceError> {
         // A spare is made ahead, never at the cost of the reserve.
-        self.check_room(size, 1, 0)?;
+        let _room = self.reserve_room(size, 1, 0)?;
         let n = self.next_seq();
         let tmp = self.root().join(format!("{BUILDING}{n}"));
         let built = make_image(&tmp, size, self.owner, self.quiet()).and_then(|()| {

@@ -46,6 +46,8 @@ pub struct WorkspaceStore {
     mounts: parking_lot::Mutex<()>,
     /// Which sizes to keep spare volumes of (`spares.rs`).
     pub(crate) spares: crate::spares::Spares,
+    /// Room admitted to volume writes in flight (`room.rs`).
+    pub(crate) room: crate::room::Ledger,
     /// Where `mkfs.ext4` runs (see [`make_image`]); the host's namespace
     /// when it could not be made.
     quiet: Option<ember_sys::mountns::LaunchNs>,
@@ -89,6 +91,7 @@ impl WorkspaceStore {
             layers: parking_lot::Mutex::new(()),
             mounts: parking_lot::Mutex::new(()),
             spares: Default::default(),
+            room: Default::default(),
             quiet,
             limits: crate::Limits::default(),
         })
@@ -143,6 +146,22 @@ impl WorkspaceStore {
     /// volume of that size, made ahead (`spares.rs`), stands in for the image
     /// and the mounts when there is one.
     pub fn create(&self, name: &str, size_bytes: u64) -> Result<WorkspaceMeta, WorkspaceError> {
+        self.create_in(name, size_bytes, false)
+    }
+
+    /// [`create`](Self::create) for a volume whose room `_hold` already
+    /// admitted (a restore's or fork's volumes, admitted together with the
+    /// data they receive).
+    pub fn create_within(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        _hold: &crate::RoomHold<'_>,
+    ) -> Result<WorkspaceMeta, WorkspaceError> {
+        self.create_in(name, size_bytes, true)
+    }
+
+    fn create_in(&self, name: &str, size_bytes: u64, admitted: bool) -> Result<WorkspaceMeta, WorkspaceError> {
         check_name(name)?;
         self.check_size(size_bytes)?;
         let dir = self.dir(name);
@@ -155,7 +174,7 @@ impl WorkspaceStore {
             WorkspaceMeta { name: name.into(), size_bytes, created_at_ms: now_ms(), leases: LeaseState::default() };
         let spare = self.take_spare(size_bytes, &tmp);
         if !spare {
-            self.check_room(size_bytes, 1, 0)?;
+            let _room = if admitted { None } else { Some(self.reserve_room(size_bytes, 1, 0)?) };
             make_image(&tmp, size_bytes, self.owner, self.quiet())?;
         }
         let placed = self.write_meta(&tmp, &meta).and_then(|()| {

@@ -354,10 +354,12 @@ impl Snapshots {
         let (names, op) = (names.to_vec(), op.to_string());
         self.snap(move |e, store| {
             // All of them up front: a fork the disk cannot hold is refused
-            // before its first volume, not after filling the disk.
-            e.workspaces.check_room(size, names.len() as u64, data)?;
-            let mut made = Vec::new();
-            let res = fill_workspaces(e, store, &snap, &names, size, &op, &mut made);
+            // before its first volume, not after filling the disk; their
+            // room held until they are written (or removed again).
+            let room = e.workspaces.reserve_room(size, names.len() as u64, data)?;
+            let (mut made, t0) = (Vec::new(), std::time::Instant::now());
+            let res = make_volumes(e, &names, size, &room, &mut made)
+                .and_then(|mounts| fill_workspaces(e, store, &snap, &mounts, size, &op, t0));
             if res.is_err() {
                 for n in &made {
                     let _ = e.workspaces.discard(n);
@@ -373,22 +375,36 @@ impl Snapshots {
 /// move up into the workspace's root.
 const STAGING: &str = ".ember-restore";
 
-/// The blocking half of `make_workspaces`; `made` collects what to remove on failure.
+/// `make_workspaces`' empty volumes, in the room it admitted, mounted;
+/// `made` collects what to remove on failure.
+fn make_volumes(
+    e: &Snapshots,
+    names: &[String],
+    size: u64,
+    room: &ember_workspace::RoomHold<'_>,
+    made: &mut Vec<String>,
+) -> Result<Vec<std::path::PathBuf>, EngineError> {
+    let mut mounts = Vec::new();
+    for n in names {
+        e.workspaces.create_within(n, size, room)?;
+        made.push(n.clone());
+        mounts.push(e.workspaces.ensure_mounted(n)?);
+    }
+    Ok(mounts)
+}
+
+/// The blocking half of `make_workspaces`: the snapshot restored into the
+/// first of `mounts` and copied into the others (`t0`: when their volumes
+/// began).
 fn fill_workspaces(
     e: &Snapshots,
     store: &dyn ObjectStore,
     snap: &ember_snapshot::LoadedSnapshot,
-    names: &[String],
+    mounts: &[std::path::PathBuf],
     size: u64,
     op: &str,
-    made: &mut Vec<String>,
+    t0: std::time::Instant,
 ) -> Result<(), EngineError> {
-    let (mut mounts, t0) = (Vec::new(), std::time::Instant::now());
-    for n in names {
-        e.workspaces.create_blocking(n, size)?;
-        made.push(n.clone());
-        mounts.push(e.workspaces.ensure_mounted(n)?);
-    }
     let made_in = t0.elapsed();
     let Some((first, rest)) = mounts.split_first() else { return Ok(()) };
     let first_tmp = first.join(STAGING);
