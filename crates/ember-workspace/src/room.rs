@@ -112,9 +112,18 @@ mod tests {
     /// refused while the first holds its room, and admitted once it ends.
     #[test]
     fn room_held_by_a_write_in_flight_is_not_given_twice() {
+        /// Unmounted and removed however the test ends.
+        struct Tmpfs(std::path::PathBuf);
+        impl Drop for Tmpfs {
+            fn drop(&mut self) {
+                let _ = ember_sys::fs::unmount_detach(&self.0);
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
         let root = std::env::temp_dir().join(format!("ember-room-hold-{}", std::process::id()));
         std::fs::create_dir_all(&root).expect("mkdir");
         ember_sys::fs::mount_tmpfs(&root, "size=67108864,mode=0700").expect("tmpfs (the tests run as root)");
+        let _mounted = Tmpfs(root.clone());
         let store = WorkspaceStore::open(root.join("ws"), (0, 0))
             .expect("store")
             .with_limits(Limits { max_size: crate::MAX_SIZE, reserve: Some(8 << 20) });
@@ -130,8 +139,6 @@ mod tests {
         drop(first);
         let again = store.reserve_room(size, 1, data).expect("the first write ended: room again");
         drop(again);
-        let _ = ember_sys::fs::unmount_detach(&root);
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
