@@ -6,6 +6,8 @@
 mod common;
 #[path = "classes/pools.rs"]
 mod pools;
+#[path = "classes/runs.rs"]
+mod runs;
 
 use bytes::Bytes;
 use common::Daemon;

@@ -56,6 +56,8 @@ pub struct Daemon {
     log: Option<(PathBuf, &'static str)>,
     /// Started in `/` with relative paths (`start_relative`).
     relative: bool,
+    /// Environment variables set on the daemon (`start_with_env`).
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -66,6 +68,14 @@ impl Daemon {
     /// A daemon with extra `ember serve` flags.
     pub fn start_with(extra: &[&str]) -> Daemon {
         let mut d = Self::unstarted(extra);
+        d.spawn();
+        d
+    }
+
+    /// A daemon with extra `ember serve` flags and environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let mut d = Self::unstarted(extra);
+        d.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         d.spawn();
         d
     }
@@ -116,6 +126,7 @@ impl Daemon {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log: None,
             relative: false,
+            env: Vec::new(),
         };
         // Egress networking changes the host (a table, namespaces, an address
         // on lo): only tests that ask for it, with a range and tag of their own.
@@ -136,7 +147,7 @@ impl Daemon {
     /// (Re)starts `ember serve` on the same data dir and cgroup parent.
     pub fn spawn(&mut self) {
         let mut cmd = serve_command_from(&self.data_dir, &self.group, &self.extra, self.relative);
-        cmd.stderr(Stdio::inherit());
+        cmd.stderr(Stdio::inherit()).envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some((log, level)) = &self.log {
             let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("daemon log file");
             cmd.stderr(f).env("EMBER_LOG", level);

@@ -15,6 +15,7 @@ use crate::{LaunchTiming, Launched, RuntimeError};
 use ember_sys::beneath::{FileType, PinnedDir};
 use ember_types::{SandboxId, SandboxSpec};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -57,7 +58,7 @@ impl OciRuntime {
             // A failed checkpoint usually ends the Sentry; if it did not, give
             // the agent its socket back so the sandbox stays usable.
             if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "running") {
-                let _ = self.unquiesce(id, &dir);
+                let _ = self.unquiesce(id, &dir, None);
             }
             let _ = remove_dir(&image);
             return Err(RuntimeError::Oci { id: id.clone(), source: e });
@@ -79,7 +80,7 @@ impl OciRuntime {
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
         while !is_regular(sock_dir, QUIESCED) {
             if Instant::now() > deadline {
-                let _ = self.unquiesce(id, sock_dir.parent().unwrap_or(Path::new("/")));
+                let _ = self.unquiesce(id, sock_dir.parent().unwrap_or(Path::new("/")), None);
                 return Err(busy("connections to the agent stayed open; checkpoint called off".into()));
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -87,13 +88,14 @@ impl OciRuntime {
         Ok(())
     }
 
-    /// Lets a quiesced agent listen again and waits for its `/ping`.
-    pub(super) fn unquiesce(&self, id: &SandboxId, dir: &Path) -> Result<(), RuntimeError> {
+    /// Lets a quiesced agent listen again and waits for its `/ping` (or for
+    /// `init`, the container's init if the caller holds its pidfd, to exit).
+    pub(super) fn unquiesce(&self, id: &SandboxId, dir: &Path, init: Option<&OwnedFd>) -> Result<(), RuntimeError> {
         let sock_dir = dir.join("sock");
         let pinned = PinnedDir::open(&sock_dir)?;
         let _ = pinned.remove_file("agent.sock");
         write_resume(&pinned)?;
-        self.wait_ready(id, &sock_dir.join("agent.sock"), None)
+        self.wait_ready(id, &sock_dir.join("agent.sock"), init, None)
     }
 
     pub(super) fn restore_sandbox(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
@@ -129,7 +131,7 @@ impl OciRuntime {
         let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
         self.adopt_container_procs(id, pid);
         let t_spawn = t0.elapsed();
-        self.unquiesce(id, &dir)?;
+        self.unquiesce(id, &dir, Some(&pidfd))?;
         Ok(super::launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 
@@ -145,7 +147,7 @@ impl OciRuntime {
         if crate::ping_agent(&dir.join("sock/agent.sock"), Duration::from_secs(2)).is_ok() {
             return Ok(());
         }
-        self.unquiesce(id, &dir)
+        self.unquiesce(id, &dir, None)
     }
 
     pub(super) fn drop_checkpoint_image(&self, id: &SandboxId) -> Result<(), RuntimeError> {

@@ -101,7 +101,7 @@ impl OciRuntime {
         let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
         self.adopt_container_procs(id, state.pid);
         let t_spawn = t0.elapsed();
-        self.unquiesce(id, &dir)?;
+        self.unquiesce(id, &dir, Some(&pidfd))?;
         Ok(launched(state.pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 

@@ -5,11 +5,11 @@
 //! Launch, in steps: create the cgroups (ember's own manager, so OOM events,
 //! usage, freeze and the leftover sweep work as for native; the runtime joins
 //! them through `cgroupsPath`); assemble the rootfs; write `config.json`;
-//! `<rt> create`, `<rt> start`; `<rt> state` for the init's pid; poll the
+//! `<rt> run --detach`, the init's pid in its `--pid-file`; poll the
 //! agent's socket in the bound host dir until `GET /ping` answers.
 //!
 //! Layout under `<data-dir>/oci/<class>/`: `state/` (the runtime's `--root`),
-//! `sandboxes/<id>/{bundle/config.json, mnt/, sock/agent.sock, agent.log, checkpoint/}`,
+//! `sandboxes/<id>/{bundle/config.json, init.pid, mnt/, sock/agent.sock, agent.log, checkpoint/}`,
 //! for runsc `ws/`, the workspace slot (`slot.rs`), and `checkpoint/`, a runsc
 //! checkpoint image ([`checkpoint`]); `golden/<key>/`, a golden pool's copy of
 //! one ([`golden`]).
@@ -20,6 +20,7 @@ pub mod cli;
 mod exit;
 mod golden;
 pub mod prepare;
+mod ready;
 pub mod rootfs;
 pub mod slot;
 
@@ -45,6 +46,9 @@ use std::time::{Duration, Instant};
 /// the bundle for crun and runsc, inherited from the runtime for runc
 /// ([`bundle::BundleInputs::inherit_rlimits`]).
 pub const OPEN_FILES: u64 = 1024;
+
+/// Where `<rt> create` writes the init's host pid, in the sandbox's dir.
+const PID_FILE: &str = "init.pid";
 
 /// Configuration of one OCI class, fixed at daemon start.
 #[derive(Clone, Debug)]
@@ -110,21 +114,26 @@ impl OciRuntime {
         Limits { memory_bytes: r.memory_bytes, cpu_millis: r.cpu_millis, pids: self.cfg.class.host_pids(r.pids) }
     }
 
-    /// Assembles the rootfs and bundle, `<rt> create`, opens the init's pidfd,
-    /// `<rt> start`. The pidfd is taken between create and start, while the
-    /// init waits to be started: an entrypoint that exits at once can be gone
-    /// (reaped by its own parent, `state` says pid 0) by the time `start` returns.
+    /// Assembles the rootfs and bundle, `<rt> run --detach` (the init's pid
+    /// in its `--pid-file`), opens the init's pidfd: one run of the runtime,
+    /// where `create`, `state` and `start` were three (for runsc ~15 ms each;
+    /// docs/performance.md, "Fewer runs of the runtime"). The pid cannot name
+    /// another process by the time the pidfd is opened, even if the init
+    /// already exited: once the runtime has exited, the init is a child of the
+    /// daemon, its subreaper (`ember serve`, [`crate::become_subreaper`]), and
+    /// stays a zombie until the daemon's reaper, which it is handed to here,
+    /// waits for it.
     fn start(&self, id: &SandboxId, spec: &SandboxSpec, dir: &Path) -> Result<(i32, OwnedFd, PathBuf), RuntimeError> {
         let (bundle_dir, sock_dir, userns) = self.bundle(id, spec, dir)?;
         let log = dir.join("agent.log");
-        self.cli.create(id.as_str(), &bundle_dir, &log).map_err(Self::oci_err(id))?;
-        // The bundle names the namespace by this fd's /proc path: open until `create` joined it.
+        let pid_file = dir.join(PID_FILE);
+        let _ = std::fs::remove_file(&pid_file);
+        let pid = self.cli.run_detached(id.as_str(), &bundle_dir, &log, &pid_file).map_err(Self::oci_err(id))?;
+        // The bundle names the namespace by this fd's /proc path: open until the runtime joined it.
         drop(userns);
-        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
-        self.adopt_container_procs(id, state.pid);
-        self.cli.start(id.as_str()).map_err(Self::oci_err(id))?;
-        Ok((state.pid, pidfd, sock_dir.join("agent.sock")))
+        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        self.adopt_container_procs(id, pid);
+        Ok((pid, pidfd, sock_dir.join("agent.sock")))
     }
 
     /// Assembles the rootfs and writes the bundle; returns the bundle's and
@@ -204,58 +213,12 @@ impl OciRuntime {
             .map_err(|source| RuntimeError::Prepare { what: "sandbox dir", path: dir.clone(), source })?;
         Ok(dir)
     }
-
-    /// Polls until the agent has bound its socket and answers `/ping`, or the
-    /// container stopped, or the deadline passed. At launch (`early_exit`: the
-    /// init's pidfd and the spec) a container that stopped early may be a
-    /// sandbox that ran and ended ([`ended_before_ready`]); after a restore the
-    /// agent must answer.
-    fn wait_ready(
-        &self,
-        id: &SandboxId,
-        sock: &Path,
-        early_exit: Option<(&OwnedFd, &SandboxSpec)>,
-    ) -> Result<(), RuntimeError> {
-        let deadline = Instant::now() + self.cfg.ready_timeout;
-        let mut last = String::from("socket not created");
-        while Instant::now() < deadline {
-            if sock.exists() {
-                match crate::ping_agent(sock, Duration::from_secs(2)) {
-                    Ok(()) => return Ok(()),
-                    Err(e) => last = e,
-                }
-            }
-            if self.cli.state(id.as_str()).is_ok_and(|s| s.status == "stopped") {
-                let exit_file = sock.with_file_name(EXIT_FILE);
-                if early_exit.is_some_and(|(init, spec)| ended_before_ready(init, spec, &exit_file)) {
-                    return Ok(());
-                }
-                last = "the container stopped".into();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let log = checkpoint::log_tail(&self.dir(id.as_str()));
-        Err(RuntimeError::AgentNotReady { id: id.clone(), message: format!("{last}; agent log: {log}") })
-    }
 }
 
 /// A running init as the engine gets it, from a launch or a restore.
 fn launched(pid: i32, pidfd: OwnedFd, agent_socket: PathBuf, oom: Arc<OwnedFd>, timing: LaunchTiming) -> Launched {
     let start_time = crate::native::boundary::start_time(pid).unwrap_or(0);
     Launched { pid, pidfd, start_time, agent_socket, oom: Some(oom), timing }
-}
-
-/// A stopped container whose agent ran an entrypoint and left its exit code is
-/// a launched sandbox that already ended (as `native::ended_before_ready`): the
-/// monitor finds the pidfd readable and records `Exited(n)`. The init (for
-/// runsc the Sentry, which may still be writing the file through its gofer)
-/// is waited for first, up to 2 s. Without an entrypoint, or without an exit
-/// code, it stays a readiness failure.
-fn ended_before_ready(init: &OwnedFd, spec: &SandboxSpec, exit_file: &Path) -> bool {
-    !spec.entrypoint.is_empty()
-        && ember_sys::pidfd::wait_exited(init, Duration::from_secs(2)).unwrap_or(false)
-        && read_exit_file(exit_file).is_some()
 }
 
 impl Runtime for OciRuntime {
@@ -271,7 +234,7 @@ impl Runtime for OciRuntime {
         let t_cg = t0.elapsed();
         let (pid, pidfd, sock) = self.start(id, spec, &dir)?;
         let t_spawn = t0.elapsed();
-        self.wait_ready(id, &sock, Some((&pidfd, spec)))?;
+        self.wait_ready(id, &sock, Some(&pidfd), Some(spec))?;
         Ok(launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 
@@ -388,9 +351,11 @@ impl Runtime for OciRuntime {
 
     fn reap_leftover(&self, name: &str) -> Result<(), RuntimeError> {
         self.oom.forget(name);
-        // Each step tolerates "already gone": destroy is idempotent.
-        let _ = self.cli.kill(name, "KILL", true);
-        let _ = self.cli.delete(name);
+        // Each step tolerates "already gone": destroy is idempotent. `delete
+        // --force` kills the container itself (its init, in a pid namespace of
+        // its own: everything in it; for runsc the whole sandbox), so no `kill`
+        // before it: each run of runsc is ~15 ms on a removal's path.
+        let deleted = self.cli.delete(name).is_ok();
         let dir = self.dir(name);
         rootfs::unmount(&dir)?;
         slot::unmount(&dir)?;
@@ -401,17 +366,17 @@ impl Runtime for OciRuntime {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => return Err(RuntimeError::Prepare { what: "remove sandbox dir", path: dir, source }),
         }
-        // A runtime that still lists the container after delete -f is an error.
-        match self.cli.state(name) {
-            Ok(s) => {
-                Err(RuntimeError::Gone { id, message: format!("still known to {} as {}", self.class(), s.status) })
-            }
-            Err(_) => {
-                // Freed last: a range is reused only once nothing of its sandbox is left.
-                self.cfg.ranges.free(name);
-                Ok(())
+        // A runtime that still lists the container after delete -f is an
+        // error. Asked only when the delete failed: one that succeeded is gone.
+        if !deleted {
+            if let Ok(s) = self.cli.state(name) {
+                let message = format!("still known to {} as {}", self.class(), s.status);
+                return Err(RuntimeError::Gone { id, message });
             }
         }
+        // Freed last: a range is reused only once nothing of its sandbox is left.
+        self.cfg.ranges.free(name);
+        Ok(())
     }
 
     fn exit_code(&self, id: &SandboxId) -> Option<i32> {
