@@ -5,6 +5,9 @@
 //! `create` and `start`, no `state` for the pid, none polled while the agent
 //! comes up (the init's pidfd says whether the container stopped), no `kill`
 //! before the delete (docs/performance.md, "Fewer runs of the runtime").
+//! Under gVisor a checkpoint runs `checkpoint` and `delete`, and the resume
+//! `restore` alone (its pid from the `--pid-file` too; no `delete` ahead of
+//! it unless the restore fails).
 use crate::common::Daemon;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -33,7 +36,7 @@ fn verb(line: &str) -> String {
     String::new()
 }
 
-async fn runtime_runs(class: &str) {
+async fn runtime_runs(class: &str, expected: &[&str]) {
     let dir = std::env::temp_dir().join(format!("ember-runs-{}-{class}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("wrapper dir");
@@ -53,6 +56,12 @@ async fn runtime_runs(class: &str) {
     let s = super::create(&d, class, "128Mi").await;
     let (code, out, _) = d.sh(&s.id, "echo ready", None).await;
     assert_eq!((code, out.as_str()), (Some(0), "ready\n"), "a command in the {class} sandbox");
+    if expected.contains(&"checkpoint") {
+        d.client.checkpoint_sandbox(&s.id).await.expect("checkpoint");
+        d.client.resume_sandbox(&s.id).await.expect("resume");
+        let (code, out, _) = d.sh(&s.id, "echo resumed", None).await;
+        assert_eq!((code, out.as_str()), (Some(0), "resumed\n"), "a command after the resume");
+    }
     d.client.delete_sandbox(&s.id).await.expect("delete");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !d.leftovers(class, &s.id).is_empty() && Instant::now() < deadline {
@@ -62,22 +71,22 @@ async fn runtime_runs(class: &str) {
 
     let runs = std::fs::read_to_string(&log).expect("the wrapper's log");
     let verbs: Vec<String> = runs.lines().filter(|l| l.contains(s.id.as_str())).map(verb).collect();
-    assert_eq!(verbs, ["run", "delete"], "{class} runs for one sandbox:\n{runs}");
+    assert_eq!(verbs, expected, "{class} runs for one sandbox:\n{runs}");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_launch_and_a_removal_run_runsc_twice() {
-    runtime_runs("runsc").await;
+async fn a_launch_and_a_removal_run_runsc_twice_and_a_checkpoint_and_resume_three_times() {
+    runtime_runs("runsc", &["run", "checkpoint", "delete", "restore", "delete"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_and_a_removal_run_crun_twice() {
-    runtime_runs("crun").await;
+    runtime_runs("crun", &["run", "delete"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_and_a_removal_run_runc_twice() {
-    runtime_runs("runc").await;
+    runtime_runs("runc", &["run", "delete"]).await;
 }

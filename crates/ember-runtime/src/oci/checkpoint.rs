@@ -106,8 +106,6 @@ impl OciRuntime {
         if !image.join("checkpoint.img").is_file() {
             return Err(RuntimeError::Gone { id: id.clone(), message: "no checkpoint image on disk".into() });
         }
-        // A restore a daemon crash interrupted may have left a container.
-        let _ = self.cli.delete(id.as_str());
         // ember made the cgroups and runsc only joined them, so they survive
         // the checkpoint; recreated with the same limits if anything removed them.
         if !self.cgroups.exists(id.as_str()) {
@@ -120,19 +118,44 @@ impl OciRuntime {
         crate::native::rootfs::check_layer_root(&dir.join("mnt/upper"), &[])?;
         let sock = dir.join("sock/agent.sock");
         let _ = std::fs::remove_file(&sock);
-        let log = dir.join("agent.log");
-        self.cli.restore(id.as_str(), &image, &dir.join("bundle"), &log).map_err(Self::oci_err(id))?;
-        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        if state.status != "running" || state.pid <= 0 {
-            let message = format!("restored, then {} (pid {}); log: {}", state.status, state.pid, log_tail(&dir));
-            return Err(RuntimeError::Gone { id: id.clone(), message });
-        }
-        let pid = state.pid;
-        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
-        self.adopt_container_procs(id, pid);
+        let (pid, pidfd) = self.restore_from(id, &image, &dir.join("bundle"), &dir)?;
         let t_spawn = t0.elapsed();
         self.unquiesce(id, &dir, Some(&pidfd))?;
         Ok(super::launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
+    }
+
+    /// `runsc restore` of `image` into `bundle`, and the restored sandbox
+    /// process's pid (from its `--pid-file`, not a `runsc state`: ~15 ms a
+    /// run) and pidfd, the process handed to the daemon's reaper. One that
+    /// already exited (a zombie the daemon, its subreaper, has not reaped)
+    /// is a failed restore.
+    pub(super) fn restore_from(
+        &self,
+        id: &SandboxId,
+        image: &Path,
+        bundle: &Path,
+        dir: &Path,
+    ) -> Result<(i32, OwnedFd), RuntimeError> {
+        let (log, pid_file) = (dir.join("agent.log"), dir.join(super::PID_FILE));
+        let _ = std::fs::remove_file(&pid_file);
+        let restore = || self.cli.restore(id.as_str(), image, bundle, &log, &pid_file);
+        let pid = match restore() {
+            Ok(pid) => pid,
+            // A restore a daemon crash interrupted may have left a container
+            // under this id: removed, then tried once more (not removed
+            // before every restore: a run of runsc is ~15 ms).
+            Err(_) => {
+                let _ = self.cli.delete(id.as_str());
+                restore().map_err(Self::oci_err(id))?
+            }
+        };
+        let pidfd = ember_sys::pidfd::pidfd_open(pid)?;
+        self.adopt_container_procs(id, pid);
+        if ember_sys::pidfd::wait_exited(&pidfd, Duration::ZERO).unwrap_or(false) {
+            let message = format!("restored, then stopped (pid {pid}); log: {}", log_tail(dir));
+            return Err(RuntimeError::Gone { id: id.clone(), message });
+        }
+        Ok((pid, pidfd))
     }
 
     /// At adoption: an agent a crashed daemon left quiesced (it waits for

@@ -154,11 +154,21 @@ impl OciCli {
         self.run(&["checkpoint", "--image-path", &i, id]).map(drop)
     }
 
-    /// `restore --image-path <dir> --bundle <dir> --detach <id>` (runsc). Like
-    /// [`OciCli::create`], the restored init's stdio goes to `log`.
-    pub fn restore(&self, id: &str, image: &Path, bundle: &Path, log: &Path) -> Result<(), OciCliError> {
-        let (i, b) = (image.display().to_string(), bundle.display().to_string());
-        self.run_logged(&["restore", "--image-path", &i, "--bundle", &b, "--detach", id], log, None)
+    /// `restore --image-path <dir> --bundle <dir> --pid-file <file> --detach
+    /// <id>` (runsc), and the restored sandbox process's pid from that file.
+    /// Like [`OciCli::run_detached`], the restored init's stdio goes to `log`.
+    pub fn restore(
+        &self,
+        id: &str,
+        image: &Path,
+        bundle: &Path,
+        log: &Path,
+        pid_file: &Path,
+    ) -> Result<i32, OciCliError> {
+        let (i, b, p) = (image.display().to_string(), bundle.display().to_string(), pid_file.display().to_string());
+        let verb = ["restore", "--image-path", &i, "--bundle", &b, "--pid-file", &p, "--detach", id];
+        self.run_logged(&verb, log, None)?;
+        self.read_pid_file(&verb, pid_file)
     }
 
     pub fn start(&self, id: &str) -> Result<(), OciCliError> {

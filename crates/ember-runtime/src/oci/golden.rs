@@ -7,7 +7,7 @@
 //! checkpointed) gets its socket back as after any restore.
 //!
 //! The image is read by runsc only; several members restore it at once.
-use super::checkpoint::{log_tail, remove_dir, IMAGE_DIR};
+use super::checkpoint::{remove_dir, IMAGE_DIR};
 use super::{launched, OciRuntime};
 use crate::{LaunchTiming, Launched, RuntimeError};
 use ember_sys::beneath::PinnedDir;
@@ -91,18 +91,10 @@ impl OciRuntime {
         // runsc keeps the storage range: no user namespace fd to hold.
         let (bundle_dir, sock_dir, _userns) = self.bundle(id, spec, &dir)?;
         let sock = sock_dir.join("agent.sock");
-        let log = dir.join("agent.log");
-        self.cli.restore(id.as_str(), &image, &bundle_dir, &log).map_err(Self::oci_err(id))?;
-        let state = self.cli.state(id.as_str()).map_err(Self::oci_err(id))?;
-        if state.status != "running" || state.pid <= 0 {
-            let message = format!("restored, then {} (pid {}); log: {}", state.status, state.pid, log_tail(&dir));
-            return Err(RuntimeError::Gone { id: id.clone(), message });
-        }
-        let pidfd = ember_sys::pidfd::pidfd_open(state.pid)?;
-        self.adopt_container_procs(id, state.pid);
+        let (pid, pidfd) = self.restore_from(id, &image, &bundle_dir, &dir)?;
         let t_spawn = t0.elapsed();
         self.unquiesce(id, &dir, Some(&pidfd))?;
-        Ok(launched(state.pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
+        Ok(launched(pid, pidfd, sock, oom, LaunchTiming::from_marks(t_cg, t_spawn, t0.elapsed())))
     }
 
     pub(super) fn drop_golden(&self, key: &str) -> Result<(), RuntimeError> {
