@@ -106,10 +106,14 @@ impl OciCli {
     }
 
     /// The pid a `--pid-file` holds (a few digits the runtime wrote, in a dir
-    /// of the daemon's own).
+    /// of the daemon's own; read up to 64 bytes).
     fn read_pid_file(&self, verb: &[&str], file: &Path) -> Result<i32, OciCliError> {
+        use std::io::Read;
         let bad = |message: String| OciCliError::BadState { command: self.line(verb), message };
-        let text = std::fs::read_to_string(file).map_err(|e| bad(format!("reading {}: {e}", file.display())))?;
+        let mut text = String::new();
+        std::fs::File::open(file)
+            .and_then(|f| f.take(64).read_to_string(&mut text))
+            .map_err(|e| bad(format!("reading {}: {e}", file.display())))?;
         match text.trim().parse::<i32>() {
             Ok(pid) if pid > 0 => Ok(pid),
             _ => Err(bad(format!("{} holds {:?}, not a pid", file.display(), text.trim()))),
@@ -268,6 +272,24 @@ mod tests {
             }
             other => panic!("expected Failed, got {other:?}"),
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_pid_file_is_read_as_one_positive_pid_or_an_error_naming_it() {
+        let dir = std::env::temp_dir().join(format!("ember-oci-pid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cli, file) = (OciCli::new("/bin/true", &dir, vec![]), dir.join("init.pid"));
+        std::fs::write(&file, "4242").unwrap();
+        assert_eq!(cli.read_pid_file(&["run"], &file).unwrap(), 4242);
+        for bad in ["", "0", "-1", "12x", &"9".repeat(100)] {
+            std::fs::write(&file, bad).unwrap();
+            let e = cli.read_pid_file(&["run"], &file).unwrap_err().to_string();
+            assert!(e.contains("init.pid") && e.contains("not a pid"), "{bad:?}: {e}");
+        }
+        std::fs::remove_file(&file).unwrap();
+        let e = cli.read_pid_file(&["run"], &file).unwrap_err().to_string();
+        assert!(e.contains("reading") && e.contains("init.pid"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
