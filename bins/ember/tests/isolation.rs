@@ -88,11 +88,19 @@ async fn fork_bomb_is_capped_by_the_pids_limit() {
 /// its stack): the mask is restored before the exec, so the agent, PID 1,
 /// starts with nothing blocked, as the daemon's thread had. (Without the
 /// restore, the agent never saw its command's SIGCHLD: the exec hung.)
+/// The agent itself blocks every signal on its main thread for the instant
+/// of each command's `clone(CLONE_VM | CLONE_VFORK)` (ember_sys::vspawn):
+/// on a loaded host it can be preempted between the probe's exec and the
+/// mask's restore (seen once in CI: SigBlk all ones), so the probe reads the
+/// mask until it is empty, for up to 5 s; an agent that starts with signals
+/// blocked keeps them blocked and still fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_starts_with_no_signal_blocked() {
     let d = Daemon::start();
     let s = d.create(|_| {}).await;
-    let probe = d.sh(&s.id, "grep SigBlk /proc/1/status", None);
+    let script = "for i in $(seq 50); do m=$(grep SigBlk /proc/1/status | cut -f2); \
+                  [ \"$m\" = 0000000000000000 ] && break; sleep 0.1; done; echo \"SigBlk: $m\"";
+    let probe = d.sh(&s.id, script, None);
     let (code, out, _) =
         tokio::time::timeout(Duration::from_secs(60), probe).await.expect("the exec did not end within 60 s");
     assert_eq!(code, Some(0), "{out}");
