@@ -55,7 +55,7 @@ fn argv_with_cwd_and_envs() {
     let dir = common::temp_dir("argv");
     let body = serde_json::json!({
         "argv": ["sh", "-c", "pwd; echo \"$X|$1\"", "zero", "arg one"],
-        "cwd": dir, "envs": {"X": "y z"},
+        "cwd": &*dir, "envs": {"X": "y z"},
     });
     let ev = agent.run(&body.to_string());
     assert_eq!(texts(&ev, "stdout"), vec![dir.to_str().unwrap(), "y z|arg one"]);
@@ -160,7 +160,8 @@ fn interrupt_ends_a_foreground_stream() {
 #[test]
 fn client_disconnect_kills_a_foreground_command() {
     let agent = Agent::start();
-    let marker = common::temp_dir("disconnect").join("alive");
+    let marker_dir = common::temp_dir("disconnect");
+    let marker = marker_dir.join("alive");
     let body = serde_json::json!({"command": format!("echo go; sleep 2; touch {}", marker.display())}).to_string();
     {
         let mut s = agent.connect();
@@ -211,7 +212,7 @@ fn uid_and_gid_switching() {
     // The user cannot enter a directory only root may read.
     let dir = common::temp_dir("private");
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let body = serde_json::json!({"command": "pwd", "uid": 65534, "cwd": dir}).to_string();
+    let body = serde_json::json!({"command": "pwd", "uid": 65534, "cwd": &*dir}).to_string();
     assert_eq!(kinds(&agent.run(&body)), vec!["init", "error"]);
 }
 

@@ -136,7 +136,8 @@ fn wait_for_socket(path: &std::path::Path) {
 
 #[test]
 fn listens_on_a_unix_path() {
-    let sock = common::temp_dir("unix").join("agent.sock");
+    let sock_dir = common::temp_dir("unix");
+    let sock = sock_dir.join("agent.sock");
     let mut child = std::process::Command::new(common::BIN)
         .arg("--listen")
         .arg(format!("unix:{}", sock.display()))
@@ -151,7 +152,8 @@ fn listens_on_a_unix_path() {
 
 #[test]
 fn serves_an_inherited_listening_fd_and_keeps_it_from_commands() {
-    let sock = common::temp_dir("fd").join("agent.sock");
+    let sock_dir = common::temp_dir("fd");
+    let sock = sock_dir.join("agent.sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     // bash moves the listener from stdin to fd 3 (dup2 clears close-on-exec),
     // as the runtime hands it over, then becomes the agent.

@@ -224,3 +224,5 @@ def ember():
                     t[0].wait()
                     _unmount_under(t[2])
                     shutil.rmtree(t[2], ignore_errors=True)
+            if key:
+                shutil.rmtree(key.parent, ignore_errors=True)

@@ -248,10 +248,33 @@ pub fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// A fresh temporary directory for one test.
-pub fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A fresh temporary directory for one test, removed when dropped (each
+/// suite run used to leave nine under /tmp).
+pub fn temp_dir(name: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("ember-agent-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
+}
+
+/// See [`temp_dir`].
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
