@@ -109,9 +109,16 @@ impl OciCli {
     /// of the daemon's own; read up to 64 bytes).
     fn read_pid_file(&self, verb: &[&str], file: &Path) -> Result<i32, OciCliError> {
         use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
         let bad = |message: String| OciCliError::BadState { command: self.line(verb), message };
         let mut text = String::new();
-        std::fs::File::open(file)
+        // O_NOFOLLOW: the sandbox's dir is the daemon's own (0711, the
+        // sandbox writes only below sock/, ws/ and mnt/), but a link there is
+        // never followed.
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(super::exit::O_NOFOLLOW)
+            .open(file)
             .and_then(|f| f.take(64).read_to_string(&mut text))
             .map_err(|e| bad(format!("reading {}: {e}", file.display())))?;
         match text.trim().parse::<i32>() {
@@ -287,6 +294,14 @@ mod tests {
             let e = cli.read_pid_file(&["run"], &file).unwrap_err().to_string();
             assert!(e.contains("init.pid") && e.contains("not a pid"), "{bad:?}: {e}");
         }
+        // A link in its place is not followed, even to a valid pid.
+        let target = dir.join("elsewhere");
+        std::fs::write(&target, "4242").unwrap();
+        std::fs::write(&file, "").unwrap();
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        let e = cli.read_pid_file(&["run"], &file).unwrap_err().to_string();
+        assert!(e.contains("reading") && e.contains("init.pid"), "{e}");
         std::fs::remove_file(&file).unwrap();
         let e = cli.read_pid_file(&["run"], &file).unwrap_err().to_string();
         assert!(e.contains("reading") && e.contains("init.pid"), "{e}");

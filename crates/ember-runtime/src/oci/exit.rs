@@ -6,6 +6,10 @@ use std::path::Path;
 /// exits (the daemon cannot `waitid` an init an OCI runtime started).
 pub const EXIT_FILE: &str = "exit";
 
+/// `O_NOFOLLOW` (its x86_64 Linux value, the target ember builds for), for opens that must not follow a
+/// link (this crate has no libc; its `unsafe` lives in ember-sys).
+pub(super) const O_NOFOLLOW: i32 = 0o400_000;
+
 /// Reads the agent's exit code. The file is in a dir the sandbox can write, so
 /// it is untrusted: never a symlink or a FIFO (`O_NOFOLLOW | O_NONBLOCK`, a
 /// regular file only), a few bytes, a number. A sandbox can only lie about its
@@ -13,7 +17,6 @@ pub const EXIT_FILE: &str = "exit";
 pub(super) fn read_exit_file(path: &Path) -> Option<i32> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    const O_NOFOLLOW: i32 = 0o400_000;
     const O_NONBLOCK: i32 = 0o4_000;
     let f = std::fs::OpenOptions::new().read(true).custom_flags(O_NOFOLLOW | O_NONBLOCK).open(path).ok()?;
     if !f.metadata().ok()?.is_file() {
