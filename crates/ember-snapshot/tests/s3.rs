@@ -56,15 +56,35 @@ fn start() -> (Server, u16) {
     (server, port)
 }
 
-/// CreateBucket through the S3 API (moto does not check signatures).
+/// CreateBucket through the S3 API (moto does not check signatures). A
+/// server that has just begun to listen can reset the first connection (seen
+/// once in CI: ECONNRESET while its app was still loading), so an I/O error is
+/// retried for up to 30 s; any reply but 200 fails at once.
 fn create_bucket(port: u16, bucket: &str) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match try_create_bucket(port, bucket) {
+            Ok(reply) => {
+                assert!(reply.starts_with("HTTP/1.1 200"), "CreateBucket: {reply}");
+                return;
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("CreateBucket on {port}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("CreateBucket on {port} failed for 30 s: {e}"),
+        }
+    }
+}
+
+fn try_create_bucket(port: u16, bucket: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
     let req =
         format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(req.as_bytes())?;
     let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "CreateBucket: {reply}");
+    s.read_to_string(&mut reply)?;
+    Ok(reply)
 }
 
 /// Bucket `bucket` under `prefix` of the moto server on `port`, with a key of its own.
