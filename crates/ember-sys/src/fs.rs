@@ -1,7 +1,8 @@
 //! File-system calls std does not offer: overlay whiteouts and extended
 //! attributes, used when OCI layers are unpacked into overlay lower dirs and
 //! when a sandbox's writable layer is snapshotted or restored; the host-side
-//! tmpfs of a sandbox's writable layer (mount, lazy unmount).
+//! mounts of a sandbox's writable layer, an OCI sandbox's root and a gVisor
+//! sandbox's workspace slot (tmpfs, overlay, propagation, lazy unmount).
 use crate::SysError;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -65,49 +66,69 @@ pub fn lgetxattr(path: &Path, name: &str) -> Result<Option<Vec<u8>>, SysError> {
 /// daemon keeps on the host so it can snapshot it; a syscall rather than
 /// mount(8) because it is on every cold create's path.
 pub fn mount_tmpfs(target: &Path, options: &str) -> Result<(), SysError> {
-    let t = cpath("mount tmpfs", target)?;
-    let data = CString::new(options)
-        .map_err(|_| SysError::new("mount tmpfs", options, std::io::ErrorKind::InvalidInput.into()))?;
-    // SAFETY: every pointer is a NUL-terminated string that lives across the
-    // call; "tmpfs" literals are static.
-    let r = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            t.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(SysError::last("mount tmpfs", target.display().to_string()));
-    }
-    Ok(())
+    mount_fs(c"tmpfs", "mount tmpfs", target, libc::MS_NOSUID | libc::MS_NODEV, options)
+}
+
+/// [`mount_tmpfs`], `noexec` too: a tmpfs that holds only directories and
+/// mount points (a gVisor sandbox's workspace slot).
+pub fn mount_tmpfs_noexec(target: &Path, options: &str) -> Result<(), SysError> {
+    mount_fs(c"tmpfs", "mount tmpfs", target, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, options)
 }
 
 /// Mounts an overlayfs at `target` with the given options (`lowerdir=...,
 /// upperdir=...,workdir=...`): a workspace's attempt layer, on every task's
 /// path, where mount(8) was a process that read the host's mount table.
 pub fn mount_overlay(target: &Path, options: &str) -> Result<(), SysError> {
-    let t = cpath("mount overlay", target)?;
-    let data = CString::new(options)
-        .map_err(|_| SysError::new("mount overlay", options, std::io::ErrorKind::InvalidInput.into()))?;
+    mount_fs(c"overlay", "mount overlay", target, 0, options)
+}
+
+/// [`mount_overlay`], `nosuid`: an OCI sandbox's root, whose upper layer the
+/// sandbox writes.
+pub fn mount_overlay_nosuid(target: &Path, options: &str) -> Result<(), SysError> {
+    mount_fs(c"overlay", "mount overlay", target, libc::MS_NOSUID, options)
+}
+
+/// mount(2) of a fresh `fstype` at `target`; `options` is the filesystem's
+/// own data (mount flags go in `flags`: tmpfs refuses `nosuid` there).
+fn mount_fs(
+    fstype: &std::ffi::CStr,
+    op: &'static str,
+    target: &Path,
+    flags: libc::c_ulong,
+    options: &str,
+) -> Result<(), SysError> {
+    let t = cpath(op, target)?;
+    let data =
+        CString::new(options).map_err(|_| SysError::new(op, options, std::io::ErrorKind::InvalidInput.into()))?;
     // SAFETY: every pointer is a NUL-terminated string that lives across the
-    // call; the literals are static.
-    let r = unsafe { libc::mount(c"overlay".as_ptr(), t.as_ptr(), c"overlay".as_ptr(), 0, data.as_ptr().cast()) };
+    // call (`fstype` is borrowed for it).
+    let r = unsafe { libc::mount(fstype.as_ptr(), t.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
     if r != 0 {
-        return Err(SysError::last("mount overlay", target.display().to_string()));
+        return Err(SysError::last(op, target.display().to_string()));
     }
     Ok(())
 }
 
-/// Lazily unmounts `target` (`MNT_DETACH`). Returns `false` when nothing was
-/// mounted there (or the path does not exist), so callers can run it on every
-/// removal without checking first.
+/// Makes the mount at `target` shared (`mount --make-shared`): mounts made
+/// under it later propagate to its copies (a gVisor gofer's bind of it).
+pub fn make_shared(target: &Path) -> Result<(), SysError> {
+    let t = cpath("make shared", target)?;
+    // SAFETY: t is a NUL-terminated path alive across the call; a propagation
+    // change reads no source, type or data (null).
+    let r = unsafe { libc::mount(std::ptr::null(), t.as_ptr(), std::ptr::null(), libc::MS_SHARED, std::ptr::null()) };
+    if r != 0 {
+        return Err(SysError::last("make shared", target.display().to_string()));
+    }
+    Ok(())
+}
+
+/// Lazily unmounts `target` (`MNT_DETACH`; a symlink there is not followed).
+/// Returns `false` when nothing was mounted there (or the path does not
+/// exist), so callers can run it on every removal without checking first.
 pub fn unmount_detach(target: &Path) -> Result<bool, SysError> {
     let t = cpath("umount", target)?;
     // SAFETY: t is a NUL-terminated path that lives across the call.
-    let r = unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) };
+    let r = unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
     if r != 0 {
         let e = std::io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -185,6 +206,7 @@ pub fn rename_noreplace(a: &Path, b: &Path) -> std::io::Result<bool> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use std::path::PathBuf;
 
     #[test]
     fn a_mount_root_is_told_by_statx() {
@@ -226,6 +248,58 @@ mod tests {
         lsetxattr(&d, "user.overlay.opaque", b"y").unwrap();
         assert_eq!(lgetxattr(&d, "user.overlay.opaque").unwrap().as_deref(), Some(&b"y"[..]));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The mounts of an OCI sandbox (its root's tmpfs and overlay, a gVisor
+    /// slot) made with these calls carry the flags and propagation mount(8)
+    /// gave them; a lazy unmount does not follow a symlink to a mount.
+    #[test]
+    fn oci_mounts_carry_their_flags_and_an_unmount_follows_no_symlink() {
+        use rustix::fs::{statvfs, StatVfsMountFlags as F};
+        let d = std::env::temp_dir().join(format!("ember-sys-ocimounts-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (slot, mnt) = (d.join("ws"), d.join("mnt"));
+        for p in [&slot, &mnt] {
+            std::fs::create_dir_all(p).unwrap();
+        }
+        // A failed assertion leaves no mount behind either.
+        struct Gone(PathBuf);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                for p in ["mnt/root", "mnt", "ws"] {
+                    let _ = unmount_detach(&self.0.join(p));
+                }
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _gone = Gone(d.clone());
+        mount_tmpfs_noexec(&slot, "size=1m,nr_inodes=1024,mode=0755").expect("mount (the tests run as root)");
+        make_shared(&slot).unwrap();
+        let flags = statvfs(&slot).unwrap().f_flag;
+        assert!(flags.contains(F::NOEXEC | F::NOSUID | F::NODEV), "slot flags {flags:?}");
+        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mi.lines().find(|l| l.split(' ').nth(4) == Some(slot.to_str().unwrap())).expect("slot in mountinfo");
+        assert!(line.split(" - ").next().unwrap().contains(" shared:"), "slot not shared: {line}");
+
+        mount_tmpfs(&mnt, "size=4m,mode=0755").unwrap();
+        for sub in ["lower", "upper", "work", "root"] {
+            std::fs::create_dir(mnt.join(sub)).unwrap();
+        }
+        std::fs::write(mnt.join("lower/f"), b"1").unwrap();
+        let root = mnt.join("root");
+        let m = mnt.display();
+        mount_overlay_nosuid(&root, &format!("lowerdir={m}/lower,upperdir={m}/upper,workdir={m}/work")).unwrap();
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"1", "the lower shows through");
+        let flags = statvfs(&root).unwrap().f_flag;
+        assert!(flags.contains(F::NOSUID) && !flags.contains(F::NOEXEC), "root flags {flags:?}");
+
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&root, &link).unwrap();
+        assert!(!unmount_detach(&link).unwrap(), "a symlink is no mount point");
+        assert!(mounted(&root), "the overlay behind the symlink stays");
+        for p in [&root, &mnt, &slot] {
+            assert!(unmount_detach(p).unwrap(), "{} was mounted", p.display());
+        }
     }
 
     #[test]

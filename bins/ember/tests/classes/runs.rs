@@ -7,19 +7,21 @@
 //! before the delete (docs/performance.md, "Fewer runs of the runtime").
 //! Under gVisor a checkpoint runs `checkpoint` and `delete`, and the resume
 //! `restore` alone (its pid from the `--pid-file` too; no `delete` ahead of
-//! it unless the restore fails).
+//! it unless the restore fails). None of these steps runs mount(8) or
+//! umount(8): the rootfs, its tmpfs and runsc's workspace slot are the
+//! daemon's own syscalls (a process each was ~4 ms on the same paths).
 use crate::common::Daemon;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// The class's binary on this process's PATH.
-fn real_binary(class: &str) -> PathBuf {
+/// A binary (an OCI runtime, mount) on this process's PATH.
+fn real_binary(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .map(|d| d.join(class))
+        .map(|d| d.join(name))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{class} is not on PATH (.ci/run installs it)"))
+        .unwrap_or_else(|| panic!("{name} is not on PATH (.ci/run installs it)"))
 }
 
 /// The verb of one logged command line: the first word that is not a global
@@ -40,16 +42,19 @@ async fn runtime_runs(class: &str, expected: &[&str]) {
     let dir = std::env::temp_dir().join(format!("ember-runs-{}-{class}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("wrapper dir");
-    let log = dir.join("runs.log");
-    // The real runtime behind a wrapper that logs each command line first.
-    let wrapper = dir.join(class);
-    let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
-        log.display(),
-        real_binary(class).display()
-    );
-    std::fs::write(&wrapper, script).expect("write wrapper");
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod wrapper");
+    let (log, mounts) = (dir.join("runs.log"), dir.join("mounts.log"));
+    // The real runtime, mount(8) and umount(8) behind wrappers that log
+    // each command line first.
+    for (name, log) in [(class, &log), ("mount", &mounts), ("umount", &mounts)] {
+        let wrapper = dir.join(name);
+        let script = format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            real_binary(name).display()
+        );
+        std::fs::write(&wrapper, script).expect("write wrapper");
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod wrapper");
+    }
     let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
     let d = Daemon::start_with_env(&[], &[("PATH", &path)]);
 
@@ -72,6 +77,9 @@ async fn runtime_runs(class: &str, expected: &[&str]) {
     let runs = std::fs::read_to_string(&log).expect("the wrapper's log");
     let verbs: Vec<String> = runs.lines().filter(|l| l.contains(s.id.as_str())).map(verb).collect();
     assert_eq!(verbs, expected, "{class} runs for one sandbox:\n{runs}");
+    let mount_runs = std::fs::read_to_string(&mounts).unwrap_or_default();
+    let ours: Vec<&str> = mount_runs.lines().filter(|l| l.contains(s.id.as_str())).collect();
+    assert_eq!(ours, Vec::<&str>::new(), "mount(8)/umount(8) runs for a {class} sandbox");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,26 +12,19 @@
 //! - `<dir>/mnt/v<i>`   likewise volume `i`, which the runtime binds from there
 //!
 //! These mounts are in the host's mount namespace, so [`unmount`] must run on
-//! every destroy and leftover reap. They go through mount(8): this crate has no
-//! unsafe code and the cost (~2 ms) is small beside an OCI runtime's own.
+//! every destroy and leftover reap. They are the daemon's own mount(2) and
+//! umount2(2) (`ember_sys::fs`), not mount(8): a process a mount, each a fork
+//! of the daemon and a read of the host's mount table, were ~4 ms each on a
+//! create's path and a removal's (docs/performance.md, "An OCI sandbox's
+//! mounts without mount(8)").
 use crate::RuntimeError;
 use ember_sys::beneath::PinnedDir;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn prep(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError {
     let path = path.to_path_buf();
     move |source| RuntimeError::Prepare { what, path, source }
-}
-
-fn run(what: &'static str, path: &Path, cmd: &mut Command) -> Result<(), RuntimeError> {
-    let out = cmd.output().map_err(prep(what, path))?;
-    if !out.status.success() {
-        let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(RuntimeError::Prepare { what, path: path.into(), source: std::io::Error::other(msg) });
-    }
-    Ok(())
 }
 
 /// Mounts the writable tmpfs and the overlay under `dir` and returns the root.
@@ -67,11 +60,7 @@ pub fn assemble(
     // inside a user namespace where `trusted.*` is out of reach); without it a
     // host mount would ignore the marker and show the hidden lower files.
     let data = format!("lowerdir={lower},upperdir={},workdir={},userxattr", upper.display(), work.display());
-    run(
-        "mount overlay",
-        &root,
-        Command::new("mount").args(["-t", "overlay", "-o", &data, "-o", "nosuid", "overlay"]).arg(&root),
-    )?;
+    ember_sys::fs::mount_overlay_nosuid(&root, &data)?;
     ensure_tmp(&root, owner)?;
     Ok(root)
 }
@@ -133,8 +122,7 @@ pub fn prepare_layer(dir: &Path, disk_bytes: u64) -> Result<PathBuf, RuntimeErro
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(prep("rootfs dir", &mnt))?;
     if !is_mountpoint(&mnt) {
-        let opts = format!("size={disk_bytes},mode=0755,nosuid,nodev");
-        run("mount tmpfs", &mnt, Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs"]).arg(&mnt))?;
+        ember_sys::fs::mount_tmpfs(&mnt, &format!("size={disk_bytes},mode=0755"))?;
     }
     for d in ["upper", "work", "root"] {
         let p = mnt.join(d);
@@ -148,9 +136,7 @@ pub fn prepare_layer(dir: &Path, disk_bytes: u64) -> Result<PathBuf, RuntimeErro
 pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
     let mnt = dir.join("mnt");
     for p in [mnt.join("root"), mnt] {
-        if is_mountpoint(&p) {
-            run("umount", &p, Command::new("umount").arg("-l").arg(&p))?;
-        }
+        ember_sys::fs::unmount_detach(&p)?;
     }
     Ok(())
 }

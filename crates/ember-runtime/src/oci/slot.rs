@@ -26,25 +26,16 @@ use super::cli::OciCli;
 use crate::RuntimeError;
 use ember_types::SandboxId;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Where the slot appears inside the sandbox.
 pub const SLOT_DIR: &str = "/.ember/ws";
 
-/// The slot's tmpfs: room for directory entries only.
-const SLOT_TMPFS: &str = "size=1m,nr_inodes=1024,mode=0755,nosuid,nodev,noexec";
+/// The slot's tmpfs: room for directory entries only (mounted nosuid, nodev
+/// and noexec).
+const SLOT_TMPFS: &str = "size=1m,nr_inodes=1024,mode=0755";
 
 fn host_dir(dir: &Path) -> PathBuf {
     dir.join("ws")
-}
-
-fn mount(what: &'static str, path: &Path, args: &[&str]) -> Result<(), RuntimeError> {
-    let prep = |source| RuntimeError::Prepare { what, path: path.to_path_buf(), source };
-    let out = Command::new("mount").args(args).arg(path).output().map_err(prep)?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(prep(std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string())))
 }
 
 /// Makes the slot of the sandbox in `dir` and returns its host path.
@@ -56,29 +47,17 @@ pub fn prepare(dir: &Path) -> Result<PathBuf, RuntimeError> {
         source,
     })?;
     if !super::rootfs::is_mountpoint(&slot) {
-        mount("workspace slot tmpfs", &slot, &["-t", "tmpfs", "-o", SLOT_TMPFS, "tmpfs"])?;
+        ember_sys::fs::mount_tmpfs_noexec(&slot, SLOT_TMPFS)?;
     }
-    mount("workspace slot propagation", &slot, &["--make-shared"])?;
+    ember_sys::fs::make_shared(&slot)?;
     Ok(slot)
 }
 
 /// Detaches the slot and every workspace under it (the gofer holding its
 /// copies is gone by then: destroy kills the sandbox first).
 pub fn unmount(dir: &Path) -> Result<(), RuntimeError> {
-    let slot = host_dir(dir);
-    if !super::rootfs::is_mountpoint(&slot) {
-        return Ok(());
-    }
-    let out = Command::new("umount").arg("-l").arg(&slot).output();
-    match out {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(RuntimeError::Prepare {
-            what: "unmount workspace slot",
-            path: slot,
-            source: std::io::Error::other(String::from_utf8_lossy(&o.stderr).trim().to_string()),
-        }),
-        Err(source) => Err(RuntimeError::Prepare { what: "unmount workspace slot", path: slot, source }),
-    }
+    ember_sys::fs::unmount_detach(&host_dir(dir))?;
+    Ok(())
 }
 
 /// A fresh slot entry name: 16 hex digits from the kernel's CSPRNG, so the
