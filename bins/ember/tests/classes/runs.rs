@@ -39,9 +39,9 @@ fn verb(line: &str) -> String {
 }
 
 async fn runtime_runs(class: &str, expected: &[&str]) {
-    let dir = std::env::temp_dir().join(format!("ember-runs-{}-{class}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("wrapper dir");
+    // Removed when the test ends, passed or failed (a panic unwinds).
+    let tmp = tempfile::Builder::new().prefix(&format!("ember-runs-{class}-")).tempdir().expect("wrapper dir");
+    let dir = tmp.path();
     let (log, mounts) = (dir.join("runs.log"), dir.join("mounts.log"));
     // The real runtime, mount(8) and umount(8) behind wrappers that log
     // each command line first.
@@ -81,7 +81,6 @@ async fn runtime_runs(class: &str, expected: &[&str]) {
     let ours: Vec<&str> = mount_runs.lines().filter(|l| l.contains(s.id.as_str())).collect();
     assert_eq!(ours, Vec::<&str>::new(), "mount(8)/umount(8) runs for a {class} sandbox");
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
